@@ -1,0 +1,21 @@
+"""The `corral` command line: one group, each subcommand owned by its component's package."""
+
+from __future__ import annotations
+
+import click
+
+from corral import __version__
+from corral.fleet.cli import up
+from corral.router.cli import router
+from corral.sim.cli import sim
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="corral")
+def main() -> None:
+    """Corral: run a fleet of vLLM engines safely through their whole life."""
+
+
+main.add_command(sim)
+main.add_command(router)
+main.add_command(up)

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible router (`corral router`): membership, policies, and the proxy data path."""

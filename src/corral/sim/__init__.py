@@ -1,0 +1,1 @@
+"""The vLLM-compatible engine simulator (`corral sim`)."""

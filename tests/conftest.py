@@ -1,0 +1,1 @@
+"""Shared pytest set-up: the tests package is importable as `tests.support`."""
