@@ -1,9 +1,154 @@
-"""Placeholder: replaced by the `corral up` implementation."""
+"""`corral up`: a local fleet of simulated engines behind a router, started with one command."""
 
+from __future__ import annotations
+
+import asyncio
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
 import click
+import orjson
+from rich.console import Console
+
+from corral.aio import run
+from corral.fleet.local import FleetSpec, LocalFleet
+from corral.fleet.status import fetch_fleet, summary_line
 
 
 @click.command()
-def up() -> None:
-    """Start a local fleet."""
-    raise click.ClickException("not built yet")
+@click.option(
+    "--engines",
+    "-n",
+    default=2,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Number of simulated engines.",
+)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535), help="Router port.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address everything binds.")
+@click.option("--model", default="sim-model", show_default=True, help="Model name the engines serve.")
+@click.option(
+    "--policy",
+    default="least_request",
+    show_default=True,
+    type=click.Choice(["round_robin", "least_request", "session"]),
+)
+@click.option(
+    "--startup-timeout",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=1),
+    help="Seconds each member may take to answer before `up` gives up.",
+)
+@click.option(
+    "--log-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where each member's log goes (default: a new temporary directory).",
+)
+@click.option("--verbose", "-v", is_flag=True, help="Also print every member's log lines.")
+@click.option(
+    "--sim-arg",
+    "sim_args",
+    multiple=True,
+    help="Extra argument passed to every `corral sim` (repeatable), e.g. --sim-arg=--itl-ms=5.",
+)
+def up(
+    engines: int,
+    port: int,
+    host: str,
+    model: str,
+    policy: str,
+    startup_timeout: float,
+    log_dir: Path | None,
+    verbose: bool,
+    sim_args: tuple[str, ...],
+) -> None:
+    """Start a local fleet: simulated engines and a router on loopback, until Ctrl-C."""
+    console = Console(highlight=False)
+    spec = FleetSpec(
+        engines=engines,
+        host=host,
+        router_port=port,
+        model=model,
+        policy=policy,
+        startup_timeout=startup_timeout,
+        sim_args=sim_args,
+    )
+    logs = log_dir or Path(tempfile.mkdtemp(prefix="corral-up-"))
+    echo = (lambda line: console.print(line, markup=False)) if verbose else None
+    code = run(_up(LocalFleet(spec, logs, echo), console))
+    raise SystemExit(code)
+
+
+async def _up(fleet: LocalFleet, console: Console) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    spec = fleet.spec
+    console.print(f"starting {spec.engines} simulated engine(s) and a router (logs: {fleet.log_dir})")
+    started = time.monotonic()
+    start_task = asyncio.create_task(fleet.start())
+    stop_task = asyncio.create_task(stop.wait())
+    await asyncio.wait({start_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+    if not start_task.done():
+        start_task.cancel()
+        console.print("interrupted while starting; stopping")
+        await _stop(fleet, console)
+        return 130
+    stop_task.cancel()
+    if (error := start_task.exception()) is not None:
+        console.print(f"[red]fleet failed to start:[/red] {error}", markup=True)
+        await _stop(fleet, console)
+        return 1
+    url = fleet.router_url
+    console.print(f"[green]fleet ready[/green] in {time.monotonic() - started:.1f}s")
+    console.print(f"router: [bold]{url}[/bold]")
+    body = orjson.dumps({"model": spec.model, "messages": [{"role": "user", "content": "Hello"}]}).decode()
+    console.print(
+        f"try:    curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'",
+        markup=False,
+    )
+    console.print("Ctrl-C stops everything.")
+    code = await _watch(fleet, console, stop)
+    await _stop(fleet, console)
+    return code
+
+
+async def _watch(fleet: LocalFleet, console: Console, stop: asyncio.Event) -> int:
+    """Print the fleet's status when it changes (and every 30 s) until stopped or a member dies."""
+    last_line, last_print = "", 0.0
+    async with aiohttp.ClientSession() as session:
+        while not stop.is_set():
+            if dead := fleet.exited():
+                for m in dead:
+                    tail = "\n".join(list(m.process.last_lines)[-10:])
+                    console.print(
+                        f"[red]{m.name} exited with code {m.process.returncode}[/red] "
+                        f"(log: {m.log_path})\n{tail}",
+                        markup=True,
+                    )
+                return 1
+            try:
+                line = summary_line(await fetch_fleet(session, fleet.router_url))
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                line = f"router unreachable: {type(exc).__name__}"
+            now = time.monotonic()
+            if line != last_line or now - last_print >= 30:
+                console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {line}", markup=True)
+                last_line, last_print = line, now
+            try:
+                await asyncio.wait_for(stop.wait(), 2.0)
+            except TimeoutError:
+                pass
+    return 0
+
+
+async def _stop(fleet: LocalFleet, console: Console) -> None:
+    console.print("stopping router, then engines …")
+    codes = await fleet.stop()
+    console.print("stopped: " + ", ".join(f"{name}={code}" for name, code in codes.items()))
