@@ -1,0 +1,347 @@
+"""Router data-path benchmark: the same workloads, in one run, over the same two simulators, sent
+(1) straight to the simulators (the direct path, the baseline), (2) through `corral router`, and
+(3) through the Rust `vllm-router` from PyPI when it is installed (`benchmarks/setup.sh`).
+
+Workloads:
+  overhead    open loop at a fixed rate (default 200 req/s), non-streaming: added p50/p99 latency
+  throughput  closed loop, 64 clients, zero think time, non-streaming and streaming:
+              requests/s, p50/p99, TTFT, and each router's CPU-seconds per 1000 requests
+
+Everything runs on loopback and stops by itself (bounded count and time per workload).
+    .venv/bin/python benchmarks/bench_router.py [--seconds 15] [--pin] [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psutil
+import uvloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loadgen import Report, chat_body, run_closed_loop, run_open_loop
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "bench-model"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    url: str
+
+    def cpu_seconds(self) -> float:
+        """User+system CPU of the process and all its descendants so far."""
+        try:
+            root = psutil.Process(self.popen.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return 0.0
+        total = 0.0
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(5)
+
+
+def spawn(name: str, argv: list[str], url: str, cpus: set[int] | None, log_dir: Path) -> Proc:
+    def pin() -> None:
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    log = (log_dir / f"{name}.log").open("wb")
+    popen = subprocess.Popen(
+        argv,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=pin,
+    )
+    return Proc(name, popen, url)
+
+
+def wait_ready(proc: Proc, path: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            raise SystemExit(f"{proc.name} exited with {proc.popen.returncode}")
+        try:
+            with urllib.request.urlopen(proc.url + path, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{proc.name} not ready at {proc.url}{path} after {timeout}s")
+
+
+def find_vllm_router(explicit: str | None) -> str | None:
+    for candidate in (explicit, str(ROOT / ".bench-venv/bin/vllm-router"), shutil.which("vllm-router")):
+        if candidate and Path(candidate).exists():
+            return candidate
+    return None
+
+
+@dataclass
+class Target:
+    name: str
+    urls: list[str]
+    proc: Proc | None  # the router process whose CPU is measured; None for the direct path
+
+
+def run_workload(target: Target, label: str, runner: Callable[[], Any]) -> tuple[Report, float]:
+    cpu_before = target.proc.cpu_seconds() if target.proc else 0.0
+    report: Report = uvloop.run(runner())
+    cpu = (target.proc.cpu_seconds() - cpu_before) if target.proc else 0.0
+    report.name = f"{label} / {target.name}"
+    return report, cpu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=15.0, help="duration bound of each workload")
+    parser.add_argument("--rate", type=float, default=200.0, help="open-loop rate for the overhead workload")
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--vllm-router", default=None, help="path to the vllm-router console script")
+    parser.add_argument("--corral-policy", default="round_robin")
+    parser.add_argument(
+        "--pin", action="store_true", help="pin the router under test to CPU 1 and everything else to CPU 0"
+    )
+    parser.add_argument("--markdown", action="store_true", help="also print a Markdown table")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/out"))
+    args = parser.parse_args()
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    router_cpus = {1} if args.pin else None
+    other_cpus = {0} if args.pin else None
+    if other_cpus:
+        os.sched_setaffinity(0, other_cpus)
+
+    sim_args = [
+        "--max-num-seqs",
+        "512",
+        "--ttft-base-ms",
+        "1",
+        "--itl-ms",
+        "1",
+        "--prefill-ms-per-token",
+        "0",
+    ]
+    sims: list[Proc] = []
+    procs: list[Proc] = []
+    try:
+        for i in range(2):
+            port = free_port()
+            argv = [
+                sys.executable,
+                "-m",
+                "corral",
+                "sim",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--model",
+                MODEL,
+                "--seed",
+                str(i),
+                *sim_args,
+            ]
+            sims.append(spawn(f"sim-{i}", argv, f"http://127.0.0.1:{port}", other_cpus, out))
+        procs += sims
+        for s in sims:
+            wait_ready(s, "/health")
+
+        targets = [Target("direct", [s.url for s in sims], None)]
+        port = free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "corral",
+            "router",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--policy",
+            args.corral_policy,
+        ]
+        for s in sims:
+            argv += ["--backend", s.url]
+        corral = spawn("corral-router", argv, f"http://127.0.0.1:{port}", router_cpus, out)
+        procs.append(corral)
+        wait_ready(corral, "/health")
+        targets.append(Target("corral", [corral.url], corral))
+
+        vr = find_vllm_router(args.vllm_router)
+        if vr:
+            port = free_port()
+            argv = [
+                vr,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--policy",
+                "round_robin",
+                "--worker-urls",
+                *[s.url for s in sims],
+            ]
+            rust = spawn("vllm-router", argv, f"http://127.0.0.1:{port}", router_cpus, out)
+            procs.append(rust)
+            wait_ready(rust, "/v1/models")
+            targets.append(Target("vllm-router", [rust.url], rust))
+        else:
+            print("vllm-router not found: run benchmarks/setup.sh to compare against it", file=sys.stderr)
+
+        results: list[dict[str, Any]] = []
+        max_req = 1_000_000
+
+        def chat_urls(t: Target) -> list[str]:
+            return [u + "/v1/chat/completions" for u in t.urls]
+
+        for t in targets:  # warm-up: connections, caches, JIT-free but allocator-warm
+            uvloop.run(
+                run_closed_loop(
+                    "warmup", chat_urls(t), lambda i: chat_body(MODEL, False, args.max_tokens, i), 16, 500, 10
+                )
+            )
+
+        workloads: list[tuple[str, bool, Callable[[Target], Callable[[], Any]]]] = [
+            (
+                "overhead open-loop",
+                False,
+                lambda t: (
+                    lambda: run_open_loop(
+                        "",
+                        chat_urls(t),
+                        lambda i: chat_body(MODEL, False, args.max_tokens, i),
+                        args.rate,
+                        max_req,
+                        args.seconds,
+                    )
+                ),
+            ),
+            (
+                "throughput non-stream",
+                False,
+                lambda t: (
+                    lambda: run_closed_loop(
+                        "",
+                        chat_urls(t),
+                        lambda i: chat_body(MODEL, False, args.max_tokens, i),
+                        args.clients,
+                        max_req,
+                        args.seconds,
+                    )
+                ),
+            ),
+            (
+                "throughput stream",
+                True,
+                lambda t: (
+                    lambda: run_closed_loop(
+                        "",
+                        chat_urls(t),
+                        lambda i: chat_body(MODEL, True, args.max_tokens, i),
+                        args.clients,
+                        max_req,
+                        args.seconds,
+                        stream=True,
+                    )
+                ),
+            ),
+        ]
+        for label, _stream, make in workloads:
+            base: dict[str, Any] | None = None
+            for t in targets:
+                report, cpu = run_workload(t, label, make(t))
+                row = report.summary()
+                row["workload"], row["target"] = label, t.name
+                ok = len(report.ok)
+                row["router_cpu_s_per_1000"] = round(cpu / ok * 1000, 3) if (t.proc and ok) else None
+                if report.errors:
+                    row["error_kinds"] = report.error_kinds()
+                if base is None:
+                    base = row
+                else:
+                    row["added_p50_ms"] = round(row["p50_ms"] - base["p50_ms"], 2)
+                    row["added_p99_ms"] = round(row["p99_ms"] - base["p99_ms"], 2)
+                    row["rps_vs_direct"] = round(row["rps"] / base["rps"], 3) if base["rps"] else None
+                results.append(row)
+                print(orjson.dumps(row).decode(), flush=True)
+        for label, _s, _m in workloads:
+            rows = {r["target"]: r for r in results if r["workload"] == label}
+            if "corral" in rows and "vllm-router" in rows and rows["vllm-router"]["rps"]:
+                ratio = rows["corral"]["rps"] / rows["vllm-router"]["rps"]
+                print(f"{label}: corral/vllm-router requests/s = {ratio:.2f}")
+                rows["corral"]["rps_vs_vllm_router"] = round(ratio, 3)
+        (out / "bench_router.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
+        if args.markdown:
+            print(markdown(results))
+    finally:
+        for p in reversed(procs):
+            p.stop()
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    cols = [
+        "workload",
+        "target",
+        "requests",
+        "errors",
+        "rps",
+        "p50_ms",
+        "p99_ms",
+        "added_p50_ms",
+        "added_p99_ms",
+        "ttft_p50_ms",
+        "ttft_p99_ms",
+        "router_cpu_s_per_1000",
+        "rps_vs_direct",
+        "rps_vs_vllm_router",
+    ]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in results:
+        lines.append("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
