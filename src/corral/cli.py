@@ -8,6 +8,7 @@ from corral import __version__
 from corral.fleet.cli import up
 from corral.router.cli import router
 from corral.sim.cli import sim
+from corral.supervisor.cli import supervise
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -19,3 +20,4 @@ def main() -> None:
 main.add_command(sim)
 main.add_command(router)
 main.add_command(up)
+main.add_command(supervise)
