@@ -1,0 +1,121 @@
+"""The router's metrics: plain counters bumped on the data path, rendered in the Prometheus text
+format only when scraped (a custom collector reads them; nothing Prometheus-side runs per request)."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from corral.router.endpoint import Endpoint
+
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Histogram:
+    __slots__ = ("bounds", "buckets", "count", "total")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.buckets = [0] * (len(self.bounds) + 1)  # last one is +Inf; not cumulative
+        self.count = 0
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.buckets[bisect.bisect_left(self.bounds, value)] += 1
+        self.count += 1
+        self.total += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        out: list[tuple[str, float]] = []
+        running = 0
+        for bound, n in zip((*map(str, self.bounds), "+Inf"), self.buckets, strict=True):
+            running += n
+            out.append((bound, float(running)))
+        return out
+
+
+class RouterMetrics:
+    """Counters the proxy bumps directly."""
+
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, int], int] = {}
+        self.errors = 0
+        self.retries = 0
+        self.ejections = 0
+        self.duration = Histogram(DURATION_BUCKETS)
+        self.ttft = Histogram(TTFT_BUCKETS)
+
+    def count_request(self, model: str, code: int) -> None:
+        key = (model, code)
+        self.requests[key] = self.requests.get(key, 0) + 1
+
+
+class RouterCollector:
+    """Turns RouterMetrics and the endpoints' in-flight counts into metric families at scrape time."""
+
+    def __init__(self, metrics: RouterMetrics, endpoints: Callable[[], Iterable[Endpoint]]) -> None:
+        self._metrics = metrics
+        self._endpoints = endpoints
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._metrics
+        requests = CounterMetricFamily(
+            "corral_router_requests",
+            "Requests answered by the router, by model and status code.",
+            labels=["model", "code"],
+        )
+        for (model, code), n in sorted(m.requests.items()):
+            requests.add_metric([model, str(code)], n)
+        yield requests
+        yield CounterMetricFamily(
+            "corral_router_errors",
+            "Requests that failed in the router or upstream (no endpoint, connection failure, stream cut).",
+            value=m.errors,
+        )
+        yield CounterMetricFamily(
+            "corral_router_retries",
+            "Attempts re-sent to another endpoint before any byte.",
+            value=m.retries,
+        )
+        yield CounterMetricFamily(
+            "corral_router_ejections",
+            "Endpoints ejected after a connection failure or timeout.",
+            value=m.ejections,
+        )
+        in_flight = GaugeMetricFamily(
+            "corral_router_endpoint_in_flight",
+            "Requests this router has open to each endpoint.",
+            labels=["endpoint"],
+        )
+        for endpoint in self._endpoints():
+            in_flight.add_metric([endpoint.url], endpoint.in_flight)
+        yield in_flight
+        yield _histogram(
+            "corral_router_request_duration_seconds",
+            "Time from request arrival to its last byte.",
+            m.duration,
+        )
+        yield _histogram(
+            "corral_router_ttft_seconds",
+            "Time from request arrival to the first byte sent to the client.",
+            m.ttft,
+        )
+
+
+def _histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
+    return HistogramMetricFamily(name, doc, buckets=h.cumulative(), sum_value=h.total)
+
+
+def render(collector: RouterCollector) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return bytes(generate_latest(registry))

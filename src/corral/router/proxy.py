@@ -1,0 +1,309 @@
+"""The data path: forward one OpenAI request to one eligible endpoint and relay the answer.
+
+The body is parsed once, only to read `model`; the original bytes go upstream. Answers are
+relayed as they come (SSE chunk by chunk, no buffering). A connection failure or a silent
+backend before any byte reached the client ejects that endpoint and retries on another; after
+the first byte nothing is replayed and the client's stream ends with an SSE error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from uuid import uuid4
+
+import aiohttp
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from corral.openai_errors import error_response, sse_error_event
+from corral.router.endpoint import Endpoint
+from corral.router.membership import Membership
+from corral.router.metrics import RouterMetrics
+from corral.router.policies import Policy, RouteRequest
+
+log = logging.getLogger("corral.router.proxy")
+
+# Headers that describe one hop, not the message; never copied across the proxy.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+RESPONSE_SKIP = HOP_BY_HOP | {"server", "date", "x-request-id"}
+
+# Everything that means "this endpoint did not answer": refused, reset, timed out, cut off.
+UPSTREAM_FAILURES = (aiohttp.ClientError, TimeoutError, ConnectionError)
+
+URL_CACHE_SIZE = 1024
+CLIENT_CLOSED = 499  # nginx's code for "client closed the request", used only in metrics
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    max_retries: int = 2
+    eject_seconds: float = 5.0
+    retry_after_seconds: float = 5.0
+
+
+class Proxy:
+    def __init__(
+        self,
+        membership: Membership,
+        policy: Policy,
+        session: aiohttp.ClientSession,
+        metrics: RouterMetrics,
+        config: ProxyConfig,
+    ) -> None:
+        self._membership = membership
+        self._policy = policy
+        self._session = session
+        self._metrics = metrics
+        self._config = config
+        self._urls: dict[tuple[str, str], URL] = {}
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        start = time.perf_counter()
+        body = await request.read()
+        request_id = request.headers.get("x-request-id") or uuid4().hex
+
+        model, problem = self._model_of(request, body)
+        if problem is not None:
+            return self._reject(problem, model or "", request_id, start)
+        assert model is not None
+
+        upstream_headers = CIMultiDict(
+            [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
+        )
+        if "x-request-id" not in upstream_headers:
+            upstream_headers["X-Request-Id"] = request_id
+        route = RouteRequest(model, request.headers)
+        try:
+            return await self._forward(request, body, upstream_headers, route, request_id, start)
+        except asyncio.CancelledError:
+            self._metrics.count_request(model, CLIENT_CLOSED)
+            raise
+
+    # -- request checks ---------------------------------------------------------------------
+
+    def _model_of(self, request: web.Request, body: bytes) -> tuple[str | None, web.Response | None]:
+        """The model to route by, or the error answer that ends the request here."""
+        model: object = None
+        if not request.content_type.startswith("multipart/"):
+            if not body:
+                return None, _bad_request("The request body is empty; send a JSON object.", "body")
+            try:
+                payload = orjson.loads(body)
+            except orjson.JSONDecodeError as exc:
+                return None, _bad_request(f"The request body is not valid JSON: {exc}", "body")
+            if not isinstance(payload, dict):
+                return None, _bad_request("The request body must be a JSON object.", "body")
+            model = payload.get("model")
+        membership = self._membership
+        if model is None:
+            known = membership.known_models()
+            if len(known) == 1:
+                return known[0], None  # vLLM serves its only model when none is named
+            if not known:
+                return None, self._unavailable("", "no endpoint has answered yet")
+            return None, _bad_request(
+                f"The request names no `model` and the fleet serves {len(known)}: "
+                f"{', '.join(sorted(known))}. Name one.",
+                "model",
+            )
+        if not isinstance(model, str):
+            return None, _bad_request("`model` must be a string.", "model")
+        if not membership.knows(model):
+            if not membership.known_models():
+                return model, self._unavailable(model, "no endpoint has answered yet")
+            return model, error_response(
+                404, f"The model `{model}` does not exist.", "NotFoundError", "model"
+            )
+        return model, None
+
+    def _unavailable(self, model: str, why: str) -> web.Response:
+        retry_after = self._membership.retry_after(model, self._config.retry_after_seconds)
+        what = f"model `{model}`" if model else "this request"
+        return error_response(
+            503,
+            f"No endpoint can serve {what} right now ({why}); retry after {retry_after} s.",
+            "ServiceUnavailableError",
+            headers={"Retry-After": str(retry_after)},
+        )
+
+    def _reject(self, answer: web.Response, model: str, request_id: str, start: float) -> web.Response:
+        answer.headers["X-Request-Id"] = request_id
+        metrics = self._metrics
+        metrics.count_request(model if self._membership.knows(model) else "", answer.status)
+        if answer.status >= 500:
+            metrics.errors += 1
+        metrics.duration.observe(time.perf_counter() - start)
+        return answer
+
+    # -- forwarding -------------------------------------------------------------------------
+
+    def _url(self, endpoint: Endpoint, raw_path: str) -> URL:
+        key = (endpoint.url, raw_path)
+        url = self._urls.get(key)
+        if url is None:
+            if len(self._urls) >= URL_CACHE_SIZE:
+                self._urls.clear()
+            url = self._urls[key] = URL(endpoint.url + raw_path, encoded=True)
+        return url
+
+    async def _forward(
+        self,
+        request: web.Request,
+        body: bytes,
+        upstream_headers: CIMultiDict[str],
+        route: RouteRequest,
+        request_id: str,
+        start: float,
+    ) -> web.StreamResponse:
+        metrics = self._metrics
+        model = route.model
+        attempt = 0
+        last_failure = "no endpoint is READY"
+        while True:
+            candidates = self._membership.eligible(model)
+            if not candidates:
+                return self._reject(self._unavailable(model, last_failure), model, request_id, start)
+            endpoint = self._policy.pick(candidates, route)
+            endpoint.in_flight += 1
+            upstream: aiohttp.ClientResponse | None = None
+            try:
+                # Everything up to the first byte for the client may be retried elsewhere.
+                try:
+                    upstream = await self._session.request(
+                        request.method,
+                        self._url(endpoint, request.raw_path),
+                        data=body,
+                        headers=upstream_headers,
+                    )
+                    streaming = upstream.content_type == "text/event-stream"
+                    first = await upstream.content.readany() if streaming else await upstream.read()
+                except UPSTREAM_FAILURES as exc:
+                    last_failure = f"{endpoint.url}: {_describe(exc)}"
+                    self._eject(endpoint, last_failure, request_id, attempt)
+                    if attempt < self._config.max_retries:
+                        attempt += 1
+                        metrics.retries += 1
+                        continue
+                    return self._reject(self._unavailable(model, last_failure), model, request_id, start)
+                endpoint.record_success()
+                status = upstream.status
+                headers = _response_headers(upstream, request_id)
+                if not streaming:
+                    answer = web.Response(status=status, body=first, headers=headers)
+                    metrics.count_request(model, status)
+                    if status >= 500:
+                        metrics.errors += 1
+                    elapsed = time.perf_counter() - start
+                    metrics.ttft.observe(elapsed)
+                    metrics.duration.observe(elapsed)
+                    return answer
+                return await self._relay(
+                    request, upstream, first, status, headers, endpoint, route, request_id, attempt, start
+                )
+            finally:
+                endpoint.in_flight -= 1
+                if upstream is not None:
+                    upstream.close()
+
+    async def _relay(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        first: bytes,
+        status: int,
+        headers: CIMultiDict[str],
+        endpoint: Endpoint,
+        route: RouteRequest,
+        request_id: str,
+        attempt: int,
+        start: float,
+    ) -> web.StreamResponse:
+        """Relay an SSE answer chunk by chunk; a failure now can only end the client's stream."""
+        metrics = self._metrics
+        answer = web.StreamResponse(status=status, headers=headers)
+        await answer.prepare(request)
+        await answer.write(first)
+        metrics.ttft.observe(time.perf_counter() - start)
+        code = status
+        content = upstream.content
+        while True:
+            try:
+                chunk = await content.readany()
+            except UPSTREAM_FAILURES as exc:
+                why = f"{endpoint.url}: {_describe(exc)}"
+                log.warning(
+                    "request %s attempt %d: stream from %s cut after the first byte (%s); "
+                    "ending the client's stream with an error event, not replaying it",
+                    request_id,
+                    attempt,
+                    endpoint.url,
+                    why,
+                )
+                self._eject(endpoint, why, request_id, attempt)
+                metrics.errors += 1
+                code = 502
+                await answer.write(
+                    sse_error_event(
+                        f"The engine serving this stream failed mid-stream ({why}); "
+                        f"request {request_id} was not replayed.",
+                        "BadGatewayError",
+                        502,
+                    )
+                )
+                break
+            if not chunk:
+                break
+            await answer.write(chunk)
+        await answer.write_eof()
+        metrics.count_request(route.model, code)
+        metrics.duration.observe(time.perf_counter() - start)
+        return answer
+
+    def _eject(self, endpoint: Endpoint, why: str, request_id: str, attempt: int) -> None:
+        seconds = endpoint.eject(time.monotonic(), self._config.eject_seconds)
+        if seconds is not None:
+            self._metrics.ejections += 1
+            log.warning(
+                "ejected %s for %.1f s after request %s attempt %d failed: %s",
+                endpoint.url,
+                seconds,
+                request_id,
+                attempt,
+                why,
+            )
+
+
+def _response_headers(upstream: aiohttp.ClientResponse, request_id: str) -> CIMultiDict[str]:
+    headers = CIMultiDict([(k, v) for k, v in upstream.headers.items() if k.lower() not in RESPONSE_SKIP])
+    headers["X-Request-Id"] = request_id
+    return headers
+
+
+def _bad_request(message: str, param: str | None) -> web.Response:
+    return error_response(400, message, "Bad Request", param)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "no answer before --request-timeout"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
