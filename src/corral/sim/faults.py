@@ -1,0 +1,45 @@
+"""Injected failures, decided per inference request in arrival order: error answers, a hung engine, a crash.
+
+- `--fail-rate F`: that fraction of requests gets a 500 InternalServerError (a seeded, repeatable sequence).
+- `--hang-after N`: requests after the N-th are accepted and counted as running but never produce a token,
+  while `/health` stays 200 (vLLM's hung engine core).
+- `--crash-after N`: the (N+1)-th request kills the process (exit 1) with the others still in flight.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+
+
+class Fault(enum.Enum):
+    NONE = "none"
+    FAIL = "fail"
+    HANG = "hang"
+    CRASH = "crash"
+
+
+class FaultInjector:
+    def __init__(
+        self,
+        fail_rate: float = 0.0,
+        crash_after: int | None = None,
+        hang_after: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.fail_rate = fail_rate
+        self.crash_after = crash_after
+        self.hang_after = hang_after
+        self._rng = random.Random(seed * 7919 + 17)
+        self.seen = 0
+
+    def next(self) -> Fault:
+        """The fault for the next inference request (counts it)."""
+        self.seen += 1
+        if self.crash_after is not None and self.seen > self.crash_after:
+            return Fault.CRASH
+        if self.hang_after is not None and self.seen > self.hang_after:
+            return Fault.HANG
+        if self.fail_rate > 0 and self._rng.random() < self.fail_rate:
+            return Fault.FAIL
+        return Fault.NONE

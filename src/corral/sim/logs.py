@@ -1,0 +1,39 @@
+"""vLLM-shaped log lines on stdout: `(APIServer pid=N) INFO 12-02 09:43:19 [file.py:line] message`.
+
+Supervisors grep these phases (model load, KV cache size, `Starting vLLM server`, `[shutdown]`), so the
+simulator prints the same ones; every line is flushed at once so a reader sees it when it happens.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import TextIO
+
+
+class EngineLog:
+    """Writes log lines tagged with the vLLM process they would come from (APIServer, EngineCore, Worker)."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream if stream is not None else sys.stdout
+        self._pid = os.getpid()
+
+    def line(self, level: str, proc: str, where: str, message: str) -> None:
+        stamp = time.strftime("%m-%d %H:%M:%S")
+        self._stream.write(f"({proc} pid={self._pid}) {level} {stamp} [{where}] {message}\n")
+        self._stream.flush()
+
+    def info(self, proc: str, where: str, message: str) -> None:
+        self.line("INFO", proc, where, message)
+
+    def warning(self, proc: str, where: str, message: str) -> None:
+        self.line("WARNING", proc, where, message)
+
+    def error(self, proc: str, where: str, message: str) -> None:
+        self.line("ERROR", proc, where, message)
+
+    def plain(self, message: str) -> None:
+        """A uvicorn-style line (`INFO:     Started server process [N]`)."""
+        self._stream.write(message + "\n")
+        self._stream.flush()

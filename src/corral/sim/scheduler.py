@@ -1,0 +1,118 @@
+"""Admission and timing: `--max-num-seqs` running slots, KV blocks reserved per request, a FIFO waiting queue.
+
+A request runs once a slot is free and its blocks fit; otherwise it waits in arrival order (first come,
+first served, like vLLM's default policy). `LatencyModel` turns prefill work and batch size into
+time-to-first-token and inter-token latency, so latency grows with load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class EngineRequest:
+    """One generation request as the scheduler sees it."""
+
+    request_id: str
+    prompt_len: int
+    max_tokens: int
+    arrival: float
+    blocks: int = 0
+    admitted_at: float | None = field(default=None)
+
+
+class Scheduler:
+    def __init__(self, max_num_seqs: int, total_blocks: int, block_size: int) -> None:
+        self.max_num_seqs = max_num_seqs
+        self.total_blocks = total_blocks
+        self.block_size = block_size
+        self.running: set[EngineRequest] = set()
+        self._waiting: deque[tuple[EngineRequest, asyncio.Future[None]]] = deque()
+        self.reserved_blocks = 0
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.reserved_blocks / self.total_blocks if self.total_blocks else 0.0
+
+    @property
+    def free_blocks(self) -> int:
+        return self.total_blocks - self.reserved_blocks
+
+    def blocks_for(self, req: EngineRequest) -> int:
+        return min(self.total_blocks, math.ceil((req.prompt_len + req.max_tokens) / self.block_size))
+
+    def _fits(self, req: EngineRequest) -> bool:
+        return len(self.running) < self.max_num_seqs and self.blocks_for(req) <= self.free_blocks
+
+    def _start(self, req: EngineRequest, now: float) -> None:
+        req.blocks = self.blocks_for(req)
+        req.admitted_at = now
+        self.reserved_blocks += req.blocks
+        self.running.add(req)
+
+    async def admit(self, req: EngineRequest) -> None:
+        """Return once `req` is running; wait in FIFO order while the engine is full."""
+        loop = asyncio.get_running_loop()
+        if not self._waiting and self._fits(req):
+            self._start(req, loop.time())
+            return
+        fut: asyncio.Future[None] = loop.create_future()
+        entry = (req, fut)
+        self._waiting.append(entry)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release(req)
+            else:
+                try:
+                    self._waiting.remove(entry)
+                except ValueError:
+                    pass
+                self._schedule_waiting(loop.time())
+            raise
+
+    def release(self, req: EngineRequest) -> None:
+        """Free the slot and blocks of a finished, aborted or cancelled request; start waiting ones."""
+        if req in self.running:
+            self.running.remove(req)
+            self.reserved_blocks -= req.blocks
+            self._schedule_waiting(asyncio.get_running_loop().time())
+
+    def _schedule_waiting(self, now: float) -> None:
+        while self._waiting and self._fits(self._waiting[0][0]):
+            req, fut = self._waiting.popleft()
+            if fut.done():
+                continue
+            self._start(req, now)
+            fut.set_result(None)
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    """How long prefill and each decode step take, in seconds."""
+
+    ttft_base_ms: float
+    prefill_ms_per_token: float
+    itl_ms: float
+    max_num_seqs: int
+
+    def prefill_seconds(self, uncached_tokens: int) -> float:
+        return (self.ttft_base_ms + uncached_tokens * self.prefill_ms_per_token) / 1000.0
+
+    def itl_seconds(self, running: int) -> float:
+        # A full batch decodes about 1.5x slower per token than a lone request.
+        load = max(0, running - 1) / max(1, self.max_num_seqs)
+        return self.itl_ms * (1.0 + 0.5 * load) / 1000.0

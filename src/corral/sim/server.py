@@ -1,0 +1,288 @@
+"""The simulator process's life: vLLM-like startup phases, dependency checks, serving, and `[shutdown]`.
+
+Startup prints vLLM's phases spread over `--startup-seconds` and binds the port only when "loaded", so
+until then connections are refused. A `--requires` dependency that is absent fails engine init (exit 1).
+SIGTERM/SIGINT stop the listener, drain in-flight requests for up to `--shutdown-timeout` seconds, then abort
+the rest; like the real server, aborted requests never get an answer and the process waits for their
+connections to close before it exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from corral.sim.app import SimApi
+from corral.sim.config import SimConfig
+from corral.sim.engine import Engine
+from corral.sim.logs import EngineLog
+from corral.sim.metrics import EngineCollector, MetricsEndpoint
+from corral.sim.requires import Requirement
+from corral.sim.tokenizer import ToyTokenizer
+
+_KV_BYTES_PER_TOKEN = 128 * 1024
+_STATS_INTERVAL_S = 10.0
+
+
+class StartupFailed(Exception):
+    """Engine init failed; the message has been logged."""
+
+
+class SimServer:
+    def __init__(self, config: SimConfig, log: EngineLog | None = None) -> None:
+        self.config = config
+        self.log = log or EngineLog()
+        self.engine = Engine(config, ToyTokenizer(), self.log)
+        collector = EngineCollector(config.model, self.engine.stats, self.engine.scheduler, self.engine.cache)
+        self.api = SimApi(config, self.engine, MetricsEndpoint(collector))
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._stop = asyncio.Event()
+        self._force = asyncio.Event()
+        self._signals = 0
+        self._signal_name = "SIGTERM"
+
+    # -- signals ---------------------------------------------------------------------------------------
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        self._signals += 1
+        self._signal_name = sig.name
+        if self._signals == 1:
+            self._stop.set()
+        else:
+            self._force.set()
+
+    async def run(self) -> int:
+        """Start, serve until a signal, shut down; the process exit code."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        startup = asyncio.create_task(self._start())
+        stop = asyncio.create_task(self._stop.wait())
+        await asyncio.wait({startup, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if not startup.done():
+            startup.cancel()
+            self.log.info(
+                "APIServer",
+                "launcher.py:254",
+                f"[shutdown] API server: {self._signal_name} during startup, exiting",
+            )
+            return 0
+        stop.cancel()
+        try:
+            startup.result()
+        except StartupFailed:
+            return 1
+        stats = asyncio.create_task(self._log_stats())
+        await self._stop.wait()
+        code = await self._shutdown()
+        stats.cancel()
+        return code
+
+    # -- startup ---------------------------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        cfg, log = self.config, self.log
+        began = time.monotonic()
+
+        async def at(fraction: float) -> None:
+            delay = began + cfg.startup_seconds * fraction - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+
+        defaults = SimConfig()
+        non_default = {
+            k: getattr(cfg, k)
+            for k in (
+                "host",
+                "port",
+                "model",
+                "max_model_len",
+                "max_num_seqs",
+                "block_size",
+                "seed",
+                "shutdown_timeout",
+            )
+            if getattr(cfg, k) != getattr(defaults, k)
+        }
+        log.info("APIServer", "api_utils.py:347", f"vLLM API server version {cfg.version_string} (simulated)")
+        log.info("APIServer", "api_utils.py:286", f"non-default args: {non_default}")
+        log.info("APIServer", "model.py:2152", f"Using max model len {cfg.max_model_len}")
+        await at(0.1)
+        log.info(
+            "EngineCore",
+            "core.py:133",
+            f"Initializing a V1 LLM engine (v{cfg.version_string}) with config: "
+            f"model='{cfg.model}', max_seq_len={cfg.max_model_len}, seed={cfg.seed}, "
+            f"enable_prefix_caching=True, block_size={cfg.block_size}",
+        )
+        await at(0.15)
+        log.info("Worker", "gpu_model_runner.py:3112", f"Starting to load model {cfg.model}...")
+        await at(0.4)
+        log.info(
+            "Worker",
+            "default_loader.py:501",
+            f"Loading weights took {cfg.startup_seconds * 0.25:.2f} seconds",
+        )
+        log.info(
+            "Worker",
+            "gpu_model_runner.py:3191",
+            f"Model loading took 0.0 GiB memory and {cfg.startup_seconds * 0.3:.6f} seconds",
+        )
+        await at(0.5)
+        await self._check_requirements()
+        await at(0.7)
+        kv_gib = cfg.kv_cache_tokens * _KV_BYTES_PER_TOKEN / 2**30
+        log.info("Worker", "gpu_worker.py:298", f"Available KV cache memory: {kv_gib:.2f} GiB")
+        log.info("EngineCore", "kv_cache_utils.py:1087", f"GPU KV cache size: {cfg.kv_cache_tokens:,} tokens")
+        log.info(
+            "EngineCore",
+            "kv_cache_utils.py:1091",
+            f"Maximum concurrency for {cfg.max_model_len:,} tokens "
+            f"per request: {cfg.kv_cache_tokens / cfg.max_model_len:.2f}x",
+        )
+        await at(0.95)
+        log.info(
+            "EngineCore",
+            "core.py:402",
+            f"init engine (profile, create kv cache, warmup model) took {cfg.startup_seconds * 0.85:.2f} s",
+        )
+        await at(1.0)
+        log.info("APIServer", "entry.py:140", f"Starting vLLM server on http://{cfg.host}:{cfg.port}")
+        await self._bind()
+        log.plain(f"INFO:     Started server process [{os.getpid()}]")
+        log.plain("INFO:     Waiting for application startup.")
+        log.plain("INFO:     Application startup complete.")
+
+    async def _check_requirements(self) -> None:
+        for spec in self.config.requires:
+            req = Requirement.parse(spec)
+            self.log.info("EngineCore", "factory.py:64", f"Creating KV connector for dependency {spec}")
+            problem = await req.check()
+            if problem is not None:
+                log = self.log
+                log.error("EngineCore", "core.py:1028", "EngineCore failed to start.")
+                log.error(
+                    "EngineCore",
+                    "core.py:1028",
+                    f"ConnectionError: KV cache connector could not reach "
+                    f"required dependency {spec!r} ({problem}). Start it first, or remove --requires.",
+                )
+                log.error(
+                    "APIServer",
+                    "core_client.py:612",
+                    "RuntimeError: Engine core initialization failed. "
+                    "See root cause above. Failed core proc(s): {'EngineCore': 1}",
+                )
+                raise StartupFailed(spec)
+
+    async def _bind(self) -> None:
+        runner = web.AppRunner(self.api.build(), handler_cancellation=True, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.config.host, self.config.port, backlog=2048)
+        try:
+            await site.start()
+        except OSError as exc:
+            self.log.error(
+                "APIServer", "launcher.py:120", f"could not bind {self.config.host}:{self.config.port}: {exc}"
+            )
+            await runner.cleanup()
+            raise StartupFailed(str(exc)) from exc
+        self._runner, self._site = runner, site
+
+    # -- running ---------------------------------------------------------------------------------------
+
+    async def _log_stats(self) -> None:
+        stats = self.engine.stats
+        prompt, gen = stats.prompt_tokens, stats.generation_tokens
+        while True:
+            await asyncio.sleep(_STATS_INTERVAL_S)
+            dp, dg = stats.prompt_tokens - prompt, stats.generation_tokens - gen
+            prompt, gen = stats.prompt_tokens, stats.generation_tokens
+            busy = self.engine.scheduler.num_running or self.engine.scheduler.num_waiting
+            if dp or dg or busy:
+                self.log.info(
+                    "APIServer",
+                    "loggers.py:335",
+                    self.engine.throughput_line(dp / _STATS_INTERVAL_S, dg / _STATS_INTERVAL_S),
+                )
+
+    # -- shutdown --------------------------------------------------------------------------------------
+
+    async def _shutdown(self) -> int:
+        log, engine, timeout = self.log, self.engine, self.config.shutdown_timeout
+        assert self._runner is not None and self._site is not None
+        mode = "wait" if timeout > 0 else "abort"
+        log.info("APIServer", "launcher.py:254", "[shutdown] API server: shutdown triggered")
+        log.info(
+            "APIServer",
+            "launcher.py:270",
+            f"[shutdown] API server: stopping engine client mode={mode} timeout={timeout:g}s",
+        )
+        await self._site.stop()  # closes the listening socket only; open connections stay
+        server = self._runner.server
+        assert server is not None
+        server.pre_shutdown()  # idle keep-alive connections close now, busy ones after their response
+        if timeout > 0 and engine.inflight:
+            await self._drain(timeout)
+        log.info(
+            "EngineCore",
+            "core.py:1454",
+            f"[shutdown] EngineCore: trigger received signal={self._signal_name}",
+        )
+        if engine.inflight:
+            log.warning(
+                "APIServer",
+                "launcher.py:275",
+                f"[shutdown] API server: aborting {engine.inflight} in-flight requests",
+            )
+        engine.abort_all()
+        log.info("APIServer", "core_client.py:770", f"[shutdown] MPClient: start timeout={timeout:g}s")
+        log.info("APIServer", "core_client.py:777", "[shutdown] MPClient: complete")
+        log.info("APIServer", "launcher.py:279", "[shutdown] API server: engine client stopped")
+        log.info("APIServer", "launcher.py:282", "[shutdown] API server: signalling HTTP server shutdown")
+        log.info("APIServer", "launcher.py:304", "[shutdown] API server: shutting down FastAPI HTTP server")
+        log.plain("INFO:     Shutting down")
+        server.pre_shutdown()
+        if server.connections:
+            log.plain("INFO:     Waiting for connections to close. (CTRL+C to force quit)")
+            if not await self._until(lambda: not server.connections, self._force.wait):
+                log.plain("INFO:     Force quit")
+        log.plain("INFO:     Waiting for application shutdown.")
+        log.plain("INFO:     Application shutdown complete.")
+        log.plain(f"INFO:     Finished server process [{os.getpid()}]")
+        return 0
+
+    async def _drain(self, limit_s: float) -> None:
+        engine, log = self.engine, self.log
+        deadline = time.monotonic() + limit_s
+        next_note = 0.0
+        while engine.inflight and time.monotonic() < deadline and not self._force.is_set():
+            now = time.monotonic()
+            if now >= next_note:
+                log.info(
+                    "APIServer",
+                    "launcher.py:272",
+                    f"[shutdown] API server: draining {engine.inflight} "
+                    f"in-flight requests, {deadline - now:.1f}s of {limit_s:g}s left",
+                )
+                next_note = now + 1.0
+            await asyncio.sleep(0.02)
+
+    @staticmethod
+    async def _until(done: Callable[[], bool], interrupt: Callable[[], Awaitable[bool]]) -> bool:
+        """Poll `done` until true (True) or `interrupt` completes first (False)."""
+        stopper = asyncio.ensure_future(interrupt())
+        try:
+            while not done():
+                if stopper.done():
+                    return False
+                await asyncio.sleep(0.05)
+            return True
+        finally:
+            stopper.cancel()
