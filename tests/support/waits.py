@@ -1,0 +1,39 @@
+"""Bounded waits for tests: poll until a condition holds or a deadline passes, then fail saying what."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    """The status `url` answers with, or None when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return None
+
+
+def wait_http_200(url: str, timeout: float, alive: Callable[[], bool] = lambda: True) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive():
+            raise AssertionError(f"process behind {url} exited before it answered")
+        if http_status(url) == 200:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{url} did not answer 200 within {timeout}s")
