@@ -44,6 +44,13 @@ from corral.fleet.status import fetch_fleet, summary_line
     help="Seconds each member may take to answer before `up` gives up.",
 )
 @click.option(
+    "--stop-grace",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds each member gets to exit after SIGTERM before it is killed.",
+)
+@click.option(
     "--log-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
@@ -63,6 +70,7 @@ def up(
     model: str,
     policy: str,
     startup_timeout: float,
+    stop_grace: float,
     log_dir: Path | None,
     verbose: bool,
     sim_args: tuple[str, ...],
@@ -76,6 +84,7 @@ def up(
         model=model,
         policy=policy,
         startup_timeout=startup_timeout,
+        stop_grace=stop_grace,
         sim_args=sim_args,
     )
     logs = log_dir or Path(tempfile.mkdtemp(prefix="corral-up-"))
