@@ -181,6 +181,8 @@ async def test_root_paths_are_forwarded_and_engine_only_paths_refused() -> None:
             assert status == 200 and orjson.loads(body)["path"] == path
         status, _, body = await f.post({"lora_name": "a"}, path="/v1/load_lora_adapter")
         assert status == 404 and f.engines[0].posts == 4
+        async with f.client.get(f.url + "/v1/nothing") as resp:
+            assert resp.status == 404 and (await resp.json())["error"]["type"] == "NotFoundError"
 
 
 async def test_request_errors_answered_in_vllm_shape() -> None:

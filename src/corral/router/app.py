@@ -139,6 +139,14 @@ def build_app(config: RouterConfig) -> web.Application:
             "NotFoundError",
         )
 
+    async def not_found(request: web.Request) -> web.Response:
+        return error_response(
+            404,
+            f"The router has no {request.method} {request.path}; it serves the OpenAI POST paths "
+            "under /v1, /tokenize, /detokenize, and GET /health, /metrics, /v1/models, /v1/fleet.",
+            "NotFoundError",
+        )
+
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", prometheus)
     app.router.add_get("/v1/models", models)
@@ -148,6 +156,7 @@ def build_app(config: RouterConfig) -> web.Application:
     for path in ROOT_INFERENCE_PATHS:
         app.router.add_post(path, proxy)
     app.router.add_post("/v1/{tail:.*}", proxy)
+    app.router.add_route("*", "/{tail:.*}", not_found)
     return app
 
 

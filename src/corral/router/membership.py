@@ -95,10 +95,6 @@ class Membership:
     def known_models(self) -> list[str]:
         return list(self._serving)
 
-    def all_answered(self) -> bool:
-        """Whether every endpoint has told us its models at least once (404s are then certain)."""
-        return all(e.models for e in self._endpoints.values())
-
     def ready_count(self) -> int:
         return sum(1 for e in self._endpoints.values() if e.state is EngineState.READY)
 
