@@ -1,8 +1,298 @@
-"""Placeholder: replaced by the supervisor implementation."""
+"""`corral supervise [options] -- <engine command...>` (the engine container's entrypoint) and
+`corral supervise prestop` (what a Kubernetes preStop hook runs). Bad input is one line on stderr and
+exit code 2, before anything is started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn
 
 import click
+from aiohttp import web
+
+from corral.aio import run as run_on_uvloop
+from corral.supervisor.config import SupervisorConfig, is_loopback
+from corral.supervisor.drain import DrainPolicy, DrainSettings
+from corral.supervisor.gates import DependencyGate, GateSpecError, parse_gate
+from corral.supervisor.oplog import StateDirLocked
+from corral.supervisor.prestop import run_prestop
 
 
-@click.group()
+class _RunByDefault(click.Group):
+    """`corral supervise --port … -- cmd` means `corral supervise run --port … -- cmd`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=_RunByDefault, context_settings={"help_option_names": ["-h", "--help"]})
 def supervise() -> None:
-    """Supervise one engine."""
+    """Supervise one engine: `corral supervise [run] [OPTIONS] -- ENGINE COMMAND...`, or
+    `corral supervise prestop` to drain it from a preStop hook."""
+
+
+def _bad_input(message: str) -> NoReturn:
+    click.echo(f"corral supervise: {message}", err=True)
+    sys.exit(2)
+
+
+def _default_state_dir(port: int) -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "corral" / f"supervise-{port}"
+
+
+def _check_engine_command(argv: tuple[str, ...]) -> None:
+    if not argv:
+        _bad_input("no engine command: put it after `--`, e.g. `-- vllm serve MODEL --port 8000`")
+    exe = argv[0]
+    if os.sep in exe:
+        if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
+            _bad_input(f"engine command {exe!r} is not an executable file")
+    elif shutil.which(exe) is None:
+        _bad_input(f"engine command {exe!r} not found on PATH")
+
+
+def read_token(token_file: Path | None) -> str | None:
+    """The management token from `token_file`, else from $CORRAL_TOKEN; exits 2 if the file is unusable."""
+    if token_file is not None:
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            _bad_input(
+                f"token file {str(token_file)!r} is unreadable: {getattr(exc, 'strerror', None) or exc}"
+            )
+        if not token:
+            _bad_input(f"token file {str(token_file)!r} is empty")
+        return token
+    return os.environ.get("CORRAL_TOKEN") or None
+
+
+def _parse_gates(specs: tuple[str, ...]) -> tuple[DependencyGate, ...]:
+    try:
+        return tuple(parse_gate(s) for s in specs)
+    except GateSpecError as exc:
+        _bad_input(str(exc))
+
+
+_seconds = click.FloatRange(min=0.0)
+
+
+@supervise.command(name="run")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address for probes and management.")
+@click.option("--port", default=8081, show_default=True, type=click.IntRange(1, 65535))
+@click.option(
+    "--engine-url", default="http://127.0.0.1:8000", show_default=True, help="Where the engine answers."
+)
+@click.option("--model", default=None, help="Model the engine must list (default: the first it lists).")
+@click.option(
+    "--wait-for",
+    "wait_for",
+    multiple=True,
+    metavar="SPEC",
+    help="Dependency to wait for before starting: unix:PATH, tcp:HOST:PORT, http(s)://URL, file:PATH.",
+)
+@click.option("--dependency-timeout", default=600.0, show_default=True, type=_seconds)
+@click.option(
+    "--startup-timeout",
+    default=1800.0,
+    show_default=True,
+    type=_seconds,
+    help="Seconds from engine start to READY (model load, warmup, smoke).",
+)
+@click.option(
+    "--startup-restarts",
+    default=3,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Restarts in place when the engine exits during startup.",
+)
+@click.option(
+    "--failure-restarts",
+    default=3,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Restarts in place after a READY engine stalls or exits.",
+)
+@click.option(
+    "--restart-backoff",
+    default=1.0,
+    show_default=True,
+    type=_seconds,
+    help="First restart delay; doubles each time, capped at 30s.",
+)
+@click.option("--stall-seconds", default=60.0, show_default=True, type=click.FloatRange(min=0.1))
+@click.option("--drain-policy", type=click.Choice(["wait", "abort"]), default="wait", show_default=True)
+@click.option(
+    "--propagation-timeout",
+    default=10.0,
+    show_default=True,
+    type=_seconds,
+    help="Longest wait for routing to leave (no new request for --quiet-period).",
+)
+@click.option("--quiet-period", default=1.0, show_default=True, type=_seconds)
+@click.option(
+    "--drain-timeout",
+    default=120.0,
+    show_default=True,
+    type=_seconds,
+    help="Longest wait for in-flight requests under policy wait.",
+)
+@click.option(
+    "--shutdown-timeout",
+    default=30.0,
+    show_default=True,
+    type=_seconds,
+    help="Seconds between SIGTERM and SIGKILL for the engine.",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Operation log and lock (default: $XDG_STATE_HOME/corral/supervise-PORT).",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Bearer token for the management API (else $CORRAL_TOKEN).",
+)
+@click.argument("engine_command", nargs=-1, type=click.UNPROCESSED)
+def run_command(
+    host: str,
+    port: int,
+    engine_url: str,
+    model: str | None,
+    wait_for: tuple[str, ...],
+    dependency_timeout: float,
+    startup_timeout: float,
+    startup_restarts: int,
+    failure_restarts: int,
+    restart_backoff: float,
+    stall_seconds: float,
+    drain_policy: str,
+    propagation_timeout: float,
+    quiet_period: float,
+    drain_timeout: float,
+    shutdown_timeout: float,
+    state_dir: Path | None,
+    token_file: Path | None,
+    engine_command: tuple[str, ...],
+) -> None:
+    """Start ENGINE COMMAND once its dependencies are up, report it ready only once it serves, and
+    drain it before it stops."""
+    gates = _parse_gates(wait_for)
+    _check_engine_command(engine_command)
+    token = read_token(token_file)
+    if token is None and not is_loopback(host):
+        _bad_input(
+            f"refusing to serve the management API on {host} without a token: "
+            "pass --token-file or set CORRAL_TOKEN (or bind --host 127.0.0.1)"
+        )
+    config = SupervisorConfig(
+        engine_argv=engine_command,
+        engine_url=engine_url.rstrip("/"),
+        host=host,
+        port=port,
+        model=model,
+        gates=gates,
+        dependency_timeout=dependency_timeout,
+        startup_timeout=startup_timeout,
+        startup_restarts=startup_restarts,
+        failure_restarts=failure_restarts,
+        restart_backoff=restart_backoff,
+        stall_seconds=stall_seconds,
+        drain=DrainSettings(
+            policy=DrainPolicy(drain_policy),
+            propagation_timeout=propagation_timeout,
+            quiet_period=quiet_period,
+            drain_timeout=drain_timeout,
+            shutdown_timeout=shutdown_timeout,
+        ),
+        state_dir=state_dir or _default_state_dir(port),
+        token=token,
+    )
+    sys.exit(run_on_uvloop(_serve(config)))
+
+
+def _printer(prefix: str) -> Any:
+    def emit(line: str) -> None:
+        sys.stdout.write(f"{prefix} {line}\n")
+        sys.stdout.flush()
+
+    return emit
+
+
+def _supervisor_log(message: str) -> None:
+    sys.stdout.write(f"[supervisor] {time.strftime('%H:%M:%S')} {message}\n")
+    sys.stdout.flush()
+
+
+async def _serve(config: SupervisorConfig) -> int:
+    # imported here so that bad input is answered without loading the server's modules
+    from corral.supervisor.api import SupervisorAPI
+    from corral.supervisor.lifecycle import EngineSupervisor
+
+    supervisor = EngineSupervisor(config, _supervisor_log, _printer("[engine]"))
+    try:
+        await supervisor.open()
+    except StateDirLocked as exc:
+        click.echo(f"corral supervise: {exc}", err=True)
+        return 2
+    api = SupervisorAPI(supervisor, config.token)
+    runner = web.AppRunner(api.app(), access_log=None, shutdown_timeout=2.0)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, config.host, config.port).start()
+    except OSError as exc:
+        click.echo(
+            f"corral supervise: cannot listen on {config.host}:{config.port}: {exc.strerror}", err=True
+        )
+        await runner.cleanup()
+        await supervisor.close()
+        return 2
+    _supervisor_log(
+        f"probes and management on http://{config.host}:{config.port} "
+        f"(management {'token required' if config.token else 'loopback, no token'}); "
+        f"engine at {config.engine_url}; state dir {config.state_dir}"
+    )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, supervisor.on_signal, sig)
+    supervisor.start()
+    try:
+        await supervisor.exit_requested.wait()
+    finally:
+        await runner.cleanup()
+        await supervisor.close()
+    return 1 if supervisor.unrecoverable else 0
+
+
+@supervise.command(name="prestop")
+@click.option("--url", default="http://127.0.0.1:8081", show_default=True, help="The supervisor's address.")
+@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option(
+    "--policy",
+    type=click.Choice(["wait", "abort"]),
+    default=None,
+    help="Override the supervisor's --drain-policy.",
+)
+@click.option(
+    "--timeout",
+    default=600.0,
+    show_default=True,
+    type=click.FloatRange(min=1.0),
+    help="Longest wait for the drain to finish.",
+)
+def prestop(url: str, token_file: Path | None, policy: str | None, timeout: float) -> None:
+    """Drain the supervised engine and block until it is done (for a Kubernetes preStop hook)."""
+    token = read_token(token_file)
+    sys.exit(run_on_uvloop(run_prestop(url.rstrip("/"), token, policy, timeout, _printer("[prestop]"))))

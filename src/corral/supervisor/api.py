@@ -1,0 +1,222 @@
+"""The supervisor's HTTP surface: probes without auth (`/livez`, `/startupz`, `/readyz`, `/metrics`)
+and the management API behind a bearer token (`/v1/state`, `/v1/state/watch`, `/v1/drain`,
+`/v1/shutdown`, `/v1/operations/{id}`).
+
+`GET /v1/state/watch` is newline-delimited JSON (`application/x-ndjson`): the first line is the current
+state, then one line per state event, each `{"type": "state", "epoch", "from", "to", "state",
+"sub_state", "ready", "reason", "evidence", "time", "since"}`, and a `{"type": "heartbeat", "epoch",
+"time"}` line when nothing happened for `heartbeat_seconds`. Epochs only grow; a reader that reconnects
+gets the current state first, so it never needs a replay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from corral.openai_errors import error_response
+from corral.supervisor.drain import DrainPolicy
+from corral.supervisor.lifecycle import EngineSupervisor
+from corral.supervisor.operations import Operation, OperationConflict
+from corral.supervisor.states import EngineState, StateEvent
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_STARTED_STATES = frozenset(
+    {EngineState.READY, EngineState.DRAINING, EngineState.PAUSED, EngineState.SLEEPING, EngineState.WAKING}
+)
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
+    return error_response(status, message, kind)
+
+
+class SupervisorAPI:
+    def __init__(
+        self, supervisor: EngineSupervisor, token: str | None, heartbeat_seconds: float = 10.0
+    ) -> None:
+        self.supervisor = supervisor
+        self._token = token
+        self._heartbeat = heartbeat_seconds
+        self._closing = asyncio.Event()
+        self._ever_ready = False
+        supervisor.machine.subscribe(self._note_ready)
+
+    def _note_ready(self, event: StateEvent) -> None:
+        if event.to_state is EngineState.READY:
+            self._ever_ready = True
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._auth])
+        app.router.add_get("/livez", self.livez)
+        app.router.add_get("/startupz", self.startupz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/v1/state", self.state)
+        app.router.add_get("/v1/state/watch", self.watch)
+        app.router.add_post("/v1/drain", self.drain)
+        app.router.add_post("/v1/shutdown", self.shutdown)
+        app.router.add_get("/v1/operations/{op_id}", self.operation)
+        app.on_shutdown.append(self._on_shutdown)
+        return app
+
+    async def _on_shutdown(self, app: web.Application) -> None:
+        self._closing.set()
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path.startswith("/v1/") and self._token is not None:
+            given = request.headers.get("Authorization", "")
+            scheme, _, value = given.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip(), self._token):
+                return _error(401, "missing or wrong bearer token", "authentication_error")
+        return await handler(request)
+
+    def _probe_body(self, **extra: Any) -> dict[str, Any]:
+        snap = self.supervisor.machine.snapshot()
+        keys = ("state", "sub_state", "ready", "reason", "since", "epoch")
+        return {**{k: snap[k] for k in keys}, **extra}
+
+    # -- probes ---------------------------------------------------------------------------------
+
+    async def livez(self, request: web.Request) -> web.Response:
+        live, why = self.supervisor.live
+        return _json(self._probe_body(live=live, live_reason=why), 200 if live else 503)
+
+    async def startupz(self, request: web.Request) -> web.Response:
+        machine = self.supervisor.machine
+        started = machine.state in _STARTED_STATES or (
+            self._ever_ready and machine.state is not EngineState.STOPPING
+        )
+        body = self._probe_body(
+            started=started,
+            gates=self.supervisor.gates.to_json(),
+            restarts=len(self.supervisor.restarts),
+            last_restart=self.supervisor.restarts[-1].to_json() if self.supervisor.restarts else None,
+        )
+        return _json(body, 200 if started else 503)
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        ready = self.supervisor.machine.ready
+        return _json(self._probe_body(), 200 if ready else 503)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=self.supervisor.metrics.render(),
+            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+        )
+
+    # -- management -----------------------------------------------------------------------------
+
+    async def state(self, request: web.Request) -> web.Response:
+        body = self.supervisor.state_body()
+        body["operations"] = [op.to_json() for op in self.supervisor.operations.all()]
+        return _json(body)
+
+    async def watch(self, request: web.Request) -> web.StreamResponse:
+        machine = self.supervisor.machine
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=1024)
+
+        def listener(event: StateEvent) -> None:
+            try:
+                queue.put_nowait({**event.to_json(), "since": machine.since})
+            except asyncio.QueueFull:  # a reader this far behind reconnects and gets the state first
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.get_nowait()
+                queue.put_nowait(None)
+
+        resp = web.StreamResponse(
+            headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"}
+        )
+        await resp.prepare(request)
+        machine.subscribe(listener)
+        closing = asyncio.ensure_future(self._closing.wait())
+        try:
+            while True:
+                getter = asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait(
+                    {getter, closing}, timeout=self._heartbeat, return_when="FIRST_COMPLETED"
+                )
+                if getter not in done:
+                    getter.cancel()
+                    if closing in done:
+                        break
+                    line: dict[str, Any] = {"type": "heartbeat", "epoch": machine.epoch, "time": time.time()}
+                else:
+                    item = getter.result()
+                    if item is None:
+                        break
+                    line = item
+                await resp.write(orjson.dumps(line) + b"\n")
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            closing.cancel()
+            machine.unsubscribe(listener)
+        with contextlib.suppress(ConnectionResetError, RuntimeError):
+            await resp.write_eof()
+        return resp
+
+    async def _op_request(self, request: web.Request) -> tuple[str | None, dict[str, Any]] | web.Response:
+        body: dict[str, Any] = {}
+        raw = await request.read()
+        if raw.strip():
+            try:
+                parsed = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                return _error(400, f"body is not JSON: {exc}")
+            if not isinstance(parsed, dict):
+                return _error(400, "body must be a JSON object")
+            body = parsed
+        op_id = body.get("operation_id") or request.headers.get("Idempotency-Key")
+        if op_id is not None and not isinstance(op_id, str):
+            return _error(400, "operation_id must be a string")
+        return op_id, body
+
+    @staticmethod
+    def _op_response(op: Operation, started: bool) -> web.Response:
+        return _json(op.to_json(), 202 if started else 200)
+
+    async def drain(self, request: web.Request) -> web.Response:
+        parsed = await self._op_request(request)
+        if isinstance(parsed, web.Response):
+            return parsed
+        op_id, body = parsed
+        policy: DrainPolicy | None = None
+        if "policy" in body:
+            try:
+                policy = DrainPolicy(body["policy"])
+            except ValueError:
+                return _error(400, f"policy {body['policy']!r}: use wait or abort")
+        try:
+            op, started = self.supervisor.request_drain(op_id, policy)
+        except OperationConflict as exc:
+            return _error(409, str(exc))
+        return self._op_response(op, started)
+
+    async def shutdown(self, request: web.Request) -> web.Response:
+        parsed = await self._op_request(request)
+        if isinstance(parsed, web.Response):
+            return parsed
+        op_id, _ = parsed
+        try:
+            op, started = self.supervisor.request_shutdown(op_id)
+        except OperationConflict as exc:
+            return _error(409, str(exc))
+        return self._op_response(op, started)
+
+    async def operation(self, request: web.Request) -> web.Response:
+        op = self.supervisor.operations.get(request.match_info["op_id"])
+        if op is None:
+            return _error(404, f"no operation {request.match_info['op_id']!r}", "not_found_error")
+        return _json(op.to_json())

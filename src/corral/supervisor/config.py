@@ -1,0 +1,44 @@
+"""The supervisor's settings (`SupervisorConfig`): one frozen value built and checked by the CLI."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corral.supervisor.drain import DrainSettings
+from corral.supervisor.gates import DependencyGate
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    engine_argv: tuple[str, ...]
+    engine_url: str = "http://127.0.0.1:8000"
+    host: str = "127.0.0.1"
+    port: int = 8081
+    model: str | None = None
+    gates: tuple[DependencyGate, ...] = ()
+    dependency_timeout: float = 600.0
+    startup_timeout: float = 1800.0
+    startup_restarts: int = 3
+    failure_restarts: int = 3
+    restart_backoff: float = 1.0
+    restart_backoff_cap: float = 30.0
+    stall_seconds: float = 60.0
+    drain: DrainSettings = field(default_factory=DrainSettings)
+    state_dir: Path = Path(".corral-supervisor")
+    token: str | None = None
+
+    @property
+    def management_enabled(self) -> bool:
+        """Management needs a token unless only this machine can reach it."""
+        return self.token is not None or is_loopback(self.host)

@@ -1,0 +1,202 @@
+"""The drain: leave routing, apply the policy to in-flight requests, then stop the engine.
+
+Order (readiness is already false when this starts): (1) wait until routing has left, seen as a
+quiet period with no request arriving at the engine, bounded by the propagation timeout; (2) policy
+`wait` lets in-flight requests finish (bounded by the drain timeout), `abort` does not wait; (3)
+SIGTERM to the engine's process group, SIGKILL only after the shutdown timeout.
+
+Without an admission gate in front of the engine, the only evidence is the engine's own metrics:
+arrivals are the increase of running + waiting + finished, and requests cut short are known by count,
+not by request id, nor whether tokens had been sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import aiohttp
+
+from corral.supervisor.engine_metrics import LoadSample, MetricsUnavailable, fetch_load
+
+
+class DrainPolicy(StrEnum):
+    WAIT = "wait"
+    ABORT = "abort"
+
+
+class QuietPeriod:
+    """Says when no request has reached the engine for `quiet_seconds` (the pure rule of step 1)."""
+
+    def __init__(self, quiet_seconds: float) -> None:
+        self.quiet_seconds = quiet_seconds
+        self.arrivals = 0.0
+        self._admitted: float | None = None
+        self._last_change: float | None = None
+
+    def observe(self, sample: LoadSample) -> bool:
+        """Feed one sample; True once the quiet period has been observed in full."""
+        if self._admitted is None or self._last_change is None:
+            self._admitted = sample.admitted
+            self._last_change = sample.at
+            return False
+        if sample.admitted > self._admitted:
+            self.arrivals += sample.admitted - self._admitted
+            self._last_change = sample.at
+        self._admitted = sample.admitted
+        return sample.at - self._last_change >= self.quiet_seconds
+
+
+@dataclass(frozen=True)
+class DrainSettings:
+    policy: DrainPolicy = DrainPolicy.WAIT
+    propagation_timeout: float = 10.0
+    quiet_period: float = 1.0
+    drain_timeout: float = 120.0
+    shutdown_timeout: float = 30.0
+    poll_seconds: float = 0.1
+
+
+@dataclass
+class DrainReport:
+    """What happened, for the operation log and the operation's answer."""
+
+    policy: str
+    quiet_reached: bool = False
+    propagation_seconds: float = 0.0
+    arrivals_while_leaving: float = 0.0
+    in_flight_drained: bool = False
+    drain_seconds: float = 0.0
+    at_stop: dict[str, float] | None = None
+    engine_exit_code: int | None = None
+    engine_killed: bool = False
+    stop_seconds: float = 0.0
+    cut_short: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+PhaseCallback = Callable[[str, str, dict[str, Any]], None]
+EngineStopper = Callable[[float], Awaitable[int | None]]
+Log = Callable[[str], None]
+
+
+class Drainer:
+    """Runs the three steps against one engine; `phase(sub_state, reason, evidence)` reports progress."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        engine_url: str,
+        settings: DrainSettings,
+        phase: PhaseCallback,
+        log: Log,
+    ) -> None:
+        self._session = session
+        self._engine_url = engine_url
+        self.settings = settings
+        self._phase = phase
+        self._log = log
+        self.last_sample: LoadSample | None = None
+
+    async def _sample(self) -> LoadSample | None:
+        try:
+            self.last_sample = await fetch_load(self._session, self._engine_url, within=2.0)
+        except MetricsUnavailable:
+            return None
+        return self.last_sample
+
+    async def leave_routing(self, report: DrainReport) -> None:
+        s = self.settings
+        started = time.monotonic()
+        quiet = QuietPeriod(s.quiet_period)
+        deadline = started + s.propagation_timeout
+        while time.monotonic() < deadline:
+            sample = await self._sample()
+            if sample is None:
+                report.notes.append("engine stopped answering /metrics while leaving routing")
+                break
+            if quiet.observe(sample):
+                report.quiet_reached = True
+                break
+            await asyncio.sleep(s.poll_seconds)
+        report.propagation_seconds = time.monotonic() - started
+        report.arrivals_while_leaving = quiet.arrivals
+        if report.quiet_reached:
+            self._log(
+                f"drain: no new request for {s.quiet_period:g}s after {report.propagation_seconds:.1f}s; "
+                "routing has left"
+            )
+        else:
+            self._log(
+                f"drain: requests still arriving at the propagation deadline ({s.propagation_timeout:g}s, "
+                f"{quiet.arrivals:.0f} arrived); going on: a router that still sends here must retry "
+                "elsewhere once the engine stops accepting"
+            )
+
+    async def wait_in_flight(self, report: DrainReport) -> None:
+        s = self.settings
+        started = time.monotonic()
+        deadline = started + s.drain_timeout
+        next_log = started + 5.0
+        while time.monotonic() < deadline:
+            sample = await self._sample()
+            if sample is None:
+                report.notes.append("engine stopped answering /metrics while draining")
+                break
+            if sample.in_flight <= 0:
+                report.in_flight_drained = True
+                break
+            if time.monotonic() >= next_log:
+                self._log(
+                    f"drain: {sample.running:.0f} running, {sample.waiting:.0f} waiting "
+                    f"({time.monotonic() - started:.0f}s/{s.drain_timeout:g}s)"
+                )
+                next_log += 5.0
+            await asyncio.sleep(s.poll_seconds)
+        report.drain_seconds = time.monotonic() - started
+
+    async def stop_engine(self, report: DrainReport, stop: EngineStopper, phase_sub_state: str) -> None:
+        s = self.settings
+        sample = await self._sample()
+        if sample is not None:
+            report.at_stop = sample.to_json()
+        self._phase(
+            phase_sub_state,
+            f"SIGTERM to the engine, SIGKILL after {s.shutdown_timeout:g}s",
+            {"at_stop": report.at_stop},
+        )
+        started = time.monotonic()
+        code = await stop(s.shutdown_timeout)
+        report.stop_seconds = time.monotonic() - started
+        report.engine_exit_code = code
+        report.engine_killed = code == -signal.SIGKILL
+        report.cut_short = self._cut_short(report, sample)
+        if report.cut_short:
+            self._log(f"drain: {report.cut_short}")
+
+    def _cut_short(self, report: DrainReport, sample: LoadSample | None) -> str | None:
+        if sample is None:
+            return (
+                "engine metrics unavailable at stop: requests cut short unknown "
+                "(no admission gate, so no request ids)"
+            )
+        if sample.in_flight <= 0:
+            return None
+        how = (
+            "SIGKILLed after the shutdown timeout: all of them were cut short"
+            if report.engine_killed
+            else "the engine exited by itself and had its own --shutdown-timeout to finish them"
+        )
+        return (
+            f"{sample.running:.0f} running and {sample.waiting:.0f} waiting requests at SIGTERM; {how} "
+            "(counts from engine metrics: without an admission gate the request ids and whether "
+            "tokens had been sent are not known)"
+        )

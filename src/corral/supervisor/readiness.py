@@ -1,0 +1,119 @@
+"""Readiness that is earned by asking the engine: `/health` 200, `/v1/models` lists the expected model,
+and a deterministic smoke completion (max_tokens ≤ 4, temperature 0) returns non-empty text.
+`/health` alone proves nothing: vLLM answers 200 while sleeping, paused or with a hung engine core.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+
+SMOKE_PROMPT = "The capital of France is"
+SMOKE_MAX_TOKENS = 4
+
+
+class NotReady(Exception):
+    """One check failed; `check` names it (health, models, smoke) and the message says what was seen."""
+
+    def __init__(self, check: str, message: str) -> None:
+        super().__init__(f"{check}: {message}")
+        self.check = check
+
+
+class EngineNotAnswering(NotReady):
+    """No HTTP answer at all: vLLM does not serve until the model is loaded, so during startup this
+    means "still loading", not failure."""
+
+
+@dataclass(frozen=True)
+class SmokeResult:
+    model: str
+    text: str
+    completion_tokens: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "text": self.text, "completion_tokens": self.completion_tokens}
+
+
+class ReadinessCheck:
+    """The three checks against one engine URL; `model` None means the first model the engine lists."""
+
+    def __init__(self, engine_url: str, model: str | None, timeout: float = 10.0) -> None:
+        self.engine_url = engine_url.rstrip("/")
+        self.model = model
+        self.timeout = timeout
+
+    async def _get(self, session: aiohttp.ClientSession, path: str, check: str) -> aiohttp.ClientResponse:
+        try:
+            resp = await session.get(
+                self.engine_url + path, timeout=aiohttp.ClientTimeout(total=self.timeout)
+            )
+        except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+            raise EngineNotAnswering(check, f"GET {path}: {type(exc).__name__}: {exc}") from exc
+        return resp
+
+    async def health(self, session: aiohttp.ClientSession) -> None:
+        resp = await self._get(session, "/health", "health")
+        async with resp:
+            if resp.status != 200:
+                raise NotReady("health", f"GET /health answered HTTP {resp.status}")
+
+    async def served_model(self, session: aiohttp.ClientSession) -> str:
+        resp = await self._get(session, "/v1/models", "models")
+        async with resp:
+            if resp.status != 200:
+                raise NotReady("models", f"GET /v1/models answered HTTP {resp.status}")
+            try:
+                body = orjson.loads(await resp.read())
+                ids = [str(m["id"]) for m in body["data"]]
+            except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+                raise NotReady("models", f"GET /v1/models: unexpected body ({exc})") from exc
+        if self.model is None:
+            if not ids:
+                raise NotReady("models", "GET /v1/models lists no model")
+            return ids[0]
+        if self.model not in ids:
+            raise NotReady("models", f"GET /v1/models lists {ids}, not the expected {self.model!r}")
+        return self.model
+
+    async def smoke(
+        self, session: aiohttp.ClientSession, model: str, within: float | None = None
+    ) -> SmokeResult:
+        payload = {
+            "model": model,
+            "prompt": SMOKE_PROMPT,
+            "max_tokens": SMOKE_MAX_TOKENS,
+            "temperature": 0,
+            "stream": False,
+        }
+        try:
+            async with session.post(
+                self.engine_url + "/v1/completions",
+                data=orjson.dumps(payload),
+                headers={"content-type": "application/json", "x-request-id": "corral-smoke"},
+                timeout=aiohttp.ClientTimeout(total=within or self.timeout),
+            ) as resp:
+                raw = await resp.read()
+                if resp.status != 200:
+                    raise NotReady("smoke", f"completion answered HTTP {resp.status}: {raw[:200]!r}")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise NotReady("smoke", f"completion failed: {type(exc).__name__}: {exc}") from exc
+        try:
+            body = orjson.loads(raw)
+            text = str(body["choices"][0]["text"])
+            usage = body.get("usage") or {}
+            tokens = usage.get("completion_tokens")
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
+            raise NotReady("smoke", f"completion body unexpected ({exc}): {raw[:200]!r}") from exc
+        if not text:
+            raise NotReady("smoke", f"completion returned empty text: {raw[:200]!r}")
+        return SmokeResult(model, text, int(tokens) if isinstance(tokens, int) else None)
+
+    async def earn(self, session: aiohttp.ClientSession) -> SmokeResult:
+        """All three checks in order; raises NotReady naming the first that fails."""
+        await self.health(session)
+        model = await self.served_model(session)
+        return await self.smoke(session, model)
