@@ -16,6 +16,7 @@ BOS_ID = 1
 EOS_ID = 2
 _BYTE_BASE = 3
 MAX_TOKEN_CHARS = 6
+_MEMO_LIMIT = 65536
 
 WORDS: tuple[str, ...] = (
     "the", "of", "and", "to", "a", "in", "is", "it", "you", "that", "he", "was", "for", "on", "are",
@@ -65,6 +66,8 @@ class ToyTokenizer:
     def __init__(self) -> None:
         self._pieces: list[str] = _build_vocab()
         self._ids: dict[str, int] = {p: i for i, p in enumerate(self._pieces) if i >= _BYTE_BASE + 256}
+        # Pre-tokens repeat a lot (words); remembering their split keeps encode to a dict hit per word.
+        self._memo: dict[str, tuple[int, ...]] = {}
 
     @property
     def vocab_size(self) -> int:
@@ -76,24 +79,38 @@ class ToyTokenizer:
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = []
-        vocab = self._ids
+        vocab, memo = self._ids, self._memo
         for pre in _PRETOKEN.findall(text):
             tid = vocab.get(pre)
             if tid is not None:
                 ids.append(tid)
                 continue
-            i, n = 0, len(pre)
-            while i < n:
-                for length in range(min(MAX_TOKEN_CHARS, n - i), 0, -1):
-                    tid = vocab.get(pre[i : i + length])
-                    if tid is not None:
-                        ids.append(tid)
-                        i += length
-                        break
-                else:
-                    ids.extend(_BYTE_BASE + b for b in pre[i].encode("utf-8"))
-                    i += 1
+            split = memo.get(pre)
+            if split is None:
+                split = self._split(pre)
+                if len(pre) <= 64:
+                    if len(memo) >= _MEMO_LIMIT:
+                        memo.clear()
+                    memo[pre] = split
+            ids.extend(split)
         return ids
+
+    def _split(self, pre: str) -> tuple[int, ...]:
+        """Greedy longest match of one pre-token, UTF-8 bytes for characters outside the vocabulary."""
+        vocab = self._ids
+        ids: list[int] = []
+        i, n = 0, len(pre)
+        while i < n:
+            for length in range(min(MAX_TOKEN_CHARS, n - i), 0, -1):
+                tid = vocab.get(pre[i : i + length])
+                if tid is not None:
+                    ids.append(tid)
+                    i += length
+                    break
+            else:
+                ids.extend(_BYTE_BASE + b for b in pre[i].encode("utf-8"))
+                i += 1
+        return tuple(ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         pieces = self._pieces
