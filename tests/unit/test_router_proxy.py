@@ -377,5 +377,19 @@ async def test_every_policy_serves(policy: str) -> None:
     async with fleet_of(2, policy=policy) as f:
         results = await asyncio.gather(*(f.post(CHAT, headers={"x-session-id": "s"}) for _ in range(6)))
         assert [r[0] for r in results] == [200] * 6
-        if policy == "session":
-            assert len({orjson.loads(r[2])["served_by"] for r in results}) >= 1
+
+
+async def test_session_policy_keeps_a_session_on_one_engine() -> None:
+    async with fleet_of(2, policy="session") as f:
+        for session in ("alice", "bob", "carol"):
+            served = {
+                orjson.loads((await f.post(CHAT, headers={"X-Session-Id": session}))[2])["served_by"]
+                for _ in range(5)
+            }
+            assert len(served) == 1, (session, served)
+        homes = set()
+        for i in range(20):
+            homes.add(
+                orjson.loads((await f.post(CHAT, headers={"x-session-id": f"user-{i}"}))[2])["served_by"]
+            )
+        assert homes == {"e0", "e1"}
