@@ -120,6 +120,12 @@ class EngineSupervisor:
 
     def start(self) -> None:
         self._lifecycle = asyncio.create_task(self._run_lifecycle(), name="lifecycle")
+        self._lifecycle.add_done_callback(self._lifecycle_ended)
+
+    def _lifecycle_ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            self._log(f"lifecycle crashed (a bug; /livez now fails): {type(exc).__name__}: {exc}")
 
     @property
     def live(self) -> tuple[bool, str]:
@@ -150,7 +156,7 @@ class EngineSupervisor:
         self._log(message)
 
     def _to(
-        self, state: EngineState, reason: str, sub_state: str | None = None, **evidence: Any
+        self, state: EngineState, reason: str, sub_state: str | None = None, /, **evidence: Any
     ) -> StateEvent:
         return self.machine.transition(state, reason, sub_state, evidence)
 

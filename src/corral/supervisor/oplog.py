@@ -105,10 +105,9 @@ class EngineLeftover:
         for record in records:
             if record.get("record") == "engine_started":
                 started = record
-            elif (
-                record.get("record") == "engine_exited" and started and record.get("pid") == started.get("pid")
-            ):
-                started = None
+            elif record.get("record") == "engine_exited" and started:
+                if record.get("pid") == started.get("pid"):
+                    started = None
         if started is None:
             return None
         return cls(int(started["pid"]), float(started["create_time"]), list(started.get("argv", [])))
