@@ -190,13 +190,17 @@ class Drainer:
             )
         if sample.in_flight <= 0:
             return None
-        how = (
-            "SIGKILLed after the shutdown timeout: all of them were cut short"
-            if report.engine_killed
-            else "the engine exited by itself and had its own --shutdown-timeout to finish them"
+        counts = f"{sample.running:.0f} running and {sample.waiting:.0f} waiting requests at SIGTERM"
+        unknown = (
+            "counts from engine metrics: without an admission gate neither the request ids nor "
+            "whether tokens had been sent are known"
         )
+        if report.engine_killed:
+            return (
+                f"{counts}; the engine did not exit within {self.settings.shutdown_timeout:g}s and was "
+                f"SIGKILLed, cutting short whatever of them its own drain had not finished ({unknown})"
+            )
         return (
-            f"{sample.running:.0f} running and {sample.waiting:.0f} waiting requests at SIGTERM; {how} "
-            "(counts from engine metrics: without an admission gate the request ids and whether "
-            "tokens had been sent are not known)"
+            f"{counts}; the engine exited by itself (code {report.engine_exit_code}) after its own "
+            f"drain: any it did not finish were cut short ({unknown})"
         )
