@@ -111,6 +111,7 @@ class SupervisorAPI:
         return _json(self._probe_body(), 200 if ready else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
+        self.supervisor.refresh_gate_metrics()
         return web.Response(
             body=self.supervisor.metrics.render(),
             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},

@@ -161,7 +161,7 @@ _seconds = click.FloatRange(min=0.0)
 )
 @click.option(
     "--token-file",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),
     default=None,
     help="Bearer token for the management API (else $CORRAL_TOKEN).",
 )
@@ -278,7 +278,7 @@ async def _serve(config: SupervisorConfig) -> int:
 
 @supervise.command(name="prestop")
 @click.option("--url", default="http://127.0.0.1:8081", show_default=True, help="The supervisor's address.")
-@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--token-file", type=click.Path(path_type=Path), default=None)
 @click.option(
     "--policy",
     type=click.Choice(["wait", "abort"]),

@@ -149,10 +149,13 @@ class EngineSupervisor:
     def _record_operation(self, op: Operation) -> None:
         self.oplog.append("operation", **op.to_json())
 
-    def _gate_log(self, message: str) -> None:
+    def refresh_gate_metrics(self) -> None:
         for status in self.gates.status.values():
             self.metrics.gate_wait.labels(gate=status.spec).set(status.waited_seconds)
             self.metrics.gate_open.labels(gate=status.spec).set(1 if status.open else 0)
+
+    def _gate_log(self, message: str) -> None:
+        self.refresh_gate_metrics()
         self._log(message)
 
     def _to(
