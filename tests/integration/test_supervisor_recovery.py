@@ -80,3 +80,10 @@ def test_hung_engine_is_detected_restarted_and_ready_again() -> None:
         assert len(pids) == 2 and pids[0] != pids[1]
         restart = next(r for r in sup.oplog() if r["record"] == "engine_restart")
         assert restart["cause"] == "failure"
+
+
+def test_an_engine_serving_another_model_is_failed_not_ready() -> None:
+    with supervised(sup_args=("--model", "llama-3-8b-instruct")) as sup:
+        body = sup.wait_state("FAILED", timeout=30)
+        assert "llama-3-8b-instruct" in body["reason"] and "sim-model" in body["reason"]
+        assert sup.probe("/readyz")[0] == 503 and body["restarts"] == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import time
+import urllib.request
 
 from tests.integration.test_supervisor_support import (
     short_tmp_dir,
@@ -93,6 +94,14 @@ def test_under_the_supervisor_the_engine_waits_for_its_socket_and_starts_once() 
         )
         engine_started = next(r for r in sup.oplog() if r["record"] == "engine_started")
         assert engine_started["time"] >= socket_created_at
+        with urllib.request.urlopen(sup.url + "/metrics", timeout=5) as resp:
+            metrics = resp.read().decode()
+        gate_wait = next(
+            line for line in metrics.splitlines() if line.startswith("corral_supervisor_gate_wait_seconds{")
+        )
+        assert float(gate_wait.rsplit(" ", 1)[1]) >= SOCKET_DELAY_S - 1
+        assert 'corral_supervisor_state{state="READY"} 1.0' in metrics
+        assert "corral_supervisor_engine_restarts_total{" not in metrics
         up_line = next(line for line in sup.proc.output().splitlines() if "is up after" in line)
         assert f"unix:{sock_path}" in up_line
 
