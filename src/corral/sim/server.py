@@ -249,6 +249,7 @@ class SimServer:
         log.info("APIServer", "launcher.py:304", "[shutdown] API server: shutting down FastAPI HTTP server")
         log.plain("INFO:     Shutting down")
         server.pre_shutdown()
+        _close_idle_connections(server)
         if server.connections:
             log.plain("INFO:     Waiting for connections to close. (CTRL+C to force quit)")
             if not await self._until(lambda: not server.connections, self._force.wait):
@@ -286,3 +287,15 @@ class SimServer:
             return True
         finally:
             stopper.cancel()
+
+
+def _close_idle_connections(server: web.Server) -> None:
+    """Close keep-alive connections that carry no request, as uvicorn does at shutdown.
+
+    aiohttp's pre_shutdown() leaves idle keep-alive connections open, and a router's pooled
+    connection would then hold the process up forever. Connections whose request was aborted stay
+    open, unanswered, which is what the real engine does (see vllm-samples/README.md).
+    """
+    for conn in list(server.connections):
+        if not getattr(conn, "_request_in_progress", False):
+            conn.force_close()
