@@ -6,6 +6,7 @@ import click
 
 from corral import __version__
 from corral.fleet.cli import up
+from corral.fleet.status_cli import status
 from corral.router.cli import router
 from corral.sim.cli import sim
 from corral.supervisor.cli import supervise
@@ -21,3 +22,4 @@ main.add_command(sim)
 main.add_command(router)
 main.add_command(up)
 main.add_command(supervise)
+main.add_command(status)

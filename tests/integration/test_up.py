@@ -7,8 +7,10 @@ import re
 import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx
+import orjson
 import psutil
 import pytest
 from openai import OpenAI
@@ -17,13 +19,18 @@ from tests.support.procs import CorralProcess, free_port
 from tests.support.waits import wait_until
 
 
-def start_up(*extra: str) -> tuple[CorralProcess, str]:
+def start_up(*extra: str, state_home: Path | None = None) -> tuple[CorralProcess, str]:
     port = free_port()
-    proc = CorralProcess(["up", "--port", str(port), *extra])
+    env = {"XDG_STATE_HOME": str(state_home)} if state_home else None
+    proc = CorralProcess(["up", "--port", str(port), *extra], env=env)
     wait_until(lambda: "router: " in proc.output() or proc.proc.poll() is not None, 90, "the router URL")
     match = re.search(r"router: (http://\S+)", proc.output())
     assert match, proc.output()
     return proc, match.group(1)
+
+
+def local_fleet_file_under(state_home: Path, port: int) -> Path:
+    return state_home / "corral" / f"up-{port}.json"
 
 
 def descendants(pid: int) -> list[psutil.Process]:
@@ -65,17 +72,23 @@ def test_up_prints_a_url_that_serves_the_openai_sdk() -> None:
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
 
 
-def test_ctrl_c_kills_an_engine_that_will_not_exit() -> None:
-    # the engine hangs every request; with shutdown-timeout 0 and a request in flight it never exits
-    # on SIGTERM (like the real vLLM capture), so `up` must escalate to SIGKILL after its grace
-    proc, url = start_up("--engines", "1", "--stop-grace", "2", "--sim-arg=--hang-after=0")
+def test_ctrl_c_kills_an_engine_that_will_not_exit(tmp_path: Path) -> None:
+    # after its smoke request the engine hangs every request; with shutdown-timeout 0 and a request
+    # in flight it never exits on SIGTERM (like the real vLLM capture). `up` gives its members 2 s,
+    # less than the supervisor's own drain, so it must escalate to SIGKILL, and the engine must go too.
+    proc, url = start_up(
+        "--engines", "1", "--stop-grace", "2", "--sim-arg=--hang-after=1", state_home=tmp_path
+    )
+    port = int(url.rsplit(":", 1)[1])
+    fleet = orjson.loads(local_fleet_file_under(tmp_path, port).read_bytes())
+    engine_url = fleet["engines"][0]["engine"]
     children = descendants(proc.pid)
-    assert len(children) >= 2
+    assert len(children) >= 3  # supervisor, engine, router
 
     def hold_a_request() -> None:
-        try:
+        try:  # straight to the engine: a client the router cannot close for us
             httpx.post(
-                url + "/v1/completions",
+                engine_url + "/v1/completions",
                 json={"model": "sim-model", "prompt": "x", "max_tokens": 4},
                 timeout=20,
             )
@@ -85,9 +98,15 @@ def test_ctrl_c_kills_an_engine_that_will_not_exit() -> None:
     holder = threading.Thread(target=hold_a_request, daemon=True)
     holder.start()
     wait_until(
-        lambda: any(e["in_flight"] == 1 for e in httpx.get(url + "/v1/fleet").json()["endpoints"]),
+        lambda: (
+            "vllm:num_requests_running{" in (m := httpx.get(engine_url + "/metrics").text)
+            and any(
+                line.startswith("vllm:num_requests_running{") and not line.endswith(" 0.0")
+                for line in m.splitlines()
+            )
+        ),
         10,
-        "the held request to be in flight",
+        "the held request to be running on the engine",
     )
     started = time.monotonic()
     proc.signal(signal.SIGINT)
@@ -95,6 +114,7 @@ def test_ctrl_c_kills_an_engine_that_will_not_exit() -> None:
     assert time.monotonic() - started < 30
     survivors = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert not survivors, [c.cmdline() for c in survivors]
+    assert not local_fleet_file_under(tmp_path, port).exists()
 
 
 def test_up_reports_a_failed_start_and_cleans_up() -> None:
@@ -102,7 +122,7 @@ def test_up_reports_a_failed_start_and_cleans_up() -> None:
     code = proc.wait_exit(60)
     out = proc.output()
     assert code == 1, out
-    assert re.search(r"engine-\d exited with code 1", out), out
+    assert re.search(r"engine-\d failed: ", out), out
     assert "/nonexistent/kv.sock" in out
 
 
@@ -111,3 +131,21 @@ def test_up_rejects_bad_options(bad: list[str]) -> None:
     proc = CorralProcess(["up", *bad])
     assert proc.wait_exit(30) == 2
     assert "Invalid value" in proc.output()
+
+
+def test_status_shows_every_engine_of_a_local_fleet(tmp_path: Path) -> None:
+    proc, url = start_up("--engines", "2", state_home=tmp_path)
+    env = {"XDG_STATE_HOME": str(tmp_path), "COLUMNS": "200"}
+    try:
+        port = url.rsplit(":", 1)[1]
+        shown = CorralProcess(["status", "--port", port], env=env)
+        assert shown.wait_exit(30) == 0, shown.output()
+        out = shown.output()
+        assert out.count("READY") >= 2 and "engine-0" in out and "engine-1" in out, out
+        assert out.count("routable") >= 2, out
+    finally:
+        proc.signal(signal.SIGINT)
+        assert proc.wait_exit(60) == 0, proc.output()
+    gone = CorralProcess(["status", "--port", port], env=env)
+    assert gone.wait_exit(30) == 1
+    assert "no local fleet on port" in gone.output()

@@ -16,6 +16,7 @@ from rich.console import Console
 from corral.aio import run
 from corral.fleet.local import FleetSpec, LocalFleet
 from corral.fleet.status import fetch_fleet, summary_line
+from corral.state_home import local_fleet_file
 
 
 @click.command()
@@ -45,10 +46,10 @@ from corral.fleet.status import fetch_fleet, summary_line
 )
 @click.option(
     "--stop-grace",
-    default=10.0,
+    default=30.0,
     show_default=True,
     type=click.FloatRange(min=0),
-    help="Seconds each member gets to exit after SIGTERM before it is killed.",
+    help="Seconds each member gets to exit after SIGTERM (a supervisor drains first) before it is killed.",
 )
 @click.option(
     "--log-dir",
@@ -76,7 +77,7 @@ def up(
     sim_args: tuple[str, ...],
 ) -> None:
     """Start a local fleet: simulated engines and a router on loopback, until Ctrl-C."""
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     spec = FleetSpec(
         engines=engines,
         host=host,
@@ -89,7 +90,7 @@ def up(
     )
     logs = log_dir or Path(tempfile.mkdtemp(prefix="corral-up-"))
     echo = (lambda line: console.print(line, markup=False)) if verbose else None
-    code = run(_up(LocalFleet(spec, logs, echo), console))
+    code = run(_up(LocalFleet(spec, logs, local_fleet_file(port), echo), console))
     raise SystemExit(code)
 
 
@@ -122,7 +123,7 @@ async def _up(fleet: LocalFleet, console: Console) -> int:
         f"try:    curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'",
         markup=False,
     )
-    console.print("Ctrl-C stops everything.")
+    console.print(f"status: corral status --port {spec.router_port}    Ctrl-C stops everything.")
     code = await _watch(fleet, console, stop)
     await _stop(fleet, console)
     return code

@@ -18,6 +18,7 @@ import click
 from aiohttp import web
 
 from corral.aio import run as run_on_uvloop
+from corral.state_home import corral_state_dir
 from corral.supervisor.config import SupervisorConfig, is_loopback
 from corral.supervisor.drain import DrainPolicy, DrainSettings
 from corral.supervisor.gates import DependencyGate, GateSpecError, parse_gate
@@ -46,8 +47,7 @@ def _bad_input(message: str) -> NoReturn:
 
 
 def _default_state_dir(port: int) -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "corral" / f"supervise-{port}"
+    return corral_state_dir() / f"supervise-{port}"
 
 
 def _check_engine_command(argv: tuple[str, ...]) -> None:
