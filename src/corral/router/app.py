@@ -1,12 +1,14 @@
 """The router's aiohttp application: its own endpoints (/health, /metrics, /v1/models, /v1/fleet)
 and the OpenAI paths handed to the proxy, with the shared upstream session and the membership
-source started and stopped with the app."""
+source (static list, backends file or Kubernetes) started and stopped with the app."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
 
 import aiohttp
 import orjson
@@ -14,10 +16,13 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
 from corral.openai_errors import error_response
+from corral.router.file_source import FileSource
+from corral.router.k8s.client import PodApi
 from corral.router.membership import Membership
 from corral.router.metrics import RouterCollector, RouterMetrics
 from corral.router.policies import build_policy
 from corral.router.proxy import Proxy, ProxyConfig
+from corral.router.retry_budget import RetryBudgetConfig
 from corral.router.static_source import StaticSource
 
 # POST paths served by vLLM outside /v1 that are per-request inference, hence routable.
@@ -38,8 +43,22 @@ METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 @dataclass(frozen=True, slots=True)
+class KubernetesDiscovery:
+    namespace: str
+    selector: str
+    kubeconfig: str | None = None  # None: the in-cluster service account
+    engine_port: int = 8000
+    resync_seconds: float = 60.0
+    watch_timeout_seconds: int = 300
+    probe_workers: int = 16
+
+
+@dataclass(frozen=True, slots=True)
 class RouterConfig:
-    backends: Sequence[str]
+    backends: Sequence[str] = ()
+    backends_file: Path | None = None
+    kubernetes: KubernetesDiscovery | None = None
+    retry_budget: RetryBudgetConfig = field(default_factory=RetryBudgetConfig)
     policy: str = "round_robin"
     session_header: str = "x-session-id"
     max_retries: int = 2
@@ -50,18 +69,65 @@ class RouterConfig:
     probe_timeout: float = 2.0
 
 
+class MembershipSource(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+PodApiFactory = Callable[[KubernetesDiscovery], Awaitable[PodApi]]
+
 MEMBERSHIP = web.AppKey("membership", Membership)
-SOURCE = web.AppKey("source", StaticSource)
 METRICS = web.AppKey("metrics", RouterMetrics)
 
 
-def build_app(config: RouterConfig) -> web.Application:
+async def connect_pod_api(discovery: KubernetesDiscovery) -> PodApi:
+    from corral.router.k8s.client import KubePodApi
+
+    return await KubePodApi.connect(discovery.namespace, discovery.selector, discovery.kubeconfig)
+
+
+def _source_name(config: RouterConfig) -> str:
+    if config.kubernetes is not None:
+        return "k8s"
+    return "file" if config.backends_file is not None else "static"
+
+
+async def build_source(
+    config: RouterConfig, membership: Membership, metrics: RouterMetrics, pod_api: PodApiFactory
+) -> MembershipSource:
+    if config.kubernetes is not None:
+        from corral.router.k8s.informer import InformerConfig
+        from corral.router.k8s.pod_source import PodSource, PodSourceConfig
+
+        k8s = config.kubernetes
+        return PodSource(
+            membership,
+            metrics,
+            await pod_api(k8s),
+            PodSourceConfig(
+                engine_port=k8s.engine_port,
+                probe_timeout=config.probe_timeout,
+                workers=k8s.probe_workers,
+                informer=InformerConfig(
+                    resync_seconds=k8s.resync_seconds, watch_timeout_seconds=k8s.watch_timeout_seconds
+                ),
+            ),
+        )
+    if config.backends_file is not None:
+        return FileSource(
+            membership, config.backends_file, config.models_refresh_seconds, config.probe_timeout, metrics
+        )
+    return StaticSource(
+        membership, config.backends, config.models_refresh_seconds, config.probe_timeout, metrics=metrics
+    )
+
+
+def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) -> web.Application:
     app = web.Application(client_max_size=CLIENT_MAX_SIZE)
-    membership = Membership()
     metrics = RouterMetrics()
-    source = StaticSource(membership, config.backends, config.models_refresh_seconds, config.probe_timeout)
+    membership = Membership(on_exit=lambda record: metrics.count_removal(record.cause))
     app[MEMBERSHIP] = membership
-    app[SOURCE] = source
     app[METRICS] = metrics
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RouterCollector(metrics, membership.endpoints))
@@ -86,8 +152,11 @@ def build_app(config: RouterConfig) -> web.Application:
             build_policy(config.policy, config.session_header),
             session,
             metrics,
-            ProxyConfig(config.max_retries, config.eject_seconds, config.models_refresh_seconds),
+            ProxyConfig(
+                config.max_retries, config.eject_seconds, config.models_refresh_seconds, config.retry_budget
+            ),
         )
+        source = await build_source(config, membership, metrics, pod_api)
         await source.start()
         try:
             yield
@@ -117,17 +186,30 @@ def build_app(config: RouterConfig) -> web.Application:
         endpoints = [
             {
                 "url": e.url,
+                "source": e.source,
+                "name": e.name,
                 "state": e.state.value,
                 "reason": e.reason,
                 "since": e.since,
+                "last_event_resource_version": e.last_event_version,
                 "models": sorted(e.models),
                 "in_flight": e.in_flight,
+                "requests_sent": e.requests_sent,
                 "ejected_until": e.ejected_until_wall(now),
                 "routable": e.routable(now),
+                "why": e.routing_verdict(now),
             }
             for e in membership.endpoints()
         ]
-        return _json({"policy": config.policy, "endpoints": endpoints})
+        exits = [record.as_json() for record in membership.exits]
+        return _json(
+            {
+                "policy": config.policy,
+                "source": _source_name(config),
+                "endpoints": endpoints,
+                "left_routing": exits,
+            }
+        )
 
     async def prometheus(request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": METRICS_CONTENT_TYPE})

@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from pathlib import Path
 
 import click
 from aiohttp import web
 
 from corral import aio
-from corral.router.app import RouterConfig, build_app
+from corral.router.app import KubernetesDiscovery, RouterConfig, build_app
+from corral.router.file_source import BackendsFileError, read_backends
+from corral.router.k8s.client import KubeApiError
 from corral.router.policies import POLICY_NAMES
+from corral.router.retry_budget import RetryBudgetConfig
 
 log = logging.getLogger("corral.router")
 
@@ -23,8 +27,60 @@ log = logging.getLogger("corral.router")
     "--backend",
     "backends",
     multiple=True,
-    required=True,
-    help="Engine base URL, e.g. http://127.0.0.1:9001 (repeat for each engine).",
+    help="Engine base URL, e.g. http://127.0.0.1:9001 (repeat for each engine). Discovery `static`.",
+)
+@click.option(
+    "--backends-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="File with one engine URL per line, read again whenever it changes. Discovery `file`.",
+)
+@click.option(
+    "--discovery",
+    type=click.Choice(["static", "file", "k8s"]),
+    help="Where membership comes from; by default `file` with --backends-file, else `static`.",
+)
+@click.option("--namespace", help="k8s: namespace of the engine pods.")
+@click.option("--selector", help="k8s: label selector of the engine pods, e.g. app=vllm.")
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, exists=True),
+    help="k8s: kubeconfig file; without it the pod's in-cluster service account is used.",
+)
+@click.option("--engine-port", default=8000, show_default=True, type=int, help="k8s: the engines' port.")
+@click.option(
+    "--k8s-resync-seconds",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=1),
+    help="k8s: full re-list this often, removing pods whose DELETE was missed.",
+)
+@click.option(
+    "--k8s-watch-timeout",
+    default=300,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="k8s: timeoutSeconds asked of each watch request.",
+)
+@click.option(
+    "--probe-timeout",
+    default=2.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="Seconds one engine's /v1/models may take before it counts as not answering.",
+)
+@click.option(
+    "--retry-budget-ratio",
+    default=0.2,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Retries allowed as a fraction of requests over the window.",
+)
+@click.option(
+    "--retry-budget-min",
+    default=3,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Retries allowed per window on top of the ratio, so a quiet router can still retry.",
 )
 @click.option("--policy", type=click.Choice(POLICY_NAMES), default="round_robin", show_default=True)
 @click.option(
@@ -77,6 +133,17 @@ def router(
     host: str,
     port: int,
     backends: tuple[str, ...],
+    backends_file: Path | None,
+    discovery: str | None,
+    namespace: str | None,
+    selector: str | None,
+    kubeconfig: str | None,
+    engine_port: int,
+    k8s_resync_seconds: float,
+    k8s_watch_timeout: int,
+    probe_timeout: float,
+    retry_budget_ratio: float,
+    retry_budget_min: int,
     policy: str,
     session_header: str,
     max_retries: int,
@@ -88,8 +155,44 @@ def router(
 ) -> None:
     """Run the OpenAI-compatible router in front of a fleet of engines."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if discovery is None:
+        discovery = "file" if backends_file is not None else "static"
+    kubernetes: KubernetesDiscovery | None = None
+    if discovery == "k8s":
+        if backends or backends_file:
+            raise click.UsageError("--discovery k8s takes no --backend or --backends-file.")
+        if not namespace or not selector:
+            raise click.UsageError(
+                "--discovery k8s needs --namespace NS and --selector LABELS (e.g. app=vllm)."
+            )
+        kubernetes = KubernetesDiscovery(
+            namespace=namespace,
+            selector=selector,
+            kubeconfig=kubeconfig,
+            engine_port=engine_port,
+            resync_seconds=k8s_resync_seconds,
+            watch_timeout_seconds=k8s_watch_timeout,
+        )
+    elif discovery == "file":
+        if backends_file is None or backends:
+            raise click.UsageError("--discovery file needs --backends-file PATH and no --backend.")
+        try:
+            read_backends(backends_file)
+        except BackendsFileError as exc:
+            raise click.UsageError(str(exc)) from None
+    elif not backends:
+        raise click.UsageError(
+            "Name the engines: --backend URL (repeatable), --backends-file PATH, "
+            "or --discovery k8s --namespace NS --selector LABELS."
+        )
+    elif backends_file is not None:
+        raise click.UsageError("Use either --backend or --backends-file, not both.")
     config = RouterConfig(
         backends=backends,
+        backends_file=backends_file,
+        kubernetes=kubernetes,
+        probe_timeout=probe_timeout,
+        retry_budget=RetryBudgetConfig(ratio=retry_budget_ratio, min_retries=retry_budget_min),
         policy=policy,
         session_header=session_header.lower(),
         max_retries=max_retries,
@@ -107,7 +210,11 @@ async def serve(config: RouterConfig, host: str, port: int, shutdown_timeout: fl
         handler_cancellation=True,  # a client that hangs up cancels its upstream request
         shutdown_timeout=shutdown_timeout,
     )
-    await runner.setup()
+    try:
+        await runner.setup()
+    except KubeApiError as exc:
+        log.error("cannot start Kubernetes membership: %s", exc)
+        raise SystemExit(2) from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -115,13 +222,13 @@ async def serve(config: RouterConfig, host: str, port: int, shutdown_timeout: fl
     try:
         site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
         await site.start()
-        log.info(
-            "corral router ready on http://%s:%d (policy %s, %d backends)",
-            host,
-            port,
-            config.policy,
-            len(config.backends),
-        )
+        if config.kubernetes is not None:
+            members = f"pods in {config.kubernetes.namespace} matching {config.kubernetes.selector}"
+        elif config.backends_file is not None:
+            members = f"backends from {config.backends_file}"
+        else:
+            members = f"{len(config.backends)} backends"
+        log.info("corral router ready on http://%s:%d (policy %s, %s)", host, port, config.policy, members)
         await stop.wait()
         log.info("corral router stopping")
     finally:

@@ -1,5 +1,6 @@
-"""One backend engine as the router sees it: where it is, what it serves, its lifecycle state,
-the requests the router has in flight to it, and whether it is ejected after a failure."""
+"""One backend engine as the router sees it: where it is, where it was learnt from, what it serves,
+its lifecycle state, the requests the router has in flight to it, and whether it is ejected after a
+failure."""
 
 from __future__ import annotations
 
@@ -32,10 +33,14 @@ class Endpoint:
         "consecutive_failures",
         "ejected_until",
         "in_flight",
+        "last_event_version",
         "model_cards",
         "models",
+        "name",
         "reason",
+        "requests_sent",
         "since",
+        "source",
         "state",
         "url",
     )
@@ -46,8 +51,18 @@ class Endpoint:
         models: frozenset[str] = frozenset(),
         state: EngineState = EngineState.STARTING,
         reason: str = "not yet seen",
+        *,
+        source: str = "static",
+        name: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        # Where membership learnt of it (static | file | k8s) and its name there (a pod's ns/name).
+        self.source = source
+        self.name = name
+        # The resourceVersion of the last Kubernetes event about it; None for other sources.
+        self.last_event_version: str | None = None
+        # Requests the router has sent here, counted when the endpoint is picked (before any I/O).
+        self.requests_sent = 0
         self.models = models
         # The backend's own /v1/models entries, kept whole so the router's union keeps their fields.
         self.model_cards: tuple[dict[str, Any], ...] = ()
@@ -76,6 +91,14 @@ class Endpoint:
 
     def routable(self, now: float) -> bool:
         return self.state is EngineState.READY and self.ejected_until <= now
+
+    def routing_verdict(self, now: float) -> str:
+        """Why the endpoint does or does not take requests now, in words for /v1/fleet."""
+        if self.state is not EngineState.READY:
+            return f"not routable: {self.state.value} ({self.reason})"
+        if self.ejected_until > now:
+            return f"not routable: ejected for {self.ejected_until - now:.1f} s more after a failure"
+        return "routable: READY and not ejected"
 
     def eject(self, now: float, base_seconds: float) -> float | None:
         """Eject after a connection failure; each further failure in a row doubles the time.

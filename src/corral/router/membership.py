@@ -1,26 +1,65 @@
 """The set of endpoints the router may send to, and the per-model index it routes from.
 
-Sources (the static list today; Kubernetes and supervisor state streams later) change it only
-through `add`, `update` and `remove`; the data path only reads it through `eligible`.
+Sources (static list, backends file, Kubernetes) change it only through `add`, `update` and
+`remove`; the data path only reads it through `eligible`. Every time an endpoint leaves routing
+(removed, or READY -> anything else) membership keeps a `RoutingExit` record: what left, why, and
+how many requests had been sent to it by then.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from corral.router.endpoint import Endpoint, EngineState
 
 log = logging.getLogger("corral.router.membership")
 
+EXITS_KEPT = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingExit:
+    """One endpoint leaving the routing table: removed, or no longer READY."""
+
+    url: str
+    source: str
+    name: str | None
+    kind: str  # "removed" | "unroutable"
+    cause: str  # low-cardinality label for metrics: deleted, not_ready, no_ip, ...
+    reason: str
+    event_version: str | None
+    at: float  # time.time()
+    at_monotonic: float  # time.monotonic(), comparable across processes on one Linux host
+    requests_sent: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "source": self.source,
+            "name": self.name,
+            "kind": self.kind,
+            "cause": self.cause,
+            "reason": self.reason,
+            "event_resource_version": self.event_version,
+            "at": self.at,
+            "at_monotonic": self.at_monotonic,
+            "requests_sent": self.requests_sent,
+        }
+
 
 class Membership:
-    def __init__(self) -> None:
+    def __init__(self, on_exit: Callable[[RoutingExit], None] | None = None) -> None:
         self._endpoints: dict[str, Endpoint] = {}
         # model -> endpoints that serve it, in any state; rebuilt on every change so that
         # the hot path is one dict lookup and a short filter.
         self._serving: dict[str, tuple[Endpoint, ...]] = {}
+        self.exits: deque[RoutingExit] = deque(maxlen=EXITS_KEPT)
+        self._on_exit = on_exit
 
     # -- changes (from sources) -------------------------------------------------------------
 
@@ -41,15 +80,21 @@ class Membership:
         state: EngineState | None = None,
         models: frozenset[str] | None = None,
         model_cards: tuple[dict[str, Any], ...] | None = None,
+        cause: str = "state",
+        event_version: str | None = None,
     ) -> Endpoint | None:
         """Change an endpoint's state and/or what it serves; unknown urls are ignored."""
         endpoint = self._endpoints.get(url)
         if endpoint is None:
             return None
+        if event_version is not None:
+            endpoint.last_event_version = event_version
         before = endpoint.state
         target = before if state is None else state
         if endpoint.set_state(target, reason) and before is not target:
             log.info("endpoint %s %s -> %s: %s", url, before, target, reason)
+            if before is EngineState.READY:
+                self._exit(endpoint, "unroutable", cause, reason)
         if model_cards is not None:
             endpoint.model_cards = model_cards
         if models is not None and models != endpoint.models:
@@ -58,13 +103,35 @@ class Membership:
             self._reindex()
         return endpoint
 
-    def remove(self, url: str, reason: str) -> Endpoint | None:
+    def remove(
+        self, url: str, reason: str, cause: str = "removed", event_version: str | None = None
+    ) -> Endpoint | None:
         """Forget an endpoint; requests already in flight to it finish on their own."""
         endpoint = self._endpoints.pop(url, None)
         if endpoint is not None:
+            if event_version is not None:
+                endpoint.last_event_version = event_version
             log.info("endpoint %s removed: %s", url, reason)
             self._reindex()
+            self._exit(endpoint, "removed", cause, reason)
         return endpoint
+
+    def _exit(self, endpoint: Endpoint, kind: str, cause: str, reason: str) -> None:
+        record = RoutingExit(
+            url=endpoint.url,
+            source=endpoint.source,
+            name=endpoint.name,
+            kind=kind,
+            cause=cause,
+            reason=reason,
+            event_version=endpoint.last_event_version,
+            at=time.time(),
+            at_monotonic=time.monotonic(),
+            requests_sent=endpoint.requests_sent,
+        )
+        self.exits.append(record)
+        if self._on_exit is not None:
+            self._on_exit(record)
 
     def _reindex(self) -> None:
         serving: dict[str, list[Endpoint]] = {}

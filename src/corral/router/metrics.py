@@ -17,6 +17,7 @@ from prometheus_client.core import (
 from corral.router.endpoint import Endpoint
 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+REMOVAL_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -51,12 +52,29 @@ class RouterMetrics:
         self.errors = 0
         self.retries = 0
         self.ejections = 0
+        self.retry_budget_exhausted = 0
         self.duration = Histogram(DURATION_BUCKETS)
         self.ttft = Histogram(TTFT_BUCKETS)
+        # Membership: events by source and type, removals by cause, relists by why.
+        self.membership_events: dict[tuple[str, str], int] = {}
+        self.removals: dict[str, int] = {}
+        self.relists: dict[str, int] = {}
+        # From a removal event's arrival at the router to the endpoint leaving the routing table.
+        self.removal_latency = Histogram(REMOVAL_BUCKETS)
 
     def count_request(self, model: str, code: int) -> None:
         key = (model, code)
         self.requests[key] = self.requests.get(key, 0) + 1
+
+    def count_event(self, source: str, kind: str) -> None:
+        key = (source, kind)
+        self.membership_events[key] = self.membership_events.get(key, 0) + 1
+
+    def count_removal(self, cause: str) -> None:
+        self.removals[cause] = self.removals.get(cause, 0) + 1
+
+    def count_relist(self, why: str) -> None:
+        self.relists[why] = self.relists.get(why, 0) + 1
 
 
 class RouterCollector:
@@ -90,6 +108,40 @@ class RouterCollector:
             "corral_router_ejections",
             "Endpoints ejected after a connection failure or timeout.",
             value=m.ejections,
+        )
+        yield CounterMetricFamily(
+            "corral_router_retry_budget_exhausted",
+            "Retries not made because the retry budget was spent (the request got an error instead).",
+            value=m.retry_budget_exhausted,
+        )
+        events = CounterMetricFamily(
+            "corral_router_membership_events",
+            "Membership events received, by source and type (ADDED, MODIFIED, DELETED, BOOKMARK, LISTED).",
+            labels=["source", "type"],
+        )
+        for (source, kind), n in sorted(m.membership_events.items()):
+            events.add_metric([source, kind], n)
+        yield events
+        removals = CounterMetricFamily(
+            "corral_router_endpoint_removals",
+            "Endpoints that left the routing table, by cause.",
+            labels=["cause"],
+        )
+        for cause, n in sorted(m.removals.items()):
+            removals.add_metric([cause], n)
+        yield removals
+        relists = CounterMetricFamily(
+            "corral_router_k8s_relists",
+            "Full lists of pods, by why (initial, expired, broken, resync).",
+            labels=["why"],
+        )
+        for why, n in sorted(m.relists.items()):
+            relists.add_metric([why], n)
+        yield relists
+        yield _histogram(
+            "corral_router_removal_latency_seconds",
+            "Time from a removal event's arrival at the router to the endpoint leaving the routing table.",
+            m.removal_latency,
         )
         in_flight = GaugeMetricFamily(
             "corral_router_endpoint_in_flight",

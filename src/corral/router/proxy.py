@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from uuid import uuid4
 
 import aiohttp
@@ -25,6 +25,7 @@ from corral.router.endpoint import Endpoint
 from corral.router.membership import Membership
 from corral.router.metrics import RouterMetrics
 from corral.router.policies import Policy, RouteRequest
+from corral.router.retry_budget import RetryBudget, RetryBudgetConfig
 
 log = logging.getLogger("corral.router.proxy")
 
@@ -58,6 +59,7 @@ class ProxyConfig:
     max_retries: int = 2
     eject_seconds: float = 5.0
     retry_after_seconds: float = 5.0
+    retry_budget: RetryBudgetConfig = field(default_factory=RetryBudgetConfig)
 
 
 class Proxy:
@@ -75,6 +77,7 @@ class Proxy:
         self._metrics = metrics
         self._config = config
         self._urls: dict[tuple[str, str], URL] = {}
+        self._budget = RetryBudget(config.retry_budget)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         start = time.perf_counter()
@@ -92,6 +95,7 @@ class Proxy:
         if "x-request-id" not in upstream_headers:
             upstream_headers["X-Request-Id"] = request_id
         route = RouteRequest(model, request.headers)
+        self._budget.record_request(time.monotonic())
         try:
             return await self._forward(request, body, upstream_headers, route, request_id, start)
         except asyncio.CancelledError:
@@ -183,6 +187,7 @@ class Proxy:
             if not candidates:
                 return self._reject(self._unavailable(model, last_failure), model, request_id, start)
             endpoint = self._policy.pick(candidates, route)
+            endpoint.requests_sent += 1
             endpoint.in_flight += 1
             upstream: aiohttp.ClientResponse | None = None
             try:
@@ -200,9 +205,13 @@ class Proxy:
                     last_failure = f"{endpoint.url}: {_describe(exc)}"
                     self._eject(endpoint, last_failure, request_id, attempt)
                     if attempt < self._config.max_retries:
-                        attempt += 1
-                        metrics.retries += 1
-                        continue
+                        if self._budget.try_spend(time.monotonic()):
+                            attempt += 1
+                            metrics.retries += 1
+                            continue
+                        metrics.retry_budget_exhausted += 1
+                        last_failure += "; retry budget spent, not retried"
+                        log.warning("request %s: %s", request_id, last_failure)
                     return self._reject(self._unavailable(model, last_failure), model, request_id, start)
                 endpoint.record_success()
                 status = upstream.status

@@ -1,4 +1,5 @@
-"""Membership from a fixed list of backend URLs: each becomes READY once its /v1/models answers.
+"""Membership from a list of backend URLs (`--backend`, or a backends file through
+`FileSource`): each becomes READY once its /v1/models answers.
 
 A background task asks every backend concurrently, with a timeout, at start and then every
 `refresh_seconds`; the answers update what each endpoint serves. Nothing here runs on the
@@ -18,6 +19,7 @@ import orjson
 
 from corral.router.endpoint import Endpoint, EngineState
 from corral.router.membership import Membership
+from corral.router.metrics import RouterMetrics
 
 log = logging.getLogger("corral.router.static_source")
 
@@ -48,15 +50,51 @@ class StaticSource:
         urls: Sequence[str],
         refresh_seconds: float,
         probe_timeout: float = 2.0,
+        source: str = "static",
+        metrics: RouterMetrics | None = None,
     ) -> None:
         self._membership = membership
-        self._urls = [u.rstrip("/") for u in urls]
+        self._urls: list[str] = []
         self._refresh_seconds = refresh_seconds
         self._probe_timeout = probe_timeout
+        self._source = source
+        self._metrics = metrics
+        self._probes: set[asyncio.Task[None]] = set()
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
+        self.set_urls(urls)
+
+    def set_urls(self, urls: Sequence[str]) -> None:
+        """Make the list exactly `urls`: new ones are added (probed on the next round, or now when
+        running), dropped ones removed from membership at once."""
+        wanted = list(dict.fromkeys(u.rstrip("/") for u in urls))
         for url in self._urls:
-            membership.add(Endpoint(url, reason="static backend, waiting for /v1/models"), "static list")
+            if url not in wanted:
+                self._count(url, "DELETED")
+                self._membership.remove(
+                    url, f"no longer in the {self._source} list", cause=f"{self._source}_removed"
+                )
+        fresh = [u for u in wanted if u not in self._urls]
+        for url in fresh:
+            self._count(url, "ADDED")
+            self._membership.add(
+                Endpoint(url, reason=f"{self._source} backend, waiting for /v1/models", source=self._source),
+                f"{self._source} list",
+            )
+        self._urls = wanted
+        if fresh and self._session is not None:
+            for url in fresh:
+                task = asyncio.create_task(self._probe(url), name=f"corral-router-probe-{url}")
+                self._probes.add(task)
+                task.add_done_callback(self._probes.discard)
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self._urls)
+
+    def _count(self, url: str, kind: str) -> None:
+        if self._metrics is not None:
+            self._metrics.count_event(self._source, kind)
 
     async def start(self) -> None:
         """Open the probe session and start refreshing; the first round runs in the background."""
@@ -72,6 +110,10 @@ class StaticSource:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        for task in list(self._probes):
+            task.cancel()
+        if self._probes:
+            await asyncio.gather(*self._probes, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -86,7 +128,8 @@ class StaticSource:
         await asyncio.gather(*(self._probe(url) for url in self._urls))
 
     async def _probe(self, url: str) -> None:
-        assert self._session is not None
+        if self._session is None:
+            return
         try:
             async with self._session.get(url + "/v1/models") as resp:
                 body = await resp.read()
@@ -97,6 +140,8 @@ class StaticSource:
             self._probe_failed(url, describe(exc))
             return
         models = frozenset(c["id"] for c in cards)
+        if url not in self._urls:
+            return  # dropped from the list while the probe ran
         self._membership.update(
             url, "GET /v1/models answered", state=EngineState.READY, models=models, model_cards=cards
         )
@@ -108,7 +153,9 @@ class StaticSource:
         if endpoint.state is EngineState.STARTING:
             self._membership.update(url, f"waiting for /v1/models: {why}")
         else:
-            self._membership.update(url, f"/v1/models probe failed: {why}", state=EngineState.FAILED)
+            self._membership.update(
+                url, f"/v1/models probe failed: {why}", state=EngineState.FAILED, cause="probe_failed"
+            )
 
 
 def describe(exc: BaseException) -> str:
