@@ -2,7 +2,8 @@
 
 Every answer carries `x-request-id` (the client's, echoed, or a fresh one); with a client id the response
 id becomes `chatcmpl-<id>` / `cmpl-<id>`, as vLLM does with `--enable-request-id-headers`. Unknown paths get
-FastAPI's `{"detail": "Not Found"}`.
+FastAPI's `{"detail": "Not Found"}`. Routes of optional features (development endpoints, LoRA updating) are
+added by their own modules when enabled, as vLLM only mounts them then.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import contextlib
 import hashlib
 import secrets
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
@@ -22,6 +24,7 @@ from corral.sim.chat import render_chat
 from corral.sim.config import SimConfig
 from corral.sim.engine import Engine, Job
 from corral.sim.faults import Fault
+from corral.sim.lora import LoraAdapter, LoraRegistry
 from corral.sim.metrics import CONTENT_TYPE, MetricsEndpoint
 from corral.sim.protocol import InferenceRequest, RequestError, parse_chat, parse_completion, parse_json
 from corral.sim.responses import DONE, StreamEncoder, chat_completion, model_list, text_completion
@@ -42,6 +45,12 @@ _ROUTES: dict[str, tuple[str, ...]] = {
 }
 
 
+class RouteSet(Protocol):
+    """An optional group of routes (the development endpoints, the LoRA endpoints)."""
+
+    def add_routes(self, app: web.Application) -> None: ...
+
+
 def _json(payload: Any, headers: dict[str, str], status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(payload), content_type=_JSON, headers=headers)
 
@@ -49,21 +58,28 @@ def _json(payload: Any, headers: dict[str, str], status: int = 200) -> web.Respo
 class SimApi:
     """Route handlers bound to one engine."""
 
-    def __init__(self, config: SimConfig, engine: Engine, metrics: MetricsEndpoint) -> None:
+    def __init__(
+        self,
+        config: SimConfig,
+        engine: Engine,
+        metrics: MetricsEndpoint,
+        lora: LoraRegistry | None = None,
+        addons: Sequence[tuple[RouteSet, dict[str, tuple[str, ...]]]] = (),
+    ) -> None:
         self.config = config
         self.engine = engine
         self.metrics = metrics
+        self.lora = lora
+        self.addons = addons
+        self._routes = dict(_ROUTES)
+        for _, routes in addons:
+            self._routes.update(routes)
         self.created = int(time.time())
         self.fingerprint = "vllm-{}-{}".format(
             config.version_string, hashlib.sha1(f"{config.model}:{config.seed}".encode()).hexdigest()[:8]
         )
-        self._models_body = model_list(
-            config.model,
-            config.model,
-            self.created,
-            config.max_model_len,
-            "modelperm-" + secrets.token_hex(8),
-        )
+        self._models_version = -1
+        self._models_body = b""
 
     def build(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -79,6 +95,8 @@ class SimApi:
         r.add_get("/metrics", self.prometheus, allow_head=False)
         r.add_post("/tokenize", self.tokenize)
         r.add_post("/detokenize", self.detokenize)
+        for routes, _ in self.addons:
+            routes.add_routes(app)
         r.add_route("*", "/{tail:.*}", self.not_found)
         return app
 
@@ -86,14 +104,20 @@ class SimApi:
     def _ids(request: web.Request) -> dict[str, str]:
         return {"x-request-id": request.headers.get("x-request-id") or secrets.token_hex(16)}
 
-    def _check_model(self, model: str | None) -> None:
-        if model is not None and model != self.config.model:
-            raise RequestError(
-                404,
-                f"The model `{model}` does not exist. Valid aliases: {self.config.model}.",
-                "NotFoundError",
-                "model",
-            )
+    def _check_model(self, model: str | None) -> LoraAdapter | None:
+        """None for the base model; the adapter a LoRA name stands for; 404 for anything else."""
+        if model is None or model == self.config.model:
+            return None
+        if self.lora is not None:
+            adapter = self.lora.get(model)
+            if adapter is not None:
+                return adapter
+        raise RequestError(
+            404,
+            f"The model `{model}` does not exist. Valid aliases: {self.config.model}.",
+            "NotFoundError",
+            "model",
+        )
 
     # -- inference -------------------------------------------------------------------------------------
 
@@ -110,10 +134,18 @@ class SimApi:
         try:
             body = parse_json(await request.read())
             r = parse_chat(body) if chat else parse_completion(body)
-            self._check_model(r.model)
-            job = engine.prepare(r, rid, asyncio.get_running_loop().time())
+            adapter = self._check_model(r.model)
+            job = engine.prepare(r, rid, asyncio.get_running_loop().time(), adapter)
         except RequestError as exc:
             return error_response(exc.status, exc.message, exc.err_type, exc.param, headers)
+        if engine.rejecting:
+            return error_response(
+                503,
+                "The engine is paused (POST /pause) and takes no new requests; retry after it resumes.",
+                "ServiceUnavailableError",
+                None,
+                headers,
+            )
         fault = engine.faults.next()
         if fault is Fault.CRASH:
             engine.crash()
@@ -130,21 +162,21 @@ class SimApi:
         created = int(time.time())
         engine.inflight += 1
         try:
+            model = self.config.model if adapter is None else adapter.name
             if r.stream:
-                return await self._stream(request, r, job, resp_id, created, headers)
+                return await self._stream(request, r, job, resp_id, created, headers, model)
             await engine.complete(job)
-            plan = job.plan
             build = chat_completion if chat else text_completion
             payload = build(
                 resp_id,
                 created,
-                self.config.model,
+                model,
                 self.fingerprint,
-                plan.text,
-                plan.finish_reason,
-                plan.stop_reason,
+                job.text,
+                job.finish_reason,
+                job.stop_reason,
                 job.req.prompt_len,
-                plan.num_tokens,
+                job.emitted,
             )
             return web.Response(body=payload, content_type=_JSON, headers=headers)
         finally:
@@ -158,10 +190,11 @@ class SimApi:
         resp_id: str,
         created: int,
         headers: dict[str, str],
+        model: str,
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": _SSE, **headers})
         plan = job.plan
-        enc = StreamEncoder(r.chat, resp_id, created, self.config.model, self.fingerprint)
+        enc = StreamEncoder(r.chat, resp_id, created, model, self.fingerprint)
         try:
             await resp.prepare(request)
             if r.chat:
@@ -182,8 +215,10 @@ class SimApi:
                                 with_fingerprint=not r.include_usage,
                             )
                         )
+            if job.aborted:
+                await resp.write(enc.last("", "abort", None, with_fingerprint=not r.include_usage))
             if r.include_usage:
-                await resp.write(enc.usage(job.req.prompt_len, n))
+                await resp.write(enc.usage(job.req.prompt_len, job.emitted))
             await resp.write(DONE)
             await resp.write_eof()
         except (ConnectionResetError, ConnectionError):
@@ -192,8 +227,26 @@ class SimApi:
 
     # -- operational endpoints -------------------------------------------------------------------------
 
+    def _model_list(self) -> bytes:
+        version = self.lora.version if self.lora is not None else 0
+        if version != self._models_version:
+            adapters = list(self.lora.adapters.values()) if self.lora is not None else []
+            self._models_body = model_list(
+                self.config.model,
+                self.config.model,
+                self.created,
+                self.config.max_model_len,
+                "modelperm-" + secrets.token_hex(8),
+                [
+                    (a.name, a.path, a.base_model, a.created, "modelperm-" + secrets.token_hex(8))
+                    for a in adapters
+                ],
+            )
+            self._models_version = version
+        return self._models_body
+
     async def models(self, request: web.Request) -> web.Response:
-        return web.Response(body=self._models_body, content_type=_JSON, headers=self._ids(request))
+        return web.Response(body=self._model_list(), content_type=_JSON, headers=self._ids(request))
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(headers=self._ids(request))
@@ -213,8 +266,8 @@ class SimApi:
         headers = self._ids(request)
         try:
             body = parse_json(await request.read())
-            model = body.get("model")
-            self._check_model(model if isinstance(model, str) else None)
+            model_field = body.get("model")
+            self._check_model(model_field if isinstance(model_field, str) else None)
             if isinstance(body.get("messages"), list):
                 text = render_chat(body["messages"], body.get("add_generation_prompt", True) is not False)
             elif isinstance(body.get("prompt"), str):
@@ -259,7 +312,7 @@ class SimApi:
         return _json({"prompt": self.engine.tokenizer.decode(tokens)}, headers)
 
     async def not_found(self, request: web.Request) -> web.Response:
-        allowed = _ROUTES.get(request.path)
+        allowed = self._routes.get(request.path)
         if allowed is not None and request.method not in allowed:
             return _json({"detail": "Method Not Allowed"}, self._ids(request), status=405)
         return _json({"detail": "Not Found"}, self._ids(request), status=404)

@@ -1,15 +1,25 @@
-"""`corral sim`: run one vLLM-compatible engine simulator process."""
+"""`corral sim`: run one vLLM-compatible engine simulator process; `corral sim preload`: its weight-cache
+daemon.
+
+`sim` is a group whose own options run the engine, so `corral sim --port 8000 ...` is unchanged. The
+environment switches of vLLM are read here, once: VLLM_SERVER_DEV_MODE=1 mounts the development endpoints,
+VLLM_ALLOW_RUNTIME_LORA_UPDATING=1|true the LoRA load/unload endpoints.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
 from corral import aio
-from corral.sim.config import SimConfig
+from corral.sim.config import GIB, SimConfig
+from corral.sim.lora import parse_lora_module
+from corral.sim.preload import DaemonConfig, WeightCacheDaemon
 from corral.sim.requires import Requirement
 from corral.sim.server import SimServer
+from corral.sim.weight_cache import default_fingerprint, socket_path_in
 
 
 def _check_requires(_ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -21,7 +31,30 @@ def _check_requires(_ctx: click.Context, _param: click.Parameter, value: tuple[s
     return value
 
 
-@click.command()
+def _check_lora_modules(
+    _ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]
+) -> tuple[str, ...]:
+    for spec in value:
+        try:
+            parse_lora_module(spec)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from exc
+    return value
+
+
+def _dev_mode(environ: dict[str, str]) -> bool:
+    """vLLM reads VLLM_SERVER_DEV_MODE as an integer flag."""
+    try:
+        return bool(int(environ.get("VLLM_SERVER_DEV_MODE", "0")))
+    except ValueError:
+        return False
+
+
+def _runtime_lora(environ: dict[str, str]) -> bool:
+    return environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower() in ("1", "true")
+
+
+@click.group(invoke_without_command=True)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on.")
 @click.option("--model", default="sim-model", show_default=True, help="Served model name.")
@@ -94,7 +127,111 @@ def _check_requires(_ctx: click.Context, _param: click.Parameter, value: tuple[s
     help="unix:/path, tcp:host:port, file:/path or a path that must be there at engine init.",
 )
 @click.option("--version-string", default="0.33.0", show_default=True, help="What /version reports.")
-def sim(**options: object) -> None:
-    """Run a vLLM-compatible engine simulator."""
-    config = SimConfig(**options)  # type: ignore[arg-type]
+@click.option(
+    "--enable-sleep-mode",
+    is_flag=True,
+    help="Put weights and KV cache in the sleep allocator's pool, so /sleep frees them.",
+)
+@click.option(
+    "--weights-gib",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Simulated size of the weights (GPU memory; host memory when offloaded).",
+)
+@click.option(
+    "--kv-cache-gib",
+    default=None,
+    type=click.FloatRange(min=0),
+    help="Simulated KV cache memory [default: KV tokens x 128 KiB].",
+)
+@click.option("--enable-lora", is_flag=True, help="Serve LoRA adapters.")
+@click.option("--max-loras", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--lora-modules",
+    "lora_modules",
+    multiple=True,
+    callback=_check_lora_modules,
+    metavar="NAME=PATH",
+    help="An adapter to load at startup (repeatable); PATH must be a directory.",
+)
+@click.option(
+    "--load-format",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "ipc_cache"]),
+    help="ipc_cache: take the weights from a `corral sim preload` daemon.",
+)
+@click.option(
+    "--model-loader-extra-config",
+    default=None,
+    metavar="JSON",
+    help='For ipc_cache: {"socket_path"|"socket_dir", "mode": "zero_copy"|"copy", "fallback": true, '
+    '"connect_timeout_s", "state_timeout_s"}.',
+)
+@click.pass_context
+def sim(ctx: click.Context, /, **options: object) -> None:
+    """Run a vLLM-compatible engine simulator (or, with `preload`, its weight-cache daemon)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    environ = dict(os.environ)
+    config = SimConfig(
+        **options,  # type: ignore[arg-type]
+        dev_mode=_dev_mode(environ),
+        runtime_lora_updating=_runtime_lora(environ),
+    )
     sys.exit(aio.run(SimServer(config).run()))
+
+
+@sim.command()
+@click.option("--model", required=True, help="The model whose weights the daemon holds.")
+@click.option(
+    "--weight-cache-health-port", "health_port", default=None, type=int, help="Port of GET /health."
+)
+@click.option("--weight-cache-health-host", "health_host", default="127.0.0.1", show_default=True)
+@click.option("--socket-path", default=None, help="The Unix socket to serve on.")
+@click.option(
+    "--weight-cache-socket-dir",
+    "socket_dir",
+    default=None,
+    help="Directory of the socket (default: a per-user temp dir), when --socket-path is not given.",
+)
+@click.option(
+    "--fingerprint",
+    default=None,
+    help="The weight identity it reports [default: from model and version]; another value stands in "
+    "for another revision.",
+)
+@click.option("--version-string", default="0.33.0", show_default=True)
+@click.option(
+    "--startup-seconds",
+    default=2.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="How long loading the weights from disk takes.",
+)
+@click.option("--weights-gib", default=1.0, show_default=True, type=click.FloatRange(min=0))
+def preload(
+    model: str,
+    health_port: int | None,
+    health_host: str,
+    socket_path: str | None,
+    socket_dir: str | None,
+    fingerprint: str | None,
+    version_string: str,
+    startup_seconds: float,
+    weights_gib: float,
+) -> None:
+    """Run a simulated vLLM weight-cache daemon (`vllm preload`) for one GPU."""
+    path = socket_path or socket_path_in(socket_dir)
+    config = DaemonConfig(
+        model=model,
+        socket_path=path,
+        fingerprint=fingerprint or default_fingerprint(model, version_string),
+        socket_dir_arg=socket_dir or (os.path.dirname(socket_path) if socket_path else None),
+        health_host=health_host,
+        health_port=health_port,
+        startup_seconds=startup_seconds,
+        weights_bytes=int(weights_gib * GIB),
+    )
+    sys.exit(aio.run(WeightCacheDaemon(config).run()))

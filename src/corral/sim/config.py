@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+KV_BYTES_PER_TOKEN = 128 * 1024
+GIB = 2**30
+
 
 @dataclass(frozen=True)
 class SimConfig:
@@ -26,6 +29,19 @@ class SimConfig:
     hang_after: int | None = None
     requires: tuple[str, ...] = field(default_factory=tuple)
     version_string: str = "0.33.0"
+    # -- operational features (all off by default; none of them costs anything per request when off) --
+    enable_sleep_mode: bool = False
+    weights_gib: float = 1.0
+    kv_cache_gib: float | None = None
+    enable_lora: bool = False
+    max_loras: int = 1
+    lora_modules: tuple[str, ...] = field(default_factory=tuple)
+    load_format: str = "auto"
+    model_loader_extra_config: str | None = None
+    # From the environment (read by the CLI, never at import): VLLM_SERVER_DEV_MODE and
+    # VLLM_ALLOW_RUNTIME_LORA_UPDATING.
+    dev_mode: bool = False
+    runtime_lora_updating: bool = False
 
     @property
     def kv_cache_tokens(self) -> int:
@@ -35,3 +51,14 @@ class SimConfig:
     def max_prompt_chars(self) -> int:
         """vLLM rejects a prompt before tokenizing when it is longer than this many characters."""
         return self.max_model_len * 6
+
+    @property
+    def weights_bytes(self) -> int:
+        return int(self.weights_gib * GIB)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """`--kv-cache-gib`, or what the KV cache's token capacity would take on a mid-size model."""
+        if self.kv_cache_gib is not None:
+            return int(self.kv_cache_gib * GIB)
+        return self.kv_cache_tokens * KV_BYTES_PER_TOKEN

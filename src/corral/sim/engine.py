@@ -4,6 +4,11 @@
 check, clamping max_tokens to the context left) and decides the output. `stream` / `complete` then wait for
 admission, "prefill" the uncached part of the prompt, and pace the tokens, keeping the metrics up to date.
 After `abort_all` (shutdown) every request stops where it is and never answers, as vLLM's do.
+
+`EngineControl` (sleep, pause, abort) reaches a running request through its `EngineRequest.interrupt`:
+a stream looks at it once per token, a non-streamed request is woken from its single long sleep. A frozen
+request waits for `resumed`, prefilling again if its KV cache was dropped meanwhile; an aborted one ends
+early with `finish_reason: "abort"`. Nothing of this costs more than one attribute read per token.
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ from typing import NoReturn
 
 from corral.sim.config import SimConfig
 from corral.sim.faults import FaultInjector
-from corral.sim.generator import GenerationPlan, Generator
+from corral.sim.generator import GenerationPlan, Generator, garbage
 from corral.sim.logs import EngineLog
+from corral.sim.lora import LoraAdapter, LoraRegistry
 from corral.sim.metrics import EngineStats
 from corral.sim.prefix_cache import PrefixCache, block_hashes
 from corral.sim.protocol import InferenceRequest, bad_request
@@ -35,6 +41,22 @@ class Job:
     plan: GenerationPlan
     hang: bool = False
     hashes: list[int] = field(default_factory=list)
+    adapter: str | None = None
+    aborted: bool = False  # ended early with finish_reason "abort"
+    emitted: int = 0  # tokens produced (set when it ends)
+    lora_running: bool = False
+
+    @property
+    def finish_reason(self) -> str:
+        return "abort" if self.aborted else self.plan.finish_reason
+
+    @property
+    def stop_reason(self) -> str | None:
+        return None if self.aborted else self.plan.stop_reason
+
+    @property
+    def text(self) -> str:
+        return "".join(self.plan.deltas[: self.emitted]) if self.aborted else self.plan.text
 
 
 class Engine:
@@ -52,10 +74,15 @@ class Engine:
         self.stats = EngineStats()
         self.inflight = 0
         self.aborted = False
+        self.garbage = False  # serving from memory that holds no model (set by EngineControl)
+        self.rejecting = False  # POST /pause: new requests get a retryable 503 (set by EngineControl)
+        self.lora: LoraRegistry | None = None
 
     # -- admission -------------------------------------------------------------------------------------
 
-    def prepare(self, r: InferenceRequest, request_id: str, now: float) -> Job:
+    def prepare(
+        self, r: InferenceRequest, request_id: str, now: float, adapter: LoraAdapter | None = None
+    ) -> Job:
         """Check lengths as vLLM does and decide the output; raises `RequestError`."""
         limit = self.config.max_model_len
         if r.max_tokens is not None:
@@ -94,16 +121,31 @@ class Engine:
                 "input_tokens",
                 too_many,
             )
-        plan = self.generator.plan(ids, r.max_tokens, limit - len(ids), r.temperature, r.seed, r.stop)
+        generator = self.generator if adapter is None else adapter.generator
+        plan = generator.plan(ids, r.max_tokens, limit - len(ids), r.temperature, r.seed, r.stop)
         req = EngineRequest(request_id, len(ids), plan.num_tokens, now)
-        return Job(req, ids, plan)
+        job = Job(req, ids, plan)
+        if adapter is not None:
+            job.adapter = adapter.name
+        return job
 
-    async def _admit(self, job: Job) -> float:
-        """Wait for a slot, look the prompt up in the prefix cache; return the prefill time."""
-        await self.scheduler.admit(job.req)
+    async def _admit(self, job: Job) -> float | None:
+        """Wait for a slot, look the prompt up in the prefix cache; the prefill time, None if aborted."""
+        if job.adapter is not None and self.lora is not None:
+            self.lora.request_waiting(job.adapter)
+            admitted = await self.scheduler.admit(job.req)
+            if admitted:
+                self.lora.request_running(job.adapter)
+                job.lora_running = True
+        else:
+            admitted = await self.scheduler.admit(job.req)
+        if not admitted:
+            return None
         loop = asyncio.get_running_loop()
         if self.aborted or job.hang:
             await self._hang()
+        if self.garbage:
+            job.plan = garbage(job.plan)
         self.stats.queue_time.observe(loop.time() - job.req.arrival)
         job.hashes = block_hashes(job.prompt_ids, self.config.block_size)
         cached = self.cache.lookup(job.hashes, len(job.prompt_ids))
@@ -125,62 +167,145 @@ class Engine:
 
     # -- generation ------------------------------------------------------------------------------------
 
-    async def stream(self, job: Job) -> AsyncGenerator[str, None]:
-        """Yield the text of each output token at its time."""
+    def _end(self, job: Job, aborted: bool, emitted: int, now: float) -> None:
+        job.aborted, job.emitted = aborted, emitted
+        self._finish(job, "abort" if aborted else job.plan.finish_reason, emitted, now)
+
+    def _release(self, job: Job) -> None:
+        self.scheduler.release(job.req)
+        if job.adapter is not None and self.lora is not None:
+            self.lora.request_done(job.adapter, job.lora_running)
+
+    async def _interrupted(self, job: Job, emitted: int) -> bool:
+        """Handle what control asked of this request: False to abort it, True to go on (after a freeze)."""
+        req = job.req
         loop = asyncio.get_running_loop()
+        while True:
+            kind = req.interrupt
+            if kind is None:
+                return True
+            if kind == "hang":
+                await self._hang()
+            if kind == "abort":
+                return False
+            fut: asyncio.Future[None] = loop.create_future()
+            req.resumed = fut
+            try:
+                await fut
+            finally:
+                req.resumed = None
+            if req.recompute and req.interrupt is None:
+                # Its KV cache was dropped while it was frozen (sleep level >= 1, release_kv_cache_memory).
+                req.recompute = False
+                self.stats.preemptions += 1
+                await asyncio.sleep(self.latency.prefill_seconds(len(job.prompt_ids) + emitted))
+
+    async def _pace(self, job: Job, seconds: float, itl: float) -> int | None:
+        """Sleep `seconds` of generation; frozen time does not count. None when done, else the tokens
+        generated (at `itl` each) before an abort."""
+        req = job.req
+        loop = asyncio.get_running_loop()
+        remaining = seconds
+        while True:
+            if req.interrupt is not None and not await self._interrupted(job, 0):
+                return int((seconds - remaining) / itl) if itl > 0 else 0
+            start = loop.time()
+            task = req.task = asyncio.current_task()
+            try:
+                await asyncio.sleep(remaining)
+                return None
+            except asyncio.CancelledError:
+                # EngineControl clears `task` before it cancels; anything else is the client going away.
+                if req.task is not None or task is None:
+                    raise
+                task.uncancel()
+                remaining = max(0.0, remaining - (loop.time() - start))
+            finally:
+                req.task = None
+
+    async def stream(self, job: Job) -> AsyncGenerator[str, None]:
+        """Yield the text of each output token at its time (fewer, and `job.aborted`, when aborted)."""
+        loop = asyncio.get_running_loop()
+        req = job.req
         emitted = 0
         finished = False
         try:
             prefill = await self._admit(job)
+            if prefill is None:
+                finished = True
+                self._end(job, True, 0, loop.time())
+                return
             await asyncio.sleep(prefill)
+            if req.interrupt is not None and not await self._interrupted(job, 0):
+                finished = True
+                self._end(job, True, 0, loop.time())
+                return
             self._prefilled(job)
             last = loop.time()
-            self.stats.ttft.observe(last - job.req.arrival)
+            self.stats.ttft.observe(last - req.arrival)
             for i, delta in enumerate(job.plan.deltas):
                 if i:
                     await asyncio.sleep(self.latency.itl_seconds(self.scheduler.num_running))
                     now = loop.time()
                     self.stats.itl.observe(now - last)
                     last = now
-                if self.aborted:
-                    await self._hang()
+                if req.interrupt is not None and not await self._interrupted(job, emitted):
+                    finished = True
+                    self._end(job, True, emitted, loop.time())
+                    return
                 emitted += 1
                 yield delta
             finished = True
-            self._finish(job, job.plan.finish_reason, emitted, loop.time())
+            self._end(job, False, emitted, loop.time())
         finally:
-            if not finished and job.req.admitted_at is not None:
+            if not finished and req.admitted_at is not None:
                 self._finish(job, "abort", emitted, loop.time())
-            self.scheduler.release(job.req)
+            self._release(job)
 
     async def complete(self, job: Job) -> None:
-        """Wait as long as generating the whole output takes."""
+        """Wait as long as generating the whole output takes (less, and `job.aborted`, when aborted)."""
         loop = asyncio.get_running_loop()
+        req = job.req
         finished = False
         try:
             prefill = await self._admit(job)
+            if prefill is None:
+                finished = True
+                self._end(job, True, 0, loop.time())
+                return
             n = job.plan.num_tokens
             itl = self.latency.itl_seconds(self.scheduler.num_running)
-            await asyncio.sleep(prefill)
+            if await self._pace(job, prefill, 0.0) is not None:
+                finished = True
+                self._end(job, True, 0, loop.time())
+                return
             self._prefilled(job)
-            self.stats.ttft.observe(loop.time() - job.req.arrival)
+            self.stats.ttft.observe(loop.time() - req.arrival)
             if n > 1:
-                await asyncio.sleep(itl * (n - 1))
+                done = await self._pace(job, itl * (n - 1), itl)
+                if done is not None:
+                    finished = True
+                    self._end(job, True, min(n - 1, 1 + done), loop.time())
+                    return
                 self.stats.itl.observe(itl, n - 1)
             if self.aborted:
                 await self._hang()
             finished = True
-            self._finish(job, job.plan.finish_reason, n, loop.time())
+            self._end(job, False, n, loop.time())
         finally:
-            if not finished and job.req.admitted_at is not None:
+            if not finished and req.admitted_at is not None:
                 self._finish(job, "abort", 0, loop.time())
-            self.scheduler.release(job.req)
+            self._release(job)
 
     # -- failure ---------------------------------------------------------------------------------------
 
     def abort_all(self) -> None:
         """Stop every request where it is (shutdown with nothing left to drain): none of them will answer."""
         self.aborted = True
+        for req in self.scheduler.running:
+            req.interrupt = "hang"
+            if req.resumed is not None and not req.resumed.done():
+                req.resumed.set_result(None)
 
     def crash(self) -> NoReturn:
         """Die like an engine core crash: error lines, then exit 1 with requests still in flight."""

@@ -100,3 +100,15 @@ def _apply_stop(pieces: list[str], stops: Sequence[str]) -> GenerationPlan | Non
         if pos >= end_needed:
             break
     return GenerationPlan(deltas, "stop", s)
+
+
+GARBAGE_TOKEN = " <unknown-weights>"
+
+
+def garbage(plan: GenerationPlan) -> GenerationPlan:
+    """What an engine answers from weight memory that holds no model: as long as planned, but noise.
+
+    vLLM serves a level-2-woken engine whose weights were not reloaded without any error; the simulator
+    marks each token so that a test (or an operator's smoke request) can see it.
+    """
+    return GenerationPlan([GARBAGE_TOKEN] * plan.num_tokens, plan.finish_reason, plan.stop_reason)

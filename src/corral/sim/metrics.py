@@ -143,7 +143,7 @@ class EngineCollector(Collector):
         stats: EngineStats,
         scheduler: Scheduler,
         cache: PrefixCache,
-        sleep_state: Callable[[], str] = lambda: "awake",
+        sleep_state: Callable[[], str | None] = lambda: "awake",
     ) -> None:
         self._model = model_name
         self._stats = stats
@@ -253,9 +253,9 @@ class EngineCollector(Collector):
 class MetricsEndpoint:
     """The `/metrics` registry: process and Python collectors plus the engine's."""
 
-    def __init__(self, engine_collector: EngineCollector) -> None:
+    def __init__(self, engine_collector: EngineCollector, *extra: Collector) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, engine_collector):
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, engine_collector, *extra):
             self.registry.register(collector)
 
     def render(self) -> bytes:

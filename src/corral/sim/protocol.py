@@ -308,3 +308,8 @@ def parse_completion(body: dict[str, Any]) -> InferenceRequest:
     return InferenceRequest(
         False, model, text, ids, max_tokens, temperature, seed, stop, stream, include_usage
     )
+
+
+# Public names for the other request parsers of the simulator (dev endpoints, LoRA endpoints).
+FieldChecker = _Fields
+validation_error = _validation_error

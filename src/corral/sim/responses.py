@@ -5,6 +5,7 @@ Keys and nulls follow the captured vLLM 0.32 responses, so clients and conforman
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -205,36 +206,48 @@ class StreamEncoder:
         return self._event(payload)
 
 
-def model_list(model: str, root: str, created: int, max_model_len: int, perm_id: str) -> bytes:
-    return orjson.dumps(
-        {
-            "object": "list",
-            "data": [
-                {
-                    "id": model,
-                    "object": "model",
-                    "created": created,
-                    "owned_by": "vllm",
-                    "root": root,
-                    "parent": None,
-                    "max_model_len": max_model_len,
-                    "permission": [
-                        {
-                            "id": perm_id,
-                            "object": "model_permission",
-                            "created": created,
-                            "allow_create_engine": False,
-                            "allow_sampling": True,
-                            "allow_logprobs": True,
-                            "allow_search_indices": False,
-                            "allow_view": True,
-                            "allow_fine_tuning": False,
-                            "organization": "*",
-                            "group": None,
-                            "is_blocking": False,
-                        }
-                    ],
-                }
-            ],
-        }
-    )
+def _permission(perm_id: str, created: int) -> dict[str, Any]:
+    return {
+        "id": perm_id,
+        "object": "model_permission",
+        "created": created,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }
+
+
+def _card(
+    name: str, root: str, parent: str | None, created: int, max_model_len: int | None, perm_id: str
+) -> dict[str, Any]:
+    return {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": root,
+        "parent": parent,
+        "max_model_len": max_model_len,
+        "permission": [_permission(perm_id, created)],
+    }
+
+
+def model_list(
+    model: str,
+    root: str,
+    created: int,
+    max_model_len: int,
+    perm_id: str,
+    adapters: Sequence[tuple[str, str, str, int, str]] = (),
+) -> bytes:
+    """The base model, then each LoRA adapter `(name, path, base model, created, permission id)`; as in
+    vLLM, an adapter's card has `root` = its path, `parent` = the base model and no `max_model_len`."""
+    cards = [_card(model, root, None, created, max_model_len, perm_id)]
+    cards += [_card(name, path, base, when, None, perm) for name, path, base, when, perm in adapters]
+    return orjson.dumps({"object": "list", "data": cards})

@@ -1,8 +1,9 @@
 """Admission and timing: `--max-num-seqs` running slots, KV blocks reserved per request, a FIFO waiting queue.
 
 A request runs once a slot is free and its blocks fit; otherwise it waits in arrival order (first come,
-first served, like vLLM's default policy). `LatencyModel` turns prefill work and batch size into
-time-to-first-token and inter-token latency, so latency grows with load.
+first served, like vLLM's default policy). While `paused` (sleep, pause) nothing new starts: arrivals queue.
+`LatencyModel` turns prefill work and batch size into time-to-first-token and inter-token latency, so
+latency grows with load.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(eq=False)
@@ -23,6 +25,13 @@ class EngineRequest:
     arrival: float
     blocks: int = 0
     admitted_at: float | None = field(default=None)
+    # Set by the engine's control (abort, freeze) or shutdown ("hang"); checked once per token.
+    interrupt: str | None = field(default=None)
+    # The handler task while a non-streamed request sleeps through its generation (so it can be interrupted).
+    task: asyncio.Task[Any] | None = field(default=None)
+    # Resolved when a frozen request may go on.
+    resumed: asyncio.Future[None] | None = field(default=None)
+    recompute: bool = False  # its KV was dropped while frozen: prefill again on resume
 
 
 class Scheduler:
@@ -33,6 +42,8 @@ class Scheduler:
         self.running: set[EngineRequest] = set()
         self._waiting: deque[tuple[EngineRequest, asyncio.Future[None]]] = deque()
         self.reserved_blocks = 0
+        self.paused = False
+        self._idle: list[asyncio.Future[None]] = []
 
     @property
     def num_running(self) -> int:
@@ -62,12 +73,12 @@ class Scheduler:
         self.reserved_blocks += req.blocks
         self.running.add(req)
 
-    async def admit(self, req: EngineRequest) -> None:
-        """Return once `req` is running; wait in FIFO order while the engine is full."""
+    async def admit(self, req: EngineRequest) -> bool:
+        """Return True once `req` is running, False if it was aborted while waiting (FIFO while full)."""
         loop = asyncio.get_running_loop()
-        if not self._waiting and self._fits(req):
+        if not self._waiting and not self.paused and self._fits(req):
             self._start(req, loop.time())
-            return
+            return True
         fut: asyncio.Future[None] = loop.create_future()
         entry = (req, fut)
         self._waiting.append(entry)
@@ -83,6 +94,7 @@ class Scheduler:
                     pass
                 self._schedule_waiting(loop.time())
             raise
+        return req.admitted_at is not None
 
     def release(self, req: EngineRequest) -> None:
         """Free the slot and blocks of a finished, aborted or cancelled request; start waiting ones."""
@@ -90,8 +102,47 @@ class Scheduler:
             self.running.remove(req)
             self.reserved_blocks -= req.blocks
             self._schedule_waiting(asyncio.get_running_loop().time())
+            if not self.running and self._idle:
+                for fut in self._idle:
+                    if not fut.done():
+                        fut.set_result(None)
+                self._idle.clear()
+
+    async def wait_idle(self) -> None:
+        """Return once nothing runs (a pause in mode wait drains this way)."""
+        if self.running:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._idle.append(fut)
+            await fut
+
+    def waiting_requests(self) -> list[EngineRequest]:
+        return [req for req, _ in self._waiting]
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        self._schedule_waiting(asyncio.get_running_loop().time())
+
+    def abort_waiting(self, request_ids: set[str] | None = None) -> list[EngineRequest]:
+        """Take waiting requests (all, or those named) out of the queue; their `admit` returns False."""
+        kept: deque[tuple[EngineRequest, asyncio.Future[None]]] = deque()
+        aborted: list[EngineRequest] = []
+        for req, fut in self._waiting:
+            if request_ids is None or req.request_id in request_ids:
+                req.interrupt = "abort"
+                aborted.append(req)
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                kept.append((req, fut))
+        self._waiting = kept
+        return aborted
 
     def _schedule_waiting(self, now: float) -> None:
+        if self.paused:
+            return
         while self._waiting and self._fits(self._waiting[0][0]):
             req, fut = self._waiting.popleft()
             if fut.done():

@@ -2,6 +2,8 @@
 
 Startup prints vLLM's phases spread over `--startup-seconds` and binds the port only when "loaded", so
 until then connections are refused. A `--requires` dependency that is absent fails engine init (exit 1).
+With `--load-format ipc_cache` the weights come from a preload daemon and the weight-loading part of the
+startup (45% of it) is skipped; a disk fallback takes the full time (see `weight_loader`).
 SIGTERM/SIGINT stop the listener, drain in-flight requests for up to `--shutdown-timeout` seconds, then abort
 the rest; like the real server, aborted requests never get an answer and the process waits for their
 connections to close before it exits.
@@ -16,17 +18,26 @@ import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from prometheus_client.registry import Collector
 
-from corral.sim.app import SimApi
-from corral.sim.config import SimConfig
+from corral.sim import dev_api, lora_api
+from corral.sim.app import RouteSet, SimApi
+from corral.sim.config import GIB, SimConfig
+from corral.sim.control import EngineControl
 from corral.sim.engine import Engine
+from corral.sim.lifecycle import EngineLifecycle
 from corral.sim.logs import EngineLog
+from corral.sim.lora import LoraRegistry, parse_lora_module
 from corral.sim.metrics import EngineCollector, MetricsEndpoint
+from corral.sim.ops_metrics import LifecycleCollector, LoraCollector
+from corral.sim.protocol import RequestError
 from corral.sim.requires import Requirement
 from corral.sim.tokenizer import ToyTokenizer
+from corral.sim.weight_cache import cache_key, default_fingerprint
+from corral.sim.weight_loader import IpcLoadConfig, LoadOutcome, WeightLoader
 
-_KV_BYTES_PER_TOKEN = 128 * 1024
 _STATS_INTERVAL_S = 10.0
+_WEIGHTS_START, _WEIGHTS_END = 0.15, 0.6  # the share of --startup-seconds spent loading weights
 
 
 class StartupFailed(Exception):
@@ -38,8 +49,38 @@ class SimServer:
         self.config = config
         self.log = log or EngineLog()
         self.engine = Engine(config, ToyTokenizer(), self.log)
-        collector = EngineCollector(config.model, self.engine.stats, self.engine.scheduler, self.engine.cache)
-        self.api = SimApi(config, self.engine, MetricsEndpoint(collector))
+        self.lifecycle = EngineLifecycle(
+            config.weights_bytes, config.kv_cache_bytes, config.enable_sleep_mode
+        )
+        self.control = EngineControl(self.engine, self.lifecycle, self.log)
+        self.lora: LoraRegistry | None = None
+        if config.enable_lora or config.runtime_lora_updating:
+            self.lora = LoraRegistry(
+                config.model, config.enable_lora, config.max_loras, config.seed, config.default_max_tokens
+            )
+            self.engine.lora = self.lora
+        lifecycle = self.lifecycle
+        collector = EngineCollector(
+            config.model,
+            self.engine.stats,
+            self.engine.scheduler,
+            self.engine.cache,
+            sleep_state=lambda: lifecycle.sleep_state_label,
+        )
+        self.lifecycle_metrics = LifecycleCollector(config.model, lifecycle, LoadOutcome("disk"))
+        extra: list[Collector] = [self.lifecycle_metrics]
+        if self.lora is not None and config.enable_lora:
+            extra.append(LoraCollector(self.lora))
+        addons: list[tuple[RouteSet, dict[str, tuple[str, ...]]]] = []
+        if config.dev_mode:
+            addons.append(
+                (dev_api.DevApi(config, self.control, self.log, self._reload_seconds()), dev_api.ROUTES)
+            )
+        self._lora_api: lora_api.LoraApi | None = None
+        if config.runtime_lora_updating and self.lora is not None:
+            self._lora_api = lora_api.LoraApi(self.lora, self.log, lambda: None)
+            addons.append((self._lora_api, lora_api.ROUTES))
+        self.api = SimApi(config, self.engine, MetricsEndpoint(collector, *extra), self.lora, addons)
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._stop = asyncio.Event()
@@ -84,16 +125,78 @@ class SimServer:
         stats.cancel()
         return code
 
+    def _reload_seconds(self) -> float:
+        """How long `reload_weights` takes: reading the checkpoint from disk again."""
+        return self.config.startup_seconds * (_WEIGHTS_END - _WEIGHTS_START)
+
     # -- startup ---------------------------------------------------------------------------------------
+
+    def _fail(self, root_cause: str) -> StartupFailed:
+        log = self.log
+        log.error("EngineCore", "core.py:1028", "EngineCore failed to start.")
+        log.error("EngineCore", "core.py:1028", root_cause)
+        log.error(
+            "APIServer",
+            "core_client.py:612",
+            "RuntimeError: Engine core initialization failed. "
+            "See root cause above. Failed core proc(s): {'EngineCore': 1}",
+        )
+        return StartupFailed(root_cause)
+
+    def _check_config(self) -> IpcLoadConfig | None:
+        """Refuse settings vLLM refuses (before anything loads); the ipc_cache loader settings if any."""
+        cfg = self.config
+        ipc: IpcLoadConfig | None = None
+        try:
+            if cfg.load_format == "ipc_cache":
+                ipc = IpcLoadConfig.parse(cfg.model_loader_extra_config)
+                if ipc.mode == "zero_copy" and cfg.enable_sleep_mode:
+                    raise ValueError(
+                        "--enable-sleep-mode cannot be combined with --load-format ipc_cache in zero_copy "
+                        "mode: the weights live in the preload daemon's IPC allocations, which sleep mode "
+                        "cannot offload or free. Use mode 'copy' or drop --enable-sleep-mode."
+                    )
+            if cfg.lora_modules and not cfg.enable_lora:
+                raise ValueError("--lora-modules needs --enable-lora.")
+        except ValueError as exc:
+            self.log.error("APIServer", "arg_utils.py:1890", f"ValueError: {exc}")
+            raise StartupFailed(str(exc)) from exc
+        return ipc
+
+    async def _load_weights(self, ipc: IpcLoadConfig | None) -> LoadOutcome:
+        if ipc is None:
+            return LoadOutcome("disk")
+        cfg = self.config
+        key = cache_key(cfg.model, default_fingerprint(cfg.model, cfg.version_string))
+        try:
+            return await WeightLoader(ipc, key, self.log).load()
+        except Exception as exc:
+            raise self._fail(f"{type(exc).__name__}: {exc}") from exc
+
+    async def _load_static_loras(self) -> None:
+        if self.lora is None:
+            return
+        for spec in self.config.lora_modules:
+            name, path = parse_lora_module(spec)
+            try:
+                self.lora.load(name, path)
+            except RequestError as exc:
+                raise self._fail(f"ValueError: {exc.message}") from exc
+            self.log.info(
+                "APIServer", "serving.py:226", f"Loaded new LoRA adapter: name '{name}', path '{path}'"
+            )
 
     async def _start(self) -> None:
         cfg, log = self.config, self.log
         began = time.monotonic()
+        skipped = 0.0
 
         async def at(fraction: float) -> None:
-            delay = began + cfg.startup_seconds * fraction - time.monotonic()
+            delay = began + cfg.startup_seconds * fraction - skipped - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
+
+        ipc = self._check_config()
 
         defaults = SimConfig()
         non_default = {
@@ -107,6 +210,9 @@ class SimServer:
                 "block_size",
                 "seed",
                 "shutdown_timeout",
+                "enable_sleep_mode",
+                "load_format",
+                "enable_lora",
             )
             if getattr(cfg, k) != getattr(defaults, k)
         }
@@ -121,23 +227,39 @@ class SimServer:
             f"model='{cfg.model}', max_seq_len={cfg.max_model_len}, seed={cfg.seed}, "
             f"enable_prefix_caching=True, block_size={cfg.block_size}",
         )
-        await at(0.15)
+        await at(_WEIGHTS_START)
         log.info("Worker", "gpu_model_runner.py:3112", f"Starting to load model {cfg.model}...")
-        await at(0.4)
-        log.info(
-            "Worker",
-            "default_loader.py:501",
-            f"Loading weights took {cfg.startup_seconds * 0.25:.2f} seconds",
-        )
+        load_began = time.monotonic()
+        outcome = await self._load_weights(ipc)
+        self.lifecycle_metrics.load = outcome
+        if outcome.from_daemon:
+            skipped = max(
+                0.0, cfg.startup_seconds * (_WEIGHTS_END - _WEIGHTS_START) - (time.monotonic() - load_began)
+            )
+        else:
+            await at(_WEIGHTS_END)
+            log.info(
+                "Worker",
+                "default_loader.py:501",
+                f"Loading weights took {time.monotonic() - load_began:.2f} seconds",
+            )
         log.info(
             "Worker",
             "gpu_model_runner.py:3191",
-            f"Model loading took 0.0 GiB memory and {cfg.startup_seconds * 0.3:.6f} seconds",
+            f"Model loading took {cfg.weights_gib:.4f} GiB memory and "
+            f"{time.monotonic() - load_began:.6f} seconds",
         )
-        await at(0.5)
+        log.info(
+            "APIServer",
+            "loader.py:54",
+            f"(simulated) weights loaded via {outcome.source}"
+            + (f" ({outcome.mode} mode)" if outcome.mode else ""),
+        )
+        await self._load_static_loras()
+        await at(0.65)
         await self._check_requirements()
-        await at(0.7)
-        kv_gib = cfg.kv_cache_tokens * _KV_BYTES_PER_TOKEN / 2**30
+        await at(0.75)
+        kv_gib = cfg.kv_cache_bytes / GIB
         log.info("Worker", "gpu_worker.py:298", f"Available KV cache memory: {kv_gib:.2f} GiB")
         log.info("EngineCore", "kv_cache_utils.py:1087", f"GPU KV cache size: {cfg.kv_cache_tokens:,} tokens")
         log.info(
@@ -153,6 +275,13 @@ class SimServer:
             f"init engine (profile, create kv cache, warmup model) took {cfg.startup_seconds * 0.85:.2f} s",
         )
         await at(1.0)
+        if self._lora_api is not None:
+            log.warning(
+                "APIServer",
+                "api_router.py:31",
+                "LoRA dynamic loading & unloading is enabled in the API server. "
+                "This should ONLY be used for local development!",
+            )
         log.info("APIServer", "entry.py:140", f"Starting vLLM server on http://{cfg.host}:{cfg.port}")
         await self._bind()
         log.plain(f"INFO:     Started server process [{os.getpid()}]")
@@ -165,21 +294,10 @@ class SimServer:
             self.log.info("EngineCore", "factory.py:64", f"Creating KV connector for dependency {spec}")
             problem = await req.check()
             if problem is not None:
-                log = self.log
-                log.error("EngineCore", "core.py:1028", "EngineCore failed to start.")
-                log.error(
-                    "EngineCore",
-                    "core.py:1028",
+                raise self._fail(
                     f"ConnectionError: KV cache connector could not reach "
-                    f"required dependency {spec!r} ({problem}). Start it first, or remove --requires.",
+                    f"required dependency {spec!r} ({problem}). Start it first, or remove --requires."
                 )
-                log.error(
-                    "APIServer",
-                    "core_client.py:612",
-                    "RuntimeError: Engine core initialization failed. "
-                    "See root cause above. Failed core proc(s): {'EngineCore': 1}",
-                )
-                raise StartupFailed(spec)
 
     async def _bind(self) -> None:
         runner = web.AppRunner(self.api.build(), handler_cancellation=True, access_log=None)
