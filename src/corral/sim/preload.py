@@ -108,11 +108,15 @@ class WeightCacheDaemon:
 
     # -- life ------------------------------------------------------------------------------------------
 
-    async def run(self) -> int:
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self, handle_signals: bool = True) -> int:
         cfg, log = self.config, self.log
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
+        if handle_signals:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._stop.set)
         health = await self._start_health()
         server: asyncio.Server | None = None
         try:
