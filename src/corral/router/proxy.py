@@ -2,7 +2,8 @@
 
 The body is parsed once, only to read `model`; the original bytes go upstream. Answers are
 relayed as they come (SSE chunk by chunk, no buffering). A connection failure or a silent
-backend before any byte reached the client ejects that endpoint and retries on another; after
+backend before any byte reached the client ejects that endpoint and retries on another, as long
+as the retry budget allows (retries at most a fraction of recent requests, plus a floor); after
 the first byte nothing is replayed and the client's stream ends with an SSE error event.
 """
 
