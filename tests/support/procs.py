@@ -99,8 +99,9 @@ class CorralProcess:
         return self.proc.returncode
 
 
-def start_sim(port: int | None = None, *extra: str, model: str = "sim-model",
-              wait: bool = True) -> tuple[CorralProcess, str]:
+def start_sim(
+    port: int | None = None, *extra: str, model: str = "sim-model", wait: bool = True
+) -> tuple[CorralProcess, str]:
     port = port or free_port()
     proc = CorralProcess(["sim", "--host", "127.0.0.1", "--port", str(port), "--model", model, *extra])
     url = f"http://127.0.0.1:{port}"
