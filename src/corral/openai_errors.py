@@ -13,9 +13,7 @@ from aiohttp import web
 
 
 def error_body(message: str, err_type: str, code: int, param: str | None = None) -> bytes:
-    payload: dict[str, Any] = {
-        "error": {"message": message, "type": err_type, "param": param, "code": code}
-    }
+    payload: dict[str, Any] = {"error": {"message": message, "type": err_type, "param": param, "code": code}}
     return orjson.dumps(payload)
 
 
