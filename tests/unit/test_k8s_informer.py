@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from corral.router.endpoint import EngineState
+from corral.engine_state import EngineState
 from corral.router.k8s.client import KubePodApi
 from corral.router.k8s.informer import InformerConfig
 from corral.router.k8s.pod_source import PodSource, PodSourceConfig

@@ -7,7 +7,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.router.endpoint import Endpoint, EngineState
+from corral.engine_state import EngineState
+from corral.router.endpoint import Endpoint
 from corral.router.policies import POLICY_NAMES, RouteRequest, build_policy
 from corral.router.policies.least_request import LeastRequest
 from corral.router.policies.round_robin import RoundRobin

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from corral.router.endpoint import Endpoint, EngineState
+from corral.engine_state import EngineState
+from corral.router.endpoint import Endpoint
 from corral.router.membership import Membership
 from corral.router.static_source import ModelsProbeError, parse_model_cards
 

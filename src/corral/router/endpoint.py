@@ -5,22 +5,9 @@ failure."""
 from __future__ import annotations
 
 import time
-from enum import StrEnum
 from typing import Any
 
-
-class EngineState(StrEnum):
-    """The lifecycle vocabulary shared by every Corral component; only READY is routable."""
-
-    STARTING = "STARTING"
-    READY = "READY"
-    DRAINING = "DRAINING"
-    PAUSED = "PAUSED"
-    SLEEPING = "SLEEPING"
-    STOPPING = "STOPPING"
-    WAKING = "WAKING"
-    FAILED = "FAILED"
-
+from corral.engine_state import EngineState
 
 # Repeated ejections double the ejection time, up to this many times the base.
 MAX_EJECTION_FACTOR = 32

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from corral.router.endpoint import Endpoint, EngineState
+from corral.engine_state import EngineState
+from corral.router.endpoint import Endpoint
 
 log = logging.getLogger("corral.router.membership")
 

@@ -17,7 +17,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from corral.router.endpoint import Endpoint, EngineState
+from corral.engine_state import EngineState
+from corral.router.endpoint import Endpoint
 from corral.router.membership import Membership
 from corral.router.metrics import RouterMetrics
 

@@ -13,16 +13,20 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from corral.engine_state import EngineState, is_ready
 
-class EngineState(StrEnum):
-    STARTING = "STARTING"
-    READY = "READY"
-    DRAINING = "DRAINING"
-    PAUSED = "PAUSED"
-    SLEEPING = "SLEEPING"
-    STOPPING = "STOPPING"
-    WAKING = "WAKING"
-    FAILED = "FAILED"
+__all__ = [
+    "ALLOWED_TRANSITIONS",
+    "DrainPhase",
+    "EngineState",
+    "IllegalTransition",
+    "StartingPhase",
+    "StateEvent",
+    "StateMachine",
+    "StoppingPhase",
+    "is_allowed",
+    "is_ready",
+]
 
 
 class StartingPhase(StrEnum):
@@ -68,11 +72,6 @@ ALLOWED_TRANSITIONS: Mapping[EngineState, frozenset[EngineState]] = {
 
 def is_allowed(from_state: EngineState, to_state: EngineState) -> bool:
     return to_state in ALLOWED_TRANSITIONS[from_state]
-
-
-def is_ready(state: EngineState) -> bool:
-    """Readiness (may this engine get new traffic now?) is true in READY and nowhere else."""
-    return state is EngineState.READY
 
 
 class IllegalTransition(RuntimeError):

@@ -19,7 +19,8 @@ from typing import Any
 
 import aiohttp
 
-from corral.router.endpoint import Endpoint, EngineState
+from corral.engine_state import EngineState
+from corral.router.endpoint import Endpoint
 from corral.router.k8s.client import PodApi, PodList, WatchEvent
 from corral.router.k8s.informer import InformerConfig, PodInformer
 from corral.router.k8s.workqueue import KeyedQueue, QueueShutDown
