@@ -377,7 +377,9 @@ async def test_bad_parameters_and_rpc_bodies_get_vllms_errors(dev_sim: tuple[Cor
         status, body = await c.post("/collective_rpc", {"method": "frobnicate"})
         assert status == 500
         assert body["error"]["message"] == (
-            "Call to collective_rpc method failed: Method 'frobnicate' is not implemented."
+            "Call to collective_rpc method failed: Worker failed with error "
+            "''Worker' object has no attribute 'frobnicate'', please check the stack trace above for the "
+            "root cause"
         )
         status, body = await c.post("/abort_requests", raw=b"[")
         assert (status, body["error"]["message"]) == (400, "Invalid JSON format")

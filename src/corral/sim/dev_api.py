@@ -9,6 +9,7 @@ body is a 400 with the route's own message.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -18,7 +19,7 @@ from aiohttp import web
 from corral.openai_errors import error_response
 from corral.sim.config import SimConfig
 from corral.sim.control import EngineControl
-from corral.sim.lifecycle import LifecycleError
+from corral.sim.lifecycle import LifecycleError, worker_failure
 from corral.sim.logs import EngineLog
 from corral.sim.protocol import RequestError, validation_error
 
@@ -166,10 +167,15 @@ class DevApi:
     # -- collective RPC --------------------------------------------------------------------------------
 
     async def _json_body(self, request: web.Request, bad_json: str) -> dict[str, Any] | web.Response:
+        raw = await request.read()
         try:
-            body = orjson.loads(await request.read())
-        except orjson.JSONDecodeError as exc:
-            return _http_error(400, bad_json.format(exc))
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            # The route parses with the standard library; its message is what vLLM answers.
+            try:
+                body = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                return _http_error(400, bad_json.format(exc))
         if not isinstance(body, dict):
             return _http_error(400, "Request body must be a JSON object")
         return body
@@ -184,7 +190,7 @@ class DevApi:
         if method != "reload_weights":
             return error_response(
                 500,
-                f"Call to collective_rpc method failed: Method {method!r} is not implemented.",
+                worker_failure("collective_rpc", f"'Worker' object has no attribute {method!r}"),
                 "InternalServerError",
                 None,
             )

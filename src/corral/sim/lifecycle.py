@@ -23,11 +23,21 @@ class PauseState(enum.Enum):
     PAUSED_ALL = "paused_all"  # nothing is scheduled; running requests are frozen (mode keep)
 
 
+def worker_failure(method: str, error: str) -> str:
+    """How vLLM reports an exception raised in a worker process (checked on vLLM 0.32)."""
+    return (
+        f"Call to {method} method failed: Worker failed with error '{error}', "
+        "please check the stack trace above for the root cause"
+    )
+
+
 class LifecycleError(Exception):
     """An engine-core call that vLLM refuses; the message is vLLM's `Call to <method> method failed: ...`."""
 
-    def __init__(self, method: str, reason: str) -> None:
-        super().__init__(f"Call to {method} method failed: {reason}")
+    def __init__(self, method: str, reason: str, in_worker: bool = False) -> None:
+        super().__init__(
+            worker_failure(method, reason) if in_worker else f"Call to {method} method failed: {reason}"
+        )
         self.method = method
         self.reason = reason
 
@@ -189,5 +199,6 @@ class EngineLifecycle:
                 "collective_rpc",
                 "cannot reload weights into memory that is asleep; POST /wake_up?tags=weights first "
                 "(simulated: on a GPU this is an illegal memory access)",
+                in_worker=True,
             )
         self.weights_valid = True

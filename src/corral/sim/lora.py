@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral.sim.generator import Generator
+from corral.sim.lifecycle import worker_failure
 from corral.sim.protocol import RequestError
 
 # vLLM strips file paths from error messages before answering (sanitize_message); so does the simulator.
@@ -76,7 +77,7 @@ class LoraRegistry:
         if not self.enabled:
             raise RequestError(
                 500,
-                "Call to add_lora method failed: LoRA is not enabled. Use --enable-lora to enable LoRA.",
+                worker_failure("add_lora", "LoRA is not enabled. Use --enable-lora to enable LoRA."),
                 "InternalServerError",
             )
         if not Path(path).is_dir():
