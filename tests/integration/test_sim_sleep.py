@@ -387,6 +387,7 @@ async def test_bad_parameters_and_rpc_bodies_get_vllms_errors(dev_sim: tuple[Cor
         assert await c.post("/reset_prefix_cache") == (200, {"success": True})
         status, info = await c.get("/server_info")
         assert status == 200 and info["corral_sim"]["sleep_mode_enabled"] is True
+        assert info["corral_sim"]["weight_load"]["source"] == "disk"
 
 
 async def test_without_enable_sleep_mode_sleep_succeeds_but_frees_nothing() -> None:

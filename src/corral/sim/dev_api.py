@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -108,12 +109,18 @@ class DevApi:
     """The development routes of one engine."""
 
     def __init__(
-        self, config: SimConfig, control: EngineControl, log: EngineLog, reload_seconds: float = 0.0
+        self,
+        config: SimConfig,
+        control: EngineControl,
+        log: EngineLog,
+        reload_seconds: float = 0.0,
+        load_info: Callable[[], dict[str, Any]] = dict,
     ) -> None:
         self.config = config
         self.control = control
         self.log = log
         self.reload_seconds = reload_seconds
+        self._load_info = load_info
 
     def add_routes(self, app: web.Application) -> None:
         r = app.router
@@ -253,6 +260,6 @@ class DevApi:
                 ),
                 "vllm_env": env,
                 "system_env": {"simulated": True},
-                "corral_sim": self.control.lifecycle.snapshot(),
+                "corral_sim": {**self.control.lifecycle.snapshot(), "weight_load": self._load_info()},
             }
         )

@@ -12,6 +12,7 @@ connections to close before it exits.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import time
@@ -73,9 +74,15 @@ class SimServer:
             extra.append(LoraCollector(self.lora))
         addons: list[tuple[RouteSet, dict[str, tuple[str, ...]]]] = []
         if config.dev_mode:
-            addons.append(
-                (dev_api.DevApi(config, self.control, self.log, self._reload_seconds()), dev_api.ROUTES)
+            metrics = self.lifecycle_metrics
+            dev = dev_api.DevApi(
+                config,
+                self.control,
+                self.log,
+                self._reload_seconds(),
+                lambda: dataclasses.asdict(metrics.load),
             )
+            addons.append((dev, dev_api.ROUTES))
         self._lora_api: lora_api.LoraApi | None = None
         if config.runtime_lora_updating and self.lora is not None:
             self._lora_api = lora_api.LoraApi(self.lora, self.log, lambda: None)
