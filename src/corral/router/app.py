@@ -1,11 +1,12 @@
 """The router's aiohttp application: its own endpoints (/health, /metrics, /v1/models, /v1/fleet)
-and the OpenAI paths handed to the proxy, with the shared upstream session and the membership
-source (static list, backends file or Kubernetes) started and stopped with the app."""
+and the OpenAI paths handed to the proxy, with the shared upstream session, the membership source
+(static list, backends file or Kubernetes) and the supervisor state streams started and stopped with
+the app."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -24,6 +25,7 @@ from corral.router.policies import build_policy
 from corral.router.proxy import Proxy, ProxyConfig
 from corral.router.retry_budget import RetryBudgetConfig
 from corral.router.static_source import StaticSource
+from corral.router.supervisor_stream import StreamSettings, SupervisorStreams, default_router_id
 
 # POST paths served by vLLM outside /v1 that are per-request inference, hence routable.
 ROOT_INFERENCE_PATHS = (
@@ -51,11 +53,14 @@ class KubernetesDiscovery:
     resync_seconds: float = 60.0
     watch_timeout_seconds: int = 300
     probe_workers: int = 16
+    supervisor_port: int | None = None  # pods without the corral.dev/supervisor-port annotation
 
 
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
     backends: Sequence[str] = ()
+    # engine url -> its supervisor's url (`--supervised ENGINE=SUPERVISOR`); these are in `backends` too
+    supervisors: Mapping[str, str] = field(default_factory=dict)
     backends_file: Path | None = None
     kubernetes: KubernetesDiscovery | None = None
     retry_budget: RetryBudgetConfig = field(default_factory=RetryBudgetConfig)
@@ -67,6 +72,7 @@ class RouterConfig:
     request_timeout: float | None = 300.0
     connect_timeout: float = 5.0
     probe_timeout: float = 2.0
+    streams: StreamSettings = field(default_factory=lambda: StreamSettings(router_id=default_router_id()))
 
 
 class MembershipSource(Protocol):
@@ -109,6 +115,7 @@ async def build_source(
                 engine_port=k8s.engine_port,
                 probe_timeout=config.probe_timeout,
                 workers=k8s.probe_workers,
+                supervisor_port=k8s.supervisor_port,
                 informer=InformerConfig(
                     resync_seconds=k8s.resync_seconds, watch_timeout_seconds=k8s.watch_timeout_seconds
                 ),
@@ -119,7 +126,12 @@ async def build_source(
             membership, config.backends_file, config.models_refresh_seconds, config.probe_timeout, metrics
         )
     return StaticSource(
-        membership, config.backends, config.models_refresh_seconds, config.probe_timeout, metrics=metrics
+        membership,
+        config.backends,
+        config.models_refresh_seconds,
+        config.probe_timeout,
+        metrics=metrics,
+        supervisors=config.supervisors,
     )
 
 
@@ -129,6 +141,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     membership = Membership(on_exit=lambda record: metrics.count_removal(record.cause))
     app[MEMBERSHIP] = membership
     app[METRICS] = metrics
+    streams = SupervisorStreams(membership, metrics, config.streams)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RouterCollector(metrics, membership.endpoints))
     holder: dict[str, Proxy] = {}
@@ -156,12 +169,19 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
                 config.max_retries, config.eject_seconds, config.models_refresh_seconds, config.retry_budget
             ),
         )
-        source = await build_source(config, membership, metrics, pod_api)
+        await streams.start()
+        try:
+            source = await build_source(config, membership, metrics, pod_api)
+        except BaseException:
+            await streams.stop()
+            await session.close()
+            raise
         await source.start()
         try:
             yield
         finally:
             await source.stop()
+            await streams.stop()
             await session.close()
 
     app.cleanup_ctx.append(lifecycle)
@@ -198,6 +218,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
                 "ejected_until": e.ejected_until_wall(now),
                 "routable": e.routable(now),
                 "why": e.routing_verdict(now),
+                "supervisor": e.supervisor.to_json(now) if e.supervisor is not None else None,
             }
             for e in membership.endpoints()
         ]
@@ -205,6 +226,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
         return _json(
             {
                 "policy": config.policy,
+                "router_id": config.streams.router_id,
                 "source": _source_name(config),
                 "endpoints": endpoints,
                 "left_routing": exits,

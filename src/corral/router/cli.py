@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
 import signal
 from pathlib import Path
 
@@ -16,8 +18,40 @@ from corral.router.file_source import BackendsFileError, read_backends
 from corral.router.k8s.client import KubeApiError
 from corral.router.policies import POLICY_NAMES
 from corral.router.retry_budget import RetryBudgetConfig
+from corral.router.supervisor_stream import StreamSettings, default_router_id
 
 log = logging.getLogger("corral.router")
+
+_SUPERVISED = re.compile(r"^(https?://[^=\s]+)=(https?://\S+)$")
+
+
+def parse_supervised(specs: tuple[str, ...]) -> dict[str, str]:
+    """`ENGINE_URL=SUPERVISOR_URL` pairs; a usage error names the one that is not."""
+    pairs: dict[str, str] = {}
+    for spec in specs:
+        match = _SUPERVISED.match(spec.strip())
+        if match is None:
+            raise click.UsageError(
+                f"--supervised {spec!r}: write ENGINE_URL=SUPERVISOR_URL, "
+                "e.g. http://127.0.0.1:9001=http://127.0.0.1:9101"
+            )
+        pairs[match.group(1).rstrip("/")] = match.group(2).rstrip("/")
+    return pairs
+
+
+def read_supervisor_token(path: Path | None) -> str | None:
+    """The supervisors' management token: from the file, else $CORRAL_TOKEN, else none."""
+    if path is None:
+        return os.environ.get("CORRAL_TOKEN") or None
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.UsageError(
+            f"--supervisor-token-file {str(path)!r} is unreadable: {getattr(exc, 'strerror', None) or exc}"
+        ) from None
+    if not token:
+        raise click.UsageError(f"--supervisor-token-file {str(path)!r} is empty")
+    return token
 
 
 @click.command()
@@ -28,6 +62,38 @@ log = logging.getLogger("corral.router")
     "backends",
     multiple=True,
     help="Engine base URL, e.g. http://127.0.0.1:9001 (repeat for each engine). Discovery `static`.",
+)
+@click.option(
+    "--supervised",
+    "supervised",
+    multiple=True,
+    metavar="ENGINE_URL=SUPERVISOR_URL",
+    help="An engine run under `corral supervise`: routed only while its supervisor's state stream says "
+    "READY, and each removal is acknowledged to the supervisor (repeatable; mixes with --backend).",
+)
+@click.option(
+    "--supervisor-port",
+    type=click.IntRange(1, 65535),
+    help="k8s: every pod's supervisor port on the pod IP (a pod's corral.dev/supervisor-port "
+    "annotation takes precedence).",
+)
+@click.option(
+    "--supervisor-token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Bearer token for the supervisors' management API (else $CORRAL_TOKEN).",
+)
+@click.option(
+    "--router-id",
+    help="This router replica's name in the supervisors' subscriptions and acknowledgements "
+    "(default: HOSTNAME-PID).",
+)
+@click.option(
+    "--supervisor-heartbeat",
+    default=2.0,
+    show_default=True,
+    type=click.FloatRange(min=0.2, max=60),
+    help="Heartbeat interval asked of each supervisor stream; 3 missed make the stream stale and the "
+    "endpoint unroutable until it is back.",
 )
 @click.option(
     "--backends-file",
@@ -133,6 +199,11 @@ def router(
     host: str,
     port: int,
     backends: tuple[str, ...],
+    supervised: tuple[str, ...],
+    supervisor_port: int | None,
+    supervisor_token_file: Path | None,
+    router_id: str | None,
+    supervisor_heartbeat: float,
     backends_file: Path | None,
     discovery: str | None,
     namespace: str | None,
@@ -157,10 +228,15 @@ def router(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if discovery is None:
         discovery = "file" if backends_file is not None else "static"
+    supervisors = parse_supervised(supervised)
+    backends = tuple(dict.fromkeys([*backends, *supervisors]))
+    token = read_supervisor_token(supervisor_token_file)
     kubernetes: KubernetesDiscovery | None = None
+    if supervisor_port is not None and discovery != "k8s":
+        raise click.UsageError("--supervisor-port is for --discovery k8s; use --supervised otherwise.")
     if discovery == "k8s":
         if backends or backends_file:
-            raise click.UsageError("--discovery k8s takes no --backend or --backends-file.")
+            raise click.UsageError("--discovery k8s takes no --backend, --supervised or --backends-file.")
         if not namespace or not selector:
             raise click.UsageError(
                 "--discovery k8s needs --namespace NS and --selector LABELS (e.g. app=vllm)."
@@ -172,6 +248,7 @@ def router(
             engine_port=engine_port,
             resync_seconds=k8s_resync_seconds,
             watch_timeout_seconds=k8s_watch_timeout,
+            supervisor_port=supervisor_port,
         )
     elif discovery == "file":
         if backends_file is None or backends:
@@ -182,13 +259,17 @@ def router(
             raise click.UsageError(str(exc)) from None
     elif not backends:
         raise click.UsageError(
-            "Name the engines: --backend URL (repeatable), --backends-file PATH, "
-            "or --discovery k8s --namespace NS --selector LABELS."
+            "Name the engines: --backend URL or --supervised ENGINE_URL=SUPERVISOR_URL (repeatable), "
+            "--backends-file PATH, or --discovery k8s --namespace NS --selector LABELS."
         )
     elif backends_file is not None:
-        raise click.UsageError("Use either --backend or --backends-file, not both.")
+        raise click.UsageError("Use either --backend/--supervised or --backends-file, not both.")
     config = RouterConfig(
         backends=backends,
+        supervisors=supervisors,
+        streams=StreamSettings(
+            router_id=router_id or default_router_id(), token=token, heartbeat_seconds=supervisor_heartbeat
+        ),
         backends_file=backends_file,
         kubernetes=kubernetes,
         probe_timeout=probe_timeout,
@@ -228,7 +309,16 @@ async def serve(config: RouterConfig, host: str, port: int, shutdown_timeout: fl
             members = f"backends from {config.backends_file}"
         else:
             members = f"{len(config.backends)} backends"
-        log.info("corral router ready on http://%s:%d (policy %s, %s)", host, port, config.policy, members)
+            if config.supervisors:
+                members += f", {len(config.supervisors)} supervised"
+        log.info(
+            "corral router %s ready on http://%s:%d (policy %s, %s)",
+            config.streams.router_id,
+            host,
+            port,
+            config.policy,
+            members,
+        )
         await stop.wait()
         log.info("corral router stopping")
     finally:

@@ -1,10 +1,16 @@
 """One backend engine as the router sees it: where it is, where it was learnt from, what it serves,
 its lifecycle state, the requests the router has in flight to it, and whether it is ejected after a
-failure."""
+failure.
+
+Its `state` is what routing reads. Without a supervisor it is what the membership source says; with
+one (`SupervisorView`), the supervisor's state stream has the last word: the endpoint is READY only
+while the source says so and the supervisor, on a live stream, says READY too.
+"""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from corral.engine_state import EngineState
@@ -13,11 +19,55 @@ from corral.engine_state import EngineState
 MAX_EJECTION_FACTOR = 32
 
 
+@dataclass(slots=True)
+class SupervisorView:
+    """What the router knows from an endpoint's supervisor state stream."""
+
+    url: str
+    link: str = "connecting"  # connecting | connected | stale | lost
+    link_reason: str = "not yet connected"
+    state: EngineState | None = None
+    sub_state: str | None = None
+    reason: str = ""
+    epoch: int | None = None
+    event_time: float | None = None  # the supervisor's wall clock for the last state event
+    last_heard: float | None = None  # time.monotonic() of the last line read
+    acked_epoch: int | None = None
+    acks_sent: int = 0
+
+    def blocker(self) -> tuple[EngineState, str] | None:
+        """(state, reason) that keeps the endpoint out of routing, or None when the supervisor, on a
+        live stream, says READY. A lost or silent stream keeps the last state it gave, never READY."""
+        if self.link != "connected" or self.state is None:
+            last = self.state if self.state not in (None, EngineState.READY) else EngineState.STARTING
+            said = f"; last said {self.state} at epoch {self.epoch}" if self.state is not None else ""
+            return last, f"supervisor {self.url} stream {self.link} ({self.link_reason}){said}"
+        if self.state is not EngineState.READY:
+            sub = f"/{self.sub_state}" if self.sub_state else ""
+            return self.state, f"supervisor: {self.state}{sub} at epoch {self.epoch}: {self.reason}"
+        return None
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "stream": self.link,
+            "stream_reason": self.link_reason,
+            "state": self.state.value if self.state is not None else None,
+            "sub_state": self.sub_state,
+            "reason": self.reason,
+            "epoch": self.epoch,
+            "heard_seconds_ago": None if self.last_heard is None else round(now - self.last_heard, 3),
+            "acked_epoch": self.acked_epoch,
+            "acks_sent": self.acks_sent,
+        }
+
+
 class Endpoint:
     """A backend engine. `in_flight` is the router's own count of requests it has open there."""
 
     __slots__ = (
         "consecutive_failures",
+        "dispatching",
         "ejected_until",
         "in_flight",
         "last_event_version",
@@ -28,7 +78,10 @@ class Endpoint:
         "requests_sent",
         "since",
         "source",
+        "source_reason",
+        "source_state",
         "state",
+        "supervisor",
         "url",
     )
 
@@ -41,6 +94,7 @@ class Endpoint:
         *,
         source: str = "static",
         name: str | None = None,
+        supervisor: SupervisorView | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         # Where membership learnt of it (static | file | k8s) and its name there (a pod's ns/name).
@@ -53,10 +107,18 @@ class Endpoint:
         self.models = models
         # The backend's own /v1/models entries, kept whole so the router's union keeps their fields.
         self.model_cards: tuple[dict[str, Any], ...] = ()
+        # The membership source's view; `state`/`reason` combine it with the supervisor's (`settle`).
+        self.source_state = state
+        self.source_reason = reason
+        self.supervisor = supervisor
         self.state = state
         self.reason = reason
         self.since = time.time()
+        self.settle()
         self.in_flight = 0
+        # Picked for a request whose upstream call has not answered yet: it may not have reached the
+        # engine. An acknowledgement of removal waits for this to reach zero.
+        self.dispatching = 0
         self.ejected_until = 0.0  # time.monotonic() deadline; 0 when not ejected
         self.consecutive_failures = 0
 
@@ -72,6 +134,23 @@ class Endpoint:
         self.state = state
         self.reason = reason
         return True
+
+    def effective(self) -> tuple[EngineState, str]:
+        """The state routing reads: the supervisor's blocker if any, else the source's view."""
+        if self.supervisor is not None:
+            blocked = self.supervisor.blocker()
+            if blocked is not None:
+                return blocked
+            if self.source_state is EngineState.READY:
+                return (
+                    EngineState.READY,
+                    f"{self.source_reason}; supervisor READY at epoch {self.supervisor.epoch}",
+                )
+        return self.source_state, self.source_reason
+
+    def settle(self) -> bool:
+        """Recompute `state` from the source's and the supervisor's views; whether it changed."""
+        return self.set_state(*self.effective())
 
     def is_ejected(self, now: float) -> bool:
         return self.ejected_until > now

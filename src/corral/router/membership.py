@@ -1,7 +1,9 @@
 """The set of endpoints the router may send to, and the per-model index it routes from.
 
 Sources (static list, backends file, Kubernetes) change it only through `add`, `update` and
-`remove`; the data path only reads it through `eligible`. Every time an endpoint leaves routing
+`remove`; supervisor state streams through `supervisor_changed`; the data path only reads it through
+`eligible`. An endpoint added with a supervisor is handed to the `SupervisorWatch` (the streams), and
+taken back when it is removed. Every time an endpoint leaves routing
 (removed, or READY -> anything else) membership keeps a `RoutingExit` record: what left, why, and
 how many requests had been sent to it by then.
 """
@@ -13,7 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from corral.engine_state import EngineState
 from corral.router.endpoint import Endpoint
@@ -21,6 +23,14 @@ from corral.router.endpoint import Endpoint
 log = logging.getLogger("corral.router.membership")
 
 EXITS_KEPT = 1024
+
+
+class SupervisorWatch(Protocol):
+    """Follows the state streams of supervised endpoints (`corral.router.supervisor_stream`)."""
+
+    def watch(self, endpoint: Endpoint) -> None: ...
+
+    def unwatch(self, url: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +71,7 @@ class Membership:
         self._serving: dict[str, tuple[Endpoint, ...]] = {}
         self.exits: deque[RoutingExit] = deque(maxlen=EXITS_KEPT)
         self._on_exit = on_exit
+        self.supervisors: SupervisorWatch | None = None
 
     # -- changes (from sources) -------------------------------------------------------------
 
@@ -71,6 +82,8 @@ class Membership:
         self._endpoints[endpoint.url] = endpoint
         log.info("endpoint %s added (%s): %s", endpoint.url, endpoint.state, reason)
         self._reindex()
+        if endpoint.supervisor is not None and self.supervisors is not None:
+            self.supervisors.watch(endpoint)
         return endpoint
 
     def update(
@@ -84,18 +97,17 @@ class Membership:
         cause: str = "state",
         event_version: str | None = None,
     ) -> Endpoint | None:
-        """Change an endpoint's state and/or what it serves; unknown urls are ignored."""
+        """Change the source's view of an endpoint (its state, what it serves); unknown urls are
+        ignored. The endpoint's routing state also heeds its supervisor (`Endpoint.effective`)."""
         endpoint = self._endpoints.get(url)
         if endpoint is None:
             return None
         if event_version is not None:
             endpoint.last_event_version = event_version
-        before = endpoint.state
-        target = before if state is None else state
-        if endpoint.set_state(target, reason) and before is not target:
-            log.info("endpoint %s %s -> %s: %s", url, before, target, reason)
-            if before is EngineState.READY:
-                self._exit(endpoint, "unroutable", cause, reason)
+        if state is not None:
+            endpoint.source_state = state
+        endpoint.source_reason = reason
+        self._settle(endpoint, cause)
         if model_cards is not None:
             endpoint.model_cards = model_cards
         if models is not None and models != endpoint.models:
@@ -104,11 +116,27 @@ class Membership:
             self._reindex()
         return endpoint
 
+    def supervisor_changed(self, url: str, cause: str) -> Endpoint | None:
+        """The endpoint's `SupervisorView` changed: recompute its routing state."""
+        endpoint = self._endpoints.get(url)
+        if endpoint is not None:
+            self._settle(endpoint, cause)
+        return endpoint
+
+    def _settle(self, endpoint: Endpoint, cause: str) -> None:
+        before = endpoint.state
+        if endpoint.settle() and before is not endpoint.state:
+            log.info("endpoint %s %s -> %s: %s", endpoint.url, before, endpoint.state, endpoint.reason)
+            if before is EngineState.READY:
+                self._exit(endpoint, "unroutable", cause, endpoint.reason)
+
     def remove(
         self, url: str, reason: str, cause: str = "removed", event_version: str | None = None
     ) -> Endpoint | None:
         """Forget an endpoint; requests already in flight to it finish on their own."""
         endpoint = self._endpoints.pop(url, None)
+        if endpoint is not None and self.supervisors is not None and endpoint.supervisor is not None:
+            self.supervisors.unwatch(url)
         if endpoint is not None:
             if event_version is not None:
                 endpoint.last_event_version = event_version

@@ -61,6 +61,9 @@ class RouterMetrics:
         self.relists: dict[str, int] = {}
         # From a removal event's arrival at the router to the endpoint leaving the routing table.
         self.removal_latency = Histogram(REMOVAL_BUCKETS)
+        # The same, for a supervisor state line; and the acknowledgements sent back, by result.
+        self.supervisor_removal_latency = Histogram(REMOVAL_BUCKETS)
+        self.supervisor_acks: dict[str, int] = {}
 
     def count_request(self, model: str, code: int) -> None:
         key = (model, code)
@@ -72,6 +75,9 @@ class RouterMetrics:
 
     def count_removal(self, cause: str) -> None:
         self.removals[cause] = self.removals.get(cause, 0) + 1
+
+    def count_ack(self, result: str) -> None:
+        self.supervisor_acks[result] = self.supervisor_acks.get(result, 0) + 1
 
     def count_relist(self, why: str) -> None:
         self.relists[why] = self.relists.get(why, 0) + 1
@@ -143,6 +149,30 @@ class RouterCollector:
             "Time from a removal event's arrival at the router to the endpoint leaving the routing table.",
             m.removal_latency,
         )
+        yield _histogram(
+            "corral_router_supervisor_removal_latency_seconds",
+            "Time from a supervisor state line's arrival at the router to the endpoint leaving the "
+            "routing table.",
+            m.supervisor_removal_latency,
+        )
+        acks = CounterMetricFamily(
+            "corral_router_supervisor_acks",
+            "Acknowledgements of removal sent to supervisors, by result (sent, failed).",
+            labels=["result"],
+        )
+        for result, n in sorted(m.supervisor_acks.items()):
+            acks.add_metric([result], n)
+        yield acks
+        streams = GaugeMetricFamily(
+            "corral_router_supervisor_stream_up",
+            "1 while the endpoint's supervisor state stream is connected and not stale.",
+            labels=["endpoint", "supervisor"],
+        )
+        for endpoint in self._endpoints():
+            if endpoint.supervisor is not None:
+                up = 1 if endpoint.supervisor.link == "connected" else 0
+                streams.add_metric([endpoint.url, endpoint.supervisor.url], up)
+        yield streams
         in_flight = GaugeMetricFamily(
             "corral_router_endpoint_in_flight",
             "Requests this router has open to each endpoint.",

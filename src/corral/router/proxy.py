@@ -190,6 +190,8 @@ class Proxy:
             endpoint = self._policy.pick(candidates, route)
             endpoint.requests_sent += 1
             endpoint.in_flight += 1
+            endpoint.dispatching += 1  # until the engine answers: a removal's ack waits for this
+            dispatching = True
             upstream: aiohttp.ClientResponse | None = None
             try:
                 # Everything up to the first byte for the client may be retried elsewhere.
@@ -200,6 +202,8 @@ class Proxy:
                         data=body,
                         headers=upstream_headers,
                     )
+                    endpoint.dispatching -= 1
+                    dispatching = False
                     streaming = upstream.content_type == "text/event-stream"
                     first = await upstream.content.readany() if streaming else await upstream.read()
                 except UPSTREAM_FAILURES as exc:
@@ -231,6 +235,8 @@ class Proxy:
                 )
             finally:
                 endpoint.in_flight -= 1
+                if dispatching:
+                    endpoint.dispatching -= 1
                 if upstream is not None:
                     upstream.close()
 

@@ -1,5 +1,6 @@
-"""Membership from a list of backend URLs (`--backend`, or a backends file through
-`FileSource`): each becomes READY once its /v1/models answers.
+"""Membership from a list of backend URLs (`--backend`, `--supervised`, or a backends file through
+`FileSource`): each becomes READY once its /v1/models answers (and, for an engine with a supervisor,
+once the supervisor's state stream says READY too).
 
 A background task asks every backend concurrently, with a timeout, at start and then every
 `refresh_seconds`; the answers update what each endpoint serves. Nothing here runs on the
@@ -11,14 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiohttp
 import orjson
 
 from corral.engine_state import EngineState
-from corral.router.endpoint import Endpoint
+from corral.router.endpoint import Endpoint, SupervisorView
 from corral.router.membership import Membership
 from corral.router.metrics import RouterMetrics
 
@@ -53,8 +54,11 @@ class StaticSource:
         probe_timeout: float = 2.0,
         source: str = "static",
         metrics: RouterMetrics | None = None,
+        supervisors: Mapping[str, str] | None = None,
     ) -> None:
         self._membership = membership
+        # engine url -> its supervisor's url, for the engines that have one
+        self._supervisors = {k.rstrip("/"): v.rstrip("/") for k, v in (supervisors or {}).items()}
         self._urls: list[str] = []
         self._refresh_seconds = refresh_seconds
         self._probe_timeout = probe_timeout
@@ -78,8 +82,14 @@ class StaticSource:
         fresh = [u for u in wanted if u not in self._urls]
         for url in fresh:
             self._count(url, "ADDED")
+            supervisor = self._supervisors.get(url)
             self._membership.add(
-                Endpoint(url, reason=f"{self._source} backend, waiting for /v1/models", source=self._source),
+                Endpoint(
+                    url,
+                    reason=f"{self._source} backend, waiting for /v1/models",
+                    source=self._source,
+                    supervisor=SupervisorView(supervisor) if supervisor else None,
+                ),
                 f"{self._source} list",
             )
         self._urls = wanted
@@ -151,7 +161,7 @@ class StaticSource:
         endpoint = self._membership.get(url)
         if endpoint is None:
             return
-        if endpoint.state is EngineState.STARTING:
+        if endpoint.source_state is EngineState.STARTING:
             self._membership.update(url, f"waiting for /v1/models: {why}")
         else:
             self._membership.update(

@@ -1,12 +1,17 @@
 """The supervisor's HTTP surface: probes without auth (`/livez`, `/startupz`, `/readyz`, `/metrics`)
-and the management API behind a bearer token (`/v1/state`, `/v1/state/watch`, `/v1/drain`,
-`/v1/shutdown`, `/v1/operations/{id}`).
+and the management API behind a bearer token (`/v1/state`, `/v1/state/watch`, `/v1/acks`,
+`/v1/drain`, `/v1/shutdown`, `/v1/operations/{id}`).
 
 `GET /v1/state/watch` is newline-delimited JSON (`application/x-ndjson`): the first line is the current
 state, then one line per state event, each `{"type": "state", "epoch", "from", "to", "state",
 "sub_state", "ready", "reason", "evidence", "time", "since"}`, and a `{"type": "heartbeat", "epoch",
 "time"}` line when nothing happened for `heartbeat_seconds`. Epochs only grow; a reader that reconnects
 gets the current state first, so it never needs a replay.
+
+A router subscribes by naming itself: `GET /v1/state/watch?router_id=ID[&heartbeat=SECONDS]`; it counts
+as subscribed while that connection is open, and acknowledges each epoch that took the engine out of
+its routing with `POST /v1/acks {"router_id", "epoch", "state", "removal_latency_s", "undispatched"}`.
+A drain waits for those acknowledgements (see `corral.supervisor.routers`).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from corral.supervisor.operations import Operation, OperationConflict
 from corral.supervisor.states import EngineState, StateEvent
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+HEARTBEAT_LIMITS = (0.2, 60.0)
+ROUTER_ID_MAX = 200
 _STARTED_STATES = frozenset(
     {EngineState.READY, EngineState.DRAINING, EngineState.PAUSED, EngineState.SLEEPING, EngineState.WAKING}
 )
@@ -64,6 +71,7 @@ class SupervisorAPI:
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/v1/state", self.state)
         app.router.add_get("/v1/state/watch", self.watch)
+        app.router.add_post("/v1/acks", self.ack)
         app.router.add_post("/v1/drain", self.drain)
         app.router.add_post("/v1/shutdown", self.shutdown)
         app.router.add_get("/v1/operations/{op_id}", self.operation)
@@ -126,6 +134,16 @@ class SupervisorAPI:
 
     async def watch(self, request: web.Request) -> web.StreamResponse:
         machine = self.supervisor.machine
+        router_id = request.query.get("router_id") or None
+        if router_id is not None and len(router_id) > ROUTER_ID_MAX:
+            return _error(400, f"router_id is longer than {ROUTER_ID_MAX} characters")
+        heartbeat = self._heartbeat
+        if "heartbeat" in request.query:
+            try:
+                heartbeat = float(request.query["heartbeat"])
+            except ValueError:
+                return _error(400, f"heartbeat {request.query['heartbeat']!r} is not a number of seconds")
+            heartbeat = min(max(heartbeat, HEARTBEAT_LIMITS[0]), HEARTBEAT_LIMITS[1])
         queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=1024)
 
         def listener(event: StateEvent) -> None:
@@ -140,13 +158,17 @@ class SupervisorAPI:
             headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"}
         )
         await resp.prepare(request)
+        routers = self.supervisor.routers
+        if router_id is not None:
+            # subscribed before the first line is queued: a drain that starts from here on awaits it
+            routers.subscribe(router_id)
         machine.subscribe(listener)
         closing = asyncio.ensure_future(self._closing.wait())
         try:
             while True:
                 getter = asyncio.ensure_future(queue.get())
                 done, _ = await asyncio.wait(
-                    {getter, closing}, timeout=self._heartbeat, return_when="FIRST_COMPLETED"
+                    {getter, closing}, timeout=heartbeat, return_when="FIRST_COMPLETED"
                 )
                 if getter not in done:
                     getter.cancel()
@@ -164,9 +186,39 @@ class SupervisorAPI:
         finally:
             closing.cancel()
             machine.unsubscribe(listener)
+            if router_id is not None:
+                routers.unsubscribe(router_id)
         with contextlib.suppress(ConnectionResetError, RuntimeError):
             await resp.write_eof()
         return resp
+
+    async def ack(self, request: web.Request) -> web.Response:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            return _error(400, f"body is not JSON: {exc}")
+        if not isinstance(body, dict):
+            return _error(400, 'body must be a JSON object: {"router_id": "...", "epoch": N}')
+        router_id, epoch = body.get("router_id"), body.get("epoch")
+        if not isinstance(router_id, str) or not router_id or len(router_id) > ROUTER_ID_MAX:
+            return _error(400, f"router_id must be a non-empty string of at most {ROUTER_ID_MAX} characters")
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            return _error(400, f"epoch must be a non-negative integer, not {epoch!r}")
+        state = body.get("state")
+        latency = body.get("removal_latency_s")
+        undispatched = body.get("undispatched", 0)
+        if epoch > self.supervisor.machine.epoch:
+            return _error(
+                400, f"epoch {epoch} is ahead of this supervisor's ({self.supervisor.machine.epoch})"
+            )
+        ack = self.supervisor.routers.acknowledge(
+            router_id,
+            epoch,
+            state=state if isinstance(state, str) else None,
+            removal_latency_s=float(latency) if isinstance(latency, int | float) else None,
+            undispatched=undispatched if isinstance(undispatched, int) else 0,
+        )
+        return _json(ack.to_json())
 
     async def _op_request(self, request: web.Request) -> tuple[str | None, dict[str, Any]] | web.Response:
         body: dict[str, Any] = {}

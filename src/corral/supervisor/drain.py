@@ -1,7 +1,9 @@
 """The drain: leave routing, apply the policy to in-flight requests, then stop the engine.
 
-Order (readiness is already false when this starts): (1) wait until routing has left, seen as a
-quiet period with no request arriving at the engine, bounded by the propagation timeout; (2) policy
+Order (readiness is already false when this starts): (1) wait until routing has left: every router
+subscribed to the state stream has acknowledged the removal epoch, and no request has arrived at the
+engine for a quiet period (traffic from outside Corral has no one to acknowledge), both bounded by the
+propagation timeout; (2) policy
 `wait` lets in-flight requests finish (bounded by the drain timeout), `abort` does not wait; (3)
 SIGTERM to the engine's process group, SIGKILL only after the shutdown timeout.
 
@@ -23,6 +25,7 @@ from typing import Any
 import aiohttp
 
 from corral.supervisor.engine_metrics import LoadSample, MetricsUnavailable, fetch_load
+from corral.supervisor.routers import RouterSubscriptions
 
 
 class DrainPolicy(StrEnum):
@@ -67,6 +70,11 @@ class DrainReport:
     """What happened, for the operation log and the operation's answer."""
 
     policy: str
+    removal_epoch: int | None = None
+    routers_acknowledged: list[dict[str, Any]] = field(default_factory=list)
+    routers_missing: list[str] = field(default_factory=list)
+    routers_gone: list[str] = field(default_factory=list)
+    acknowledged_after_s: float | None = None
     quiet_reached: bool = False
     propagation_seconds: float = 0.0
     arrivals_while_leaving: float = 0.0
@@ -98,12 +106,14 @@ class Drainer:
         settings: DrainSettings,
         phase: PhaseCallback,
         log: Log,
+        routers: RouterSubscriptions | None = None,
     ) -> None:
         self._session = session
         self._engine_url = engine_url
         self.settings = settings
         self._phase = phase
         self._log = log
+        self._routers = routers
         self.last_sample: LoadSample | None = None
 
     async def _sample(self) -> LoadSample | None:
@@ -113,22 +123,62 @@ class Drainer:
             return None
         return self.last_sample
 
-    async def leave_routing(self, report: DrainReport) -> None:
+    async def leave_routing(self, report: DrainReport, removal_epoch: int | None = None) -> None:
+        """Step 1. With `removal_epoch`, also wait for every subscribed router's acknowledgement of it."""
         s = self.settings
         started = time.monotonic()
         quiet = QuietPeriod(s.quiet_period)
         deadline = started + s.propagation_timeout
-        while time.monotonic() < deadline:
-            sample = await self._sample()
-            if sample is None:
-                report.notes.append("engine stopped answering /metrics while leaving routing")
-                break
-            if quiet.observe(sample):
-                report.quiet_reached = True
-                break
-            await asyncio.sleep(s.poll_seconds)
+        routers = self._routers if removal_epoch is not None else None
+        report.removal_epoch = removal_epoch
+        if routers is not None and removal_epoch is not None:
+            routers.begin_wait(removal_epoch)
+            awaited = routers.subscribed()
+            self._log(
+                f"drain: readiness withdrawn at epoch {removal_epoch}; awaiting acknowledgements from "
+                f"{len(awaited)} subscribed routers ({', '.join(awaited) or 'none'}) and "
+                f"{s.quiet_period:g}s without a new request (deadline {s.propagation_timeout:g}s)"
+            )
+        acked = routers is None
+        try:
+            while True:
+                if routers is not None:
+                    routers.arm()
+                if routers is not None and removal_epoch is not None and not acked:
+                    acked = not routers.missing(removal_epoch)
+                    if acked:
+                        report.acknowledged_after_s = time.monotonic() - started
+                        self._log(
+                            f"drain: every subscribed router acknowledged epoch {removal_epoch} after "
+                            f"{report.acknowledged_after_s:.3f}s"
+                        )
+                sample = await self._sample()
+                if sample is None:
+                    report.notes.append("engine stopped answering /metrics while leaving routing")
+                    break
+                report.quiet_reached = quiet.observe(sample)
+                if report.quiet_reached and acked:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                if routers is not None:
+                    await routers.changed(min(s.poll_seconds, left))
+                else:
+                    await asyncio.sleep(min(s.poll_seconds, left))
+        finally:
+            wait = routers.end_wait() if routers is not None else None
         report.propagation_seconds = time.monotonic() - started
         report.arrivals_while_leaving = quiet.arrivals
+        if wait is not None:
+            report.routers_acknowledged = [a.to_json() for a in wait.acknowledged.values()]
+            report.routers_gone = list(wait.gone)
+            report.routers_missing = list(wait.missing)
+            if wait.missing:
+                self._log(
+                    f"drain: routers {', '.join(wait.missing)} did not acknowledge epoch {removal_epoch} "
+                    f"within {s.propagation_timeout:g}s; going on"
+                )
         if report.quiet_reached:
             self._log(
                 f"drain: no new request for {s.quiet_period:g}s after {report.propagation_seconds:.1f}s; "

@@ -23,6 +23,7 @@ from corral.supervisor.metrics import SupervisorMetrics
 from corral.supervisor.operations import Operation, OperationLedger
 from corral.supervisor.oplog import EngineLeftover, OperationLog, last_epoch
 from corral.supervisor.readiness import EngineNotAnswering, NotReady, ReadinessCheck, SmokeResult
+from corral.supervisor.routers import RouterSubscriptions
 from corral.supervisor.stall import Stall, StallWatch
 from corral.supervisor.states import (
     DrainPhase,
@@ -62,6 +63,7 @@ class EngineSupervisor:
         self.gates = GateWaiter(config.gates, config.dependency_timeout, self._gate_log)
         self.readiness = ReadinessCheck(config.engine_url, config.model)
         self.operations = OperationLedger(self._record_operation)
+        self.routers = RouterSubscriptions(self.oplog.append, log)
         self.engine: EngineProcess | None = None
         self.restarts: list[RestartRecord] = []
         self.served_model: str | None = None
@@ -85,6 +87,7 @@ class EngineSupervisor:
             sub_state=StartingPhase.WAITING_DEPENDENCIES,
         )
         self.machine.subscribe(self._record_event)
+        self.machine.subscribe(self.routers.note_event)
         self.oplog.append("supervisor_started", argv=list(self.config.engine_argv))
         leftover = EngineLeftover.from_records(records)
         if leftover is not None:
@@ -425,30 +428,47 @@ class EngineSupervisor:
         policy = policy or settings.policy
         report = DrainReport(policy=policy.value)
         state_before = self.machine.state
+        removal_epoch: int | None = None
         if state_before is S.READY:
-            self._to(
-                S.DRAINING, "drain: readiness withdrawn", DrainPhase.LEAVING_ROUTING, policy=policy.value
+            removal = self._to(
+                S.DRAINING,
+                "drain: readiness withdrawn",
+                DrainPhase.LEAVING_ROUTING,
+                policy=policy.value,
+                routers=self.routers.subscribed(),
             )
+            removal_epoch = removal.epoch
         if self._lifecycle is not None:
             self._lifecycle.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._lifecycle
-        drainer = Drainer(self.session, self.config.engine_url, settings, self._drain_phase, self._log)
+        drainer = Drainer(
+            self.session, self.config.engine_url, settings, self._drain_phase, self._log, self.routers
+        )
         engine = self.engine
         if state_before is S.READY and engine is not None and engine.running:
-            await drainer.leave_routing(report)
+            await drainer.leave_routing(report, removal_epoch)
+            left = {
+                "quiet_reached": report.quiet_reached,
+                "arrivals": report.arrivals_while_leaving,
+                "routers_acknowledged": [a["router_id"] for a in report.routers_acknowledged],
+                "routers_missing": report.routers_missing,
+                "routers_gone": report.routers_gone,
+            }
             if policy is DrainPolicy.WAIT:
                 self._to(
                     S.DRAINING,
                     f"drain: waiting for in-flight requests (up to {settings.drain_timeout:g}s)",
                     DrainPhase.WAITING_IN_FLIGHT,
-                    quiet_reached=report.quiet_reached,
-                    arrivals=report.arrivals_while_leaving,
+                    **left,
                 )
                 await drainer.wait_in_flight(report)
             else:
                 self._to(
-                    S.DRAINING, "drain: policy abort, in-flight requests will be cut", DrainPhase.ABORTING
+                    S.DRAINING,
+                    "drain: policy abort, in-flight requests will be cut",
+                    DrainPhase.ABORTING,
+                    **left,
                 )
             await drainer.stop_engine(report, self._stop_for_drain, StoppingPhase.STOPPING_ENGINE)
         else:
@@ -489,4 +509,5 @@ class EngineSupervisor:
             "restarts": [r.to_json() for r in self.restarts],
             "gates": self.gates.to_json(),
             "drain": self.drain_report.to_json() if self.drain_report else None,
+            "routers": self.routers.to_json(),
         }

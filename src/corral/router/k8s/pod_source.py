@@ -6,6 +6,10 @@ endpoint out of routing — a DELETE, NotReady, a lost IP, a deletionTimestamp, 
 re-list — is applied to membership right there. Only the slow part, asking a newly routable pod's
 /v1/models, goes through the keyed work queue to a pool of workers, each call with a timeout; a
 probe answer is applied only if the pod is still, by then, the same routable pod.
+
+A pod whose engine runs under `corral supervise` names the supervisor's port in the annotation
+`corral.dev/supervisor-port` (or every pod has one at `--supervisor-port`): its endpoint then also
+follows the supervisor's state stream on the pod IP and is routable only while the stream says READY.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 import aiohttp
 
 from corral.engine_state import EngineState
-from corral.router.endpoint import Endpoint
+from corral.router.endpoint import Endpoint, SupervisorView
 from corral.router.k8s.client import PodApi, PodList, WatchEvent
 from corral.router.k8s.informer import InformerConfig, PodInformer
 from corral.router.k8s.workqueue import KeyedQueue, QueueShutDown
@@ -31,6 +35,7 @@ from corral.router.static_source import ModelsProbeError, describe, parse_model_
 log = logging.getLogger("corral.router.k8s.pod_source")
 
 SOURCE = "k8s"
+SUPERVISOR_PORT_ANNOTATION = "corral.dev/supervisor-port"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +52,7 @@ class PodView:
     version: str
     deleted: bool = False
     gone_why: str = ""  # for a deletion: the DELETED event, or absence from a re-list
+    supervisor_port: int | None = None  # from the corral.dev/supervisor-port annotation
 
     def blocker(self) -> tuple[str, str] | None:
         """(cause, reason) that keeps this pod out of routing, or None when it is routable."""
@@ -70,7 +76,16 @@ def pod_view(obj: dict[str, Any], deleted: bool = False, gone_why: str = "") -> 
     ready = any(
         isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
     )
+    annotations = metadata.get("annotations") or {}
+    port_text = annotations.get(SUPERVISOR_PORT_ANNOTATION) if isinstance(annotations, dict) else None
+    supervisor_port: int | None = None
+    if port_text is not None:
+        try:
+            supervisor_port = int(port_text)
+        except (TypeError, ValueError):
+            log.warning("pod annotation %s=%r is not a port; ignored", SUPERVISOR_PORT_ANNOTATION, port_text)
     return PodView(
+        supervisor_port=supervisor_port if supervisor_port and 0 < supervisor_port < 65536 else None,
         key=f"{metadata.get('namespace', '')}/{metadata.get('name', '')}",
         uid=str(metadata.get("uid", "")),
         ip=status.get("podIP") or None,
@@ -92,6 +107,7 @@ class PodSourceConfig:
     probe_retry_seconds: float = 1.0
     workers: int = 16
     informer: InformerConfig = field(default_factory=InformerConfig)
+    supervisor_port: int | None = None  # every pod's supervisor port, unless its annotation says
 
 
 class PodSource:
@@ -115,9 +131,15 @@ class PodSource:
     def _count_event(self, kind: str) -> None:
         self._metrics.count_event(SOURCE, kind)
 
-    def url_of(self, ip: str) -> str:
+    def url_of(self, ip: str, port: int | None = None) -> str:
         host = f"[{ip}]" if ":" in ip else ip
-        return f"{self._config.scheme}://{host}:{self._config.engine_port}"
+        return f"{self._config.scheme}://{host}:{port or self._config.engine_port}"
+
+    def _supervisor_of(self, view: PodView) -> SupervisorView | None:
+        port = view.supervisor_port or self._config.supervisor_port
+        if port is None or not view.ip:
+            return None
+        return SupervisorView(self.url_of(view.ip, port))
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -209,7 +231,13 @@ class PodSource:
                 self._urls.pop(endpoint.name, None)
             endpoint = None
         if endpoint is None:
-            endpoint = Endpoint(url, reason="pod seen, not yet checked", source=SOURCE, name=key)
+            endpoint = Endpoint(
+                url,
+                reason="pod seen, not yet checked",
+                source=SOURCE,
+                name=key,
+                supervisor=self._supervisor_of(view),
+            )
             endpoint.last_event_version = view.version
             membership.add(endpoint, f"pod {key}")
             self._urls[key] = url
@@ -223,7 +251,7 @@ class PodSource:
             else:
                 membership.update(url, reason, state=state, cause=cause)
             return
-        if endpoint.state is not EngineState.READY:
+        if endpoint.source_state is not EngineState.READY:
             membership.update(
                 url, f"pod {key} Ready; waiting for /v1/models", state=EngineState.STARTING, cause="probe"
             )
@@ -309,7 +337,7 @@ class PodSource:
             self._retries.discard(handle)
             latest = self._views.get(key)
             endpoint = self._membership.get(self._urls.get(key, ""))
-            if latest is not None and endpoint is not None and endpoint.state is not EngineState.READY:
+            if latest is not None and endpoint is not None and endpoint.source_state is not EngineState.READY:
                 self._queue.put(key, latest)
 
         handle = loop.call_later(self._config.probe_retry_seconds, again)
