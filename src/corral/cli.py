@@ -7,6 +7,7 @@ import click
 from corral import __version__
 from corral.fleet.cli import up
 from corral.fleet.status_cli import status
+from corral.k8s_render.cli import k8s
 from corral.router.cli import router
 from corral.sim.cli import sim
 from corral.supervisor.cli import supervise
@@ -23,3 +24,4 @@ main.add_command(router)
 main.add_command(up)
 main.add_command(supervise)
 main.add_command(status)
+main.add_command(k8s)
