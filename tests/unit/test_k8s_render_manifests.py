@@ -20,6 +20,7 @@ from corral.k8s_render.config import CorralDeployment, parse_config
 from corral.k8s_render.manifests import Manifest, render
 from corral.k8s_render.output import HEADER, document, write_dir
 from corral.router.cli import router as router_command
+from corral.router.k8s.pod_source import SUPERVISOR_PORT_ANNOTATION
 from corral.supervisor.cli import prestop as prestop_command
 from corral.supervisor.cli import run_command as supervise_run_command
 
@@ -227,6 +228,17 @@ def test_router_discovers_exactly_the_engine_pods(data: dict[str, Any]) -> None:
     engine_ports = {p["name"]: p["containerPort"] for p in engine_pod["spec"]["containers"][0]["ports"]}
     assert params["engine_port"] == engine_ports["http"]
     assert params["request_timeout"] == config.drain.longest_stream_seconds
+    # it follows every pod's supervisor state stream, where the supervisor listens, with the token
+    assert params["supervisor_port"] == engine_ports["supervisor"]
+    annotations = engine_pod["metadata"]["annotations"]
+    assert annotations[SUPERVISOR_PORT_ANNOTATION] == str(engine_ports["supervisor"])
+    token_path = str(params["supervisor_token_file"])
+    engine_args = engine_pod["spec"]["containers"][0]["command"]
+    assert token_path == engine_args[engine_args.index("--token-file") + 1]
+    router_mounts = router_pod["spec"]["containers"][0]["volumeMounts"]
+    router_volumes = {v["name"]: v for v in router_pod["spec"]["volumes"]}
+    mount = next(m for m in router_mounts if token_path.startswith(m["mountPath"] + "/"))
+    assert router_volumes[mount["name"]]["secret"]["secretName"] == config.token_secret
     assert router_pod["spec"]["terminationGracePeriodSeconds"] > params["shutdown_timeout"]
     # and the Deployment, Service and PDB select the same pods
     for name in ("engine-deployment.yaml", "engine-pdb.yaml"):

@@ -96,9 +96,11 @@ def readiness_detection_seconds(period_s: int, failure_threshold: int) -> int:
 
 
 def propagation_timeout_seconds(detection_s: float, quiet_s: float) -> float:
-    """The supervisor's --propagation-timeout when the config leaves it out: the kubelet seeing
-    readiness fall, the router's watch applying it, then the quiet period with no new request:
-    detection + ROUTER_WATCH_SECONDS + quiet."""
+    """The supervisor's --propagation-timeout when the config leaves it out, sized for the slowest way
+    out of routing: the kubelet seeing readiness fall, the pod watch of a router (or the Service's
+    endpoints) applying it, then the quiet period with no new request: detection +
+    ROUTER_WATCH_SECONDS + quiet. Routers subscribed to the supervisor's state stream acknowledge much
+    sooner, and the drain moves on as soon as they all have and the engine is quiet."""
     return detection_s + ROUTER_WATCH_SECONDS + quiet_s
 
 

@@ -119,7 +119,8 @@ def selector_text(labels: dict[str, str]) -> str:
 
 
 def router_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
-    """`corral router --discovery k8s` over exactly the pods `engine_selector` matches."""
+    """`corral router --discovery k8s` over exactly the pods `engine_selector` matches, following each
+    pod's supervisor state stream (and acknowledging removals to it) with the management token."""
     return [
         "corral",
         "router",
@@ -135,6 +136,10 @@ def router_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
         selector_text(engine_selector(config)),
         "--engine-port",
         str(config.engine.port),
+        "--supervisor-port",
+        str(config.supervisor.port),
+        "--supervisor-token-file",
+        token_file(config),
         "--policy",
         config.router.policy,
         "--request-timeout",

@@ -5,8 +5,9 @@ PodDisruptionBudget.
 
 Conventions the router relies on: engine pods carry `corral.dev/deployment=NAME` and
 `corral.dev/role=engine` (the router's --selector) and serve OpenAI on `engine.port` (its
---engine-port); annotations `corral.dev/engine-port` and `corral.dev/supervisor-port` say where the
-engine and its supervisor answer.
+--engine-port); the annotation `corral.dev/supervisor-port` (read by the router's pod source) says
+where the supervisor's state stream answers, and `corral.dev/engine-port` where the engine does. The
+router mounts the same token Secret as the supervisors, to subscribe and acknowledge.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from corral.k8s_render import commands
 from corral.k8s_render.budgets import ROUTER_LEAVE_SECONDS, Budgets
 from corral.k8s_render.config import CorralDeployment
+from corral.router.k8s.pod_source import SUPERVISOR_PORT_ANNOTATION
 
 Obj = dict[str, Any]
 
@@ -89,22 +91,24 @@ def _engine_env(config: CorralDeployment) -> list[Obj]:
     return env
 
 
-def _engine_volumes(config: CorralDeployment) -> tuple[list[Obj], list[Obj]]:
-    volumes: list[Obj] = [
-        {
-            "name": TOKEN_VOLUME,
-            "secret": {
-                "secretName": config.token_secret,
-                "items": [{"key": config.token.key, "path": config.token.key}],
-                "defaultMode": 0o400,
-            },
+def _token_volume(config: CorralDeployment) -> Obj:
+    """The management token as a read-only file: supervisors require it, routers present it."""
+    return {
+        "name": TOKEN_VOLUME,
+        "secret": {
+            "secretName": config.token_secret,
+            "items": [{"key": config.token.key, "path": config.token.key}],
+            "defaultMode": 0o400,
         },
-        {"name": STATE_VOLUME, "emptyDir": {}},
-    ]
-    mounts: list[Obj] = [
-        {"name": TOKEN_VOLUME, "mountPath": commands.TOKEN_DIR, "readOnly": True},
-        {"name": STATE_VOLUME, "mountPath": commands.STATE_DIR},
-    ]
+    }
+
+
+_TOKEN_MOUNT: Obj = {"name": TOKEN_VOLUME, "mountPath": commands.TOKEN_DIR, "readOnly": True}
+
+
+def _engine_volumes(config: CorralDeployment) -> tuple[list[Obj], list[Obj]]:
+    volumes: list[Obj] = [_token_volume(config), {"name": STATE_VOLUME, "emptyDir": {}}]
+    mounts: list[Obj] = [dict(_TOKEN_MOUNT), {"name": STATE_VOLUME, "mountPath": commands.STATE_DIR}]
     if config.engine.shm_size is not None:
         volumes.append(
             {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": config.engine.shm_size}}
@@ -187,7 +191,7 @@ def engine_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
                     "labels": labels,
                     "annotations": {
                         "corral.dev/engine-port": str(config.engine.port),
-                        "corral.dev/supervisor-port": str(config.supervisor.port),
+                        SUPERVISOR_PORT_ANNOTATION: str(config.supervisor.port),
                         "corral.dev/model": config.model.served_name,
                     },
                 },
@@ -291,6 +295,7 @@ def router_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
                 "exec": {"command": ["python3", "-c", f"import time; time.sleep({ROUTER_LEAVE_SECONDS})"]}
             }
         },
+        "volumeMounts": [dict(_TOKEN_MOUNT)],
     }
     resources = _resources({}, r.cpu, r.memory)
     if resources:
@@ -309,6 +314,7 @@ def router_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
                     "serviceAccountName": router_name(config),
                     "terminationGracePeriodSeconds": budgets.router_grace,
                     "containers": [container],
+                    "volumes": [_token_volume(config)],
                 },
             },
         },
