@@ -333,6 +333,16 @@ def test_explain_shows_the_arithmetic(tmp_path: Path) -> None:
     assert result.stdout.startswith(HEADER)
 
 
+def test_example_readme_shows_the_current_arithmetic() -> None:
+    readme = (EXAMPLE / "README.md").read_text(encoding="utf-8")
+    shown = {" ".join(line.split()) for line in readme.splitlines()}
+    result = CliRunner().invoke(main, ["k8s", "render", "--config", str(SEED), "--explain"])
+    steps = [line for line in result.stderr.splitlines() if line.startswith("  ")]
+    assert steps
+    for line in steps:
+        assert " ".join(line.split()) in shown, f"README.md is stale: {line.strip()}"
+
+
 def test_write_dir_output_matches_stream(tmp_path: Path) -> None:
     config, _, manifests = build(seed())
     write_dir(tmp_path, config, manifests)
