@@ -251,6 +251,13 @@ async def test_drain_is_confirmed_by_both_routers_and_nothing_arrives_after_the_
         served_after = [s for s in out.sent if s.sent_at > last_ack and s.fingerprint]
         assert served_after, "no load after the last acknowledgement: the check proved nothing"
 
+        for _, url in routers:
+            metrics = await asyncio.to_thread(_text, url + "/metrics")
+            assert 'corral_router_supervisor_acks_total{result="sent"}' in metrics
+            assert "corral_router_supervisor_removal_latency_seconds_count 1.0" in metrics
+            (drained,) = [e for e in fleet(url)["endpoints"] if e["url"] == victim.engine_url]
+            assert not drained["routable"] and drained["supervisor"]["acked_epoch"] >= removal_epoch
+
         latencies = {r["router_id"]: r["latency_s"] for _, r in acks}
         print(f"\nack latency from the supervisor's DRAINING event: {latencies}")
         print(f"router-side removal latency: { {r['router_id']: r['removal_latency_s'] for _, r in acks} }")
@@ -260,6 +267,66 @@ async def test_drain_is_confirmed_by_both_routers_and_nothing_arrives_after_the_
             sampler.halt.set()
         for proc, _ in routers:
             proc.stop()
+        for sup in sups:
+            pids = sup.engine_pids()
+            sup.proc.stop(grace=20)
+            kill_leftovers(pids)
+
+
+def _text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return str(resp.read().decode())
+
+
+async def _subscribe(
+    session: aiohttp.ClientSession, sup: Supervised, router_id: str
+) -> aiohttp.ClientResponse:
+    resp = await session.get(sup.url + "/v1/state/watch", params={"router_id": router_id, "heartbeat": "0.2"})
+    assert resp.status == 200
+    first = orjson.loads(await resp.content.readline())
+    assert first["state"] == "READY"
+    return resp
+
+
+async def test_a_silent_subscriber_holds_the_drain_to_the_deadline_and_a_closed_one_is_gone() -> None:
+    """Supervisor side alone: a subscriber that never acknowledges is waited for until the
+    propagation deadline and reported missing; one whose stream closes mid-drain is counted gone."""
+    sups = [
+        start_supervised(
+            sim_args=ENGINE_ARGS, sup_args=("--propagation-timeout", "3", "--quiet-period", "0.2")
+        )
+        for _ in range(2)
+    ]
+    try:
+        for sup in sups:
+            await asyncio.to_thread(sup.wait_state, "READY", 30)
+        silent, leaving = sups
+        async with aiohttp.ClientSession() as session:
+            held = await _subscribe(session, silent, "silent-router")
+            started = time.monotonic()
+            await asyncio.to_thread(http_json, silent.url + "/v1/drain", "POST", {})
+            body = await asyncio.to_thread(
+                silent.wait_for, "drained", lambda b: b.get("drain") is not None, 30
+            )
+            assert time.monotonic() - started >= 3.0
+            drain = body["drain"]
+            assert drain["routers_missing"] == ["silent-router"] and drain["routers_acknowledged"] == []
+            held.close()
+
+            closing = await _subscribe(session, leaving, "closing-router")
+            started = time.monotonic()
+            await asyncio.to_thread(http_json, leaving.url + "/v1/drain", "POST", {})
+            await asyncio.sleep(0.5)
+            closing.close()
+            body = await asyncio.to_thread(
+                leaving.wait_for, "drained", lambda b: b.get("drain") is not None, 30
+            )
+            drain = body["drain"]
+            assert drain["routers_gone"] == ["closing-router"] and drain["routers_missing"] == []
+            assert drain["propagation_seconds"] < 3.0
+            gone = [r for r in leaving.oplog() if r["record"] == "router_unsubscribed"]
+            assert gone and gone[0]["awaited_epoch"] == drain["removal_epoch"]
+    finally:
         for sup in sups:
             pids = sup.engine_pids()
             sup.proc.stop(grace=20)
