@@ -65,11 +65,40 @@ def test_up_prints_a_url_that_serves_the_openai_sdk() -> None:
         assert chunks[-1].usage is not None
         fleet = httpx.get(url + "/v1/fleet").json()
         assert sum(1 for e in fleet["endpoints"] if e["routable"]) == 2
+        # the router follows each engine's supervisor (drains are acknowledged, not timed)
+        assert all(e["supervisor"]["stream"] == "connected" for e in fleet["endpoints"])
     finally:
         children = descendants(proc.pid)
         proc.signal(signal.SIGINT)
         assert proc.wait_exit(30) == 0, proc.output()
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_drain_in_a_local_fleet_is_acknowledged_by_its_router(tmp_path: Path) -> None:
+    proc, url = start_up("--engines", "2", state_home=tmp_path)
+    try:
+        port = int(url.rsplit(":", 1)[1])
+        engines = orjson.loads(local_fleet_file_under(tmp_path, port).read_bytes())["engines"]
+        supervisor = engines[0]["supervisor"]
+
+        def subscribed() -> dict[str, int]:
+            return dict(httpx.get(supervisor + "/v1/state").json()["routers"]["subscribed"])
+
+        wait_until(
+            lambda: subscribed() == {"local-router": 1},
+            10,
+            "the router's subscription",
+        )
+        assert httpx.post(supervisor + "/v1/drain", json={}).status_code == 202
+        wait_until(lambda: httpx.get(supervisor + "/v1/state").json()["drain"] is not None, 30, "the drain")
+        drain = httpx.get(supervisor + "/v1/state").json()["drain"]
+        assert [a["router_id"] for a in drain["routers_acknowledged"]] == ["local-router"]
+        assert drain["routers_missing"] == []
+        fleet = httpx.get(url + "/v1/fleet").json()
+        assert [e["routable"] for e in fleet["endpoints"] if e["url"] == engines[0]["engine"]] == [False]
+    finally:
+        proc.signal(signal.SIGINT)
+        assert proc.wait_exit(30) == 0, proc.output()
 
 
 def test_ctrl_c_kills_an_engine_that_will_not_exit(tmp_path: Path) -> None:

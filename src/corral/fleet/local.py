@@ -1,6 +1,9 @@
 """The local fleet behind `corral up`: N simulated engines, each under its own `corral supervise`, and
 one router, as child processes on loopback.
 
+The router follows every supervisor's state stream (`--supervised ENGINE=SUPERVISOR`), so a drain
+of one engine is acknowledged by the router before the engine's in-flight work is touched.
+
 It owns start order (supervised engines, then the router once every supervisor reports READY),
 readiness waits with deadlines, the fleet file `corral status` reads, and a stop that leaves no
 process behind whatever a child does.
@@ -145,9 +148,10 @@ class LocalFleet:
         async with aiohttp.ClientSession() as session:
             await asyncio.gather(*(self._wait_healthy(session, m, "/readyz") for m in self.engines))
             router_args = ["router", "--host", spec.host, "--port", str(spec.router_port)]
-            router_args += ["--policy", spec.policy]
+            router_args += ["--policy", spec.policy, "--router-id", "local-router"]
             for engine in self.engines:
-                router_args += ["--backend", engine.engine_url]
+                # with its supervisor: routed only while it says READY, and each drain confirmed
+                router_args += ["--supervised", f"{engine.engine_url}={engine.url}"]
             self.router = self._spawn("router", self.router_url, router_args)
             await self.router.process.start()
             await self._wait_healthy(session, self.router, "/health")
