@@ -37,7 +37,7 @@ class LongStream:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        body = {"model": SERVED_NAME, "prompt": "once upon a time", "max_tokens": 230,
+        body = {"model": SERVED_NAME, "prompt": "once upon a time", "max_tokens": 250,
                 "temperature": 0, "stream": True, "ignore_eos": True}  # fmt: skip
         chunks = []
         with httpx.stream("POST", self.engine_url + "/v1/completions", json=body, timeout=120) as resp:
@@ -97,12 +97,12 @@ def test_start_ready_drain_shutdown_cycle(vllm_python: str, tiny_model: Path, tm
 
         # streams in flight when the drain starts must complete: each records when its first byte
         # came and when it ended, so the test proves at least one was still running at SIGTERM
-        streams = [LongStream(engine_url) for _ in range(4)]
+        # (the tiny model generates fast: SIGTERM goes out as soon as the first stream has begun)
+        engine_pid = httpx.get(supervisor_url + "/v1/state").json()["engine"]["pid"]
+        streams = [LongStream(engine_url) for _ in range(8)]
         for stream in streams:
             stream.thread.start()
-        for stream in streams:
-            assert stream.first_byte.wait(60), "a stream never started"
-        engine_pid = httpx.get(supervisor_url + "/v1/state").json()["engine"]["pid"]
+        assert streams[0].first_byte.wait(60), "the first stream never started"
         sigterm_at = time.monotonic()
         supervisor.signal(signal.SIGTERM)
         wait_until(lambda: http_status(supervisor_url + "/readyz") != 200, 5, "readiness to drop")
