@@ -21,9 +21,10 @@ from corral.router.file_source import FileSource
 from corral.router.k8s.client import PodApi
 from corral.router.membership import Membership
 from corral.router.metrics import RouterCollector, RouterMetrics
-from corral.router.policies import build_policy
 from corral.router.proxy import Proxy, ProxyConfig
 from corral.router.retry_budget import RetryBudgetConfig
+from corral.router.scoring.config import RoutingConfig
+from corral.router.scoring.selector import Routing
 from corral.router.static_source import StaticSource
 from corral.router.supervisor_stream import StreamSettings, SupervisorStreams, default_router_id
 
@@ -66,6 +67,7 @@ class RouterConfig:
     retry_budget: RetryBudgetConfig = field(default_factory=RetryBudgetConfig)
     policy: str = "round_robin"
     session_header: str = "x-session-id"
+    routing: RoutingConfig = field(default_factory=RoutingConfig)  # --policy-config
     max_retries: int = 2
     eject_seconds: float = 5.0
     models_refresh_seconds: float = 5.0
@@ -145,6 +147,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RouterCollector(metrics, membership.endpoints))
     holder: dict[str, Proxy] = {}
+    routing = Routing(config.policy, config.routing, config.session_header, membership.endpoints)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         session = aiohttp.ClientSession(
@@ -162,7 +165,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
         )
         holder["proxy"] = Proxy(
             membership,
-            build_policy(config.policy, config.session_header),
+            routing.policy,
             session,
             metrics,
             ProxyConfig(
@@ -177,9 +180,11 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             await session.close()
             raise
         await source.start()
+        await routing.start()
         try:
             yield
         finally:
+            await routing.stop()
             await source.stop()
             await streams.stop()
             await session.close()

@@ -18,6 +18,7 @@ from corral.router.file_source import BackendsFileError, read_backends
 from corral.router.k8s.client import KubeApiError
 from corral.router.policies import POLICY_NAMES
 from corral.router.retry_budget import RetryBudgetConfig
+from corral.router.scoring.config import PolicyConfigError, RoutingConfig, load_routing_config
 from corral.router.supervisor_stream import StreamSettings, default_router_id
 
 log = logging.getLogger("corral.router")
@@ -156,6 +157,12 @@ def read_supervisor_token(path: Path | None) -> str | None:
     help="Header whose value keys session affinity (policy `session`).",
 )
 @click.option(
+    "--policy-config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="YAML/JSON file: policy per model, scored policies' weights, load bound, prefix blocks, "
+    "metrics scrape interval (see corral.router.scoring.config). Its `policy` overrides --policy.",
+)
+@click.option(
     "--max-retries",
     default=2,
     show_default=True,
@@ -217,6 +224,7 @@ def router(
     retry_budget_min: int,
     policy: str,
     session_header: str,
+    policy_config: Path | None,
     max_retries: int,
     eject_seconds: float,
     models_refresh_seconds: float,
@@ -276,12 +284,22 @@ def router(
         retry_budget=RetryBudgetConfig(ratio=retry_budget_ratio, min_retries=retry_budget_min),
         policy=policy,
         session_header=session_header.lower(),
+        routing=_routing_config(policy_config),
         max_retries=max_retries,
         eject_seconds=eject_seconds,
         models_refresh_seconds=models_refresh_seconds,
         request_timeout=request_timeout or None,
     )
     aio.run(serve(config, host, port, shutdown_timeout))
+
+
+def _routing_config(path: Path | None) -> RoutingConfig:
+    if path is None:
+        return RoutingConfig()
+    try:
+        return load_routing_config(path)
+    except PolicyConfigError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 async def serve(config: RouterConfig, host: str, port: int, shutdown_timeout: float) -> None:

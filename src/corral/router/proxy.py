@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 from uuid import uuid4
 
 import aiohttp
@@ -85,7 +86,7 @@ class Proxy:
         body = await request.read()
         request_id = request.headers.get("x-request-id") or uuid4().hex
 
-        model, problem = self._model_of(request, body)
+        model, payload, problem = self._model_of(request, body)
         if problem is not None:
             return self._reject(problem, model or "", request_id, start)
         assert model is not None
@@ -95,7 +96,7 @@ class Proxy:
         )
         if "x-request-id" not in upstream_headers:
             upstream_headers["X-Request-Id"] = request_id
-        route = RouteRequest(model, request.headers)
+        route = RouteRequest(model, request.headers, payload)
         self._budget.record_request(time.monotonic())
         try:
             return await self._forward(request, body, upstream_headers, route, request_id, start)
@@ -105,40 +106,45 @@ class Proxy:
 
     # -- request checks ---------------------------------------------------------------------
 
-    def _model_of(self, request: web.Request, body: bytes) -> tuple[str | None, web.Response | None]:
-        """The model to route by, or the error answer that ends the request here."""
+    def _model_of(
+        self, request: web.Request, body: bytes
+    ) -> tuple[str | None, dict[str, Any] | None, web.Response | None]:
+        """The model to route by and the parsed body (policies read the prompt from it), or the error
+        answer that ends the request here."""
         model: object = None
+        payload: dict[str, Any] | None = None
         if not request.content_type.startswith("multipart/"):
             if not body:
-                return None, _bad_request("The request body is empty; send a JSON object.", "body")
+                return None, payload, _bad_request("The request body is empty; send a JSON object.", "body")
             try:
-                payload = orjson.loads(body)
+                parsed = orjson.loads(body)
             except orjson.JSONDecodeError as exc:
-                return None, _bad_request(f"The request body is not valid JSON: {exc}", "body")
-            if not isinstance(payload, dict):
-                return None, _bad_request("The request body must be a JSON object.", "body")
-            model = payload.get("model")
+                return None, payload, _bad_request(f"The request body is not valid JSON: {exc}", "body")
+            if not isinstance(parsed, dict):
+                return None, payload, _bad_request("The request body must be a JSON object.", "body")
+            payload = parsed
+            model = parsed.get("model")
         membership = self._membership
         if model is None:
             known = membership.known_models()
             if len(known) == 1:
-                return known[0], None  # vLLM serves its only model when none is named
+                return known[0], payload, None  # vLLM serves its only model when none is named
             if not known:
-                return None, self._unavailable("", "no endpoint has answered yet")
-            return None, _bad_request(
+                return None, payload, self._unavailable("", "no endpoint has answered yet")
+            return None, payload, _bad_request(
                 f"The request names no `model` and the fleet serves {len(known)}: "
                 f"{', '.join(sorted(known))}. Name one.",
                 "model",
             )
         if not isinstance(model, str):
-            return None, _bad_request("`model` must be a string.", "model")
+            return None, payload, _bad_request("`model` must be a string.", "model")
         if not membership.knows(model):
             if not membership.known_models():
-                return model, self._unavailable(model, "no endpoint has answered yet")
-            return model, error_response(
+                return model, payload, self._unavailable(model, "no endpoint has answered yet")
+            return model, payload, error_response(
                 404, f"The model `{model}` does not exist.", "NotFoundError", "model"
             )
-        return model, None
+        return model, payload, None
 
     def _unavailable(self, model: str, why: str) -> web.Response:
         retry_after = self._membership.retry_after(model, self._config.retry_after_seconds)

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from corral.router.endpoint import Endpoint
 
 
 @dataclass(slots=True)
 class RouteRequest:
-    """What a policy may look at: the model asked for and the request's headers."""
+    """What a policy may look at: the model asked for, the request's headers, and the body the proxy
+    already parsed (None for multipart), never parsed again."""
 
     model: str
     headers: Mapping[str, str]
+    payload: Mapping[str, Any] | None = None
 
 
 class Policy(Protocol):
@@ -29,7 +31,7 @@ class Policy(Protocol):
         ...
 
 
-POLICY_NAMES = ("round_robin", "least_request", "session")
+POLICY_NAMES = ("round_robin", "least_request", "session", "prefix", "load")
 
 
 def build_policy(name: str, session_header: str = "x-session-id", seed: int | None = None) -> Policy:
@@ -43,6 +45,13 @@ def build_policy(name: str, session_header: str = "x-session-id", seed: int | No
         return LeastRequest(seed=seed)
     if name == "session":
         return SessionAffinity(header=session_header, fallback=LeastRequest(seed=seed))
+    if name in ("prefix", "load"):
+        # Alone, without a scraper: prefix affinity and the load bound work, metrics scorers are neutral.
+        from corral.router.scoring.config import RoutingConfig
+        from corral.router.scoring.load_board import LoadBoard
+        from corral.router.scoring.selector import build_scored
+
+        return build_scored(name, RoutingConfig(), LoadBoard(), session_header, seed)
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
 
 

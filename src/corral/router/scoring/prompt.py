@@ -1,0 +1,61 @@
+"""The prompt as routing sees it: the text a request will prefill, and the key of its leading blocks.
+
+The key is cut from characters of the decoded text, not from the body's bytes: the same prompt sent
+with different JSON escaping (`\\u00e9` or `é`) or key order must land on the same engine, and a router
+has no tokenizer. One character is about a quarter of a token, so a 128-character block is a few KV
+blocks; the key covers whole blocks only, so a prompt that differs after its shared prefix still
+hashes like the others in its group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from hashlib import blake2b
+from typing import Any
+
+
+def leading_text(payload: Mapping[str, Any] | None, limit: int) -> str:
+    """The first `limit` characters of the prompt: chat messages rendered in order (role, then
+    content), or a completion's `prompt`; "" when the body has neither."""
+    if payload is None:
+        return ""
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        parts: list[str] = []
+        size = 0
+        for message in messages:
+            if not isinstance(message, dict):
+                continue
+            text = f"<{message.get('role', '')}>{_content_text(message.get('content'))}\n"
+            parts.append(text)
+            size += len(text)
+            if size >= limit:
+                break
+        return "".join(parts)[:limit]
+    prompt = payload.get("prompt")
+    if isinstance(prompt, list):
+        prompt = prompt[0] if len(prompt) == 1 else None  # a batch of prompts has no single home
+    if isinstance(prompt, str):
+        return prompt[:limit]
+    return ""
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(part.get("text", "")) for part in content if isinstance(part, dict) and "text" in part
+        )
+    return "" if content is None else str(content)
+
+
+def prefix_key(payload: Mapping[str, Any] | None, block_chars: int, key_blocks: int) -> int | None:
+    """A 64-bit hash of the prompt's first `key_blocks` whole blocks of `block_chars` characters (fewer
+    when the prompt is shorter); None when the prompt has no whole block (nothing worth caching)."""
+    text = leading_text(payload, block_chars * key_blocks)
+    blocks = len(text) // block_chars
+    if blocks == 0:
+        return None
+    data = text[: blocks * block_chars].encode("utf-8", "surrogatepass")
+    return int.from_bytes(blake2b(data, digest_size=8).digest(), "big")
