@@ -330,10 +330,10 @@ async def serve(config: RouterConfig, host: str, port: int, shutdown_timeout: fl
             if config.supervisors:
                 members += f", {len(config.supervisors)} supervised"
         log.info(
-            "corral router %s ready on http://%s:%d (policy %s, %s)",
-            config.streams.router_id,
+            "corral router ready on http://%s:%d (router id %s, policy %s, %s)",
             host,
             port,
+            config.streams.router_id,
             config.policy,
             members,
         )
