@@ -17,6 +17,7 @@ from aiohttp import web
 
 from corral.engine_state import EngineState
 from corral.router.endpoint import Endpoint, SupervisorView
+from corral.router.k8s.pod_source import SUPERVISOR_PORT_ANNOTATION, PodSource, PodSourceConfig, pod_view
 from corral.router.membership import Membership
 from corral.router.metrics import RouterMetrics
 from corral.router.supervisor_stream import StreamSettings, SupervisorStreams
@@ -255,3 +256,31 @@ async def test_a_hung_supervisor_does_not_delay_another(
         membership.remove("http://stuck", "test over")  # unwatch cancels the hung subscription
     finally:
         await hung.stop()
+
+
+# -- Kubernetes: where a pod's supervisor is ---------------------------------------------------------
+
+
+def pod(annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u", "annotations": annotations or {}},
+        "status": {
+            "podIP": "10.0.0.7",
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def test_a_pod_names_its_supervisor_port_in_an_annotation_or_the_flag_gives_it() -> None:
+    membership, metrics = Membership(), RouterMetrics()
+    flag = PodSource(membership, metrics, None, PodSourceConfig(supervisor_port=8081))  # type: ignore[arg-type]
+    plain = PodSource(membership, metrics, None, PodSourceConfig())  # type: ignore[arg-type]
+    annotated = pod_view(pod({SUPERVISOR_PORT_ANNOTATION: "9090"}))
+    assert annotated.supervisor_port == 9090
+    assert pod_view(pod({SUPERVISOR_PORT_ANNOTATION: "not-a-port"})).supervisor_port is None
+    view = flag._supervisor_of(annotated)
+    assert view is not None and view.url == "http://10.0.0.7:9090"
+    view = flag._supervisor_of(pod_view(pod()))
+    assert view is not None and view.url == "http://10.0.0.7:8081"
+    assert plain._supervisor_of(pod_view(pod())) is None

@@ -137,8 +137,11 @@ class SupervisorStreams:
                 raise StreamBroken("lost", "closed by the supervisor")
             except StreamBroken as exc:
                 self._lost(endpoint, view, exc.link, exc.why)
-            except (aiohttp.ClientError, OSError, ValueError) as exc:
+            except (aiohttp.ClientError, OSError, ValueError, TimeoutError) as exc:
                 self._lost(endpoint, view, "lost", f"{type(exc).__name__}: {exc}".rstrip(": "))
+            except Exception as exc:  # a bug here must not leave the endpoint routable on a dead task
+                log.exception("following supervisor %s of %s failed", view.url, endpoint.url)
+                self._lost(endpoint, view, "lost", f"{type(exc).__name__}: {exc}")
             if view.last_heard != heard_before:
                 backoff = self.settings.backoff_initial  # it was up: try again soon, then back off
             await asyncio.sleep(backoff)
