@@ -83,11 +83,16 @@ def vllm_command(vllm_python: str, model: Path, port: int, *extra: str) -> list[
     ]
 
 
+# The shared engine runs with the development and runtime-LoRA endpoints on, so one engine start
+# (about 40-80 s here) serves the OpenAI conformance checks and the dev-endpoint checks alike.
+DEV_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
+
+
 @pytest.fixture(scope="session")
 def vllm_engine(
     vllm_python: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    """A plain real vLLM engine (no supervisor), for conformance checks."""
+    """A plain real vLLM engine (no supervisor) in dev mode, for conformance checks."""
     port = free_port()
     log = (tmp_path_factory.mktemp("vllm") / "engine.log").open("wb")
     proc = subprocess.Popen(
@@ -95,7 +100,7 @@ def vllm_engine(
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
-        env=vllm_env(),
+        env={**vllm_env(), **DEV_ENV},
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"

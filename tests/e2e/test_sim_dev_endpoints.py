@@ -7,22 +7,16 @@ refusals before a pause, LoRA refusals, pause/resume/is_paused.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.e2e.conftest import vllm_command, vllm_env
+from tests.e2e.conftest import DEV_ENV
 from tests.support.procs import CorralProcess, free_port
-from tests.support.waits import wait_http_200
 
 pytestmark = pytest.mark.e2e
-ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
 JSON = {"content-type": "application/json"}
 
 # (method, path, raw body, headers); the LoRA ones run without --enable-lora on both sides.
@@ -47,35 +41,15 @@ CASES: list[tuple[str, str, bytes | None, dict[str, str]]] = [
 
 
 @pytest.fixture(scope="module")
-def real(vllm_python: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    log = (tmp_path_factory.mktemp("vllm-dev") / "engine.log").open("wb")
-    proc = subprocess.Popen(
-        vllm_command(vllm_python, tiny_model, port),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        env={**vllm_env(), **ENV},
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http_200(url + "/health", timeout=300, alive=lambda: proc.poll() is None)
-        yield url
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        log.close()
+def real(vllm_engine: str) -> str:
+    return vllm_engine  # the session's engine already runs with DEV_ENV
 
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[str]:
     port = free_port()
-    proc = CorralProcess(["sim", "--port", str(port), "--model", "tiny", "--max-model-len", "256"], env=ENV)
+    args = ["sim", "--port", str(port), "--model", "tiny", "--max-model-len", "256"]
+    proc = CorralProcess(args, env=DEV_ENV)
     url = f"http://127.0.0.1:{port}"
     proc.wait_http(url + "/health")
     try:
