@@ -15,9 +15,11 @@ from typing import Any
 import aiohttp
 
 from corral.child_process import LineSink
+from corral.supervisor.bundle import Bundle, read_bundle
 from corral.supervisor.config import SupervisorConfig
 from corral.supervisor.drain import Drainer, DrainPolicy, DrainReport
 from corral.supervisor.engine import EngineProcess, RestartPolicy, RestartRecord
+from corral.supervisor.evidence import EvidenceBook, classify
 from corral.supervisor.gates import GatesTimedOut, GateWaiter
 from corral.supervisor.metrics import SupervisorMetrics
 from corral.supervisor.operations import Operation, OperationLedger
@@ -68,8 +70,14 @@ class EngineSupervisor:
         self.restarts: list[RestartRecord] = []
         self.served_model: str | None = None
         self.last_smoke: SmokeResult | None = None
+        self.bundle: Bundle | None = None
+        self.evidence = EvidenceBook()
         self.unrecoverable: str | None = None
         self.drain_report: DrainReport | None = None
+        # set by the runbook operations (corral.supervisor.ops): what the engine's sleep is, and
+        # which operation holds the engine now (one at a time)
+        self.sleep_status: dict[str, Any] | None = None
+        self.busy: str | None = None
         self.stall_watch: StallWatch | None = None
         self.exit_requested = asyncio.Event()
         self._session: aiohttp.ClientSession | None = None
@@ -150,7 +158,15 @@ class EngineSupervisor:
         self._log(f"state {event.to_state}{sub} (epoch {event.epoch}): {event.reason}")
 
     def _record_operation(self, op: Operation) -> None:
-        self.oplog.append("operation", **op.to_json())
+        bundle = self.bundle.fingerprint if self.bundle is not None else None
+        self.oplog.append("operation", bundle=bundle, **op.to_json())
+
+    def _engine_line(self, line: str) -> None:
+        self._echo(line)
+        kind = classify(line)
+        if kind is not None:
+            self.evidence.note(kind, line)
+            self.oplog.append("engine_evidence", kind=kind, line=line[:500])
 
     def refresh_gate_metrics(self) -> None:
         for status in self.gates.status.values():
@@ -168,13 +184,14 @@ class EngineSupervisor:
 
     # -- the lifecycle --------------------------------------------------------------------------
 
-    async def _run_lifecycle(self) -> None:
+    async def _run_lifecycle(self, serving: bool = False) -> None:
         recovery = RestartPolicy(
             self.config.failure_restarts, self.config.restart_backoff, self.config.restart_backoff_cap
         )
         while True:
-            if not await self._start_until_ready():
+            if not serving and not await self._start_until_ready():
                 return
+            serving = False
             failure = await self._serve()
             self._to(S.FAILED, failure.reason, None, **failure.evidence)
             await self._stop_engine(min(5.0, self.config.drain.shutdown_timeout), failure.reason)
@@ -195,6 +212,34 @@ class EngineSupervisor:
                 StartingPhase.RESTARTING,
                 attempt=recovery.used,
             )
+
+    # -- what the runbook operations (corral.supervisor.ops) drive ------------------------------
+
+    def transition(
+        self, state: EngineState, reason: str, sub_state: str | None = None, /, **evidence: Any
+    ) -> StateEvent:
+        return self._to(state, reason, sub_state, **evidence)
+
+    async def suspend_lifecycle(self) -> None:
+        """Stop the READY watch (stall detection) while an operation has the engine out of routing."""
+        if self._lifecycle is not None:
+            self._lifecycle.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lifecycle
+            self._lifecycle = None
+
+    def resume_serving(self) -> None:
+        """The engine is READY again after an operation: watch it as after startup."""
+        self._lifecycle = asyncio.create_task(self._run_lifecycle(serving=True), name="lifecycle")
+        self._lifecycle.add_done_callback(self._lifecycle_ended)
+
+    async def restart_in_place(self, reason: str) -> None:
+        """RECOVER's last resort: stop the engine and start it afresh (weights from disk, a known state)."""
+        await self.suspend_lifecycle()
+        await self._stop_engine(min(5.0, self.config.drain.shutdown_timeout), reason)
+        self.sleep_status = None
+        self._to(S.STARTING, f"restarting in place after: {reason}", StartingPhase.RESTARTING)
+        self.start()
 
     def _fail_for_good(self, reason: str, **evidence: Any) -> None:
         self.unrecoverable = reason
@@ -250,8 +295,14 @@ class EngineSupervisor:
                 if exc is not None:
                     raise exc
                 smoke = ready_task.result()
+                self.bundle = await read_bundle(self.session, self.config.engine_url, self.config.engine_argv)
+                self.oplog.append("bundle", **self.bundle.to_json())
                 self._to(
-                    S.READY, "health 200, model listed, smoke completion answered", None, **smoke.to_json()
+                    S.READY,
+                    "health 200, model listed, smoke completion answered",
+                    None,
+                    bundle=self.bundle.fingerprint,
+                    **smoke.to_json(),
                 )
                 return True
             if engine.running:  # the startup deadline passed
@@ -288,7 +339,7 @@ class EngineSupervisor:
                 return False
 
     async def _launch_engine(self) -> EngineProcess:
-        engine = EngineProcess(self.config.engine_argv, self._echo, self._on_phase)
+        engine = EngineProcess(self.config.engine_argv, self._engine_line, self._on_phase)
         self.engine = engine
         self._to(
             S.STARTING,
@@ -510,4 +561,8 @@ class EngineSupervisor:
             "gates": self.gates.to_json(),
             "drain": self.drain_report.to_json() if self.drain_report else None,
             "routers": self.routers.to_json(),
+            "sleep": self.sleep_status,
+            "busy": self.busy,
+            "bundle": self.bundle.to_json() if self.bundle is not None else None,
+            "evidence": self.evidence.to_json(),
         }
