@@ -26,6 +26,7 @@ import orjson
 from corral.supervisor.engine_metrics import parse_load
 from tests.integration.test_supervisor_support import Supervised, http_json, kill_leftovers, start_supervised
 from tests.support.procs import CorralProcess, free_port
+from tests.support.streams import stream_once
 
 ENGINE_ARGS = ("--itl-ms", "10", "--shutdown-timeout", "8")
 DRAIN_ARGS = (
@@ -66,32 +67,14 @@ async def one_stream(session: aiohttp.ClientSession, router_url: str, out: Outco
     }
     record = Sent(time.time(), router_url)
     out.sent.append(record)
-    try:
-        resp = await session.post(
-            router_url + "/v1/completions",
-            data=orjson.dumps(body),
-            headers={"content-type": "application/json"},
-        )
-    except aiohttp.ClientError as exc:
-        out.failed_before_stream.append(f"connect: {exc!r}")
+    outcome = await stream_once(session, router_url + "/v1/completions", body)
+    if outcome.kind == "failed_before_stream":
+        out.failed_before_stream.append(outcome.detail)
         return
-    async with resp:
-        if resp.status != 200:
-            out.failed_before_stream.append(f"HTTP {resp.status}: {(await resp.read())[:200]!r}")
-            return
-        events: list[bytes] = []
-        try:
-            async for line in resp.content:
-                if line.startswith(b"data: "):
-                    events.append(line[6:].strip())
-        except aiohttp.ClientError as exc:
-            out.broken_streams.append(f"cut after {len(events)} events: {exc!r}")
-            return
-    if not events or events[-1] != b"[DONE]" or any(e.startswith(b'{"error"') for e in events):
-        out.broken_streams.append(f"ended badly: {events[-3:]!r}")
+    if outcome.kind == "broken":
+        out.broken_streams.append(outcome.detail)
         return
-    for event in events[:-1]:
-        payload = orjson.loads(event)
+    for payload in outcome.payloads():
         if payload.get("system_fingerprint"):
             record.fingerprint = payload["system_fingerprint"]
     out.completed += 1

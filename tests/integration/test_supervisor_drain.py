@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass, field
 
 import aiohttp
-import orjson
 
 from tests.integration.test_supervisor_support import gone, kill_leftovers, start_supervised
 from tests.support.procs import CorralProcess, free_port
+from tests.support.streams import stream_once
 
 GRACE_S = 30.0
 SIM_ARGS = ("--itl-ms", "20", "--shutdown-timeout", "8")
@@ -44,29 +44,13 @@ class Outcomes:
 
 async def one_stream(session: aiohttp.ClientSession, url: str, out: Outcomes) -> None:
     body = {"model": "sim-model", "prompt": "tell me about draining", "max_tokens": 16, "stream": True}
-    try:
-        resp = await session.post(
-            url + "/v1/completions", data=orjson.dumps(body), headers={"content-type": "application/json"}
-        )
-    except aiohttp.ClientError as exc:
-        out.failed_before_stream.append(f"connect: {exc!r}")
-        return
-    async with resp:
-        if resp.status != 200:
-            out.failed_before_stream.append(f"HTTP {resp.status}: {(await resp.read())[:200]!r}")
-            return
-        events: list[bytes] = []
-        try:
-            async for line in resp.content:
-                if line.startswith(b"data: "):
-                    events.append(line[6:].strip())
-        except aiohttp.ClientError as exc:
-            out.broken_streams.append(f"cut after {len(events)} events: {exc!r}")
-            return
-    if not events or events[-1] != b"[DONE]" or any(e.startswith(b'{"error"') for e in events):
-        out.broken_streams.append(f"ended badly: {events[-3:]!r}")
-    else:
+    outcome = await stream_once(session, url + "/v1/completions", body)
+    if outcome.kind == "completed":
         out.completed += 1
+    elif outcome.kind == "failed_before_stream":
+        out.failed_before_stream.append(outcome.detail)
+    else:
+        out.broken_streams.append(outcome.detail)
 
 
 async def load(url: str, out: Outcomes, stop: asyncio.Event, workers: int = 6) -> None:
