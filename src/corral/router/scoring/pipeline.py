@@ -52,7 +52,7 @@ class ScoredPolicy:
         weights: Mapping[str, float],
         board: LoadBoard,
         *,
-        eps: float = 0.25,
+        eps: float = 1.0,
         block_chars: int = DEFAULT_BLOCK_CHARS,
         key_blocks: int = DEFAULT_KEY_BLOCKS,
         session_header: str = "x-session-id",

@@ -1,0 +1,290 @@
+"""Shared-prefix routing benchmark: one run, the same simulated fleet, every router.
+
+Workload: `--groups` groups, each with a long system prompt of its own and `--users` users; a request
+is one user's question after its group's system prompt, streamed, arriving as a Poisson process at
+`--rate` requests/s for `--seconds` (bounded count and time). Before each target's measured phase every
+group sends one request through it (the same warm-up for every target); each target gets fresh system
+prompts, so what an earlier target left in the engines' caches is junk that LRU evicts first.
+
+Fleet: 4 `corral sim` engines whose prefix cache holds only a fraction of all system prompts
+(`--kv-cache-blocks`), with a prefill cost per uncached token that makes cache hits matter.
+
+Targets: `corral router` with round_robin, least_request and prefix; two `corral router --policy
+prefix` replicas behind a random splitter (the load generator picks one per request); the Rust
+`vllm-router` with cache_aware and round_robin.
+
+Reported per target: TTFT p50/p90/p99, throughput, prefix-cache hit rate (token hits / token queries
+from the engines' /metrics, deltas over the measured phase), and load spread (max / mean of requests per
+engine, from vllm:request_success_total deltas).
+
+    .venv/bin/python benchmarks/bench_prefix.py [--rate 40] [--seconds 15] [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import re
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import uvloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_router import ROOT, Proc, find_vllm_router, free_port, spawn, wait_ready
+from corral.sim.tokenizer import WORDS
+from loadgen import Report, Sample, check_loopback
+
+MODEL = "bench-model"
+ENGINES = 4
+
+
+def system_prompt(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+class Workload:
+    """Prompts for one target: fresh system prompts, the same arrival schedule for every target."""
+
+    def __init__(self, args: argparse.Namespace, prompt_seed: int) -> None:
+        rng = random.Random(prompt_seed)
+        self.systems = [
+            f"Group {g} instructions. " + system_prompt(rng, args.system_words) for g in range(args.groups)
+        ]
+        self.users = args.users
+        self.max_tokens = args.max_tokens
+        sched = random.Random(args.seed)  # the same arrivals and choices for every target
+        self.schedule: list[tuple[float, int, int]] = []
+        t = 0.0
+        while len(self.schedule) < args.max_requests:
+            t += sched.expovariate(args.rate)
+            if t > args.seconds:
+                break
+            self.schedule.append((t, sched.randrange(args.groups), sched.randrange(args.users)))
+
+    def body(self, group: int, user: int, i: int) -> bytes:
+        return orjson.dumps(
+            {
+                "model": MODEL,
+                "messages": [
+                    {"role": "system", "content": self.systems[group]},
+                    {"role": "user", "content": f"I am user {user}. Question {i}: what does the sea say?"},
+                ],
+                "max_tokens": self.max_tokens,
+                "temperature": 0,
+                "stream": True,
+            }
+        )
+
+
+FIRST_TOKEN = re.compile(rb'"content":"[^"]')
+
+
+async def stream_one(
+    session: aiohttp.ClientSession, url: str, body: bytes, limits: aiohttp.ClientTimeout
+) -> Sample:
+    """One streamed request; TTFT is the arrival of the first event with generated text (the role-only
+    first event comes before prefill, as vLLM sends it)."""
+    start = time.perf_counter()
+    ttft: float | None = None
+    try:
+        async with session.post(
+            url, data=body, headers={"Content-Type": "application/json"}, timeout=limits
+        ) as resp:
+            done = False
+            async for chunk in resp.content.iter_any():
+                if ttft is None and FIRST_TOKEN.search(chunk):
+                    ttft = time.perf_counter() - start
+                if b"data: [DONE]" in chunk:
+                    done = True
+            ok = resp.status == 200 and done
+            return Sample(ok, time.perf_counter() - start, ttft, resp.status, "" if ok else "no [DONE]")
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return Sample(False, time.perf_counter() - start, ttft, 0, type(exc).__name__)
+
+
+def engine_counters(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    out = {"queries": 0.0, "hits": 0.0, "requests": 0.0}
+    names = {
+        "vllm:prefix_cache_queries_total": "queries",
+        "vllm:prefix_cache_hits_total": "hits",
+        "vllm:request_success_total": "requests",
+    }
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in names:
+            out[names[name]] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+async def run_target(name: str, urls: list[str], work: Workload, bound_s: float) -> Report:
+    for u in urls:
+        check_loopback(u)
+    paths = [u + "/v1/chat/completions" for u in urls]
+    pick = random.Random(7)
+    limits = aiohttp.ClientTimeout(total=bound_s)
+    report = Report(name)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        for g in range(len(work.systems)):  # warm-up: each group once, one at a time
+            await stream_one(session, pick.choice(paths), work.body(g, 0, -1 - g), limits)
+        start = time.perf_counter()
+        tasks: list[asyncio.Task[Sample]] = []
+        for i, (at, group, user) in enumerate(work.schedule):
+            delay = start + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            body = work.body(group, user, i)
+            tasks.append(asyncio.create_task(stream_one(session, pick.choice(paths), body, limits)))
+        report.samples = list(await asyncio.gather(*tasks))
+        report.wall = time.perf_counter() - start
+    return report
+
+
+def corral_router(port: int, sims: list[Proc], policy: str, config: Path | None, out: Path, tag: str) -> Proc:
+    argv = [sys.executable, "-m", "corral", "router", "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--policy", policy, "--log-level", "warning"]
+    if config is not None:
+        argv += ["--policy-config", str(config)]
+    for s in sims:
+        argv += ["--backend", s.url]
+    return spawn(tag, argv, f"http://127.0.0.1:{port}", None, out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--rate", type=float, default=40.0, help="Poisson arrival rate, requests/s")
+    parser.add_argument("--seconds", type=float, default=15.0, help="measured phase bound per target")
+    parser.add_argument("--max-requests", type=int, default=2000)
+    parser.add_argument("--groups", type=int, default=24)
+    parser.add_argument("--users", type=int, default=4)
+    parser.add_argument("--system-words", type=int, default=500, help="about one token per word")
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--kv-cache-blocks", type=int, default=400, help="per engine, 16-token blocks")
+    parser.add_argument("--max-num-seqs", type=int, default=8)
+    parser.add_argument("--prefill-ms-per-token", type=float, default=0.5)
+    parser.add_argument("--eps", type=float, default=1.0, help="load bound of the corral prefix policy")
+    parser.add_argument("--scrape-interval", type=float, default=0.1)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--only", default="", help="comma-separated target names to run (default: all)")
+    parser.add_argument("--vllm-router", default=None)
+    parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/out"))
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = out / "prefix-policy.yaml"
+    config.write_text(f"eps: {args.eps}\nscrape_interval: {args.scrape_interval}\n")
+
+    sim_args = [
+        "--max-num-seqs", str(args.max_num_seqs), "--kv-cache-blocks", str(args.kv_cache_blocks),
+        "--block-size", "16", "--prefill-ms-per-token", str(args.prefill_ms_per_token),
+        "--ttft-base-ms", "2", "--itl-ms", "2", "--max-model-len", "4096",
+    ]  # fmt: skip
+    sims: list[Proc] = []
+    results: list[dict[str, Any]] = []
+    try:
+        for i in range(ENGINES):
+            port = free_port()
+            argv = [sys.executable, "-m", "corral", "sim", "--host", "127.0.0.1", "--port", str(port)]
+            argv += ["--model", MODEL, "--seed", str(i), *sim_args]
+            sims.append(spawn(f"prefix-sim-{i}", argv, f"http://127.0.0.1:{port}", None, out))
+        for s in sims:
+            wait_ready(s, "/health")
+        vr = find_vllm_router(args.vllm_router)
+        targets: list[tuple[str, str, str | None]] = [
+            ("corral round_robin", "corral", "round_robin"),
+            ("corral least_request", "corral", "least_request"),
+            ("corral prefix", "corral", "prefix"),
+            ("corral prefix x2 replicas", "corral2", "prefix"),
+        ]
+        if vr:
+            targets += [
+                ("vllm-router cache_aware", "vr", "cache_aware"),
+                ("vllm-router round_robin", "vr", "round_robin"),
+            ]
+        else:
+            print("vllm-router not found: run benchmarks/setup.sh to compare against it", file=sys.stderr)
+        only = {t.strip() for t in args.only.split(",") if t.strip()}
+        for k, (name, kind, policy) in enumerate(targets):
+            if only and name not in only:
+                continue
+            routers: list[Proc] = []
+            try:
+                if kind == "vr":
+                    assert vr is not None and policy is not None
+                    port = free_port()
+                    argv = [vr, "--host", "127.0.0.1", "--port", str(port), "--policy", policy]
+                    argv += ["--worker-urls", *[s.url for s in sims]]
+                    routers.append(
+                        spawn(f"prefix-vllm-router-{policy}", argv, f"http://127.0.0.1:{port}", None, out)
+                    )
+                    wait_ready(routers[0], "/v1/models")
+                else:
+                    assert policy is not None
+                    for r in range(2 if kind == "corral2" else 1):
+                        tag = f"prefix-corral-{policy}-{r}"
+                        routers.append(corral_router(free_port(), sims, policy, config, out, tag))
+                    for router in routers:
+                        wait_ready(router, "/health")
+                time.sleep(0.5)  # first metrics scrape, first model probe
+                work = Workload(args, prompt_seed=1000 + k)
+                before = [engine_counters(s.url) for s in sims]
+                report = uvloop.run(run_target(name, [r.url for r in routers], work, 120.0))
+                after = [engine_counters(s.url) for s in sims]
+            finally:
+                for router in routers:
+                    router.stop()
+            # The warm-up is inside the counter window; take it out of the request counts it adds.
+            requests = [a["requests"] - b["requests"] for a, b in zip(after, before, strict=True)]
+            queries = sum(a["queries"] - b["queries"] for a, b in zip(after, before, strict=True))
+            hits = sum(a["hits"] - b["hits"] for a, b in zip(after, before, strict=True))
+            mean = sum(requests) / len(requests)
+            row: dict[str, Any] = {
+                "target": name,
+                "requests": len(report.samples),
+                "errors": report.errors,
+                "rps": round(report.rps, 1),
+                "ttft_p50_ms": round(report.ttft_ms(0.5), 1),
+                "ttft_p90_ms": round(report.ttft_ms(0.9), 1),
+                "ttft_p99_ms": round(report.ttft_ms(0.99), 1),
+                "hit_rate": round(hits / queries, 3) if queries else None,
+                "per_engine": [int(r) for r in requests],
+                "spread_max_over_mean": round(max(requests) / mean, 2) if mean else None,
+            }
+            if report.errors:
+                row["error_kinds"] = report.error_kinds()
+            results.append(row)
+            print(orjson.dumps(row).decode(), flush=True)
+    finally:
+        for s in reversed(sims):
+            s.stop()
+    by = {r["target"]: r for r in results}
+    prefix, rr, ca = by.get("corral prefix"), by.get("corral round_robin"), by.get("vllm-router cache_aware")
+    two = by.get("corral prefix x2 replicas")
+    if prefix and rr and prefix["ttft_p90_ms"]:
+        print(f"TTFT p90 round_robin / prefix = {rr['ttft_p90_ms'] / prefix['ttft_p90_ms']:.1f}x")
+    if prefix and ca and prefix["ttft_p90_ms"]:
+        ratio = ca["ttft_p90_ms"] / prefix["ttft_p90_ms"]
+        print(f"TTFT p90 vllm-router cache_aware / corral prefix = {ratio:.2f}x")
+    if prefix and two and prefix["hit_rate"]:
+        print(f"hit rate two replicas / one = {two['hit_rate'] / prefix['hit_rate']:.3f}")
+    (out / "bench_prefix.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
+    if args.markdown:
+        cols = ["target", "requests", "errors", "rps", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
+                "hit_rate", "per_engine", "spread_max_over_mean"]  # fmt: skip
+        print("| " + " | ".join(cols) + " |")
+        print("|" + "---|" * len(cols))
+        for r in results:
+            print("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
+
+
+if __name__ == "__main__":
+    main()
