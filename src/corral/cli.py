@@ -7,6 +7,7 @@ import click
 from corral import __version__
 from corral.fleet.cli import up
 from corral.fleet.status_cli import status
+from corral.fleet.verify_cli import verify
 from corral.k8s_render.cli import k8s
 from corral.router.cli import router
 from corral.sim.cli import sim
@@ -25,3 +26,4 @@ main.add_command(up)
 main.add_command(supervise)
 main.add_command(status)
 main.add_command(k8s)
+main.add_command(verify)

@@ -1,0 +1,112 @@
+"""`corral verify`: run the post-operation checklist against a fleet, print it, write the change record,
+and exit 1 when any check fails (warnings are printed, never fatal)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from corral.aio import run
+from corral.fleet.change_record import default_record_path, new_record, read_record, write_record
+from corral.fleet.probe import FleetTarget, TargetError, look, read_token
+from corral.fleet.verify import FAIL, PASS, Check, Expectations, run_checks
+from corral.supervisor.evidence import KINDS
+
+_COLOUR = {PASS: "green", FAIL: "red"}
+
+
+def render(checks: list[Check]) -> Table:
+    table = Table(title="corral verify", title_justify="left")
+    for column in ("check", "verdict", "evidence"):
+        table.add_column(column)
+    for c in checks:
+        colour = _COLOUR.get(c.verdict, "yellow")
+        table.add_row(c.name, f"[{colour}]{c.verdict}[/{colour}]", c.detail)
+    return table
+
+
+def _explained(values: tuple[str, ...]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for value in values:
+        kind, sep, why = value.partition("=")
+        if not sep or kind not in KINDS or not why.strip():
+            raise click.BadParameter(
+                f"{value!r}: expected KIND=WHY with KIND one of {', '.join(KINDS)}", param_hint="--explain"
+            )
+        found[kind] = why.strip()
+    return found
+
+
+@click.command()
+@click.option("--port", default=8000, show_default=True, help="Router port of the local fleet (`corral up`).")
+@click.option(
+    "--router", default=None, help="Router URL (with --supervisor: a fleet not run by `corral up`)."
+)
+@click.option("--supervisor", "supervisors", multiple=True, help="Supervisor URL (repeatable).")
+@click.option("--expect-model", default=None, help="Base model every engine must serve.")
+@click.option(
+    "--expect-adapter",
+    "adapters",
+    multiple=True,
+    help="Adapter every engine must have loaded (repeatable); with --expect-no-adapters none.",
+)
+@click.option("--expect-no-adapters", is_flag=True, help="No engine may have an adapter loaded.")
+@click.option(
+    "--explain",
+    "explain",
+    multiple=True,
+    metavar="KIND=WHY",
+    help=f"Accept an operation-log event of KIND ({', '.join(KINDS)}), with the reason recorded.",
+)
+@click.option(
+    "--record",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Change record to compare against, then write [default: $XDG_STATE_HOME/corral/verify-PORT.json].",
+)
+@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def verify(
+    port: int,
+    router: str | None,
+    supervisors: tuple[str, ...],
+    expect_model: str | None,
+    adapters: tuple[str, ...],
+    expect_no_adapters: bool,
+    explain: tuple[str, ...],
+    record: Path | None,
+    token_file: Path | None,
+) -> None:
+    """Check a fleet against the post-operation checklist; exit 1 when any check fails."""
+    started = time.time()
+    try:
+        target = FleetTarget.resolve(
+            port, router, supervisors, read_token(token_file, os.environ.get("CORRAL_TOKEN"))
+        )
+    except TargetError as exc:
+        raise click.ClickException(str(exc)) from None
+    expected_adapters = () if expect_no_adapters else (adapters or None)
+    expect = Expectations(expect_model, expected_adapters, _explained(explain))
+    path = record or default_record_path("verify", port)
+    previous = read_record(path)
+    view = run(look(target))
+    checks, ttft_ms = run(run_checks(view, expect, previous))
+    Console(width=max(120, Console().width)).print(render(checks))
+    failed = [c.name for c in checks if c.verdict == FAIL]
+    body = new_record("verify", view, started)
+    body.update(
+        ok=not failed,
+        failed=failed,
+        checks=[c.to_json() for c in checks],
+        ttft_ms=ttft_ms if ttft_ms is not None else (previous or {}).get("ttft_ms"),
+        expected={"model": expect_model, "adapters": expected_adapters, "explained": expect.explained},
+    )
+    write_record(path, body)
+    click.echo(f"change record: {path}")
+    if failed:
+        click.echo(f"FAILED: {', '.join(failed)}")
+        raise SystemExit(1)
