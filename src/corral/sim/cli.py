@@ -119,6 +119,13 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
     help="Inference requests after the N-th never produce a token (/health stays 200).",
 )
 @click.option(
+    "--fail-wake-tag",
+    "fail_wake_tags",
+    multiple=True,
+    type=click.Choice(["weights", "kv_cache"]),
+    help="A /wake_up that would wake this tag fails in the worker (as a CUDA OOM would); repeatable.",
+)
+@click.option(
     "--requires",
     "requires",
     multiple=True,

@@ -155,8 +155,25 @@ class DevApi:
 
     async def wake_up(self, request: web.Request) -> web.Response:
         tags: list[str] | None = request.query.getall("tags", []) or None
+        failing = self._injected_wake_failure(tags)
+        if failing is not None:
+            return error_response(
+                500,
+                worker_failure(
+                    "wake_up", f"CUDA out of memory re-allocating {failing} (simulated: --fail-wake-tag)"
+                ),
+                "InternalServerError",
+                None,
+            )
         fully_awake = self.control.wake_up(tags)
         return _json({"status": "awake" if fully_awake else "sleeping", "tags": tags})
+
+    def _injected_wake_failure(self, tags: list[str] | None) -> str | None:
+        asleep = self.control.lifecycle.sleeping_tags
+        for tag in self.config.fail_wake_tags:
+            if tag in asleep and (tags is None or tag in tags):
+                return tag
+        return None
 
     async def is_sleeping(self, _request: web.Request) -> web.Response:
         return _json({"is_sleeping": self.control.lifecycle.is_sleeping})

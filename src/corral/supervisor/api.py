@@ -30,6 +30,11 @@ from corral.openai_errors import error_response
 from corral.supervisor.drain import DrainPolicy
 from corral.supervisor.lifecycle import EngineSupervisor
 from corral.supervisor.operations import Operation, OperationConflict
+from corral.supervisor.ops.reload import ReloadPlan
+from corral.supervisor.ops.run import start_operation
+from corral.supervisor.ops.sleep import SleepPlan
+from corral.supervisor.ops.wake import WakePlan
+from corral.supervisor.runbook import Refused
 from corral.supervisor.states import EngineState, StateEvent
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -75,6 +80,9 @@ class SupervisorAPI:
         app.router.add_post("/v1/drain", self.drain)
         app.router.add_post("/v1/shutdown", self.shutdown)
         app.router.add_get("/v1/operations/{op_id}", self.operation)
+        app.router.add_post("/v1/sleep", self.sleep)
+        app.router.add_post("/v1/wake", self.wake)
+        app.router.add_post("/v1/reload", self.reload)
         app.on_shutdown.append(self._on_shutdown)
         return app
 
@@ -267,6 +275,61 @@ class SupervisorAPI:
         except OperationConflict as exc:
             return _error(409, str(exc))
         return self._op_response(op, started)
+
+    # -- runbook operations (corral.supervisor.ops) ----------------------------------------------
+
+    async def _runbook_op(
+        self, request: web.Request, make_plan: Callable[[dict[str, Any]], Any]
+    ) -> web.Response:
+        parsed = await self._op_request(request)
+        if isinstance(parsed, web.Response):
+            return parsed
+        op_id, body = parsed
+        try:
+            plan = make_plan(body)
+            op, started = await start_operation(self.supervisor, plan, op_id)
+        except Refused as exc:
+            return _error(409, str(exc), "conflict_error")
+        except OperationConflict as exc:
+            return _error(409, str(exc))
+        except (TypeError, ValueError) as exc:
+            return _error(400, f"bad operation body: {exc}")
+        return self._op_response(op, started)
+
+    async def sleep(self, request: web.Request) -> web.Response:
+        def plan(body: dict[str, Any]) -> SleepPlan:
+            level, mode, release = (
+                body.get("level", 1),
+                body.get("mode", "wait"),
+                body.get("release_kv", False),
+            )
+            if isinstance(level, bool) or not isinstance(level, int):
+                raise ValueError(f"level must be 0, 1 or 2, not {level!r}")
+            if not isinstance(mode, str) or not isinstance(release, bool):
+                raise ValueError("mode must be a string and release_kv a boolean")
+            return SleepPlan(self.supervisor, level, mode, release)
+
+        return await self._runbook_op(request, plan)
+
+    async def wake(self, request: web.Request) -> web.Response:
+        def plan(body: dict[str, Any]) -> WakePlan:
+            tags, reload = body.get("tags"), body.get("reload", False)
+            if tags is not None and not (isinstance(tags, list) and all(isinstance(t, str) for t in tags)):
+                raise ValueError(f"tags must be a list of strings, not {tags!r}")
+            if not isinstance(reload, bool):
+                raise ValueError("reload must be a boolean")
+            return WakePlan(self.supervisor, tags or None, reload)
+
+        return await self._runbook_op(request, plan)
+
+    async def reload(self, request: web.Request) -> web.Response:
+        def plan(body: dict[str, Any]) -> ReloadPlan:
+            mode = body.get("mode", "wait")
+            if not isinstance(mode, str):
+                raise ValueError("mode must be a string")
+            return ReloadPlan(self.supervisor, mode)
+
+        return await self._runbook_op(request, plan)
 
     async def operation(self, request: web.Request) -> web.Response:
         op = self.supervisor.operations.get(request.match_info["op_id"])

@@ -1,0 +1,131 @@
+"""The runbook's operation template as code: PRECHECK → REMOVE FROM ROUTING → DRAIN/POLICY → EXECUTE →
+VERIFY → POSTCHECK, with RECOVER/ROLLBACK run on any failure. A `RunbookPlan` supplies the steps;
+`Runbook.run` runs every one of them in this order (a plan cannot leave one out: a step that does
+not apply returns why, and that is recorded too) and writes each step's start, outcome and evidence
+to the operation log as a `runbook_step` record.
+
+PRECHECK runs before the operation is accepted, so a refused operation (`Refused`, HTTP 409) has
+changed nothing; its evidence is recorded as the first step once the operation runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from enum import StrEnum
+from typing import Any, Protocol
+
+Record = Callable[..., Any]  # OperationLog.append(record_type, **fields)
+Log = Callable[[str], None]
+Evidence = dict[str, Any]
+
+
+class Step(StrEnum):
+    PRECHECK = "precheck"
+    REMOVE_FROM_ROUTING = "remove_from_routing"
+    DRAIN_POLICY = "drain_policy"
+    EXECUTE = "execute"
+    VERIFY = "verify"
+    RECOVER = "recover"
+    POSTCHECK = "postcheck"
+
+
+ORDER = (Step.REMOVE_FROM_ROUTING, Step.DRAIN_POLICY, Step.EXECUTE, Step.VERIFY)
+
+
+class Refused(Exception):
+    """A precondition does not hold: the operation is not started and nothing changed (HTTP 409)."""
+
+
+class StepFailed(Exception):
+    """A step found that the operation cannot go on; `evidence` is what it saw."""
+
+    def __init__(self, message: str, **evidence: Any) -> None:
+        super().__init__(message)
+        self.evidence = evidence
+
+
+class OperationFailed(Exception):
+    """The operation failed at `step` and RECOVER ran; the message names both."""
+
+    def __init__(self, kind: str, step: Step, cause: str, recovered: Evidence) -> None:
+        super().__init__(f"{kind} failed at {step}: {cause}; recover: {recovered.get('outcome', '?')}")
+        self.step = step
+        self.cause = cause
+        self.recovered = recovered
+
+
+class RunbookPlan(Protocol):
+    kind: str
+
+    async def precheck(self) -> Evidence: ...
+    async def remove_from_routing(self) -> Evidence: ...
+    async def drain(self) -> Evidence: ...
+    async def execute(self) -> Evidence: ...
+    async def verify(self) -> Evidence: ...
+    async def recover(self, failed_step: Step, cause: str) -> Evidence: ...
+    async def postcheck(self) -> Evidence: ...
+
+
+class Runbook:
+    """Runs one plan under one operation id, recording every step."""
+
+    def __init__(self, plan: RunbookPlan, operation_id: str, record: Record, log: Log) -> None:
+        self.plan = plan
+        self.operation_id = operation_id
+        self._record = record
+        self._log = log
+        self.steps: list[dict[str, Any]] = []
+
+    def _note(self, step: Step, status: str, evidence: Evidence, started: float) -> None:
+        entry = {
+            "step": step.value,
+            "status": status,
+            "seconds": round(time.monotonic() - started, 4),
+            "evidence": evidence,
+        }
+        self.steps.append(entry)
+        self._record("runbook_step", operation_id=self.operation_id, kind=self.plan.kind, **entry)
+        self._log(f"{self.plan.kind} {self.operation_id}: {step} {status}")
+
+    async def _step(self, step: Step, body: Callable[[], Awaitable[Evidence]]) -> None:
+        started = time.monotonic()
+        try:
+            evidence = await body()
+        except StepFailed as exc:
+            self._note(step, "failed", {"error": str(exc), **exc.evidence}, started)
+            raise
+        except Exception as exc:
+            self._note(step, "failed", {"error": f"{type(exc).__name__}: {exc}"}, started)
+            raise StepFailed(f"{type(exc).__name__}: {exc}") from exc
+        self._note(step, "done", evidence, started)
+
+    async def run(self, precheck_evidence: Evidence) -> dict[str, Any]:
+        """Every step in order; on a failure RECOVER runs and `OperationFailed` is raised."""
+        self._note(Step.PRECHECK, "done", precheck_evidence, time.monotonic())
+        bodies = {
+            Step.REMOVE_FROM_ROUTING: self.plan.remove_from_routing,
+            Step.DRAIN_POLICY: self.plan.drain,
+            Step.EXECUTE: self.plan.execute,
+            Step.VERIFY: self.plan.verify,
+        }
+        for step in ORDER:
+            try:
+                await self._step(step, bodies[step])
+            except StepFailed as exc:
+                await self._recover(step, str(exc))
+        await self._step(Step.POSTCHECK, self.plan.postcheck)
+        return {"steps": self.steps}
+
+    async def _recover(self, failed_step: Step, cause: str) -> None:
+        started = time.monotonic()
+        try:
+            recovered = await self.plan.recover(failed_step, cause)
+            status = "done"
+        except Exception as exc:
+            recovered = {"outcome": f"recover itself failed: {type(exc).__name__}: {exc}"}
+            status = "failed"
+        self._note(
+            Step.RECOVER, status, {"failed_step": failed_step.value, "cause": cause, **recovered}, started
+        )
+        raise OperationFailed(self.plan.kind, failed_step, cause, recovered)
