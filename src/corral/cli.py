@@ -12,6 +12,7 @@ from corral.k8s_render.cli import k8s
 from corral.router.cli import router
 from corral.sim.cli import sim
 from corral.supervisor.cli import supervise
+from corral.supervisor.ops_cli import RUNBOOK_COMMANDS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -27,3 +28,5 @@ main.add_command(supervise)
 main.add_command(status)
 main.add_command(k8s)
 main.add_command(verify)
+for command in RUNBOOK_COMMANDS:
+    main.add_command(command)

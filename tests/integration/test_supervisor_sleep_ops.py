@@ -5,6 +5,8 @@ step named, and the engine is restarted in place. Real processes."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -187,3 +189,23 @@ def test_a_wake_that_fails_leaves_the_engine_failed_with_the_step_named(token_fi
         # RECOVER restarted the engine in place: a fresh engine, READY, awake
         wait_state(s, "READY")
         assert len(s.engine_pids()) == 2
+
+
+def corral(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "corral", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_cli_sleep_wake_and_a_refusal(sup: Supervised, token_file: str) -> None:
+    common = ("--supervisor", sup.url, "--token-file", token_file)
+    refused = corral("wake", *common)
+    assert refused.returncode == 2 and "not SLEEPING" in refused.stdout, refused
+    slept = corral("sleep", *common, "--level", "2", "--mode", "abort", "--operation-id", "cli-sleep")
+    assert slept.returncode == 0, slept
+    assert "verify: done" in slept.stdout and "cli-sleep succeeded" in slept.stdout, slept.stdout
+    assert corral("wake", *common).returncode == 2  # level 2 needs --reload
+    woke = corral("wake", *common, "--reload")
+    assert woke.returncode == 0, woke
+    assert state(sup)["state"] == "READY"
+    assert corral("reload", "--supervisor", sup.url).returncode == 2  # no token: 401
