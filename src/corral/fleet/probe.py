@@ -85,7 +85,7 @@ class EngineView:
 
     @property
     def evidence(self) -> dict[str, Any]:
-        value = (self.state or {}).get("evidence") or {}
+        value = (self.state or {}).get("engine_evidence") or {}
         return value if isinstance(value, dict) else {}
 
     def metric(self, name: str) -> list[tuple[str, float]]:

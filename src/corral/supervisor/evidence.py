@@ -1,7 +1,7 @@
 """Engine log lines that an operator must see after an operation, kept as evidence: a weight-cache
 fallback to disk, a fingerprint/cache-key mismatch, out-of-memory, a worker rank dying. The supervisor
-records each in the operation log and counts them in `/v1/state`; `corral verify` and `corral doctor`
-read them from there.
+records each in the operation log and counts them in `/v1/state` (`engine_evidence`); `corral verify`
+and `corral doctor` read them from there.
 """
 
 from __future__ import annotations

@@ -564,5 +564,5 @@ class EngineSupervisor:
             "sleep": self.sleep_status,
             "busy": self.busy,
             "bundle": self.bundle.to_json() if self.bundle is not None else None,
-            "evidence": self.evidence.to_json(),
+            "engine_evidence": self.evidence.to_json(),
         }
