@@ -83,6 +83,7 @@ class Endpoint:
         "state",
         "supervisor",
         "url",
+        "withdrawn_models",
     )
 
     def __init__(
@@ -105,6 +106,9 @@ class Endpoint:
         # Requests the router has sent here, counted when the endpoint is picked (before any I/O).
         self.requests_sent = 0
         self.models = models
+        # Models its supervisor has withdrawn from routing (a LoRA adapter about to be unloaded):
+        # not routed here although the engine still lists them.
+        self.withdrawn_models: frozenset[str] = frozenset()
         # The backend's own /v1/models entries, kept whole so the router's union keeps their fields.
         self.model_cards: tuple[dict[str, Any], ...] = ()
         # The membership source's view; `state`/`reason` combine it with the supervisor's (`settle`).

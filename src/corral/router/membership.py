@@ -116,6 +116,15 @@ class Membership:
             self._reindex()
         return endpoint
 
+    def withdraw_models(self, url: str, models: frozenset[str]) -> Endpoint | None:
+        """The endpoint's supervisor says which of its models must not be routed to it (now)."""
+        endpoint = self._endpoints.get(url)
+        if endpoint is not None and endpoint.withdrawn_models != models:
+            log.info("endpoint %s: models withdrawn by its supervisor: %s", url, sorted(models))
+            endpoint.withdrawn_models = models
+            self._reindex()
+        return endpoint
+
     def supervisor_changed(self, url: str, cause: str) -> Endpoint | None:
         """The endpoint's `SupervisorView` changed: recompute its routing state."""
         endpoint = self._endpoints.get(url)
@@ -165,7 +174,7 @@ class Membership:
     def _reindex(self) -> None:
         serving: dict[str, list[Endpoint]] = {}
         for endpoint in self._endpoints.values():
-            for model in endpoint.models:
+            for model in endpoint.models - endpoint.withdrawn_models:
                 serving.setdefault(model, []).append(endpoint)
         self._serving = {model: tuple(eps) for model, eps in serving.items()}
 

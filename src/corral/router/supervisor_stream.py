@@ -205,6 +205,7 @@ class SupervisorStreams:
         was_routable = endpoint.state is EngineState.READY
         self._membership.supervisor_changed(endpoint.url, cause=f"supervisor_{state.value.lower()}")
         if state is EngineState.READY:
+            self._apply_withdrawn(endpoint, view, line, epoch, received)
             return
         removal_latency = time.monotonic() - received
         if was_routable:
@@ -214,6 +215,26 @@ class SupervisorStreams:
         if first or not was_removed:
             task = asyncio.create_task(
                 self._acknowledge(endpoint, view, epoch, state, removal_latency),
+                name=f"corral-router-ack-{endpoint.url}-{epoch}",
+            )
+            self._acks.add(task)
+            task.add_done_callback(self._acks.discard)
+
+    def _apply_withdrawn(
+        self, endpoint: Endpoint, view: SupervisorView, line: dict[str, Any], epoch: int, received: float
+    ) -> None:
+        """A READY line names the models withdrawn from routing here (none when it does not say): a
+        LoRA adapter about to be unloaded. A new withdrawal is acknowledged like a removal."""
+        evidence = line.get("evidence")
+        listed = evidence.get("withdrawn_adapters") if isinstance(evidence, dict) else None
+        withdrawn = (
+            frozenset(m for m in listed if isinstance(m, str)) if isinstance(listed, list) else frozenset()
+        )
+        newly = withdrawn - endpoint.withdrawn_models
+        self._membership.withdraw_models(endpoint.url, withdrawn)
+        if newly:
+            task = asyncio.create_task(
+                self._acknowledge(endpoint, view, epoch, EngineState.READY, time.monotonic() - received),
                 name=f"corral-router-ack-{endpoint.url}-{epoch}",
             )
             self._acks.add(task)

@@ -30,6 +30,7 @@ from corral.openai_errors import error_response
 from corral.supervisor.drain import DrainPolicy
 from corral.supervisor.lifecycle import EngineSupervisor
 from corral.supervisor.operations import Operation, OperationConflict
+from corral.supervisor.ops.lora import LoadAdapterPlan, UnloadAdapterPlan
 from corral.supervisor.ops.reload import ReloadPlan
 from corral.supervisor.ops.run import start_operation
 from corral.supervisor.ops.sleep import SleepPlan
@@ -83,6 +84,8 @@ class SupervisorAPI:
         app.router.add_post("/v1/sleep", self.sleep)
         app.router.add_post("/v1/wake", self.wake)
         app.router.add_post("/v1/reload", self.reload)
+        app.router.add_post("/v1/lora/load", self.lora_load)
+        app.router.add_post("/v1/lora/unload", self.lora_unload)
         app.on_shutdown.append(self._on_shutdown)
         return app
 
@@ -330,6 +333,16 @@ class SupervisorAPI:
             return ReloadPlan(self.supervisor, mode)
 
         return await self._runbook_op(request, plan)
+
+    async def lora_load(self, request: web.Request) -> web.Response:
+        return await self._runbook_op(
+            request, lambda body: LoadAdapterPlan(self.supervisor, body.get("name"), body.get("path"))
+        )
+
+    async def lora_unload(self, request: web.Request) -> web.Response:
+        return await self._runbook_op(
+            request, lambda body: UnloadAdapterPlan(self.supervisor, body.get("name"))
+        )
 
     async def operation(self, request: web.Request) -> web.Response:
         op = self.supervisor.operations.get(request.match_info["op_id"])

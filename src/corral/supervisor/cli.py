@@ -19,6 +19,7 @@ from aiohttp import web
 
 from corral.aio import run as run_on_uvloop
 from corral.state_home import corral_state_dir
+from corral.supervisor.adapters import AdapterSpecError, parse_lora
 from corral.supervisor.config import SupervisorConfig, is_loopback
 from corral.supervisor.drain import DrainPolicy, DrainSettings
 from corral.supervisor.gates import DependencyGate, GateSpecError, parse_gate
@@ -165,6 +166,13 @@ _seconds = click.FloatRange(min=0.0)
     default=None,
     help="Bearer token for the management API (else $CORRAL_TOKEN).",
 )
+@click.option(
+    "--lora",
+    "lora",
+    multiple=True,
+    metavar="NAME=PATH",
+    help="A LoRA adapter the engine must serve; loaded after every engine (re)start, before READY.",
+)
 @click.argument("engine_command", nargs=-1, type=click.UNPROCESSED)
 def run_command(
     host: str,
@@ -185,11 +193,16 @@ def run_command(
     shutdown_timeout: float,
     state_dir: Path | None,
     token_file: Path | None,
+    lora: tuple[str, ...],
     engine_command: tuple[str, ...],
 ) -> None:
     """Start ENGINE COMMAND once its dependencies are up, report it ready only once it serves, and
     drain it before it stops."""
     gates = _parse_gates(wait_for)
+    try:
+        adapters = tuple(parse_lora(spec) for spec in lora)
+    except AdapterSpecError as exc:
+        _bad_input(str(exc))
     _check_engine_command(engine_command)
     token = read_token(token_file)
     if token is None and not is_loopback(host):
@@ -219,6 +232,7 @@ def run_command(
         ),
         state_dir=state_dir or _default_state_dir(port),
         token=token,
+        lora=adapters,
     )
     sys.exit(run_on_uvloop(_serve(config)))
 

@@ -37,6 +37,7 @@ class SupervisorConfig:
     drain: DrainSettings = field(default_factory=DrainSettings)
     state_dir: Path = Path(".corral-supervisor")
     token: str | None = None
+    lora: tuple[tuple[str, str], ...] = ()  # desired LoRA adapters (name, path), loaded after every start
 
     @property
     def management_enabled(self) -> bool:

@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 
 from corral.child_process import LineSink
+from corral.supervisor.adapters import AdapterCallFailed, AdapterSet, EngineAdapters, reconcile
 from corral.supervisor.bundle import Bundle, read_bundle
 from corral.supervisor.config import SupervisorConfig
 from corral.supervisor.drain import Drainer, DrainPolicy, DrainReport
@@ -77,6 +78,7 @@ class EngineSupervisor:
         # set by the runbook operations (corral.supervisor.ops): what the engine's sleep is, and
         # which operation holds the engine now (one at a time)
         self.sleep_status: dict[str, Any] | None = None
+        self.adapters = AdapterSet(desired=dict(config.lora))
         self.busy: str | None = None
         self.stall_watch: StallWatch | None = None
         self.exit_requested = asyncio.Event()
@@ -241,6 +243,19 @@ class EngineSupervisor:
         self._to(S.STARTING, f"restarting in place after: {reason}", StartingPhase.RESTARTING)
         self.start()
 
+    async def _reconcile_adapters(self) -> str | None:
+        """Load the desired LoRA adapters the (re)started engine lacks, before it is READY; the
+        failure's reason when one cannot be loaded (a path or name no restart will fix)."""
+        if not self.adapters.desired:
+            return None
+        try:
+            result = await reconcile(EngineAdapters(self.session, self.config.engine_url), self.adapters)
+        except AdapterCallFailed as exc:
+            self.oplog.append("adapters_reconciled", error=str(exc))
+            return f"desired LoRA adapters could not be loaded: {exc}"
+        self.oplog.append("adapters_reconciled", **result)
+        return None
+
     def _fail_for_good(self, reason: str, **evidence: Any) -> None:
         self.unrecoverable = reason
         self._to(S.FAILED, reason, "gave_up", recoverable=False, **evidence)
@@ -295,6 +310,11 @@ class EngineSupervisor:
                 if exc is not None:
                     raise exc
                 smoke = ready_task.result()
+                adapters_failed = await self._reconcile_adapters()
+                if adapters_failed is not None:
+                    await self._stop_engine(self.config.drain.shutdown_timeout, adapters_failed)
+                    self._fail_for_good(adapters_failed)
+                    return False
                 self.bundle = await read_bundle(self.session, self.config.engine_url, self.config.engine_argv)
                 self.oplog.append("bundle", **self.bundle.to_json())
                 self._to(
@@ -302,6 +322,7 @@ class EngineSupervisor:
                     "health 200, model listed, smoke completion answered",
                     None,
                     bundle=self.bundle.fingerprint,
+                    adapters=list(self.adapters.served),
                     **smoke.to_json(),
                 )
                 return True
@@ -562,6 +583,7 @@ class EngineSupervisor:
             "drain": self.drain_report.to_json() if self.drain_report else None,
             "routers": self.routers.to_json(),
             "sleep": self.sleep_status,
+            "adapters": self.adapters.to_json(),
             "busy": self.busy,
             "bundle": self.bundle.to_json() if self.bundle is not None else None,
             "engine_evidence": self.evidence.to_json(),

@@ -1,0 +1,91 @@
+"""The diagnosis tree on supervisor states the simulator cannot easily produce (rank failure, OOM,
+loading, a dependency gate, a wrong model, a fingerprint mismatch)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from corral.fleet.doctor import diagnose_engine
+from corral.fleet.probe import EngineView
+
+
+def engine(state: dict[str, Any], health: int | None = 200, **extra: Any) -> EngineView:
+    return EngineView("e0", "http://sup", "http://eng", state=state, health=health, **extra)
+
+
+def branch(view: EngineView) -> str:
+    return asyncio.run(diagnose_engine(view, 0.1)).branch
+
+
+@pytest.mark.parametrize(
+    ("state", "expected"),
+    [
+        (
+            {
+                "state": "STARTING",
+                "sub_state": "waiting_dependencies",
+                "reason": "waiting for 1 dependencies",
+            },
+            "not-ready/dependency",
+        ),
+        (
+            {
+                "state": "STARTING",
+                "sub_state": "loading_model",
+                "reason": "engine log: Starting to load model",
+            },
+            "not-ready/loading",
+        ),
+        (
+            {
+                "state": "FAILED",
+                "reason": "engine exited with code 1 during startup (loading_model)",
+                "evidence": {"last_lines": ["(Worker_TP1 pid=9) ERROR WorkerProc hit an exception"]},
+            },
+            "not-ready/rank-failure",
+        ),
+        (
+            {
+                "state": "FAILED",
+                "reason": "engine not ready within --startup-timeout 5s (stuck in loading_model)",
+            },
+            "not-ready/loading-past-startup-budget",
+        ),
+        (
+            {"state": "FAILED", "reason": "engine serves 'a', not the expected 'b'"},
+            "requests-failing/stale-identity",
+        ),
+        (
+            {"state": "FAILED", "reason": "engine stalled: 3 requests running and no token generated"},
+            "requests-failing/hang",
+        ),
+        ({"state": "DRAINING", "sub_state": "waiting_in_flight", "reason": "drain"}, "not-ready/draining"),
+    ],
+)
+def test_not_running_branches(state: dict[str, Any], expected: str) -> None:
+    assert branch(engine(state)) == expected
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ("oom", "memory/oom"),
+        ("fingerprint", "preload/fingerprint-mismatch"),
+        ("rank", "not-ready/rank-failure"),
+    ],
+)
+def test_evidence_branches_of_a_ready_engine(kind: str, expected: str) -> None:
+    state = {"state": "READY", "reason": "ok", "engine_evidence": {kind: {"count": 1, "last": ["line"]}}}
+    assert branch(engine(state, sleeping=False)) == expected
+
+
+def test_a_ready_engine_that_does_not_answer_health_is_dead() -> None:
+    assert branch(engine({"state": "READY", "reason": "ok"}, health=None)) == "process-dead/engine"
+
+
+def test_an_unreachable_supervisor() -> None:
+    view = EngineView("e0", "http://sup", None, state=None, state_error="supervisor unreachable")
+    assert branch(view) == "process-dead/supervisor"
