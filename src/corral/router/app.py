@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-import aiohttp
 import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -27,6 +26,7 @@ from corral.router.scoring.config import RoutingConfig
 from corral.router.scoring.selector import Routing
 from corral.router.static_source import StaticSource
 from corral.router.supervisor_stream import StreamSettings, SupervisorStreams, default_router_id
+from corral.router.upstream import UpstreamClient
 
 # POST paths served by vLLM outside /v1 that are per-request inference, hence routable.
 ROOT_INFERENCE_PATHS = (
@@ -150,19 +150,9 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     routing = Routing(config.policy, config.routing, config.session_header, membership.endpoints)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                limit=0, limit_per_host=0, keepalive_timeout=4.0, ttl_dns_cache=300
-            ),
-            # sock_read bounds every silence of the backend: before the first byte (then the
-            # proxy ejects and retries) and between chunks (then the stream ends with an error).
-            timeout=aiohttp.ClientTimeout(
-                total=None, sock_connect=config.connect_timeout, sock_read=config.request_timeout
-            ),
-            auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            skip_auto_headers=("Accept-Encoding", "User-Agent"),
-        )
+        # the read timeout bounds every silence of the backend: before the first byte (then the
+        # proxy ejects and retries) and between chunks (then the stream ends with an error).
+        session = UpstreamClient(connect_timeout=config.connect_timeout, read_timeout=config.request_timeout)
         holder["proxy"] = Proxy(
             membership,
             routing.policy,
@@ -177,7 +167,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             source = await build_source(config, membership, metrics, pod_api)
         except BaseException:
             await streams.stop()
-            await session.close()
+            session.close()
             raise
         await source.start()
         await routing.start()
@@ -187,7 +177,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             await routing.stop()
             await source.stop()
             await streams.stop()
-            await session.close()
+            session.close()
 
     app.cleanup_ctx.append(lifecycle)
 

@@ -16,11 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import uuid4
 
-import aiohttp
 import orjson
 from aiohttp import web
 from multidict import CIMultiDict
-from yarl import URL
 
 from corral.openai_errors import error_response, sse_error_event
 from corral.router.endpoint import Endpoint
@@ -28,6 +26,7 @@ from corral.router.membership import Membership
 from corral.router.metrics import RouterMetrics
 from corral.router.policies import Policy, RouteRequest
 from corral.router.retry_budget import RetryBudget, RetryBudgetConfig
+from corral.router.upstream import UpstreamClient, UpstreamResponse
 
 log = logging.getLogger("corral.router.proxy")
 
@@ -50,9 +49,8 @@ HOP_BY_HOP = frozenset(
 RESPONSE_SKIP = HOP_BY_HOP | {"server", "date", "x-request-id"}
 
 # Everything that means "this endpoint did not answer": refused, reset, timed out, cut off.
-UPSTREAM_FAILURES = (aiohttp.ClientError, TimeoutError, ConnectionError)
+UPSTREAM_FAILURES = (TimeoutError, ConnectionError)  # UpstreamError is a ConnectionError
 
-URL_CACHE_SIZE = 1024
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request", used only in metrics
 
 
@@ -69,16 +67,15 @@ class Proxy:
         self,
         membership: Membership,
         policy: Policy,
-        session: aiohttp.ClientSession,
+        upstream: UpstreamClient,
         metrics: RouterMetrics,
         config: ProxyConfig,
     ) -> None:
         self._membership = membership
         self._policy = policy
-        self._session = session
+        self._upstream = upstream
         self._metrics = metrics
         self._config = config
-        self._urls: dict[tuple[str, str], URL] = {}
         self._budget = RetryBudget(config.retry_budget)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -131,18 +128,24 @@ class Proxy:
                 return known[0], payload, None  # vLLM serves its only model when none is named
             if not known:
                 return None, payload, self._unavailable("", "no endpoint has answered yet")
-            return None, payload, _bad_request(
-                f"The request names no `model` and the fleet serves {len(known)}: "
-                f"{', '.join(sorted(known))}. Name one.",
-                "model",
+            return (
+                None,
+                payload,
+                _bad_request(
+                    f"The request names no `model` and the fleet serves {len(known)}: "
+                    f"{', '.join(sorted(known))}. Name one.",
+                    "model",
+                ),
             )
         if not isinstance(model, str):
             return None, payload, _bad_request("`model` must be a string.", "model")
         if not membership.knows(model):
             if not membership.known_models():
                 return model, payload, self._unavailable(model, "no endpoint has answered yet")
-            return model, payload, error_response(
-                404, f"The model `{model}` does not exist.", "NotFoundError", "model"
+            return (
+                model,
+                payload,
+                error_response(404, f"The model `{model}` does not exist.", "NotFoundError", "model"),
             )
         return model, payload, None
 
@@ -167,15 +170,6 @@ class Proxy:
 
     # -- forwarding -------------------------------------------------------------------------
 
-    def _url(self, endpoint: Endpoint, raw_path: str) -> URL:
-        key = (endpoint.url, raw_path)
-        url = self._urls.get(key)
-        if url is None:
-            if len(self._urls) >= URL_CACHE_SIZE:
-                self._urls.clear()
-            url = self._urls[key] = URL(endpoint.url + raw_path, encoded=True)
-        return url
-
     async def _forward(
         self,
         request: web.Request,
@@ -198,20 +192,17 @@ class Proxy:
             endpoint.in_flight += 1
             endpoint.dispatching += 1  # until the engine answers: a removal's ack waits for this
             dispatching = True
-            upstream: aiohttp.ClientResponse | None = None
+            upstream: UpstreamResponse | None = None
             try:
                 # Everything up to the first byte for the client may be retried elsewhere.
                 try:
-                    upstream = await self._session.request(
-                        request.method,
-                        self._url(endpoint, request.raw_path),
-                        data=body,
-                        headers=upstream_headers,
+                    upstream = await self._upstream.request(
+                        endpoint.url, request.method, request.raw_path, upstream_headers.items(), body
                     )
                     endpoint.dispatching -= 1
                     dispatching = False
                     streaming = upstream.content_type == "text/event-stream"
-                    first = await upstream.content.readany() if streaming else await upstream.read()
+                    first = await upstream.readany() if streaming else await upstream.read()
                 except UPSTREAM_FAILURES as exc:
                     last_failure = f"{endpoint.url}: {_describe(exc)}"
                     self._eject(endpoint, last_failure, request_id, attempt)
@@ -249,7 +240,7 @@ class Proxy:
     async def _relay(
         self,
         request: web.Request,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamResponse,
         first: bytes,
         status: int,
         headers: CIMultiDict[str],
@@ -266,7 +257,7 @@ class Proxy:
         await answer.write(first)
         metrics.ttft.observe(time.perf_counter() - start)
         code = status
-        content = upstream.content
+        content = upstream
         while True:
             try:
                 chunk = await content.readany()
@@ -314,8 +305,8 @@ class Proxy:
             )
 
 
-def _response_headers(upstream: aiohttp.ClientResponse, request_id: str) -> CIMultiDict[str]:
-    headers = CIMultiDict([(k, v) for k, v in upstream.headers.items() if k.lower() not in RESPONSE_SKIP])
+def _response_headers(upstream: UpstreamResponse, request_id: str) -> CIMultiDict[str]:
+    headers = CIMultiDict([(k, v) for k, v in upstream.headers if k.lower() not in RESPONSE_SKIP])
     headers["X-Request-Id"] = request_id
     return headers
 

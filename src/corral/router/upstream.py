@@ -1,0 +1,349 @@
+"""The proxy's upstream HTTP/1.1 client: pooled keep-alive connections per engine, answers parsed by
+llhttp (`httptools`), bodies handed over chunk by chunk as they arrive.
+
+It does only what the data path needs — send one request with a known body, read the status and
+headers, then the body (content-length, chunked, or until close) — so a request costs a fraction of
+a general-purpose client's bookkeeping. Failures surface as `UpstreamError` (a ConnectionError) or
+`TimeoutError`; both mean "this engine did not answer", which the proxy retries before the first byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+# Past this many unread body bytes the connection stops reading until the proxy catches up.
+HIGH_WATER = 1 << 20
+LOW_WATER = HIGH_WATER // 4
+
+
+class UpstreamError(ConnectionError):
+    """The engine refused, reset, closed early, or answered something that is not HTTP/1.1."""
+
+
+class UpstreamResponse:
+    """One answer: status and headers once they arrived, then the body as chunks."""
+
+    __slots__ = (
+        "_buffered",
+        "_chunks",
+        "_conn",
+        "_done",
+        "_error",
+        "_read_timeout",
+        "_waiter",
+        "content_type",
+        "headers",
+        "status",
+    )
+
+    def __init__(self, conn: _Connection, read_timeout: float | None) -> None:
+        self._conn = conn
+        self._read_timeout = read_timeout
+        self._chunks: deque[bytes] = deque()
+        self._buffered = 0
+        self._done = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self.status = 0
+        self.headers: list[tuple[str, str]] = []
+        self.content_type = ""
+
+    # -- fed by the connection ---------------------------------------------------------------
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _feed(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._buffered += len(data)
+        if self._buffered > HIGH_WATER:
+            self._conn.pause()
+        self._wake()
+
+    def _finish(self) -> None:
+        self._done = True
+        self._wake()
+
+    def _fail(self, error: BaseException) -> None:
+        if not self._done and self._error is None:
+            self._error = error
+            self._wake()
+
+    # -- read by the proxy -------------------------------------------------------------------
+
+    async def _wait(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            if self._read_timeout is None:
+                await self._waiter
+            else:
+                async with asyncio.timeout(self._read_timeout):
+                    await self._waiter
+        finally:
+            self._waiter = None
+
+    async def readany(self) -> bytes:
+        """The next body bytes as they came (b"" at the end); waits at most the read timeout."""
+        while True:
+            if self._chunks:
+                data = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._drain())
+                self._buffered -= len(data)
+                if self._buffered < LOW_WATER:
+                    self._conn.resume()
+                return data
+            if self._error is not None:
+                raise self._error
+            if self._done:
+                return b""
+            await self._wait()
+
+    def _drain(self) -> Iterable[bytes]:
+        while self._chunks:
+            yield self._chunks.popleft()
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        parts = []
+        while chunk := await self.readany():
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        """Give the connection back for reuse when the answer ended cleanly, else close it."""
+        self._conn.release(reusable=self._done and self._error is None and not self._chunks)
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection to an engine, carrying one request at a time."""
+
+    def __init__(self, pool: _Pool) -> None:
+        self._pool = pool
+        self._transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._response: UpstreamResponse | None = None
+        self._header_list: list[tuple[str, str]] = []
+        self._headers_waiter: asyncio.Future[None] | None = None
+        self._received = False
+        self._paused = False
+        self.closed = False
+        self.idle_since = 0.0
+        self.uses = 0
+
+    # -- asyncio.Protocol --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        self._received = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._abort(UpstreamError(f"unparseable answer: {exc}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._transport = None
+        self._fail(UpstreamError(f"connection closed before the answer ended ({exc or 'EOF'})"))
+
+    # -- httptools callbacks -----------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_list.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        response = self._response
+        if response is None:
+            return
+        response.status = self._parser.get_status_code()
+        response.headers = self._header_list
+        for name, value in self._header_list:
+            if name.lower() == "content-type":
+                response.content_type = value.split(";", 1)[0].strip().lower()
+                break
+        waiter = self._headers_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        if self._response is not None:
+            self._response._feed(body)
+
+    def on_message_complete(self) -> None:
+        response = self._response
+        if response is not None:
+            response._finish()
+        if not self._parser.should_keep_alive():
+            self.closed = True  # the engine will close it: never reuse
+
+    # -- used by the client ------------------------------------------------------------------
+
+    def _fail(self, error: BaseException) -> None:
+        waiter = self._headers_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(error)
+        if self._response is not None:
+            self._response._fail(error)
+
+    def _abort(self, error: BaseException) -> None:
+        self._fail(error)
+        self.close()
+
+    def pause(self) -> None:
+        if not self._paused and self._transport is not None:
+            self._paused = True
+            self._transport.pause_reading()
+
+    def resume(self) -> None:
+        if self._paused and self._transport is not None:
+            self._paused = False
+            self._transport.resume_reading()
+
+    def close(self) -> None:
+        self.closed = True
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
+
+    async def send(self, request: bytes, read_timeout: float | None) -> UpstreamResponse:
+        """Write one request and wait for the answer's status and headers."""
+        if self._transport is None or self.closed:
+            raise UpstreamError("connection already closed")
+        self.uses += 1
+        self._received = False
+        self._header_list = []
+        response = UpstreamResponse(self, read_timeout)
+        self._response = response
+        self._headers_waiter = asyncio.get_running_loop().create_future()
+        self._transport.write(request)
+        try:
+            if read_timeout is None:
+                await self._headers_waiter
+            else:
+                async with asyncio.timeout(read_timeout):
+                    await self._headers_waiter
+        finally:
+            self._headers_waiter = None
+        return response
+
+    @property
+    def answered_anything(self) -> bool:
+        return self._received
+
+    def release(self, reusable: bool) -> None:
+        self._response = None
+        self.resume()
+        if reusable and not self.closed:
+            self._parser = httptools.HttpResponseParser(self)
+            self._pool.put_back(self)
+        else:
+            self.close()
+
+
+class _Pool:
+    """Idle keep-alive connections to one engine, newest first; stale ones are dropped on take."""
+
+    def __init__(self, host: str, port: int, keepalive: float) -> None:
+        self.host = host
+        self.port = port
+        self.keepalive = keepalive
+        self.idle: deque[_Connection] = deque()
+
+    def take(self) -> _Connection | None:
+        now = time.monotonic()
+        while self.idle:
+            conn = self.idle.pop()
+            if not conn.closed and now - conn.idle_since < self.keepalive:
+                return conn
+            conn.close()
+        return None
+
+    def put_back(self, conn: _Connection) -> None:
+        conn.idle_since = time.monotonic()
+        self.idle.append(conn)
+
+    def close(self) -> None:
+        while self.idle:
+            self.idle.pop().close()
+
+
+class UpstreamClient:
+    """Sends the proxy's requests to engines over pooled HTTP/1.1 keep-alive connections.
+
+    `keepalive` stays below the engines' own idle timeout (uvicorn's is 5 s) so the client, not the
+    engine, closes an idle connection; a reused connection that the engine closed anyway before
+    answering a byte is retried once on a fresh connection, as no engine saw that request.
+    """
+
+    def __init__(
+        self, connect_timeout: float | None, read_timeout: float | None, keepalive: float = 4.0
+    ) -> None:
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
+        self._keepalive = keepalive
+        self._pools: dict[str, _Pool] = {}
+
+    def _pool(self, base_url: str) -> _Pool:
+        pool = self._pools.get(base_url)
+        if pool is None:
+            parts = urlsplit(base_url)
+            if parts.scheme != "http" or not parts.hostname:
+                raise UpstreamError(f"{base_url}: only http:// engine URLs are supported")
+            pool = _Pool(parts.hostname, parts.port or 80, self._keepalive)
+            self._pools[base_url] = pool
+        return pool
+
+    async def _connect(self, pool: _Pool) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            if self._connect_timeout is None:
+                _, conn = await loop.create_connection(lambda: _Connection(pool), pool.host, pool.port)
+            else:
+                async with asyncio.timeout(self._connect_timeout):
+                    _, conn = await loop.create_connection(lambda: _Connection(pool), pool.host, pool.port)
+        except OSError as exc:
+            raise UpstreamError(f"cannot connect to {pool.host}:{pool.port}: {exc.strerror or exc}") from exc
+        return conn
+
+    async def request(
+        self, base_url: str, method: str, raw_path: str, headers: Iterable[tuple[str, str]], body: bytes
+    ) -> UpstreamResponse:
+        """Send `method raw_path` with `body` to the engine at `base_url`; returns once the status and
+        headers arrived. `headers` must not carry Host, Content-Length or hop-by-hop headers."""
+        pool = self._pool(base_url)
+        head = [f"{method} {raw_path} HTTP/1.1\r\nHost: {pool.host}:{pool.port}\r\n"]
+        head.extend(f"{name}: {value}\r\n" for name, value in headers)
+        head.append(f"Content-Length: {len(body)}\r\n\r\n")
+        request = "".join(head).encode("latin-1") + body
+        conn = pool.take()
+        if conn is not None:
+            try:
+                return await conn.send(request, self._read_timeout)
+            except UpstreamError:
+                conn.close()
+                if conn.answered_anything:
+                    raise
+                # the engine closed this idle connection as we reused it: it never saw the request
+            except BaseException:
+                conn.close()
+                raise
+        conn = await self._connect(pool)
+        try:
+            return await conn.send(request, self._read_timeout)
+        except BaseException:
+            conn.close()
+            raise
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
