@@ -27,6 +27,7 @@ from corral.router.scoring.selector import Routing
 from corral.router.static_source import StaticSource
 from corral.router.supervisor_stream import StreamSettings, SupervisorStreams, default_router_id
 from corral.router.upstream import UpstreamClient
+from corral.router.wake_on_demand import WakeOnDemand
 
 # POST paths served by vLLM outside /v1 that are per-request inference, hence routable.
 ROOT_INFERENCE_PATHS = (
@@ -75,6 +76,7 @@ class RouterConfig:
     connect_timeout: float = 5.0
     probe_timeout: float = 2.0
     streams: StreamSettings = field(default_factory=lambda: StreamSettings(router_id=default_router_id()))
+    wake_hold_seconds: float = 0.0  # > 0: wake a sleeping model's engine on demand (wake_on_demand)
 
 
 class MembershipSource(Protocol):
@@ -162,6 +164,10 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
                 config.max_retries, config.eject_seconds, config.models_refresh_seconds, config.retry_budget
             ),
         )
+        if config.wake_hold_seconds > 0:
+            holder["proxy"].wake_on_demand = WakeOnDemand(
+                membership, config.streams.token, config.wake_hold_seconds
+            )
         await streams.start()
         try:
             source = await build_source(config, membership, metrics, pod_api)

@@ -97,6 +97,14 @@ def read_supervisor_token(path: Path | None) -> str | None:
     "endpoint unroutable until it is back.",
 )
 @click.option(
+    "--wake-hold-seconds",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0.0),
+    help="When every engine of a model is SLEEPING, ask a supervisor to wake one and hold the request "
+    "this long for it (0: no wake on demand; the request gets 503 with Retry-After).",
+)
+@click.option(
     "--backends-file",
     type=click.Path(dir_okay=False, path_type=Path),
     help="File with one engine URL per line, read again whenever it changes. Discovery `file`.",
@@ -211,6 +219,7 @@ def router(
     supervisor_token_file: Path | None,
     router_id: str | None,
     supervisor_heartbeat: float,
+    wake_hold_seconds: float,
     backends_file: Path | None,
     discovery: str | None,
     namespace: str | None,
@@ -278,6 +287,7 @@ def router(
         streams=StreamSettings(
             router_id=router_id or default_router_id(), token=token, heartbeat_seconds=supervisor_heartbeat
         ),
+        wake_hold_seconds=wake_hold_seconds,
         backends_file=backends_file,
         kubernetes=kubernetes,
         probe_timeout=probe_timeout,

@@ -27,6 +27,7 @@ from corral.router.metrics import RouterMetrics
 from corral.router.policies import Policy, RouteRequest
 from corral.router.retry_budget import RetryBudget, RetryBudgetConfig
 from corral.router.upstream import UpstreamClient, UpstreamResponse
+from corral.router.wake_on_demand import WakeOnDemand
 
 log = logging.getLogger("corral.router.proxy")
 
@@ -63,6 +64,8 @@ class ProxyConfig:
 
 
 class Proxy:
+    wake_on_demand: WakeOnDemand | None = None  # set by the app with --wake-hold-seconds
+
     def __init__(
         self,
         membership: Membership,
@@ -87,6 +90,8 @@ class Proxy:
         if problem is not None:
             return self._reject(problem, model or "", request_id, start)
         assert model is not None
+        if self.wake_on_demand is not None:
+            await self.wake_on_demand.hold(model)
 
         upstream_headers = CIMultiDict(
             [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]

@@ -1,0 +1,102 @@
+"""Wake on demand: with every engine of the model SLEEPING, requests through a router with
+`--wake-hold-seconds` trigger one wake at the supervisor (however many requests and routers ask) and
+are held until the engine is READY again; a router whose hold is too short answers 503 with
+Retry-After. Real processes: a supervised `corral sim` in dev mode and two routers."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+
+from tests.integration.test_supervisor_confirmed_drain import wait_until
+from tests.integration.test_supervisor_support import Supervised, http_json, kill_leftovers, start_supervised
+from tests.support.procs import CorralProcess, free_port
+from tests.support.streams import stream_once
+
+DEV = {"VLLM_SERVER_DEV_MODE": "1"}
+SIM_ARGS = ("--enable-sleep-mode", "--itl-ms", "5")
+BODY = {"model": "sim-model", "prompt": "wake up", "max_tokens": 6, "stream": True}
+
+
+def start_router(name: str, sup: Supervised, hold: str) -> tuple[CorralProcess, str]:
+    port = free_port()
+    proc = CorralProcess(
+        [
+            "router",
+            "--port",
+            str(port),
+            "--router-id",
+            name,
+            "--supervisor-heartbeat",
+            "0.5",
+            "--wake-hold-seconds",
+            hold,
+            "--supervised",
+            f"{sup.engine_url}={sup.url}",
+        ]
+    )
+    url = f"http://127.0.0.1:{port}"
+    proc.wait_http(url + "/health")
+    return proc, url
+
+
+def routable(router_url: str) -> bool:
+    endpoints = http_json(router_url + "/v1/fleet")[1]["endpoints"]
+    return len(endpoints) == 1 and endpoints[0]["routable"]
+
+
+def wakes(sup: Supervised) -> list[dict[str, Any]]:
+    return [o for o in sup.state()["operations"] if o["kind"] == "wake"]
+
+
+def sleep(sup: Supervised) -> None:
+    status, op = http_json(sup.url + "/v1/sleep", "POST", {"level": 1})
+    assert status == 202, op
+    sup.wait_state("SLEEPING", 30)
+
+
+async def test_requests_for_a_sleeping_model_wake_it_once_and_are_held() -> None:
+    sup = start_supervised(sim_args=SIM_ARGS, sup_args=("--quiet-period", "0.3"), env=DEV)
+    routers: list[CorralProcess] = []
+    try:
+        await asyncio.to_thread(sup.wait_state, "READY", 30)
+        holding, holding_url = start_router("holding", sup, "20")
+        impatient, impatient_url = start_router("impatient", sup, "0.01")
+        routers = [holding, impatient]
+        for url in (holding_url, impatient_url):
+            await wait_until(lambda url=url: routable(url), 15, f"endpoint routable via {url}")
+
+        await asyncio.to_thread(sleep, sup)
+        for url in (holding_url, impatient_url):
+            await wait_until(lambda url=url: not routable(url), 10, f"endpoint out of routing via {url}")
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            outcomes = await asyncio.gather(
+                *(stream_once(session, holding_url + "/v1/completions", BODY) for _ in range(6))
+            )
+        assert [o.kind for o in outcomes] == ["completed"] * 6, [o.detail for o in outcomes]
+        (wake,) = wakes(sup)  # six held requests, one wake
+        assert wake["operation_id"].startswith("wake-on-demand-") and wake["status"] == "succeeded", wake
+        assert sup.state()["state"] == "READY"
+
+        await wait_until(
+            lambda: routable(impatient_url), 10, "endpoint routable again via the impatient router"
+        )
+        await asyncio.to_thread(sleep, sup)
+        await wait_until(lambda: not routable(impatient_url), 10, "endpoint out of routing again")
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(impatient_url + "/v1/completions", json={**BODY, "stream": False}) as resp,
+        ):
+            assert resp.status == 503, await resp.text()
+            assert int(resp.headers["Retry-After"]) >= 1
+        # the short hold still asked for the wake: the engine comes back for the next request
+        await asyncio.to_thread(sup.wait_state, "READY", 30)
+        assert len(wakes(sup)) == 2
+    finally:
+        for proc in routers:
+            proc.stop()
+        pids = sup.engine_pids()
+        sup.proc.stop(grace=20)
+        kill_leftovers(pids)
