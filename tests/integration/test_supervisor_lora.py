@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -105,11 +107,26 @@ async def test_adapter_unload_under_load_and_desired_set_after_restart(tmp_path:
         status, body = http_json(victim.url + "/v1/lora/unload", "POST", {"name": "adapter-a"})
         assert status == 409 and "not loaded" in body["error"]["message"], body
 
-        # a runtime load joins the desired set
-        op = await asyncio.to_thread(
-            run_op, keeper, "/v1/lora/load", {"name": "adapter-b", "path": str(other_dir)}
+        # a runtime load (here through the CLI) joins the desired set
+        loaded = await asyncio.to_thread(
+            subprocess.run,
+            [
+                sys.executable,
+                "-m",
+                "corral",
+                "lora",
+                "load",
+                "--supervisor",
+                keeper.url,
+                "adapter-b",
+                str(other_dir),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
         )
-        assert op["status"] == "succeeded", op
+        assert loaded.returncode == 0 and "succeeded" in loaded.stdout, loaded
         assert sorted(keeper.state()["adapters"]["desired"]) == ["adapter-a", "adapter-b"]
 
         # the keeper's engine dies: the restarted engine is READY only with both adapters loaded again

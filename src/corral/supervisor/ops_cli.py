@@ -146,4 +146,47 @@ def reload_command(
     _run(supervisor_url, "/v1/reload", _with_id({"mode": mode}, operation_id), token_file, timeout)
 
 
-RUNBOOK_COMMANDS = (sleep_command, wake_command, reload_command)
+@click.group(name="lora")
+def lora_group() -> None:
+    """Load or unload a LoRA adapter on a supervised engine (`corral lora load|unload`)."""
+
+
+@lora_group.command(name="load")
+@_supervisor
+@_token_file
+@_op_id
+@_timeout
+@click.argument("name")
+@click.argument("path")
+def lora_load_command(
+    supervisor_url: str,
+    token_file: Path | None,
+    operation_id: str | None,
+    timeout: float,
+    name: str,
+    path: str,
+) -> None:
+    """Load adapter NAME from PATH; it joins the desired set reloaded after every engine restart."""
+    _run(
+        supervisor_url,
+        "/v1/lora/load",
+        _with_id({"name": name, "path": path}, operation_id),
+        token_file,
+        timeout,
+    )
+
+
+@lora_group.command(name="unload")
+@_supervisor
+@_token_file
+@_op_id
+@_timeout
+@click.argument("name")
+def lora_unload_command(
+    supervisor_url: str, token_file: Path | None, operation_id: str | None, timeout: float, name: str
+) -> None:
+    """Withdraw adapter NAME from routing, wait for its requests to finish, then unload it."""
+    _run(supervisor_url, "/v1/lora/unload", _with_id({"name": name}, operation_id), token_file, timeout)
+
+
+RUNBOOK_COMMANDS = (sleep_command, wake_command, reload_command, lora_group)
