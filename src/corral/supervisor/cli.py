@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 import click
 from aiohttp import web
@@ -167,6 +168,14 @@ _seconds = click.FloatRange(min=0.0)
     help="Bearer token for the management API (else $CORRAL_TOKEN).",
 )
 @click.option(
+    "--gate-port",
+    default=None,
+    type=click.IntRange(1, 65535),
+    help="Serve the data path here (admission gate): only inference paths are forwarded, 503 unless "
+    "READY, in-flight counted per model/adapter. The engine must then listen on loopback only.",
+)
+@click.option("--gate-host", default="0.0.0.0", show_default=True, help="Address of the gate's data port.")
+@click.option(
     "--lora",
     "lora",
     multiple=True,
@@ -193,12 +202,20 @@ def run_command(
     shutdown_timeout: float,
     state_dir: Path | None,
     token_file: Path | None,
+    gate_port: int | None,
+    gate_host: str,
     lora: tuple[str, ...],
     engine_command: tuple[str, ...],
 ) -> None:
     """Start ENGINE COMMAND once its dependencies are up, report it ready only once it serves, and
     drain it before it stops."""
     gates = _parse_gates(wait_for)
+    engine_host = urlsplit(engine_url).hostname or ""
+    if gate_port is not None and not is_loopback(engine_host):
+        _bad_input(
+            f"--gate-port needs the engine on loopback (its dev endpoints must be unreachable from outside); "
+            f"--engine-url {engine_url} is not"
+        )
     try:
         adapters = tuple(parse_lora(spec) for spec in lora)
     except AdapterSpecError as exc:
@@ -233,6 +250,8 @@ def run_command(
         state_dir=state_dir or _default_state_dir(port),
         token=token,
         lora=adapters,
+        gate_port=gate_port,
+        gate_host=gate_host,
     )
     sys.exit(run_on_uvloop(_serve(config)))
 
@@ -281,13 +300,42 @@ async def _serve(config: SupervisorConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, supervisor.on_signal, sig)
+    gate_runner = await _start_gate(supervisor, config)
+    if gate_runner is None and config.gate_port is not None:
+        await runner.cleanup()
+        await supervisor.close()
+        return 2
     supervisor.start()
     try:
         await supervisor.exit_requested.wait()
     finally:
+        if gate_runner is not None:
+            await gate_runner.cleanup()
         await runner.cleanup()
         await supervisor.close()
     return 1 if supervisor.unrecoverable else 0
+
+
+async def _start_gate(supervisor: Any, config: SupervisorConfig) -> web.AppRunner | None:
+    from corral.supervisor.gate import AdmissionGate
+
+    if config.gate_port is None:
+        return None
+    gate = AdmissionGate(config.engine_url, lambda: supervisor.machine.state)
+    supervisor.gate = gate
+    runner = web.AppRunner(gate.app(), access_log=None, shutdown_timeout=2.0)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, config.gate_host, config.gate_port).start()
+    except OSError as exc:
+        click.echo(
+            f"corral supervise: cannot listen on {config.gate_host}:{config.gate_port}: {exc.strerror}",
+            err=True,
+        )
+        await runner.cleanup()
+        return None
+    _supervisor_log(f"admission gate (data path) on http://{config.gate_host}:{config.gate_port}")
+    return runner
 
 
 @supervise.command(name="prestop")

@@ -37,6 +37,8 @@ class SupervisorConfig:
     drain: DrainSettings = field(default_factory=DrainSettings)
     state_dir: Path = Path(".corral-supervisor")
     token: str | None = None
+    gate_host: str = "0.0.0.0"
+    gate_port: int | None = None  # the admission gate's data port (corral.supervisor.gate)
     lora: tuple[tuple[str, str], ...] = ()  # desired LoRA adapters (name, path), loaded after every start
 
     @property

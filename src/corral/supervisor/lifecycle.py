@@ -21,6 +21,7 @@ from corral.supervisor.config import SupervisorConfig
 from corral.supervisor.drain import Drainer, DrainPolicy, DrainReport
 from corral.supervisor.engine import EngineProcess, RestartPolicy, RestartRecord
 from corral.supervisor.evidence import EvidenceBook, classify
+from corral.supervisor.gate import AdmissionGate
 from corral.supervisor.gates import GatesTimedOut, GateWaiter
 from corral.supervisor.metrics import SupervisorMetrics
 from corral.supervisor.operations import Operation, OperationLedger
@@ -79,6 +80,7 @@ class EngineSupervisor:
         # which operation holds the engine now (one at a time)
         self.sleep_status: dict[str, Any] | None = None
         self.adapters = AdapterSet(desired=dict(config.lora))
+        self.gate: AdmissionGate | None = None  # set when --gate-port serves the data path
         self.busy: str | None = None
         self.stall_watch: StallWatch | None = None
         self.exit_requested = asyncio.Event()
@@ -584,6 +586,7 @@ class EngineSupervisor:
             "routers": self.routers.to_json(),
             "sleep": self.sleep_status,
             "adapters": self.adapters.to_json(),
+            "gate": self.gate.to_json() if self.gate is not None else None,
             "busy": self.busy,
             "bundle": self.bundle.to_json() if self.bundle is not None else None,
             "engine_evidence": self.evidence.to_json(),

@@ -150,6 +150,17 @@ class UnloadAdapterPlan:
 
     async def drain(self) -> Evidence:
         started = time.monotonic()
+        gate = self.sup.gate
+        if gate is not None:  # exact: the gate counts this adapter's requests itself
+            if not await gate.wait_idle(self.name, self.drain_timeout):
+                raise StepFailed(
+                    f"requests of adapter {self.name!r} still in flight after {self.drain_timeout:g}s"
+                )
+            return {
+                "adapter_in_flight": 0,
+                "source": "admission gate",
+                "seconds": round(time.monotonic() - started, 3),
+            }
         while True:
             busy = await self.engine.in_flight()
             if busy is None:
@@ -157,7 +168,11 @@ class UnloadAdapterPlan:
                     "the engine does not report vllm:lora_requests_info; adapter in-flight unknown"
                 )
             if self.name not in busy:
-                return {"adapter_in_flight": 0, "seconds": round(time.monotonic() - started, 3)}
+                return {
+                    "adapter_in_flight": 0,
+                    "source": "vllm:lora_requests_info",
+                    "seconds": round(time.monotonic() - started, 3),
+                }
             if time.monotonic() - started > self.drain_timeout:
                 raise StepFailed(
                     f"requests of adapter {self.name!r} still in flight after {self.drain_timeout:g}s"
