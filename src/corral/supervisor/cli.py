@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -176,6 +177,17 @@ _seconds = click.FloatRange(min=0.0)
 )
 @click.option("--gate-host", default="0.0.0.0", show_default=True, help="Address of the gate's data port.")
 @click.option(
+    "--preload-command",
+    default=None,
+    metavar="CMD",
+    help="The weight-cache daemon (e.g. 'vllm preload --model M --weight-cache-health-port 8100'), run "
+    "before the engine and stopped after it; needs --preload-health and an engine with "
+    "--load-format ipc_cache.",
+)
+@click.option(
+    "--preload-health", default=None, metavar="URL", help="The daemon's health URL (200 when ready)."
+)
+@click.option(
     "--lora",
     "lora",
     multiple=True,
@@ -204,6 +216,8 @@ def run_command(
     token_file: Path | None,
     gate_port: int | None,
     gate_host: str,
+    preload_command: str | None,
+    preload_health: str | None,
     lora: tuple[str, ...],
     engine_command: tuple[str, ...],
 ) -> None:
@@ -216,6 +230,14 @@ def run_command(
             f"--gate-port needs the engine on loopback (its dev endpoints must be unreachable from outside); "
             f"--engine-url {engine_url} is not"
         )
+    preload_argv: tuple[str, ...] = ()
+    if preload_command is not None:
+        preload_argv = tuple(shlex.split(preload_command))
+        if not preload_argv or not preload_health:
+            _bad_input("--preload-command needs a command and --preload-health URL (the daemon's /health)")
+        if "ipc_cache" not in " ".join(engine_command):
+            _bad_input("--preload-command: the engine command must load from it (--load-format ipc_cache)")
+        gates = (*gates, *_parse_gates((preload_health,)))
     try:
         adapters = tuple(parse_lora(spec) for spec in lora)
     except AdapterSpecError as exc:
@@ -250,6 +272,7 @@ def run_command(
         state_dir=state_dir or _default_state_dir(port),
         token=token,
         lora=adapters,
+        preload_argv=preload_argv,
         gate_port=gate_port,
         gate_host=gate_host,
     )
@@ -300,6 +323,11 @@ async def _serve(config: SupervisorConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, supervisor.on_signal, sig)
+    if config.preload_argv:
+        from corral.supervisor.preload import PreloadDaemon
+
+        supervisor.preload = PreloadDaemon(config.preload_argv, _printer("[preload]"))
+        await supervisor.preload.start(supervisor.oplog.append)
     gate_runner = await _start_gate(supervisor, config)
     if gate_runner is None and config.gate_port is not None:
         await runner.cleanup()

@@ -39,6 +39,7 @@ class SupervisorConfig:
     token: str | None = None
     gate_host: str = "0.0.0.0"
     gate_port: int | None = None  # the admission gate's data port (corral.supervisor.gate)
+    preload_argv: tuple[str, ...] = ()  # the weight-cache daemon, started before the engine
     lora: tuple[tuple[str, str], ...] = ()  # desired LoRA adapters (name, path), loaded after every start
 
     @property

@@ -26,6 +26,7 @@ from corral.supervisor.gates import GatesTimedOut, GateWaiter
 from corral.supervisor.metrics import SupervisorMetrics
 from corral.supervisor.operations import Operation, OperationLedger
 from corral.supervisor.oplog import EngineLeftover, OperationLog, last_epoch
+from corral.supervisor.preload import PreloadDaemon
 from corral.supervisor.readiness import EngineNotAnswering, NotReady, ReadinessCheck, SmokeResult
 from corral.supervisor.routers import RouterSubscriptions
 from corral.supervisor.stall import Stall, StallWatch
@@ -80,6 +81,7 @@ class EngineSupervisor:
         # which operation holds the engine now (one at a time)
         self.sleep_status: dict[str, Any] | None = None
         self.adapters = AdapterSet(desired=dict(config.lora))
+        self.preload: PreloadDaemon | None = None  # set when --preload-command runs the daemon
         self.gate: AdmissionGate | None = None  # set when --gate-port serves the data path
         self.busy: str | None = None
         self.stall_watch: StallWatch | None = None
@@ -123,6 +125,8 @@ class EngineSupervisor:
                 await self._lifecycle
         if self.engine is not None and self.engine.running:
             await self._stop_engine(self.config.drain.shutdown_timeout, "supervisor exiting")
+        if self.preload is not None:  # only after the engine, which may map the daemon's memory
+            await self.preload.stop(self.config.drain.shutdown_timeout, self.oplog.append)
         if self._session is not None:
             await self._session.close()
         self.oplog.append("supervisor_exited")
@@ -587,6 +591,7 @@ class EngineSupervisor:
             "sleep": self.sleep_status,
             "adapters": self.adapters.to_json(),
             "gate": self.gate.to_json() if self.gate is not None else None,
+            "preload": self.preload.to_json() if self.preload is not None else None,
             "busy": self.busy,
             "bundle": self.bundle.to_json() if self.bundle is not None else None,
             "engine_evidence": self.evidence.to_json(),

@@ -1,0 +1,99 @@
+"""`corral supervise --preload-command`: the weight-cache daemon starts first and the engine only once
+the daemon is healthy, loading from it (not from disk); an engine restart reuses the same daemon; at
+shutdown the engine stops before the daemon. A disk fallback is recorded as engine evidence. Real
+processes: `corral sim preload` and `corral sim --load-format ipc_cache`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+from tests.integration.test_sim_preload import load_source
+from tests.integration.test_supervisor_support import gone, kill_leftovers, short_tmp_dir, start_supervised
+from tests.support.procs import free_port
+
+
+def test_daemon_first_engine_from_it_restart_reuses_it_and_shutdown_order() -> None:
+    socket = short_tmp_dir() / "wc.sock"
+    health_port = free_port()
+    daemon = (
+        f"{sys.executable} -m corral sim preload --model sim-model --weight-cache-health-port {health_port} "
+        f"--socket-path {socket} --startup-seconds 1"
+    )
+    # zero_copy: the daemon keeps the weights for the next engine (copy mode releases them once copied)
+    loader = json.dumps({"socket_path": str(socket), "mode": "zero_copy", "fallback": True})
+    sup = start_supervised(
+        sim_args=("--load-format", "ipc_cache", "--model-loader-extra-config", loader),
+        sup_args=(
+            "--preload-command",
+            daemon,
+            "--preload-health",
+            f"http://127.0.0.1:{health_port}/health",
+        ),
+    )
+    pids: list[int] = []
+    try:
+        body = sup.wait_state("READY", 40)
+        daemon_pid = body["preload"]["pid"]
+        assert body["preload"]["running"] and daemon_pid
+        records = [r["record"] for r in sup.oplog()]
+        assert records.index("preload_started") < records.index("engine_started")
+        assert load_source(sup.engine_url) == "ipc_cache"
+
+        engine_pid = body["engine"]["pid"]
+        os.kill(engine_pid, signal.SIGKILL)
+        body = sup.wait_for(
+            "READY after restart",
+            lambda b: b.get("state") == "READY" and b["engine"]["pid"] not in (None, engine_pid),
+            40,
+        )
+        assert body["preload"]["pid"] == daemon_pid and body["preload"]["running"]  # reused
+        assert load_source(sup.engine_url) == "ipc_cache", "\n".join(
+            line for line in sup.proc.output().splitlines() if "eight" in line or "preload" in line
+        )
+        assert "fallback" not in (body.get("engine_evidence") or {})
+        pids = sup.engine_pids()
+
+        sup.proc.proc.send_signal(signal.SIGTERM)
+        sup.proc.proc.wait(timeout=60)
+        records = sup.oplog()
+        kinds = [r["record"] for r in records]
+        last_engine_exit = max(i for i, k in enumerate(kinds) if k == "engine_exited")
+        assert kinds.index("preload_stopped") > last_engine_exit, kinds[-8:]
+        assert gone(daemon_pid)
+    finally:
+        sup.proc.stop(grace=20)
+        kill_leftovers(pids or sup.engine_pids())
+
+
+def test_a_disk_fallback_on_restart_is_recorded_as_evidence() -> None:
+    socket = short_tmp_dir() / "wc.sock"
+    health_port = free_port()
+    daemon = (
+        f"{sys.executable} -m corral sim preload --model sim-model --weight-cache-health-port {health_port} "
+        f"--socket-path {socket}"
+    )
+    # copy mode: the daemon releases the weights once the first engine copied them, so the restarted
+    # engine finds nothing to load and falls back to disk
+    loader = json.dumps({"socket_path": str(socket), "mode": "copy", "fallback": True})
+    sup = start_supervised(
+        sim_args=("--load-format", "ipc_cache", "--model-loader-extra-config", loader),
+        sup_args=("--preload-command", daemon, "--preload-health", f"http://127.0.0.1:{health_port}/health"),
+    )
+    try:
+        engine_pid = sup.wait_state("READY", 40)["engine"]["pid"]
+        os.kill(engine_pid, signal.SIGKILL)
+        body = sup.wait_for(
+            "READY after restart",
+            lambda b: b.get("state") == "READY" and b["engine"]["pid"] not in (None, engine_pid),
+            40,
+        )
+        assert load_source(sup.engine_url) == "disk_fallback"
+        assert body["engine_evidence"]["fallback"]["count"] == 1, body["engine_evidence"]
+        assert [r for r in sup.oplog() if r["record"] == "engine_evidence" and r["kind"] == "fallback"]
+    finally:
+        pids = sup.engine_pids()
+        sup.proc.stop(grace=20)
+        kill_leftovers(pids)
