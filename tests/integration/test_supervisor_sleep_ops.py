@@ -209,3 +209,20 @@ def test_cli_sleep_wake_and_a_refusal(sup: Supervised, token_file: str) -> None:
     assert woke.returncode == 0, woke
     assert state(sup)["state"] == "READY"
     assert corral("reload", "--supervisor", sup.url).returncode == 2  # no token: 401
+
+
+def test_a_reload_that_fails_never_serves_unknown_weights(token_file: str) -> None:
+    with supervised(
+        sim_args=(*SIM_ARGS, "--fail-wake-tag", "weights"), sup_args=(*SUP_ARGS, token_file), env=DEV
+    ) as s:
+        wait_state(s, "READY")
+        op = finish(s, call(s, "/v1/reload", {"operation_id": "reload-fails"})[1])
+        assert op["status"] == "failed" and "reload failed at execute" in op["error"], op
+        assert [step for step, _ in steps(s, "reload-fails")][-2:] == ["execute", "recover"]
+        # the engine went FAILED (never READY on the half-woken weights), then a fresh engine loaded from disk
+        wait_state(s, "READY")
+        after = [t["state"] for t in s.transitions()]
+        tail = after[len(after) - after[::-1].index("DRAINING") :]
+        assert "FAILED" in tail and tail.index("FAILED") < tail.index("READY"), tail
+        assert "READY" not in tail[: tail.index("FAILED")], tail
+        assert len(s.engine_pids()) == 2
