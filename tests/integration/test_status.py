@@ -42,9 +42,12 @@ def test_status_shows_bundle_load_kv_and_adapters_and_watches(tmp_path: Path) ->
         assert len(fingerprints) == 1 and next(iter(fingerprints)) in out, out
 
         watching = CorralProcess(["status", "--port", port, "--watch", "--interval", "0.2"], env=env)
-        wait_until(lambda: watching.output().count("Corral fleet at") >= 1, 20, "a first table")
-        watching.signal(signal.SIGINT)
-        assert watching.wait_exit(20) in (0, 130), watching.output()
-        assert "READY" in watching.output()
+        try:
+            wait_until(lambda: watching.output().count("Corral fleet at") >= 1, 20, "a first table")
+            watching.signal(signal.SIGINT)
+            assert watching.wait_exit(20) in (0, 130), watching.output()
+            assert "READY" in watching.output()
+        finally:
+            watching.stop()
     finally:
         stop(up)
