@@ -120,30 +120,24 @@ class RouterCollector:
             "Retries not made because the retry budget was spent (the request got an error instead).",
             value=m.retry_budget_exhausted,
         )
-        events = CounterMetricFamily(
+        yield _labelled_counter(
             "corral_router_membership_events",
             "Membership events received, by source and type (ADDED, MODIFIED, DELETED, BOOKMARK, LISTED).",
-            labels=["source", "type"],
+            ["source", "type"],
+            {(source, kind): n for (source, kind), n in m.membership_events.items()},
         )
-        for (source, kind), n in sorted(m.membership_events.items()):
-            events.add_metric([source, kind], n)
-        yield events
-        removals = CounterMetricFamily(
+        yield _labelled_counter(
             "corral_router_endpoint_removals",
             "Endpoints that left the routing table, by cause.",
-            labels=["cause"],
+            ["cause"],
+            {(cause,): n for cause, n in m.removals.items()},
         )
-        for cause, n in sorted(m.removals.items()):
-            removals.add_metric([cause], n)
-        yield removals
-        relists = CounterMetricFamily(
+        yield _labelled_counter(
             "corral_router_k8s_relists",
             "Full lists of pods, by why (initial, expired, broken, resync).",
-            labels=["why"],
+            ["why"],
+            {(why,): n for why, n in m.relists.items()},
         )
-        for why, n in sorted(m.relists.items()):
-            relists.add_metric([why], n)
-        yield relists
         yield _histogram(
             "corral_router_removal_latency_seconds",
             "Time from a removal event's arrival at the router to the endpoint leaving the routing table.",
@@ -155,14 +149,12 @@ class RouterCollector:
             "routing table.",
             m.supervisor_removal_latency,
         )
-        acks = CounterMetricFamily(
+        yield _labelled_counter(
             "corral_router_supervisor_acks",
             "Acknowledgements of removal sent to supervisors, by result (sent, failed).",
-            labels=["result"],
+            ["result"],
+            {(result,): n for result, n in m.supervisor_acks.items()},
         )
-        for result, n in sorted(m.supervisor_acks.items()):
-            acks.add_metric([result], n)
-        yield acks
         streams = GaugeMetricFamily(
             "corral_router_supervisor_stream_up",
             "1 while the endpoint's supervisor state stream is connected and not stale.",
@@ -191,6 +183,16 @@ class RouterCollector:
             "Time from request arrival to the first byte sent to the client.",
             m.ttft,
         )
+
+
+def _labelled_counter(
+    name: str, doc: str, labels: list[str], values: dict[tuple[str, ...], float]
+) -> CounterMetricFamily:
+    """One counter family with a sample per label tuple, in a stable (sorted) order."""
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for label_values, n in sorted(values.items()):
+        family.add_metric(list(label_values), n)
+    return family
 
 
 def _histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
