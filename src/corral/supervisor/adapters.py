@@ -13,6 +13,8 @@ import aiohttp
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from corral.supervisor.runtime_adapters import RuntimeAdapterFile
+
 LORA_INFO = "vllm:lora_requests_info"
 
 
@@ -37,17 +39,45 @@ class AdapterCallFailed(Exception):
 
 @dataclass
 class AdapterSet:
-    """What should be loaded (name → path) and what the engine was last seen serving."""
+    """What should be loaded (name → path) and what the engine was last seen serving. `runtime` is
+    the part of `desired` that `/v1/lora/load` added; with a `store` it outlives the supervisor."""
 
     desired: dict[str, str] = field(default_factory=dict)
     served: list[str] = field(default_factory=list)
     last_reconcile: dict[str, Any] | None = None
+    runtime: dict[str, str] = field(default_factory=dict)
+    store: RuntimeAdapterFile | None = None
+
+    def restore(self, runtime: dict[str, str], store: RuntimeAdapterFile) -> None:
+        self.store = store
+        self.runtime = dict(runtime)
+        self.desired.update(runtime)
+
+    def add_runtime(self, name: str, path: str) -> None:
+        """Desired from now on, also after a restart; raises OSError when it could not be persisted
+        (and then changes nothing)."""
+        self._persist({**self.runtime, name: path})
+        self.runtime[name] = path
+        self.desired[name] = path
+
+    def remove(self, name: str) -> None:
+        """No longer desired; raises OSError when a runtime adapter's removal could not be persisted
+        (it is then out of this life's desired set, but a restart would load it again)."""
+        self.desired.pop(name, None)
+        if name in self.runtime:
+            del self.runtime[name]
+            self._persist(self.runtime)
+
+    def _persist(self, runtime: dict[str, str]) -> None:
+        if self.store is not None:
+            self.store.write(runtime)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "desired": dict(self.desired),
             "served": list(self.served),
             "last_reconcile": self.last_reconcile,
+            "runtime": sorted(self.runtime),
         }
 
 

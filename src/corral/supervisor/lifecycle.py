@@ -29,6 +29,7 @@ from corral.supervisor.oplog import EngineLeftover, OperationLog, last_epoch
 from corral.supervisor.preload import PreloadDaemon
 from corral.supervisor.readiness import EngineNotAnswering, NotReady, ReadinessCheck, SmokeResult
 from corral.supervisor.routers import RouterSubscriptions
+from corral.supervisor.runtime_adapters import RuntimeAdapterFile, restore_runtime_adapters
 from corral.supervisor.stall import Stall, StallWatch
 from corral.supervisor.states import (
     DrainPhase,
@@ -103,6 +104,10 @@ class EngineSupervisor:
         self.machine.subscribe(self._record_event)
         self.machine.subscribe(self.routers.note_event)
         self.oplog.append("supervisor_started", argv=list(self.config.engine_argv))
+        store = RuntimeAdapterFile(self.config.state_dir)
+        runtime, unreadable = restore_runtime_adapters(store, dict(self.config.lora), self._log)
+        self.adapters.restore(runtime, store)
+        self.oplog.append("runtime_adapters_restored", adapters=runtime, error=unreadable)
         leftover = EngineLeftover.from_records(records)
         if leftover is not None:
             pids = await leftover.kill(self.config.drain.shutdown_timeout)

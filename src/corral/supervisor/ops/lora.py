@@ -75,7 +75,13 @@ class LoadAdapterPlan:
             smoke = await self.sup.readiness.smoke(self.sup.session, self.name)
         except NotReady as exc:
             raise StepFailed(f"smoke request to adapter {self.name!r}: {exc}") from exc
-        self.sup.adapters.desired[self.name] = self.path
+        try:
+            self.sup.adapters.add_runtime(self.name, self.path)
+        except OSError as exc:
+            raise StepFailed(
+                f"adapter {self.name!r} loaded but not recorded in the state dir, so a restart would "
+                f"lose it: {exc}; fix the state dir ({self.sup.config.state_dir}) and load it again"
+            ) from exc
         self.sup.adapters.served = served
         self.sup.transition(
             S.READY,
@@ -186,9 +192,19 @@ class UnloadAdapterPlan:
         served = await self.engine.served()
         if self.name in served:
             raise StepFailed(f"adapter {self.name!r} still listed after unloading", served=served)
-        self.sup.adapters.desired.pop(self.name, None)
         self.sup.adapters.served = served
+        self._forget()
         return {"served": served}
+
+    def _forget(self) -> None:
+        try:
+            self.sup.adapters.remove(self.name)
+        except OSError as exc:
+            raise StepFailed(
+                f"adapter {self.name!r} unloaded but still recorded in the state dir, so a restart "
+                f"would load it again: {exc}; fix the state dir ({self.sup.config.state_dir}) and "
+                "unload it again after the restart"
+            ) from exc
 
     async def recover(self, failed_step: Step, cause: str) -> Evidence:
         served = await self.engine.served()
@@ -196,8 +212,15 @@ class UnloadAdapterPlan:
             self.sup.adapters.served = served
             self._publish([], f"adapter {self.name!r} back in routing: its unload failed at {failed_step}")
             return {"outcome": f"adapter {self.name!r} still loaded and routed again", "served": served}
-        self.sup.adapters.desired.pop(self.name, None)
         self.sup.adapters.served = served
+        try:
+            self.sup.adapters.remove(self.name)
+        except OSError as exc:
+            return {
+                "outcome": f"adapter {self.name!r} is gone from the engine but still in the state dir",
+                "error": str(exc),
+                "served": served,
+            }
         return {"outcome": f"adapter {self.name!r} is gone from the engine", "served": served}
 
     async def postcheck(self) -> Evidence:
