@@ -13,6 +13,9 @@ import sys
 from tests.integration.test_sim_preload import load_source
 from tests.integration.test_supervisor_support import gone, kill_leftovers, short_tmp_dir, start_supervised
 from tests.support.procs import free_port
+from tests.support.prom import sample, scrape
+
+FALLBACKS = "corral_supervisor_preload_fallbacks_total"
 
 
 def test_daemon_first_engine_from_it_restart_reuses_it_and_shutdown_order() -> None:
@@ -68,7 +71,7 @@ def test_daemon_first_engine_from_it_restart_reuses_it_and_shutdown_order() -> N
         kill_leftovers(pids or sup.engine_pids())
 
 
-def test_a_disk_fallback_on_restart_is_recorded_as_evidence() -> None:
+def test_a_disk_fallback_on_restart_is_recorded_as_evidence_and_counted() -> None:
     socket = short_tmp_dir() / "wc.sock"
     health_port = free_port()
     daemon = (
@@ -84,6 +87,7 @@ def test_a_disk_fallback_on_restart_is_recorded_as_evidence() -> None:
     )
     try:
         engine_pid = sup.wait_state("READY", 40)["engine"]["pid"]
+        assert sample(scrape(sup.url + "/metrics"), FALLBACKS) == 0
         os.kill(engine_pid, signal.SIGKILL)
         body = sup.wait_for(
             "READY after restart",
@@ -93,6 +97,7 @@ def test_a_disk_fallback_on_restart_is_recorded_as_evidence() -> None:
         assert load_source(sup.engine_url) == "disk_fallback"
         assert body["engine_evidence"]["fallback"]["count"] == 1, body["engine_evidence"]
         assert [r for r in sup.oplog() if r["record"] == "engine_evidence" and r["kind"] == "fallback"]
+        assert sample(scrape(sup.url + "/metrics"), FALLBACKS) == 1
     finally:
         pids = sup.engine_pids()
         sup.proc.stop(grace=20)

@@ -180,6 +180,7 @@ class EngineSupervisor:
         if kind is not None:
             self.evidence.note(kind, line)
             self.oplog.append("engine_evidence", kind=kind, line=line[:500])
+            self.metrics.count_evidence(kind)
 
     def refresh_gate_metrics(self) -> None:
         for status in self.gates.status.values():

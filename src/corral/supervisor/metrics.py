@@ -1,5 +1,6 @@
 """The supervisor's own Prometheus metrics (`/metrics`): current state, transitions, engine restarts,
-gate waits and the epoch, in a registry of its own so that nothing is shared between instances."""
+gate waits, the epoch and the preload daemon's events (disk fallbacks, deaths, restarts), in a registry
+of its own so that nothing is shared between instances."""
 
 from __future__ import annotations
 
@@ -47,6 +48,11 @@ class SupervisorMetrics:
             ["gate"],
             registry=self.registry,
         )
+        self.preload_fallbacks = Counter(
+            "corral_supervisor_preload_fallbacks",
+            "Engine weight loads that fell back to disk because the preload daemon was unusable.",
+            registry=self.registry,
+        )
         for state in EngineState:
             self.state.labels(state=state.value).set(0)
 
@@ -57,6 +63,11 @@ class SupervisorMetrics:
         self.epoch.set(event.epoch)
         if event.from_state is not None:
             self.transitions.labels(from_state=event.from_state.value, to_state=event.to_state.value).inc()
+
+    def count_evidence(self, kind: str) -> None:
+        """An engine log line classified as evidence (`corral.supervisor.evidence`)."""
+        if kind == "fallback":
+            self.preload_fallbacks.inc()
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))
