@@ -1,7 +1,8 @@
 """Wake on demand: with every engine of the model SLEEPING, requests through a router with
 `--wake-hold-seconds` trigger one wake at the supervisor (however many requests and routers ask) and
 are held until the engine is READY again; a router whose hold is too short answers 503 with
-Retry-After. Real processes: a supervised `corral sim` in dev mode and two routers."""
+Retry-After; each router's /metrics counts its wakes, held requests and how each hold ended. Real
+processes: a supervised `corral sim` in dev mode and two routers."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import aiohttp
 from tests.integration.test_supervisor_confirmed_drain import wait_until
 from tests.integration.test_supervisor_support import Supervised, http_json, kill_leftovers, start_supervised
 from tests.support.procs import CorralProcess, free_port
+from tests.support.prom import sample, scrape
 from tests.support.streams import stream_once
 
 DEV = {"VLLM_SERVER_DEV_MODE": "1"}
@@ -51,6 +53,17 @@ def wakes(sup: Supervised) -> list[dict[str, Any]]:
     return [o for o in sup.state()["operations"] if o["kind"] == "wake"]
 
 
+def wake_counts(router_url: str) -> dict[str, float | None]:
+    text = scrape(router_url + "/metrics")
+    model = {"model": "sim-model"}
+    return {
+        "wakes": sample(text, "corral_router_wakes_total", **model),
+        "held": sample(text, "corral_router_wake_held_requests_total", **model),
+        "served": sample(text, "corral_router_wake_hold_outcomes_total", outcome="served", **model),
+        "timed_out": sample(text, "corral_router_wake_hold_outcomes_total", outcome="timed_out", **model),
+    }
+
+
 def sleep(sup: Supervised) -> None:
     status, op = http_json(sup.url + "/v1/sleep", "POST", {"level": 1})
     assert status == 202, op
@@ -79,6 +92,7 @@ async def test_requests_for_a_sleeping_model_wake_it_once_and_are_held() -> None
         (wake,) = wakes(sup)  # six held requests, one wake
         assert wake["operation_id"].startswith("wake-on-demand-") and wake["status"] == "succeeded", wake
         assert sup.state()["state"] == "READY"
+        assert wake_counts(holding_url) == {"wakes": 1, "held": 6, "served": 6, "timed_out": None}
 
         await wait_until(
             lambda: routable(impatient_url), 10, "endpoint routable again via the impatient router"
@@ -94,6 +108,7 @@ async def test_requests_for_a_sleeping_model_wake_it_once_and_are_held() -> None
         # the short hold still asked for the wake: the engine comes back for the next request
         await asyncio.to_thread(sup.wait_state, "READY", 30)
         assert len(wakes(sup)) == 2
+        assert wake_counts(impatient_url) == {"wakes": 1, "held": 1, "served": None, "timed_out": 1}
     finally:
         for proc in routers:
             proc.stop()

@@ -64,6 +64,11 @@ class RouterMetrics:
         # The same, for a supervisor state line; and the acknowledgements sent back, by result.
         self.supervisor_removal_latency = Histogram(REMOVAL_BUCKETS)
         self.supervisor_acks: dict[str, int] = {}
+        # Wake on demand: wakes asked of a supervisor and requests held, by model; holds ended, by
+        # model and outcome (served, timed_out).
+        self.wakes: dict[str, int] = {}
+        self.held: dict[str, int] = {}
+        self.hold_outcomes: dict[tuple[str, str], int] = {}
 
     def count_request(self, model: str, code: int) -> None:
         key = (model, code)
@@ -81,6 +86,16 @@ class RouterMetrics:
 
     def count_relist(self, why: str) -> None:
         self.relists[why] = self.relists.get(why, 0) + 1
+
+    def count_wake(self, model: str) -> None:
+        self.wakes[model] = self.wakes.get(model, 0) + 1
+
+    def count_held(self, model: str) -> None:
+        self.held[model] = self.held.get(model, 0) + 1
+
+    def count_hold_outcome(self, model: str, outcome: str) -> None:
+        key = (model, outcome)
+        self.hold_outcomes[key] = self.hold_outcomes.get(key, 0) + 1
 
 
 class RouterCollector:
@@ -154,6 +169,25 @@ class RouterCollector:
             "Acknowledgements of removal sent to supervisors, by result (sent, failed).",
             ["result"],
             {(result,): n for result, n in m.supervisor_acks.items()},
+        )
+        yield _labelled_counter(
+            "corral_router_wakes",
+            "Wakes asked of a supervisor because every engine of the model was SLEEPING, by model.",
+            ["model"],
+            {(model,): n for model, n in m.wakes.items()},
+        )
+        yield _labelled_counter(
+            "corral_router_wake_held_requests",
+            "Requests held while their model's engine was woken (--wake-hold-seconds), by model.",
+            ["model"],
+            {(model,): n for model, n in m.held.items()},
+        )
+        yield _labelled_counter(
+            "corral_router_wake_hold_outcomes",
+            "Held requests by how the hold ended: served (an engine became routable) or timed_out "
+            "(--wake-hold-seconds passed; the request was answered 503).",
+            ["model", "outcome"],
+            {(model, outcome): n for (model, outcome), n in m.hold_outcomes.items()},
         )
         streams = GaugeMetricFamily(
             "corral_router_supervisor_stream_up",

@@ -2,7 +2,9 @@
 streams say) asks one of their supervisors to wake it, once (one wake per model at a time, and an
 operation id derived from the sleep's epoch, so that every router asking for the same sleep joins the
 same wake), and holds the request until an engine is READY or `hold_seconds` have passed; after that
-the proxy answers 503 with Retry-After as for any model without a READY engine.
+the proxy answers 503 with Retry-After as for any model without a READY engine. Each wake asked for,
+each request held and how each hold ended (`served`: an engine became eligible; `timed_out`) is
+counted in the router's metrics.
 """
 
 from __future__ import annotations
@@ -17,17 +19,20 @@ import orjson
 from corral.engine_state import EngineState
 from corral.router.endpoint import Endpoint
 from corral.router.membership import Membership
+from corral.router.metrics import RouterMetrics
 
 log = logging.getLogger("corral.router.wake_on_demand")
 
 
 class WakeOnDemand:
-    def __init__(self, membership: Membership, token: str | None, hold_seconds: float) -> None:
+    def __init__(
+        self, membership: Membership, token: str | None, hold_seconds: float, metrics: RouterMetrics
+    ) -> None:
         self._membership = membership
         self._token = token
         self.hold_seconds = hold_seconds
+        self._metrics = metrics
         self._wakes: dict[str, asyncio.Task[None]] = {}  # model -> its wake call in progress
-        self.wakes_requested = 0
 
     def _sleeping(self, model: str) -> list[Endpoint]:
         """Endpoints serving `model` that their supervisor reports SLEEPING; empty unless every
@@ -47,16 +52,19 @@ class WakeOnDemand:
         if task is None or task.done():
             task = asyncio.create_task(self._wake(sleeping[0]), name=f"corral-wake-{model}")
             self._wakes[model] = task
+            self._metrics.count_wake(model)
+        self._metrics.count_held(model)
         deadline = time.monotonic() + self.hold_seconds
         while time.monotonic() < deadline:
             if self._membership.eligible(model):
+                self._metrics.count_hold_outcome(model, "served")
                 return
             await asyncio.sleep(0.02)
+        self._metrics.count_hold_outcome(model, "timed_out")
 
     async def _wake(self, endpoint: Endpoint) -> None:
         view = endpoint.supervisor
         assert view is not None
-        self.wakes_requested += 1
         body = {"operation_id": f"wake-on-demand-{view.epoch}", "reload": True}
         headers = {"content-type": "application/json"}
         if self._token:
