@@ -126,6 +126,12 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
     help="A /wake_up that would wake this tag fails in the worker (as a CUDA OOM would); repeatable.",
 )
 @click.option(
+    "--fail-sleep",
+    is_flag=True,
+    help="A /sleep at level 1 or 2 pauses the scheduler, then fails in the worker (as a CUDA error while "
+    "offloading would), leaving the engine paused with every allocation resident.",
+)
+@click.option(
     "--requires",
     "requires",
     multiple=True,

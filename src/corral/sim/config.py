@@ -28,6 +28,7 @@ class SimConfig:
     crash_after: int | None = None
     hang_after: int | None = None
     fail_wake_tags: tuple[str, ...] = field(default_factory=tuple)
+    fail_sleep: bool = False
     requires: tuple[str, ...] = field(default_factory=tuple)
     version_string: str = "0.33.0"
     # -- operational features (all off by default; none of them costs anything per request when off) --

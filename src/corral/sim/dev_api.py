@@ -150,6 +150,17 @@ class DevApi:
             mode = query_choice(request, "mode", "abort", PAUSE_MODES)
         except RequestError as exc:
             return self._failed(exc)
+        if self.config.fail_sleep and level >= 1:
+            # vLLM pauses the scheduler before the executor sleeps; the worker's failure leaves it paused.
+            await self.control.pause(mode, clear_cache=True)
+            return error_response(
+                500,
+                worker_failure(
+                    "sleep", "CUDA error: an illegal memory access was encountered (simulated: --fail-sleep)"
+                ),
+                "InternalServerError",
+                None,
+            )
         await self.control.sleep(level, mode)
         return _json({"status": "sleeping", "level": level})
 
