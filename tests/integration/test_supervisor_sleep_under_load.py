@@ -7,7 +7,6 @@ the oplog shows each runbook step in order and the sleep state and memory figure
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from tests.integration.test_supervisor_confirmed_drain import (
     AdmissionSampler,
@@ -17,57 +16,18 @@ from tests.integration.test_supervisor_confirmed_drain import (
     start_router,
     wait_until,
 )
-from tests.integration.test_supervisor_support import Supervised, http_json, kill_leftovers, start_supervised
+from tests.integration.test_supervisor_support import kill_leftovers, start_supervised
 from tests.support.procs import CorralProcess
-
-DEV = {"VLLM_SERVER_DEV_MODE": "1"}
-GIB = 2**30
-SIM_ARGS = ("--enable-sleep-mode", "--weights-gib", "2", "--kv-cache-gib", "4", "--itl-ms", "10")
-SUP_ARGS = ("--propagation-timeout", "5", "--quiet-period", "0.5", "--drain-timeout", "15")
-STEPS = ["precheck", "remove_from_routing", "drain_policy", "execute", "verify", "postcheck"]
-
-
-def run_op(sup: Supervised, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    status, op = http_json(sup.url + path, "POST", body)
-    assert status == 202, op
-    final = sup.wait_for(
-        f"{path} finished",
-        lambda b: any(
-            o["operation_id"] == op["operation_id"] and o["status"] != "running" for o in b["operations"]
-        ),
-        60,
-    )
-    (done,) = [o for o in final["operations"] if o["operation_id"] == op["operation_id"]]
-    assert done["status"] == "succeeded", done
-    return done
-
-
-def step_records(sup: Supervised, op_id: str) -> list[dict[str, Any]]:
-    return [r for r in sup.oplog() if r["record"] == "runbook_step" and r["operation_id"] == op_id]
-
-
-def window_arrivals(sup: Supervised, sampler: AdmissionSampler, removal_op: str, ready_after: float) -> float:
-    """Requests the engine admitted between the last router ack of `removal_op`'s removal epoch and its
-    next READY transition."""
-    records = sup.oplog()
-    removal = next(r for r in step_records(sup, removal_op) if r["step"] == "remove_from_routing")
-    epoch = removal["evidence"]["removal_epoch"]
-    assert removal["evidence"]["routers_acknowledged"] == ["router-a"], removal
-    ready_event = min(
-        (
-            r
-            for r in records
-            if r["record"] == "transition" and r["state"] == "READY" and r["time"] > ready_after
-        ),
-        key=lambda r: r["time"],
-    )
-    ready = ready_event["time"]
-    last_ack = max(
-        r["time"] for r in records if r["record"] == "ack" and epoch <= r["epoch"] < ready_event["epoch"]
-    )
-    seen = [admitted for at, admitted in sampler.samples if last_ack <= at <= ready]
-    assert len(seen) >= 2, "too few engine samples in the window"
-    return max(seen) - seen[0]
+from tests.support.sleep_load import (
+    DEV,
+    GIB,
+    SIM_ARGS,
+    STEPS,
+    SUP_ARGS,
+    run_op,
+    step_records,
+    window_arrivals,
+)
 
 
 async def test_sleep_wake_and_reload_under_load_fail_no_request() -> None:
