@@ -14,6 +14,7 @@ from prometheus_client.core import (
     Metric,
 )
 
+from corral.metric_families import labelled_counter
 from corral.router.endpoint import Endpoint
 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -135,19 +136,19 @@ class RouterCollector:
             "Retries not made because the retry budget was spent (the request got an error instead).",
             value=m.retry_budget_exhausted,
         )
-        yield _labelled_counter(
+        yield labelled_counter(
             "corral_router_membership_events",
             "Membership events received, by source and type (ADDED, MODIFIED, DELETED, BOOKMARK, LISTED).",
             ["source", "type"],
             {(source, kind): n for (source, kind), n in m.membership_events.items()},
         )
-        yield _labelled_counter(
+        yield labelled_counter(
             "corral_router_endpoint_removals",
             "Endpoints that left the routing table, by cause.",
             ["cause"],
             {(cause,): n for cause, n in m.removals.items()},
         )
-        yield _labelled_counter(
+        yield labelled_counter(
             "corral_router_k8s_relists",
             "Full lists of pods, by why (initial, expired, broken, resync).",
             ["why"],
@@ -164,25 +165,25 @@ class RouterCollector:
             "routing table.",
             m.supervisor_removal_latency,
         )
-        yield _labelled_counter(
+        yield labelled_counter(
             "corral_router_supervisor_acks",
             "Acknowledgements of removal sent to supervisors, by result (sent, failed).",
             ["result"],
             {(result,): n for result, n in m.supervisor_acks.items()},
         )
-        yield _labelled_counter(
+        yield labelled_counter(
             "corral_router_wakes",
             "Wakes asked of a supervisor because every engine of the model was SLEEPING, by model.",
             ["model"],
             {(model,): n for model, n in m.wakes.items()},
         )
-        yield _labelled_counter(
+        yield labelled_counter(
             "corral_router_wake_held_requests",
             "Requests held while their model's engine was woken (--wake-hold-seconds), by model.",
             ["model"],
             {(model,): n for model, n in m.held.items()},
         )
-        yield _labelled_counter(
+        yield labelled_counter(
             "corral_router_wake_hold_outcomes",
             "Held requests by how the hold ended: served (an engine became routable) or timed_out "
             "(--wake-hold-seconds passed; the request was answered 503).",
@@ -217,16 +218,6 @@ class RouterCollector:
             "Time from request arrival to the first byte sent to the client.",
             m.ttft,
         )
-
-
-def _labelled_counter(
-    name: str, doc: str, labels: list[str], values: dict[tuple[str, ...], float]
-) -> CounterMetricFamily:
-    """One counter family with a sample per label tuple, in a stable (sorted) order."""
-    family = CounterMetricFamily(name, doc, labels=labels)
-    for label_values, n in sorted(values.items()):
-        family.add_metric(list(label_values), n)
-    return family
 
 
 def _histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:

@@ -345,12 +345,14 @@ async def _serve(config: SupervisorConfig) -> int:
 
 
 async def _start_gate(supervisor: Any, config: SupervisorConfig) -> web.AppRunner | None:
+    from corral.supervisor.admission_metrics import AdmissionCollector
     from corral.supervisor.gate import AdmissionGate
 
     if config.gate_port is None:
         return None
     gate = AdmissionGate(config.engine_url, lambda: supervisor.machine.state)
     supervisor.gate = gate
+    supervisor.metrics.registry.register(AdmissionCollector(gate))
     runner = web.AppRunner(gate.app(), access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     try:

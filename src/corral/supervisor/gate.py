@@ -3,7 +3,8 @@ bound to loopback. It forwards only the OpenAI inference paths (plus `/v1/models
 the development endpoints that `VLLM_SERVER_DEV_MODE=1` exposes are unreachable from the data port;
 it answers 503 with Retry-After unless the engine is READY, so nothing reaches an engine out of
 routing however late a client is; and it counts in-flight requests per model or adapter, which makes
-an adapter's drain exact.
+an adapter's drain exact, and admissions and refusals per model (`corral.supervisor.admission_metrics`
+shows them on the supervisor's `/metrics`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ READ_PATHS = frozenset({"/v1/models", "/health", "/ping", "/version"})
 HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "upgrade", "host", "content-length", "te", "trailer"}
 )
+# why a request was refused: the engine is not READY (503), or the path is not on the data port (404)
+NOT_READY = "not_ready"
+NOT_SERVED = "path_not_served"
 
 
 class AdmissionGate:
@@ -46,9 +50,8 @@ class AdmissionGate:
         self._state = state
         self.retry_after = retry_after
         self.in_flight: Counter[str] = Counter()
-        self.admitted = 0
-        self.refused_not_ready = 0
-        self.refused_path = 0
+        self.admitted: Counter[str] = Counter()  # model -> requests forwarded
+        self.refused: Counter[tuple[str, str]] = Counter()  # (model, reason) -> requests refused
         self._session: aiohttp.ClientSession | None = None
 
     def app(self) -> web.Application:
@@ -64,10 +67,13 @@ class AdmissionGate:
     def to_json(self) -> dict[str, Any]:
         return {
             "in_flight": dict(self.in_flight),
-            "admitted": self.admitted,
-            "refused_not_ready": self.refused_not_ready,
-            "refused_path": self.refused_path,
+            "admitted": self.admitted.total(),
+            "refused_not_ready": self._refused_for(NOT_READY),
+            "refused_path": self._refused_for(NOT_SERVED),
         }
+
+    def _refused_for(self, reason: str) -> int:
+        return sum(n for (_, why), n in self.refused.items() if why == reason)
 
     async def wait_idle(self, model: str, within: float) -> bool:
         """True once no request for `model` is in flight through the gate, False after `within` s."""
@@ -82,10 +88,12 @@ class AdmissionGate:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         path = request.path
         if path not in INFERENCE_PATHS and path not in READ_PATHS:
-            self.refused_path += 1
+            self.refused[("", NOT_SERVED)] += 1  # no body read for a path nobody may reach
             return error_response(404, f"{path} is not served on the data port", "NotFoundError")
+        body = await request.read()
+        model = _model_of(body) if path in INFERENCE_PATHS else None
         if path in INFERENCE_PATHS and self._state() is not EngineState.READY:
-            self.refused_not_ready += 1
+            self.refused[(model or "", NOT_READY)] += 1
             answer = error_response(
                 503,
                 f"the engine is {self._state()}, not READY; retry after {self.retry_after} s",
@@ -93,11 +101,9 @@ class AdmissionGate:
             )
             answer.headers["Retry-After"] = str(self.retry_after)
             return answer
-        body = await request.read()
-        model = _model_of(body) if path in INFERENCE_PATHS else None
         if model is not None:
             self.in_flight[model] += 1
-            self.admitted += 1
+            self.admitted[model] += 1
         try:
             return await self._forward(request, body)
         finally:
