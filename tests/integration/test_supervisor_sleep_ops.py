@@ -132,11 +132,11 @@ def test_illegal_sequences_are_refused_and_change_nothing(sup: Supervised) -> No
     # releasing the KV cache twice
     status, body = call(sup, "/v1/sleep", {"level": 0, "mode": "keep", "release_kv": True})
     assert status == 409 and "SLEEPING" in body["error"]["message"], body
-    # wake tags that do not exist; a partial wake
+    # wake tags that do not exist; a tag that is not asleep (the KV release left the weights resident)
     status, body = call(sup, "/v1/wake", {"tags": ["weights", "gpu"]})
     assert status == 409 and "do not exist" in body["error"]["message"], body
     status, body = call(sup, "/v1/wake", {"tags": ["weights"]})
-    assert status == 409 and "partial" in body["error"]["message"], body
+    assert status == 409 and "not asleep" in body["error"]["message"], body
     assert state(sup)["epoch"] == epoch  # nothing changed
     assert finish(sup, call(sup, "/v1/wake")[1])["status"] == "succeeded"
 

@@ -118,6 +118,14 @@ def sleep_command(
 @_timeout
 @click.option("--reload", "reload_weights", is_flag=True, help="Needed after a level-2 sleep.")
 @click.option("--tag", "tags", multiple=True, type=click.Choice(["weights", "kv_cache", "scheduling"]))
+@click.option(
+    "--tags",
+    "tag_list",
+    default=None,
+    metavar="TAG,TAG",
+    help="Wake only these (weights, kv_cache, scheduling), e.g. --tags weights: a partial wake keeps "
+    "the engine SLEEPING and out of routing until a wake of the remaining tags (or without tags).",
+)
 def wake_command(
     supervisor_url: str,
     token_file: Path | None,
@@ -125,11 +133,13 @@ def wake_command(
     timeout: float,
     reload_weights: bool,
     tags: tuple[str, ...],
+    tag_list: str | None,
 ) -> None:
-    """Wake the sleeping engine, verify it and make it READY again."""
+    """Wake the sleeping engine, verify it and make it READY again (or wake it in steps: --tags)."""
     body: dict[str, Any] = {"reload": reload_weights}
-    if tags:
-        body["tags"] = list(tags)
+    wanted = [*tags, *(t.strip() for t in (tag_list or "").split(",") if t.strip())]
+    if wanted:
+        body["tags"] = wanted
     _run(supervisor_url, "/v1/wake", _with_id(body, operation_id), token_file, timeout)
 
 

@@ -1,18 +1,29 @@
-"""`POST /v1/wake {tags?, reload?}`: bring a sleeping engine back to READY the runbook's way.
+"""`POST /v1/wake {tags?, reload?}`: bring a sleeping engine back to READY the runbook's way, in one
+wake or in steps.
 
-A level-2 sleep discarded the weights, so its wake is weights → `reload_weights` → KV cache and must
-be asked for with `reload: true`. Only full wakes are performed: a partial wake leaves the engine
-sleeping, and the supervisor has no use for that state. VERIFY is the readiness check again (not
-sleeping, memory back, same model, smoke answered); a failed wake leaves the engine FAILED with the
-failed step named, then restarts it in place (weights from disk: a known state).
+A level-2 sleep discarded the weights, so waking them is weights → `reload_weights` and must be asked
+for with `reload: true`. With `tags`, a wake may be partial (`weights` now, `kv_cache` later): VERIFY
+then checks that the woken memory is back and the engine still sleeps, and the supervisor stays
+SLEEPING (out of routing) with the woken tags in its sleep status. The wake that wakes the last tags
+(or any wake without tags) completes it: VERIFY is the readiness check again (not sleeping, memory
+back, same model, smoke answered). A failed wake leaves the engine FAILED with the failed step named,
+then restarts it in place (weights from disk: a known state).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from corral.supervisor.engine_admin import WAKE_TAGS, EngineFigures, parse_figures
+from corral.supervisor.engine_admin import EngineFigures, parse_figures
 from corral.supervisor.ops.common import admin_for, fail_and_restart, verify_awake
+from corral.supervisor.ops.wake_steps import (
+    WakeSteps,
+    asleep_tags,
+    check_tag_names,
+    plan_wake,
+    run_calls,
+    verify_partial,
+)
 from corral.supervisor.runbook import Evidence, Refused, Step, StepFailed
 from corral.supervisor.states import EngineState
 
@@ -20,6 +31,7 @@ if TYPE_CHECKING:
     from corral.supervisor.lifecycle import EngineSupervisor
 
 S = EngineState
+PARTIALLY_AWAKE = "partially_awake"
 
 
 def _before(status: dict[str, Any]) -> EngineFigures | None:
@@ -33,42 +45,35 @@ class WakePlan:
     kind = "wake"
 
     def __init__(self, sup: EngineSupervisor, tags: list[str] | None, reload: bool = False) -> None:
-        unknown = [t for t in tags or [] if t not in WAKE_TAGS]
-        if unknown:
-            raise Refused(f"wake tags {unknown} do not exist; the tags are {', '.join(WAKE_TAGS)}")
-        if tags and not {"weights", "kv_cache"} <= set(tags):
-            raise Refused(
-                f"wake tags {tags} would leave the engine sleeping (a partial wake); the supervisor "
-                "only wakes fully: omit tags, or give weights, kv_cache and scheduling"
-            )
+        check_tag_names(tags)
         self.sup = sup
         self.tags = tags
         self.reload = reload
         self.admin = admin_for(sup)
         self.status: dict[str, Any] = {}
-        self.sequence: list[str] = []
+        self.steps: WakeSteps | None = None
+
+    @property
+    def _steps(self) -> WakeSteps:
+        assert self.steps is not None, "precheck first"
+        return self.steps
 
     async def precheck(self) -> Evidence:
         sup = self.sup
         if sup.machine.state is not S.SLEEPING or sup.sleep_status is None:
             raise Refused(f"wake refused: the engine is {sup.machine.state}, not SLEEPING")
         self.status = dict(sup.sleep_status)
-        level = self.status.get("level")
-        if level == 2 and not self.reload:
-            raise Refused(
-                "wake refused: a level-2 sleep discarded the weights; waking them without "
-                "reload_weights would serve garbage. Wake with reload (corral wake --reload)"
-            )
+        self.steps = plan_wake(self.status.get("level"), asleep_tags(self.status), self.tags, self.reload)
         if not await self.admin.is_sleeping():
             raise Refused(
                 "wake refused: the engine does not report is_sleeping; the supervisor's state is stale"
             )
-        self.sequence = (
-            ["wake_up?tags=weights", "collective_rpc reload_weights", "wake_up?tags=kv_cache", "wake_up"]
-            if level == 2
-            else ["wake_up"]
-        )
-        return {"sleep": self.status, "sequence": self.sequence}
+        return {
+            "sleep": self.status,
+            "sequence": self._steps.sequence,
+            "waking": self._steps.waking,
+            "completes": self._steps.completes,
+        }
 
     async def remove_from_routing(self) -> Evidence:
         return {
@@ -79,16 +84,23 @@ class WakePlan:
         return {"skipped": "nothing is routed to a sleeping engine"}
 
     async def execute(self) -> Evidence:
-        self.sup.transition(S.WAKING, f"waking: {', '.join(self.sequence)}", "waking")
-        done: list[Evidence] = []
-        if self.status.get("level") == 2:
-            done.append({"wake_up weights": await self.admin.wake_up(["weights"])})
-            done.append({"reload_weights": await self.admin.reload_weights()})
-            done.append({"wake_up kv_cache": await self.admin.wake_up(["kv_cache"])})
-        done.append({"wake_up": await self.admin.wake_up(self.tags)})
-        return {"calls": done}
+        steps = self._steps
+        if steps.completes:
+            self.sup.transition(S.WAKING, f"waking: {', '.join(steps.sequence)}", "waking")
+        else:
+            self.sup.transition(
+                S.SLEEPING,
+                f"partial wake: {', '.join(steps.sequence)}; {steps.still_asleep} stays asleep",
+                "partial_waking",
+            )
+        return {"calls": await run_calls(self.admin, steps)}
 
     async def verify(self) -> Evidence:
+        steps = self._steps
+        if not steps.completes:
+            return self._partially_awake(
+                await verify_partial(self.admin, _before(self.status), self._woken(), steps.still_asleep)
+            )
         checked = await verify_awake(self.sup, self.admin, _before(self.status))
         self.sup.sleep_status = None
         self.sup.transition(
@@ -97,11 +109,33 @@ class WakePlan:
         self.sup.resume_serving()
         return checked
 
+    def _woken(self) -> list[str]:
+        before = self.status.get("woken_tags")
+        earlier = [str(t) for t in before] if isinstance(before, list) else []
+        return [t for t in ("weights", "kv_cache") if t in earlier or t in self._steps.waking]
+
+    def _partially_awake(self, checked: Evidence) -> Evidence:
+        woken, asleep = checked["woken_tags"], checked["asleep_tags"]
+        self.sup.sleep_status = {**self.status, "woken_tags": woken, "asleep_tags": asleep}
+        self.sup.transition(
+            S.SLEEPING,
+            f"partially awake: {woken} woken, {asleep} asleep; out of routing until a wake completes",
+            PARTIALLY_AWAKE,
+            woken_tags=woken,
+            asleep_tags=asleep,
+            figures=checked["figures"],
+        )
+        return checked
+
     async def recover(self, failed_step: Step, cause: str) -> Evidence:
         return await fail_and_restart(self.sup, f"wake failed at {failed_step}: {cause}")
 
     async def postcheck(self) -> Evidence:
         figures = await self.admin.figures()
+        if not self._steps.completes:
+            if not await self.admin.is_sleeping():
+                raise StepFailed("the engine reports is_sleeping false after a partial wake")
+            return {"state": self.sup.machine.state.value, "figures": figures.to_json()}
         if figures.sleep_state not in (None, "awake"):
             raise StepFailed(f"sleep state {figures.sleep_state} after the wake")
         return {"state": self.sup.machine.state.value, "figures": figures.to_json()}
