@@ -7,6 +7,7 @@ import click
 from corral import __version__
 from corral.fleet.cli import up
 from corral.fleet.doctor_cli import doctor
+from corral.fleet.rollout_cli import rollback, rollout
 from corral.fleet.status_cli import status
 from corral.fleet.verify_cli import verify
 from corral.k8s_render.cli import k8s
@@ -30,5 +31,7 @@ main.add_command(status)
 main.add_command(k8s)
 main.add_command(verify)
 main.add_command(doctor)
+main.add_command(rollout)
+main.add_command(rollback)
 for command in RUNBOOK_COMMANDS:
     main.add_command(command)

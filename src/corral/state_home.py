@@ -14,3 +14,8 @@ def corral_state_dir() -> Path:
 def local_fleet_file(router_port: int) -> Path:
     """The file `corral up` writes and `corral status` reads for the fleet behind that router port."""
     return corral_state_dir() / f"up-{router_port}.json"
+
+
+def local_fleet_token_file(router_port: int) -> Path:
+    """The bearer token of that fleet's control API (mode 0600), which `corral rollout` reads."""
+    return corral_state_dir() / f"up-{router_port}.token"

@@ -13,15 +13,25 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from corral.router.app import RouterConfig, build_app
-from corral.router.file_source import BackendsFileError, parse_backends
+from corral.router.file_source import Backends, BackendsFileError, parse_backends
 from tests.unit.test_router_proxy import FakeEngine
 
 
 def test_parse_backends_skips_comments_and_rejects_non_urls(tmp_path: Path) -> None:
     text = "# engines\nhttp://a:1/\n\n  https://b:2  # second\n"
-    assert parse_backends(text, tmp_path / "f") == ["http://a:1", "https://b:2"]
-    with pytest.raises(BackendsFileError, match=r"f:2: 'a:1' is not an engine URL"):
+    assert parse_backends(text, tmp_path / "f") == Backends(["http://a:1", "https://b:2"], {})
+    with pytest.raises(BackendsFileError, match=r"f:2: 'a:1' is not an engine;"):
         parse_backends("http://x:1\na:1\n", tmp_path / "f")
+
+
+def test_parse_backends_reads_supervised_engines(tmp_path: Path) -> None:
+    text = "http://a:1=http://a:9101/\nhttp://b:2\n"
+    assert parse_backends(text, tmp_path / "f") == Backends(
+        ["http://a:1", "http://b:2"], {"http://a:1": "http://a:9101"}
+    )
+    for bad in ("http://a:1=a:9101", "http://a:1=", "=http://a:9101", "http://a:1 = http://b:2"):
+        with pytest.raises(BackendsFileError, match=r"f:1: .* is not an engine;"):
+            parse_backends(bad + "\n", tmp_path / "f")
 
 
 async def test_backends_file_is_reloaded_on_change(tmp_path: Path) -> None:

@@ -14,9 +14,11 @@ import orjson
 from rich.console import Console
 
 from corral.aio import run
+from corral.fleet.bundle_spec import BundleError, load_bundle
+from corral.fleet.control import FleetControl, write_token_file
 from corral.fleet.local import FleetSpec, LocalFleet
 from corral.fleet.status import fetch_fleet, summary_line
-from corral.state_home import local_fleet_file
+from corral.state_home import local_fleet_file, local_fleet_token_file
 
 
 @click.command()
@@ -57,6 +59,22 @@ from corral.state_home import local_fleet_file
     default=None,
     help="Where each member's log goes (default: a new temporary directory).",
 )
+@click.option(
+    "--group-size",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Engines per serving group: a group is started and retired whole (by `corral rollout`), "
+    "so it never mixes bundles. --engines must be a multiple of it.",
+)
+@click.option(
+    "--bundle",
+    "bundle_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Bundle file (name, engine_args, env) the engines start from; default: a bundle named "
+    "'initial' made of the --sim-arg's.",
+)
 @click.option("--verbose", "-v", is_flag=True, help="Also print every member's log lines.")
 @click.option(
     "--sim-arg",
@@ -75,9 +93,24 @@ def up(
     log_dir: Path | None,
     verbose: bool,
     sim_args: tuple[str, ...],
+    group_size: int,
+    bundle_file: Path | None,
 ) -> None:
     """Start a local fleet: simulated engines and a router on loopback, until Ctrl-C."""
     console = Console(highlight=False, soft_wrap=True)
+    if engines % group_size:
+        raise click.UsageError(
+            f"--engines {engines} is not a multiple of --group-size {group_size}; "
+            f"use e.g. --engines {engines - engines % group_size or group_size}"
+        )
+    bundle = None
+    if bundle_file is not None:
+        if sim_args:
+            raise click.UsageError("Use either --bundle or --sim-arg: a bundle names its engine_args.")
+        try:
+            bundle = load_bundle(bundle_file)
+        except BundleError as exc:
+            raise click.UsageError(str(exc)) from None
     spec = FleetSpec(
         engines=engines,
         host=host,
@@ -87,6 +120,8 @@ def up(
         startup_timeout=startup_timeout,
         stop_grace=stop_grace,
         sim_args=sim_args,
+        group_size=group_size,
+        bundle=bundle,
     )
     logs = log_dir or Path(tempfile.mkdtemp(prefix="corral-up-"))
     echo = (lambda line: console.print(line, markup=False)) if verbose else None
@@ -100,7 +135,8 @@ async def _up(fleet: LocalFleet, console: Console) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     spec = fleet.spec
-    console.print(f"starting {spec.engines} simulated engine(s) and a router (logs: {fleet.log_dir})")
+    groups = f" in {spec.groups} serving groups" if spec.group_size > 1 else ""
+    console.print(f"starting {spec.engines} simulated engine(s){groups} and a router (logs: {fleet.log_dir})")
     started = time.monotonic()
     start_task = asyncio.create_task(fleet.start())
     stop_task = asyncio.create_task(stop.wait())
@@ -115,6 +151,11 @@ async def _up(fleet: LocalFleet, console: Console) -> int:
         console.print(f"[red]fleet failed to start:[/red] {error}", markup=True)
         await _stop(fleet, console)
         return 1
+    token_file = local_fleet_token_file(spec.router_port)
+    control = FleetControl(fleet, write_token_file(token_file))
+    fleet.set_control(
+        await control.start(spec.host if spec.host.startswith("127.") else "127.0.0.1"), token_file
+    )
     url = fleet.router_url
     console.print(f"[green]fleet ready[/green] in {time.monotonic() - started:.1f}s")
     console.print(f"router: [bold]{url}[/bold]")
@@ -124,8 +165,11 @@ async def _up(fleet: LocalFleet, console: Console) -> int:
         markup=False,
     )
     console.print(f"status: corral status --port {spec.router_port}    Ctrl-C stops everything.")
-    code = await _watch(fleet, console, stop)
-    await _stop(fleet, console)
+    try:
+        code = await _watch(fleet, console, stop)
+    finally:
+        await control.stop()
+        await _stop(fleet, console)
     return code
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from corral.fleet.expected_sleep import ExpectedAsleep, asleep_problems
 from corral.fleet.probe import EngineView, FleetView
 from corral.supervisor.evidence import KINDS
 
@@ -35,17 +36,22 @@ class Expectations:
     model: str | None = None
     adapters: tuple[str, ...] | None = None  # None: only that every engine of a group has the same
     explained: dict[str, str] = field(default_factory=dict)  # evidence kind -> operator's explanation
+    asleep: tuple[ExpectedAsleep, ...] = ()  # engines a planned sleep should have put to sleep
+
+    def expected_asleep(self, engine: EngineView) -> ExpectedAsleep | None:
+        return next((a for a in self.asleep if a.matches(engine)), None)
 
 
 def _names(engines: list[EngineView]) -> str:
     return ", ".join(e.name for e in engines)
 
 
-def check_processes(view: FleetView) -> Check:
+def check_processes(view: FleetView, expect: Expectations) -> Check:
     supervised = [e for e in view.engines if e.supervisor_url is not None]
     if not supervised:
         return Check("processes", WARN, "no supervisors given: process and rank state not checked")
-    bad = [e for e in supervised if e.lifecycle != "READY"]
+    asleep = [e for e in supervised if expect.expected_asleep(e) is not None]
+    bad = [e for e in supervised if e.lifecycle != "READY" and e not in asleep]
     if bad:
         detail = "; ".join(
             f"{e.name} {e.lifecycle}" + (f" ({e.state_error or (e.state or {}).get('reason')})") for e in bad
@@ -53,7 +59,9 @@ def check_processes(view: FleetView) -> Check:
         return Check("processes", FAIL, f"not READY: {detail}")
     restarted = [e for e in supervised if (e.state or {}).get("restarts")]
     note = f"; restarted before READY: {_names(restarted)}" if restarted else ""
-    return Check("processes", PASS, f"{len(supervised)} supervisors READY{note}")
+    if asleep:
+        note += f"; expected asleep (see sleep): {_names(asleep)}"
+    return Check("processes", PASS, f"{len(supervised) - len(asleep)} supervisors READY{note}")
 
 
 def check_model(view: FleetView, expect: Expectations) -> Check:
@@ -107,20 +115,44 @@ def check_bundle(view: FleetView) -> Check:
     return Check("bundle", PASS, f"one fingerprint per serving group: {detail}")
 
 
-def check_health(view: FleetView) -> Check:
-    ready = [e for e in view.engines if e.lifecycle == "READY" or e.supervisor_url is None]
+def check_health(view: FleetView, expect: Expectations) -> Check:
+    ready = [
+        e
+        for e in view.engines
+        if e.lifecycle == "READY" or e.supervisor_url is None or expect.expected_asleep(e) is not None
+    ]
     bad = [e for e in ready if e.health != 200]
     if bad:
         return Check("health", FAIL, "; ".join(f"{e.name} /health {e.health or 'unreachable'}" for e in bad))
     return Check("health", PASS, f"{len(ready)} engines answer /health 200")
 
 
-def check_sleep(view: FleetView) -> Check:
-    asleep = [e for e in view.engines if e.sleeping]
-    if asleep:
-        return Check("sleep", FAIL, f"sleeping (expected awake): {_names(asleep)}")
-    unknown = [e for e in view.engines if e.sleeping is None and e.health == 200]
+def check_sleep(view: FleetView, expect: Expectations) -> Check:
+    """Every engine awake, except those `--expect-asleep` names: each of those asleep as expected."""
+    problems = [
+        f"no engine {w.engine!r} to be asleep (engines: {_names(view.engines)})"
+        for w in expect.asleep
+        if not any(w.matches(e) for e in view.engines)
+    ]
+    expected: list[str] = []
+    awake: list[EngineView] = []
+    for e in view.engines:
+        wanted = expect.expected_asleep(e)
+        if wanted is None:
+            awake.append(e)
+            continue
+        expected.append(e.name + (f" level {wanted.level}" if wanted.level is not None else ""))
+        problems += [f"{e.name} (expected asleep): {p}" for p in asleep_problems(e, wanted)]
+    sleeping = [e for e in awake if e.sleeping]
+    if sleeping:
+        problems.append(f"sleeping (expected awake): {_names(sleeping)}")
+    if problems:
+        return Check("sleep", FAIL, "; ".join(problems))
+    unknown = [e for e in awake if e.sleeping is None and e.health == 200]
     note = f" ({len(unknown)} without /is_sleeping: dev mode off)" if unknown else ""
+    if expected:
+        detail = f"asleep as expected: {', '.join(expected)}; no other engine sleeping"
+        return Check("sleep", PASS, detail + note)
     return Check("sleep", PASS, "no engine sleeping" + note)
 
 
@@ -237,16 +269,18 @@ async def run_checks(
 ) -> tuple[list[Check], float | None]:
     """Every check, in the checklist's order, and the TTFT sample for the change record."""
     checks = [
-        check_processes(view),
+        check_processes(view, expect),
         check_model(view, expect),
         check_adapters(view, expect),
         check_bundle(view),
-        check_health(view),
-        check_sleep(view),
+        check_health(view, expect),
+        check_sleep(view, expect),
         check_membership(view),
     ]
     model = expect.model or next((m for e in view.engines for m in e.base_models), None)
-    ready = next((e.engine_url for e in view.engines if e.health == 200 and e.engine_url), None)
+    ready = next(  # a sleeping engine answers /health 200 but would hold the smoke request
+        (e.engine_url for e in view.engines if e.health == 200 and not e.sleeping and e.engine_url), None
+    )
     base = view.target.router or ready
     sample = SmokeSample(Check("smoke", FAIL, "nowhere to send it: no router and no healthy engine"))
     if base is not None and model is not None:

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from corral.aio import run
 from corral.fleet.change_record import default_record_path, new_record, read_record, write_record
+from corral.fleet.expected_sleep import ExpectAsleepError, ExpectedAsleep
 from corral.fleet.probe import FleetTarget, TargetError, look, read_token
 from corral.fleet.verify import FAIL, PASS, Check, Expectations, run_checks
 from corral.supervisor.evidence import KINDS
@@ -57,6 +58,14 @@ def _explained(values: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option("--expect-no-adapters", is_flag=True, help="No engine may have an adapter loaded.")
 @click.option(
+    "--expect-asleep",
+    "asleep",
+    multiple=True,
+    metavar="ENGINE[=LEVEL]",
+    help="After a planned sleep: ENGINE (name, supervisor URL or engine URL) must be asleep, at LEVEL "
+    "when given (0, 1, 2), fully (no partial wake) and out of routing; the others awake (repeatable).",
+)
+@click.option(
     "--explain",
     "explain",
     multiple=True,
@@ -77,6 +86,7 @@ def verify(
     expect_model: str | None,
     adapters: tuple[str, ...],
     expect_no_adapters: bool,
+    asleep: tuple[str, ...],
     explain: tuple[str, ...],
     record: Path | None,
     token_file: Path | None,
@@ -90,7 +100,11 @@ def verify(
     except TargetError as exc:
         raise click.ClickException(str(exc)) from None
     expected_adapters = () if expect_no_adapters else (adapters or None)
-    expect = Expectations(expect_model, expected_adapters, _explained(explain))
+    try:
+        expected_asleep = tuple(ExpectedAsleep.parse(spec) for spec in asleep)
+    except ExpectAsleepError as exc:
+        raise click.BadParameter(str(exc), param_hint="--expect-asleep") from None
+    expect = Expectations(expect_model, expected_adapters, _explained(explain), expected_asleep)
     path = record or default_record_path("verify", port)
     previous = read_record(path)
     view = run(look(target))
@@ -103,7 +117,12 @@ def verify(
         failed=failed,
         checks=[c.to_json() for c in checks],
         ttft_ms=ttft_ms if ttft_ms is not None else (previous or {}).get("ttft_ms"),
-        expected={"model": expect_model, "adapters": expected_adapters, "explained": expect.explained},
+        expected={
+            "model": expect_model,
+            "adapters": expected_adapters,
+            "explained": expect.explained,
+            "asleep": {a.engine: a.level for a in expected_asleep},
+        },
     )
     write_record(path, body)
     click.echo(f"change record: {path}")

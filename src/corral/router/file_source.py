@@ -1,6 +1,9 @@
-"""Membership from a backends file (`--backends-file`): one engine URL per line, `#` comments;
-the file is read again whenever its modification time, size or inode changes, and the list it
-names replaces the previous one (probing is `StaticSource`'s job)."""
+"""Membership from a backends file (`--backends-file`): one engine per line, `#` comments; a line is
+an engine URL, or `ENGINE_URL=SUPERVISOR_URL` for an engine run under `corral supervise` (routed only
+while its supervisor says READY, each removal confirmed, as with `--supervised`). The file is read
+again whenever its modification time, size or inode changes, and the list it names replaces the
+previous one (probing is `StaticSource`'s job). This is how a fleet that Corral runs changes the
+router's members at run time: write the new file atomically (temp file, then rename)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from corral.router.membership import Membership
@@ -21,21 +26,37 @@ class BackendsFileError(Exception):
     """The backends file cannot be read or names something that is not an http(s) URL."""
 
 
-def parse_backends(text: str, path: Path) -> list[str]:
+_LINE = re.compile(r"^(https?://[^=\s]+?)/?(?:=(https?://\S+?)/?)?$")
+
+
+@dataclass(frozen=True, slots=True)
+class Backends:
+    """What a backends file names: engine URLs in file order, and the supervisor of those that have one."""
+
+    urls: list[str]
+    supervisors: dict[str, str]
+
+
+def parse_backends(text: str, path: Path) -> Backends:
     urls: list[str] = []
+    supervisors: dict[str, str] = {}
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        if not line.startswith(("http://", "https://")):
+        match = _LINE.match(line)
+        if match is None:
             raise BackendsFileError(
-                f"{path}:{number}: {line!r} is not an engine URL; write one http(s)://host:port per line"
+                f"{path}:{number}: {line!r} is not an engine; write one http(s)://host:port per line, "
+                "or ENGINE_URL=SUPERVISOR_URL for a supervised engine"
             )
-        urls.append(line.rstrip("/"))
-    return urls
+        urls.append(match.group(1))
+        if match.group(2):
+            supervisors[match.group(1)] = match.group(2)
+    return Backends(urls, supervisors)
 
 
-def read_backends(path: Path) -> list[str]:
+def read_backends(path: Path) -> Backends:
     try:
         text = path.read_text()
     except OSError as exc:
@@ -57,8 +78,15 @@ class FileSource:
         self._poll_seconds = poll_seconds
         self._stamp = self._file_stamp()
         # A bad file at start is the user's to fix now; later, a bad edit keeps the last good list.
+        first = read_backends(path)
         self._static = StaticSource(
-            membership, read_backends(path), refresh_seconds, probe_timeout, source="file", metrics=metrics
+            membership,
+            first.urls,
+            refresh_seconds,
+            probe_timeout,
+            source="file",
+            metrics=metrics,
+            supervisors=first.supervisors,
         )
         self._task: asyncio.Task[None] | None = None
 
@@ -92,10 +120,15 @@ class FileSource:
             return False
         self._stamp = stamp
         try:
-            urls = read_backends(self._path)
+            backends = read_backends(self._path)
         except BackendsFileError as exc:
             log.error("%s; keeping the previous %d backends", exc, len(self._static.urls))
             return False
-        log.info("backends file %s changed: %d backends", self._path, len(urls))
-        self._static.set_urls(urls)
+        log.info(
+            "backends file %s changed: %d backends, %d supervised",
+            self._path,
+            len(backends.urls),
+            len(backends.supervisors),
+        )
+        self._static.set_urls(backends.urls, backends.supervisors)
         return True

@@ -69,17 +69,25 @@ class StaticSource:
         self._task: asyncio.Task[None] | None = None
         self.set_urls(urls)
 
-    def set_urls(self, urls: Sequence[str]) -> None:
+    def set_urls(self, urls: Sequence[str], supervisors: Mapping[str, str] | None = None) -> None:
         """Make the list exactly `urls`: new ones are added (probed on the next round, or now when
-        running), dropped ones removed from membership at once."""
+        running), dropped ones removed from membership at once. With `supervisors` (engine url ->
+        supervisor url) the supervised set is replaced too; an engine whose supervisor changed is
+        removed and added again, so that its routing follows the new supervisor's stream only."""
         wanted = list(dict.fromkeys(u.rstrip("/") for u in urls))
+        if supervisors is not None:
+            new = {k.rstrip("/"): v.rstrip("/") for k, v in supervisors.items()}
+            moved = {u for u in self._urls if self._supervisors.get(u) != new.get(u)}
+            self._supervisors = new
+        else:
+            moved = set()
         for url in self._urls:
-            if url not in wanted:
+            if url not in wanted or url in moved:
                 self._count(url, "DELETED")
-                self._membership.remove(
-                    url, f"no longer in the {self._source} list", cause=f"{self._source}_removed"
-                )
-        fresh = [u for u in wanted if u not in self._urls]
+                why = "its supervisor changed" if url in wanted else f"no longer in the {self._source} list"
+                self._membership.remove(url, why, cause=f"{self._source}_removed")
+        kept = [u for u in self._urls if u in wanted and u not in moved]
+        fresh = [u for u in wanted if u not in kept]
         for url in fresh:
             self._count(url, "ADDED")
             supervisor = self._supervisors.get(url)

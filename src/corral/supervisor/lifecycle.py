@@ -412,6 +412,8 @@ class EngineSupervisor:
                 if str(exc) != last_error:
                     self._log(f"not ready yet: {exc}")
                     last_error = str(exc)
+                    # in the probe's reason too: what an operator (or a rollout) waiting on it sees
+                    self._to(S.STARTING, f"not ready yet: {exc}"[:300], StartingPhase.SMOKE_TESTING)
                 await asyncio.sleep(1.0)
                 continue
             self.served_model = model

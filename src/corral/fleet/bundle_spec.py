@@ -1,0 +1,76 @@
+"""What `corral rollout --to bundle.yaml` moves a fleet to: a named bundle, as the arguments added to
+every engine's command and the environment it starts with (e.g. `CORRAL_IMAGE`).
+
+The supervisor's bundle fingerprint (corral.supervisor.bundle) is what identifies a running bundle;
+this file only says how to start one. Two bundles that start the same engine get the same fingerprint,
+whatever their names.
+
+    name: vllm-0.33.1
+    engine_args: ["--version-string", "0.33.1"]
+    env: {CORRAL_IMAGE: "registry.local/vllm:0.33.1"}
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+# set by the fleet for each engine it starts; a bundle that set them would collide with it
+_FLEET_OWNED = ("--host", "--port", "--seed")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+class BundleError(ValueError):
+    """A bundle file is unreadable or invalid; the message names the file, the field and the fix."""
+
+
+class BundleSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="What people call this bundle; shown in status and change records.")
+    engine_args: tuple[str, ...] = Field(default=(), description="Added to every engine's command.")
+    env: dict[str, str] = Field(default_factory=dict, description="Set in every engine's environment.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(f"{value!r}: use letters, digits, '.', '_' or '-' (at most 63)")
+        return value
+
+    @field_validator("engine_args")
+    @classmethod
+    def _engine_args(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for arg in value:
+            if arg.split("=", 1)[0] in _FLEET_OWNED:
+                raise ValueError(f"{arg!r}: the fleet sets {', '.join(_FLEET_OWNED)} for each engine")
+        return value
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "engine_args": list(self.engine_args), "env": dict(self.env)}
+
+
+def bundle_from_json(body: Any, where: str) -> BundleSpec:
+    try:
+        return BundleSpec.model_validate(body)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}" for err in exc.errors()
+        )
+        raise BundleError(f"{where}: {problems}") from None
+
+
+def load_bundle(path: Path) -> BundleSpec:
+    try:
+        body = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise BundleError(f"cannot read the bundle file {path}: {exc.strerror or exc}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise BundleError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(body, dict):
+        raise BundleError(f"{path}: write a mapping with name, engine_args and env")
+    return bundle_from_json(body, str(path))

@@ -1,0 +1,235 @@
+"""`corral rollout --to bundle.yaml` and `corral rollback`: the CLI around fleet/rollout.py.
+
+The fleet is named by `--fleet FILE` (YAML or JSON with `router`, `control` and `token_file`; the file
+`corral up` writes has them) or, by default, the local fleet of `--port`. Progress is printed live,
+one line per step as it starts and ends; the change record is written whatever the outcome, and the
+exit code is 0 only when every step and the post-check passed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import aiohttp
+import click
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from corral.aio import run
+from corral.fleet.bundle_spec import BundleError, BundleSpec, bundle_from_json, load_bundle
+from corral.fleet.change_record import default_record_path, read_record, write_record
+from corral.fleet.rollout import FleetControlClient, Rollout, RolloutSettings, Step
+from corral.state_home import local_fleet_file
+
+
+class FleetRef:
+    """Where a Corral-run fleet is: its router, its control API and the control token."""
+
+    def __init__(self, router: str, control: str, token: str, port: int) -> None:
+        self.router, self.control, self.token, self.port = router, control, token, port
+
+    @classmethod
+    def load(cls, fleet: Path | None, port: int) -> FleetRef:
+        path = fleet or local_fleet_file(port)
+        try:
+            body = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            hint = "start one with `corral up`, or pass --fleet FILE" if fleet is None else "check the path"
+            raise click.UsageError(f"no fleet file {path}: {hint}") from None
+        except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise click.UsageError(f"fleet file {path} is unreadable: {exc}") from None
+        if not isinstance(body, dict):
+            raise click.UsageError(f"fleet file {path}: write a mapping with router, control and token_file")
+        missing = [k for k in ("router", "control", "token_file") if not body.get(k)]
+        if missing:
+            raise click.UsageError(
+                f"fleet file {path} lacks {', '.join(missing)}: rollout needs a fleet whose processes "
+                "Corral runs (`corral up` writes such a file)"
+            )
+        token_path = Path(str(body["token_file"]))
+        try:
+            token = token_path.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise click.UsageError(f"token file {token_path} is unreadable: {exc.strerror or exc}") from None
+        router = str(body["router"]).rstrip("/")
+        return cls(router, str(body["control"]), token, urlparse(router).port or port)
+
+
+def _print_step(console: Console) -> Any:
+    def observe(step: Step, finished: bool) -> None:
+        where = f"{step.step:<9} {step.group or '':<14}"
+        if not finished:
+            console.print(f"[dim]…[/dim] {where}", markup=True, highlight=False)
+            return
+        mark = "[green]✓[/green]" if step.ok else "[red]✗[/red]"
+        console.print(f"{mark} {where} {step.seconds:7.2f}s  {step.detail}", markup=True, highlight=False)
+
+    return observe
+
+
+def _summary(record: dict[str, Any]) -> Table:
+    table = Table(title=f"{record['kind']} {record['id']}: {record['outcome']}")
+    for column in ("step", "group", "seconds", "ok"):
+        table.add_column(column)
+    for step in record["steps"]:
+        table.add_row(
+            step["step"], step["group"] or "", f"{step['seconds']:.2f}", "yes" if step["ok"] else "NO"
+        )
+    return table
+
+
+def _settings_options(f: Any) -> Any:
+    options = [
+        click.option(
+            "--fleet", type=click.Path(dir_okay=False, path_type=Path), help="Fleet file (YAML/JSON)."
+        ),
+        click.option(
+            "--port", default=8000, show_default=True, help="Router port of a local `corral up` fleet."
+        ),
+        click.option(
+            "--max-surge",
+            default=1,
+            show_default=True,
+            type=click.IntRange(0, 64),
+            help="Serving groups started beyond the fleet's size at once (needs spare capacity).",
+        ),
+        click.option(
+            "--max-unavailable",
+            default=0,
+            show_default=True,
+            type=click.IntRange(0, 64),
+            help="Serving groups taken down before their replacement is up (with --max-surge 0).",
+        ),
+        click.option(
+            "--routed-timeout",
+            default=30.0,
+            show_default=True,
+            type=click.FloatRange(min=1),
+            help="Seconds for the router to route a new engine or drop an old one.",
+        ),
+        click.option(
+            "--start-timeout",
+            default=600.0,
+            show_default=True,
+            type=click.FloatRange(min=1),
+            help="Seconds a new serving group may take to be READY (startup, smoke, readiness).",
+        ),
+        click.option(
+            "--record",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="Change record to write [default: $XDG_STATE_HOME/corral/KIND-PORT.json].",
+        ),
+        click.option("--supervisor-token-file", type=click.Path(dir_okay=False, path_type=Path)),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _execute(
+    kind: str,
+    target: BundleSpec,
+    ref: FleetRef,
+    settings: RolloutSettings,
+    record_path: Path | None,
+    supervisor_token_file: Path | None,
+) -> None:
+    console = Console(highlight=False, soft_wrap=True)
+    token = supervisor_token_file.read_text().strip() if supervisor_token_file else None
+    path = record_path or default_record_path(kind, ref.port)
+    console.print(f"{kind} of {ref.router} to bundle [bold]{target.name}[/bold]", markup=True)
+
+    async def go() -> dict[str, Any]:
+        async with aiohttp.ClientSession() as session:
+            control = FleetControlClient(session, ref.control, ref.token)
+            rollout = Rollout(
+                control, session, ref.router, target, settings, kind, token, _print_step(console)
+            )
+            return await rollout.run()
+
+    record = run(go())
+    write_record(path, record)
+    console.print(_summary(record))
+    colour = "green" if record["outcome"] == "succeeded" else "red"
+    console.print(f"[{colour}]{record['outcome']}[/{colour}]: {record['reason']}", markup=True)
+    console.print(f"change record: {path}")
+    raise SystemExit(0 if record["outcome"] == "succeeded" else 1)
+
+
+def _settings(
+    max_surge: int, max_unavailable: int, routed_timeout: float, start_timeout: float
+) -> RolloutSettings:
+    if max_surge == 0 and max_unavailable == 0:
+        raise click.UsageError("--max-surge 0 needs --max-unavailable of at least 1 (or nothing moves)")
+    return RolloutSettings(
+        max_surge=max_surge,
+        max_unavailable=max_unavailable,
+        routed_timeout=routed_timeout,
+        start_timeout=start_timeout,
+    )
+
+
+@click.command()
+@click.option(
+    "--to", "to", required=True, type=click.Path(dir_okay=False, path_type=Path), help="The bundle file."
+)
+@_settings_options
+def rollout(
+    to: Path,
+    fleet: Path | None,
+    port: int,
+    max_surge: int,
+    max_unavailable: int,
+    routed_timeout: float,
+    start_timeout: float,
+    record: Path | None,
+    supervisor_token_file: Path | None,
+) -> None:
+    """Move a Corral-run fleet to another bundle, one serving group at a time, losing no request."""
+    try:
+        target = load_bundle(to)
+    except BundleError as exc:
+        raise click.UsageError(str(exc)) from None
+    settings = _settings(max_surge, max_unavailable, routed_timeout, start_timeout)
+    _execute("rollout", target, FleetRef.load(fleet, port), settings, record, supervisor_token_file)
+
+
+@click.command()
+@click.option(
+    "--from-record",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The rollout's change record [default: $XDG_STATE_HOME/corral/rollout-PORT.json].",
+)
+@_settings_options
+def rollback(
+    from_record: Path | None,
+    fleet: Path | None,
+    port: int,
+    max_surge: int,
+    max_unavailable: int,
+    routed_timeout: float,
+    start_timeout: float,
+    record: Path | None,
+    supervisor_token_file: Path | None,
+) -> None:
+    """Move the fleet back to the bundle the last rollout started from, the same way."""
+    ref = FleetRef.load(fleet, port)
+    source = from_record or default_record_path("rollout", ref.port)
+    previous = read_record(source)
+    if previous is None or previous.get("kind") != "rollout":
+        raise click.UsageError(f"{source} is not a rollout change record; pass --from-record PATH")
+    bundles = {str(b): b for b in (previous.get("from_bundles") or {}).values() if b}
+    if len(bundles) != 1:
+        raise click.UsageError(
+            f"{source}: the rollout started from {len(bundles)} bundles, not one; "
+            "roll out to the one you want with `corral rollout --to`"
+        )
+    try:
+        target = bundle_from_json(next(iter(bundles.values())), str(source))
+    except BundleError as exc:
+        raise click.UsageError(str(exc)) from None
+    settings = _settings(max_surge, max_unavailable, routed_timeout, start_timeout)
+    _execute("rollback", target, ref, settings, record, supervisor_token_file)

@@ -1,0 +1,256 @@
+"""`corral rollout` and `corral rollback` on a local fleet of 4 simulated engines in 2 serving groups,
+under continuous bounded load through the router: no request lost, no stream cut, no serving group
+ever mixing fingerprints, every step in the change record with its timing; and a rollout whose new
+bundle fails its smoke test stops with the old fleet serving every request."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import psutil
+
+from tests.integration.test_up import descendants, local_fleet_file_under, start_up
+from tests.support.procs import CorralProcess
+from tests.support.streams import stream_once
+
+LOAD_WORKERS = 8
+LOAD_MAX_REQUESTS = 20_000  # far beyond what a test sends: reaching it means the load ran away
+LOAD_MAX_SECONDS = 240.0
+SIM = ("--sim-arg=--itl-ms=5",)  # streams of 16 tokens last ~80 ms: many are in flight at every drain
+
+
+@dataclass
+class Load:
+    """Streamed and non-streamed chat requests through the router until stopped (bounded)."""
+
+    url: str
+    outcomes: Counter[str] = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def _one(self, session: aiohttp.ClientSession, n: int) -> None:
+        body: dict[str, Any] = {
+            "model": "sim-model",
+            "messages": [{"role": "user", "content": f"rollout load {n}"}],
+            "max_tokens": 16,
+        }
+        if n % 2:
+            outcome = await stream_once(session, self.url + "/v1/chat/completions", {**body, "stream": True})
+            kind, detail = outcome.kind, outcome.detail
+        else:
+            try:
+                async with session.post(self.url + "/v1/chat/completions", json=body) as resp:
+                    reply = await resp.read()
+                    ok = resp.status == 200 and orjson.loads(reply)["choices"][0]["finish_reason"]
+                    kind, detail = (
+                        ("completed", "")
+                        if ok
+                        else ("failed_before_stream", f"{resp.status} {reply[:200]!r}")
+                    )
+            except aiohttp.ClientError as exc:
+                kind, detail = "failed_before_stream", repr(exc)
+        self.outcomes[kind] += 1
+        if kind != "completed":
+            self.problems.append(f"{kind}: {detail}")
+
+    async def run(self) -> None:
+        deadline = time.monotonic() + LOAD_MAX_SECONDS
+        counter = iter(range(LOAD_MAX_REQUESTS))
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+
+            async def worker() -> None:
+                for n in counter:
+                    if self.stop.is_set() or time.monotonic() > deadline:
+                        return
+                    await self._one(session, n)
+
+            await asyncio.gather(*(worker() for _ in range(LOAD_WORKERS)))
+
+    @property
+    def total(self) -> int:
+        return sum(self.outcomes.values())
+
+
+@dataclass
+class GroupWatch:
+    """Samples every serving group's members (the fleet's control API, then each supervisor's
+    /v1/state) and keeps any moment where one group showed two fingerprints."""
+
+    control: str
+    token: str
+    mixed: list[str] = field(default_factory=list)
+    seen: dict[str, set[str]] = field(default_factory=dict)  # group -> fingerprints over time
+    samples: int = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        headers = {"Authorization": f"Bearer {self.token}"}
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            while not stop.is_set():
+                async with session.get(self.control + "/v1/groups", headers=headers) as resp:
+                    groups = (await resp.json())["groups"]
+                for group in groups:
+                    prints = set()
+                    for member in group["members"]:
+                        try:
+                            async with session.get(member["supervisor"] + "/v1/state") as resp:
+                                state = await resp.json()
+                        except aiohttp.ClientError:
+                            continue  # a member being stopped: it serves nothing
+                        if state["state"] == "READY":
+                            prints.add(state["bundle"]["fingerprint"])
+                    if len(prints) > 1:
+                        self.mixed.append(f"{group['name']}: {sorted(prints)}")
+                    self.seen.setdefault(group["name"], set()).update(prints)
+                self.samples += 1
+                await asyncio.sleep(0.05)
+
+
+def fleet_file(state_home: Path, url: str) -> dict[str, Any]:
+    port = int(url.rsplit(":", 1)[1])
+    body: dict[str, Any] = orjson.loads(local_fleet_file_under(state_home, port).read_bytes())
+    return body
+
+
+def read_token(fleet: dict[str, Any]) -> str:
+    return Path(fleet["token_file"]).read_text().strip()
+
+
+async def corral(state_home: Path, *args: str) -> tuple[int, str]:
+    proc = CorralProcess(list(args), env={"XDG_STATE_HOME": str(state_home)})
+    code = await asyncio.to_thread(proc.wait_exit, 300)
+    return code, proc.output()
+
+
+async def routable(url: str) -> set[str]:
+    async with aiohttp.ClientSession() as session, session.get(url + "/v1/fleet") as resp:
+        body = await resp.json()
+    return {e["url"] for e in body["endpoints"] if e["routable"]}
+
+
+def stop_up(proc: CorralProcess) -> None:
+    children = descendants(proc.pid)
+    proc.signal(signal.SIGINT)
+    assert proc.wait_exit(60) == 0, proc.output()[-3000:]
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+
+async def test_rollout_and_rollback_under_load_lose_nothing(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    proc, url = start_up("--engines", "4", "--group-size", "2", *SIM, state_home=state)
+    try:
+        fleet = fleet_file(state, url)
+        token = read_token(fleet)
+        old_engines = {e["engine"] for e in fleet["engines"]}
+        assert await routable(url) == old_engines
+        bundle = tmp_path / "v2.yaml"
+        bundle.write_text('name: v2\nengine_args: ["--itl-ms", "5", "--version-string", "0.33.1"]\n')
+
+        load, watch = Load(url), GroupWatch(fleet["control"], token)
+        stop_watch = asyncio.Event()
+        load_task = asyncio.create_task(load.run())
+        watch_task = asyncio.create_task(watch.run(stop_watch))
+        await asyncio.sleep(1.0)
+        forward = await corral(state, "rollout", "--port", url.rsplit(":", 1)[1], "--to", str(bundle))
+        after_forward = load.total
+        back = await corral(state, "rollback", "--port", url.rsplit(":", 1)[1])
+        await asyncio.sleep(1.0)
+        load.stop.set()
+        stop_watch.set()
+        await asyncio.gather(load_task, watch_task)
+
+        assert forward[0] == 0, forward[1]
+        assert back[0] == 0, back[1]
+        # continuous load across both: zero failed, zero truncated
+        assert load.outcomes["completed"] > after_forward > 100, load.outcomes
+        assert load.outcomes["failed_before_stream"] == 0, load.problems[:5]
+        assert load.outcomes["broken"] == 0, load.problems[:5]
+        # never two fingerprints inside one serving group, and the fleet really changed bundle
+        assert watch.samples > 20
+        assert watch.mixed == []
+        assert len({fp for prints in watch.seen.values() for fp in prints}) == 2, watch.seen
+
+        forward_record = orjson.loads(
+            (state / "corral" / f"rollout-{url.rsplit(':', 1)[1]}.json").read_bytes()
+        )
+        back_record = orjson.loads((state / "corral" / f"rollback-{url.rsplit(':', 1)[1]}.json").read_bytes())
+        for record, target in ((forward_record, "v2"), (back_record, "initial")):
+            assert record["outcome"] == "succeeded", record["reason"]
+            assert record["to_bundle"]["name"] == target
+            steps = [(s["step"], s["ok"]) for s in record["steps"]]
+            per_group = ["START", "VERIFY", "ROUTED", "DRAIN", "RETIRE", "GONE"]
+            assert [s for s, _ in steps] == ["PRECHECK", *per_group, *per_group, "POSTCHECK"]
+            assert all(ok for _, ok in steps)
+            assert all(s["seconds"] >= 0 and s["started"] > 0 for s in record["steps"])
+            # the new group was routed before the old one began to drain
+            starts = {s["step"]: s for s in record["steps"][1:7]}
+            assert starts["ROUTED"]["started"] <= starts["DRAIN"]["started"]
+            drains = [s for s in record["steps"] if s["step"] == "DRAIN"]
+            for drain in drains:  # confirmed: the router acknowledged every removal
+                for report in drain["data"]["reports"].values():
+                    assert report["routers_missing"] == [] and report["routers_acknowledged"], report
+        assert forward_record["from_bundles"] == {
+            g: {"name": "initial", "engine_args": ["--itl-ms=5"], "env": {}} for g in ("g0", "g1")
+        }
+        fingerprints = {r["fingerprint"] for r in forward_record["replaced"]}
+        assert len(fingerprints) == 1 and fingerprints.isdisjoint(
+            {forward_record["fingerprints"][g] for g in ("g0", "g1")}
+        )
+        # after the rollback, four engines on the first bundle, none of the original processes
+        final = fleet_file(state, url)
+        assert {e["bundle"] for e in final["engines"]} == {"initial"}
+        assert len(final["engines"]) == 4 and old_engines.isdisjoint(e["engine"] for e in final["engines"])
+        assert await routable(url) == {e["engine"] for e in final["engines"]}
+    finally:
+        stop_up(proc)
+
+
+async def test_a_rollout_whose_bundle_fails_its_smoke_stops_with_the_old_fleet_serving(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    proc, url = start_up("--engines", "4", "--group-size", "2", *SIM, state_home=state)
+    port = url.rsplit(":", 1)[1]
+    try:
+        before = fleet_file(state, url)
+        bundle = tmp_path / "broken.yaml"
+        bundle.write_text('name: broken\nengine_args: ["--fail-rate", "1.0"]\n')
+        load = Load(url)
+        load_task = asyncio.create_task(load.run())
+        await asyncio.sleep(0.5)
+        code, output = await corral(
+            state, "rollout", "--port", port, "--to", str(bundle), "--start-timeout", "8"
+        )
+        load.stop.set()
+        await load_task
+
+        assert code == 1, output
+        record = orjson.loads((state / "corral" / f"rollout-{port}.json").read_bytes())
+        assert record["outcome"] == "failed"
+        # it says why: the step, the group, and the supervisor's own words about the smoke request
+        assert record["reason"].startswith("START g0'"), record["reason"]
+        assert "not ready yet" in record["reason"] and "smoke" in record["reason"], record["reason"]
+        assert "keep serving on their bundle: g0 (initial), g1 (initial)" in record["reason"]
+        assert [(s["step"], s["ok"]) for s in record["steps"]] == [("PRECHECK", True), ("START", False)]
+        assert "failed" in output and "START" in output
+        # the old fleet served every request, before, during and after
+        assert load.outcomes["completed"] > 50
+        assert load.outcomes["failed_before_stream"] == 0 and load.outcomes["broken"] == 0, load.problems[:5]
+        after = fleet_file(state, url)
+        assert after["engines"] == before["engines"]
+        assert await routable(url) == {e["engine"] for e in before["engines"]}
+        # and nothing of the failed group is left running
+        names = {e["name"] for e in before["engines"]}
+        for child in descendants(proc.pid):
+            cmd = " ".join(child.cmdline())
+            assert "--fail-rate" not in cmd or not child.is_running(), cmd
+        assert len(names) == 4
+    finally:
+        stop_up(proc)
