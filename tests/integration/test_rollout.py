@@ -254,3 +254,40 @@ async def test_a_rollout_whose_bundle_fails_its_smoke_stops_with_the_old_fleet_s
         assert len(names) == 4
     finally:
         stop_up(proc)
+
+
+async def test_without_surge_a_failed_group_is_recovered_on_its_old_bundle(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    proc, url = start_up("--engines", "4", "--group-size", "2", *SIM, state_home=state)
+    port = url.rsplit(":", 1)[1]
+    try:
+        bundle = tmp_path / "broken.yaml"
+        bundle.write_text('name: broken\nengine_args: ["--fail-rate", "1.0"]\n')
+        load = Load(url)
+        load_task = asyncio.create_task(load.run())
+        await asyncio.sleep(0.5)
+        args = ["--max-surge", "0", "--max-unavailable", "1", "--start-timeout", "8"]
+        code, output = await corral(state, "rollout", "--port", port, "--to", str(bundle), *args)
+        load.stop.set()
+        await load_task
+
+        assert code == 1, output
+        record = orjson.loads((state / "corral" / f"rollout-{port}.json").read_bytes())
+        steps = [(s["step"], s["group"], s["ok"]) for s in record["steps"]]
+        assert steps[:5] == [
+            ("PRECHECK", None, True),
+            ("DRAIN", "g0", True),
+            ("RETIRE", "g0", True),
+            ("GONE", "g0", True),
+            ("START", "g0'", False),
+        ], steps
+        assert steps[5][0] == "RECOVER" and steps[5][2], steps
+        assert record["reason"].startswith("START g0'"), record["reason"]
+        # the other group carried the load alone while g0 was down: nothing failed
+        assert load.outcomes["completed"] > 50
+        assert load.outcomes["failed_before_stream"] == 0 and load.outcomes["broken"] == 0, load.problems[:5]
+        final = fleet_file(state, url)
+        assert len(final["engines"]) == 4 and {e["bundle"] for e in final["engines"]} == {"initial"}
+        assert await routable(url) == {e["engine"] for e in final["engines"]}
+    finally:
+        stop_up(proc)
