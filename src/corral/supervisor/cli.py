@@ -188,6 +188,14 @@ _seconds = click.FloatRange(min=0.0)
     "--preload-health", default=None, metavar="URL", help="The daemon's health URL (200 when ready)."
 )
 @click.option(
+    "--preload-restarts",
+    default=3,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Restarts of a preload daemon that died (backoff as --restart-backoff), each time the engine is "
+    "taken out of routing and started again from the new daemon; then FAILED.",
+)
+@click.option(
     "--lora",
     "lora",
     multiple=True,
@@ -218,6 +226,7 @@ def run_command(
     gate_host: str,
     preload_command: str | None,
     preload_health: str | None,
+    preload_restarts: int,
     lora: tuple[str, ...],
     engine_command: tuple[str, ...],
 ) -> None:
@@ -273,6 +282,8 @@ def run_command(
         token=token,
         lora=adapters,
         preload_argv=preload_argv,
+        preload_health=preload_health,
+        preload_restarts=preload_restarts,
         gate_port=gate_port,
         gate_host=gate_host,
     )
@@ -326,8 +337,10 @@ async def _serve(config: SupervisorConfig) -> int:
     if config.preload_argv:
         from corral.supervisor.preload import PreloadDaemon
 
-        supervisor.preload = PreloadDaemon(config.preload_argv, _printer("[preload]"))
-        await supervisor.preload.start(supervisor.oplog.append)
+        assert config.preload_health is not None
+        await supervisor.start_preload(
+            PreloadDaemon(config.preload_argv, config.preload_health, _printer("[preload]"))
+        )
     gate_runner = await _start_gate(supervisor, config)
     if gate_runner is None and config.gate_port is not None:
         await runner.cleanup()

@@ -40,6 +40,8 @@ class SupervisorConfig:
     gate_host: str = "0.0.0.0"
     gate_port: int | None = None  # the admission gate's data port (corral.supervisor.gate)
     preload_argv: tuple[str, ...] = ()  # the weight-cache daemon, started before the engine
+    preload_health: str | None = None  # the daemon's health URL (a dependency gate too)
+    preload_restarts: int = 3  # restarts of a daemon that died, before the engine is FAILED for good
     lora: tuple[tuple[str, str], ...] = ()  # desired LoRA adapters (name, path), loaded after every start
 
     @property

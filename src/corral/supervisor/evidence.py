@@ -1,7 +1,8 @@
 """Engine log lines that an operator must see after an operation, kept as evidence: a weight-cache
-fallback to disk, a fingerprint/cache-key mismatch, out-of-memory, a worker rank dying. The supervisor
-records each in the operation log and counts them in `/v1/state` (`engine_evidence`); `corral verify`
-and `corral doctor` read them from there.
+fallback to disk, a fingerprint/cache-key mismatch, out-of-memory, a worker rank dying; and one event
+that is no log line, the preload daemon's death (`preload_exit`). The supervisor records each in the
+operation log and counts them in `/v1/state` (`engine_evidence`); `corral verify` and `corral doctor`
+read them from there.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ _MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("oom", ("out of memory", "outofmemoryerror")),
     ("rank", ("worker proc", "workerproc", "rank failed", "worker died", "worker failed")),
 )
-KINDS = tuple(kind for kind, _ in _MARKERS)
+PRELOAD_EXIT = "preload_exit"
+KINDS = (*(kind for kind, _ in _MARKERS), PRELOAD_EXIT)
 
 
 def classify(line: str) -> str | None:

@@ -27,6 +27,7 @@ from corral.supervisor.metrics import SupervisorMetrics
 from corral.supervisor.operations import Operation, OperationLedger
 from corral.supervisor.oplog import EngineLeftover, OperationLog, last_epoch
 from corral.supervisor.preload import PreloadDaemon
+from corral.supervisor.preload_recovery import PreloadKeeper
 from corral.supervisor.readiness import EngineNotAnswering, NotReady, ReadinessCheck, SmokeResult
 from corral.supervisor.routers import RouterSubscriptions
 from corral.supervisor.runtime_adapters import RuntimeAdapterFile, restore_runtime_adapters
@@ -83,6 +84,7 @@ class EngineSupervisor:
         self.sleep_status: dict[str, Any] | None = None
         self.adapters = AdapterSet(desired=dict(config.lora))
         self.preload: PreloadDaemon | None = None  # set when --preload-command runs the daemon
+        self._preload: PreloadKeeper | None = None
         self.gate: AdmissionGate | None = None  # set when --gate-port serves the data path
         self.busy: str | None = None
         self.stall_watch: StallWatch | None = None
@@ -191,6 +193,41 @@ class EngineSupervisor:
         self.refresh_gate_metrics()
         self._log(message)
 
+    # -- the preload daemon (what follows its death: corral.supervisor.preload_recovery) --------
+
+    async def start_preload(self, daemon: PreloadDaemon) -> None:
+        """Run the weight-cache daemon, before the lifecycle starts the engine, and hear of its death."""
+        self.preload = daemon
+        self._preload = PreloadKeeper(
+            daemon,
+            self.config,
+            self.metrics,
+            self.evidence,
+            self.oplog.append,
+            self._log,
+            lambda: self.machine.state.value,
+        )
+        await self._preload.start()
+
+    def _preload_lost(self) -> str | None:
+        return self._preload.lost if self._preload is not None else None
+
+    def _watch_preload(self, tasks: set[asyncio.Task[Any]]) -> None:
+        if self._preload is not None:
+            tasks.add(self._preload.death_task())
+
+    async def _revive_preload(self) -> bool:
+        """Before the engine (re)starts, a dead daemon runs again; False once it keeps dying."""
+        lost = self._preload_lost()
+        if self._preload is None or lost is None:
+            return True
+        self._to(S.STARTING, f"restarting the preload daemon: {lost}", StartingPhase.WAITING_DEPENDENCIES)
+        problem = await self._preload.revive(self.session)
+        if problem is not None:
+            self._fail_for_good(problem, preload=self.preload_json())
+            return False
+        return True
+
     def _to(
         self, state: EngineState, reason: str, sub_state: str | None = None, /, **evidence: Any
     ) -> StateEvent:
@@ -216,8 +253,9 @@ class EngineSupervisor:
                     f"({self.config.failure_restarts} restarts after failures)"
                 )
                 return
+            cause = "preload_exit" if self._preload_lost() else "failure"
             self._record_restart(
-                recovery.used, None, failure.reason, backoff, cause="failure", engine=self.engine
+                recovery.used, None, failure.reason, backoff, cause=cause, engine=self.engine
             )
             await asyncio.sleep(backoff)
             self._to(
@@ -273,6 +311,8 @@ class EngineSupervisor:
         self._to(S.FAILED, reason, "gave_up", recoverable=False, **evidence)
 
     async def _wait_gates(self) -> bool:
+        if not await self._revive_preload():
+            return False
         if not self.config.gates:
             return True
         if self.machine.sub_state != StartingPhase.WAITING_DEPENDENCIES:
@@ -304,15 +344,20 @@ class EngineSupervisor:
             engine = await self._launch_engine()
             exit_task = engine.exit_task()
             ready_task = asyncio.create_task(self._earn_readiness(), name="earn-readiness")
+            watched: set[asyncio.Task[Any]] = {exit_task, ready_task}
+            self._watch_preload(watched)
             try:
                 await asyncio.wait(
-                    {exit_task, ready_task},
+                    watched,
                     timeout=max(0.0, deadline - time.monotonic()),
                     return_when=asyncio.FIRST_COMPLETED,
                 )
             finally:
-                ready_task.cancel()
-                exit_task.cancel()
+                for task in watched:
+                    task.cancel()
+            lost = self._preload_lost()
+            if lost is not None and engine.running:  # never READY on weights from a dead daemon
+                await engine.stop(min(5.0, self.config.drain.shutdown_timeout))
             if ready_task.done() and not ready_task.cancelled() and engine.running:
                 exc = ready_task.exception()
                 if isinstance(exc, ModelMismatch):
@@ -350,7 +395,11 @@ class EngineSupervisor:
             code = engine.returncode
             self._record_exit(engine)
             backoff = policy.next_backoff()
-            reason = f"engine exited with code {code} during startup ({self.machine.sub_state})"
+            reason = (
+                f"{lost}; engine stopped during startup ({self.machine.sub_state})"
+                if lost is not None
+                else f"engine exited with code {code} during startup ({self.machine.sub_state})"
+            )
             if backoff is None:
                 self._fail_for_good(
                     f"{reason}; --startup-restarts {self.config.startup_restarts} spent",
@@ -430,11 +479,16 @@ class EngineSupervisor:
         self.stall_watch = watch
         exit_task = engine.exit_task()
         stall_task = asyncio.create_task(watch.watch(), name="stall-watch")
+        watched: set[asyncio.Task[Any]] = {exit_task, stall_task}
+        self._watch_preload(watched)
         try:
-            await asyncio.wait({exit_task, stall_task}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            exit_task.cancel()
-            stall_task.cancel()
+            for task in watched:
+                task.cancel()
+        lost = self._preload_lost()
+        if lost is not None and engine.running:  # its weights may be the dead daemon's memory
+            return Stall(f"{lost} while serving", {"preload": self.preload_json()})
         if stall_task.done() and not stall_task.cancelled() and engine.running:
             return stall_task.result()
         self._record_exit(engine)
@@ -582,6 +636,9 @@ class EngineSupervisor:
 
     # -- what the API shows ---------------------------------------------------------------------
 
+    def preload_json(self) -> dict[str, Any] | None:
+        return self.preload.to_json() if self.preload is not None else None
+
     def state_body(self) -> dict[str, Any]:
         engine = self.engine
         return {
@@ -599,7 +656,7 @@ class EngineSupervisor:
             "sleep": self.sleep_status,
             "adapters": self.adapters.to_json(),
             "gate": self.gate.to_json() if self.gate is not None else None,
-            "preload": self.preload.to_json() if self.preload is not None else None,
+            "preload": self.preload_json(),
             "busy": self.busy,
             "bundle": self.bundle.to_json() if self.bundle is not None else None,
             "engine_evidence": self.evidence.to_json(),

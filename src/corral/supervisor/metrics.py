@@ -53,6 +53,16 @@ class SupervisorMetrics:
             "Engine weight loads that fell back to disk because the preload daemon was unusable.",
             registry=self.registry,
         )
+        self.preload_exits = Counter(
+            "corral_supervisor_preload_exits",
+            "Preload daemon exits the supervisor did not ask for.",
+            registry=self.registry,
+        )
+        self.preload_restarts = Counter(
+            "corral_supervisor_preload_restarts",
+            "Preload daemon restarts after it died.",
+            registry=self.registry,
+        )
         for state in EngineState:
             self.state.labels(state=state.value).set(0)
 
