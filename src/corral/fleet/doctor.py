@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from corral.fleet.doctor_sleep import memory_not_released, partial_wake
+from corral.fleet.doctor_streams import aborted_streams
 from corral.fleet.probe import EngineView, FleetView
 
 HEALTHY = "healthy"
@@ -170,6 +172,10 @@ async def diagnose_engine(e: EngineView, probe_seconds: float) -> Diagnosis:
             f"supervisor says {e.lifecycle} but {e.engine_url}/health answers {e.health or 'nothing'}",
             f"the supervisor will notice and restart it; meanwhile: {_logs_hint(e)}",
         )
+    for sleep_branch in (partial_wake, memory_not_released):
+        found_asleep = sleep_branch(e)
+        if found_asleep is not None:
+            return Diagnosis(e.name, *found_asleep)
     if e.sleeping:
         return Diagnosis(
             e.name,
@@ -209,6 +215,9 @@ def diagnose_router(view: FleetView) -> list[Diagnosis]:
         return []
     by_url = view.by_engine_url()
     found: list[Diagnosis] = []
+    streams = aborted_streams(view)
+    if streams is not None:
+        found.append(Diagnosis("router", *streams))
     for ep in view.router_endpoints:
         engine = by_url.get(str(ep.get("url")))
         if not ep.get("routable") or engine is None:

@@ -107,6 +107,7 @@ class FleetView:
     engines: list[EngineView] = field(default_factory=list)
     router_endpoints: list[dict[str, Any]] | None = None
     router_error: str = ""
+    router_metrics: str | None = None  # the router's /metrics text (None: not asked or no answer)
 
     def by_engine_url(self) -> dict[str, EngineView]:
         return {e.engine_url: e for e in self.engines if e.engine_url}
@@ -175,6 +176,8 @@ async def look(target: FleetTarget) -> FleetView:
                 view.router_error = f"router {target.router}: " + (
                     f"/v1/fleet answered {status}" if status else "unreachable"
                 )
+            status, raw = await _get(session, target.router + "/metrics")
+            view.router_metrics = raw.decode(errors="replace") if status == 200 else None
         view.engines = [EngineView(name, url, None) for name, url in target.supervisors]
         await asyncio.gather(*(_look_at_engine(session, e, target.token) for e in view.engines))
         known = view.by_engine_url()

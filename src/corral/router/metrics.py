@@ -70,6 +70,8 @@ class RouterMetrics:
         self.wakes: dict[str, int] = {}
         self.held: dict[str, int] = {}
         self.hold_outcomes: dict[tuple[str, str], int] = {}
+        # Streams that did not end normally, by model and how (corral.router.stream_ending).
+        self.stream_failures: dict[tuple[str, str], int] = {}
 
     def count_request(self, model: str, code: int) -> None:
         key = (model, code)
@@ -93,6 +95,10 @@ class RouterMetrics:
 
     def count_held(self, model: str) -> None:
         self.held[model] = self.held.get(model, 0) + 1
+
+    def count_stream_failure(self, model: str, how: str) -> None:
+        key = (model, how)
+        self.stream_failures[key] = self.stream_failures.get(key, 0) + 1
 
     def count_hold_outcome(self, model: str, outcome: str) -> None:
         key = (model, outcome)
@@ -170,6 +176,13 @@ class RouterCollector:
             "Acknowledgements of removal sent to supervisors, by result (sent, failed).",
             ["result"],
             {(result,): n for result, n in m.supervisor_acks.items()},
+        )
+        yield labelled_counter(
+            "corral_router_stream_failures",
+            "Relayed streams that did not end normally, by model and how: engine_error (the engine's "
+            "error event), engine_abort (a choice finished with reason abort), cut (the upstream failed).",
+            ["model", "how"],
+            {key: n for key, n in m.stream_failures.items()},
         )
         yield labelled_counter(
             "corral_router_wakes",

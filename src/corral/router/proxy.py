@@ -26,6 +26,7 @@ from corral.router.membership import Membership
 from corral.router.metrics import RouterMetrics
 from corral.router.policies import Policy, RouteRequest
 from corral.router.retry_budget import RetryBudget, RetryBudgetConfig
+from corral.router.stream_ending import StreamEnding
 from corral.router.upstream import UpstreamClient, UpstreamResponse
 from corral.router.wake_on_demand import WakeOnDemand
 
@@ -263,6 +264,8 @@ class Proxy:
         metrics.ttft.observe(time.perf_counter() - start)
         code = status
         content = upstream
+        ending = StreamEnding()
+        ending.feed(first)
         while True:
             try:
                 chunk = await content.readany()
@@ -278,6 +281,7 @@ class Proxy:
                 )
                 self._eject(endpoint, why, request_id, attempt)
                 metrics.errors += 1
+                ending.cut()
                 code = 502
                 await answer.write(
                     sse_error_event(
@@ -290,8 +294,11 @@ class Proxy:
                 break
             if not chunk:
                 break
+            ending.feed(chunk)
             await answer.write(chunk)
         await answer.write_eof()
+        if ending.failure is not None:
+            metrics.count_stream_failure(route.model, ending.failure)
         metrics.count_request(route.model, code)
         metrics.duration.observe(time.perf_counter() - start)
         return answer
