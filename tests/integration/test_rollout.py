@@ -226,7 +226,7 @@ async def test_a_rollout_whose_bundle_fails_its_smoke_stops_with_the_old_fleet_s
         load_task = asyncio.create_task(load.run())
         await asyncio.sleep(0.5)
         code, output = await corral(
-            state, "rollout", "--port", port, "--to", str(bundle), "--start-timeout", "8"
+            state, "rollout", "--port", port, "--to", str(bundle), "--start-timeout", "20"
         )
         load.stop.set()
         await load_task
@@ -266,7 +266,7 @@ async def test_without_surge_a_failed_group_is_recovered_on_its_old_bundle(tmp_p
         load = Load(url)
         load_task = asyncio.create_task(load.run())
         await asyncio.sleep(0.5)
-        args = ["--max-surge", "0", "--max-unavailable", "1", "--start-timeout", "8"]
+        args = ["--max-surge", "0", "--max-unavailable", "1", "--start-timeout", "20"]
         code, output = await corral(state, "rollout", "--port", port, "--to", str(bundle), *args)
         load.stop.set()
         await load_task

@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from corral.fleet.bundle_spec import BundleError, load_bundle
+from corral.bundle_spec import BundleError, load_bundle
 from corral.fleet.control import FleetControl, write_token_file
 from corral.fleet.local import FleetSpec, LocalFleet
 

@@ -14,7 +14,7 @@ import orjson
 from rich.console import Console
 
 from corral.aio import run
-from corral.fleet.bundle_spec import BundleError, load_bundle
+from corral.bundle_spec import BundleError, load_bundle
 from corral.fleet.control import FleetControl, write_token_file
 from corral.fleet.local import FleetSpec, LocalFleet
 from corral.fleet.status import fetch_fleet, summary_line

@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from corral.fleet.bundle_spec import BundleError, bundle_from_json
+from corral.bundle_spec import BundleError, bundle_from_json
 from corral.fleet.local import FleetStartError, LocalFleet, free_port
 
 
@@ -113,6 +113,8 @@ class FleetControl:
             bundle = bundle_from_json(body["bundle"], "bundle")
         except BundleError as exc:
             return _error(400, str(exc))
+        if bundle.command:
+            return _error(400, "bundle.command: a local fleet runs `corral sim`; give engine_args only")
         try:
             group = await self.fleet.add_group(bundle, size, within)
         except FleetStartError as exc:

@@ -28,8 +28,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from corral.bundle_spec import BundleSpec
 from corral.child_process import ChildProcess, LineSink
-from corral.fleet.bundle_spec import BundleSpec
 
 
 def free_port(host: str) -> int:

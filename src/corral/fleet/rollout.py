@@ -33,7 +33,7 @@ from typing import Any
 
 import aiohttp
 
-from corral.fleet.bundle_spec import BundleSpec, bundle_from_json
+from corral.bundle_spec import BundleSpec, bundle_from_json
 from corral.fleet.probe import FleetTarget, look
 from corral.fleet.verify import FAIL, Expectations, run_checks, smoke
 
@@ -51,6 +51,9 @@ class RolloutSettings:
     routed_timeout: float = 30.0  # for the router to list a new engine as routable, or drop an old one
     drain_timeout: float = 300.0  # for one group's confirmed drain (the supervisors bound each step)
     start_timeout: float = 600.0  # for one group's start (the fleet's own startup timeout applies too)
+    # for RECOVER's start of the previous bundle: known to work, so given time even when the new
+    # bundle's start timeout is short
+    recover_timeout: float = 600.0
 
     @property
     def batch(self) -> int:
@@ -114,7 +117,7 @@ class FleetControlClient:
         async with self._session.get(self.url + "/v1/groups", headers=self._headers, timeout=_SHORT) as r:
             body = await r.json(content_type=None)
             if r.status != 200:
-                raise StepFailed(f"fleet control {self.url}: {r.status} {_message(body)}")
+                raise StepFailed(f"fleet control {self.url}: {r.status} {message_of(body)}")
         return [Group.from_json(g) for g in body["groups"]]
 
     async def add_group(self, bundle: BundleSpec, size: int, within: float) -> Group:
@@ -125,7 +128,7 @@ class FleetControlClient:
         ) as r:
             answer = await r.json(content_type=None)
             if r.status != 201:
-                raise StepFailed(_message(answer))
+                raise StepFailed(message_of(answer))
         return Group.from_json(answer)
 
     async def retire_group(self, name: str, within: float) -> dict[str, Any]:
@@ -134,22 +137,22 @@ class FleetControlClient:
         async with self._session.delete(url, headers=self._headers, timeout=timeout) as r:
             answer: dict[str, Any] = await r.json(content_type=None)
             if r.status != 200:
-                raise StepFailed(_message(answer))
+                raise StepFailed(message_of(answer))
         return answer
 
 
-def _message(body: Any) -> str:
+def message_of(body: Any) -> str:
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         return str(body["error"].get("message"))
     return str(body)[:300]
 
 
-class Rollout:
-    """One rollout (or rollback) of a fleet to `target`; `run()` returns the change record."""
+class RolloutBase:
+    """What every rollout shares: the steps' timing and record, PRECHECK's and POSTCHECK's looks at the
+    fleet, and the router checks. Subclasses say how a serving group is moved (`_move`)."""
 
     def __init__(
         self,
-        control: FleetControlClient,
         session: aiohttp.ClientSession,
         router: str,
         target: BundleSpec,
@@ -160,9 +163,10 @@ class Rollout:
     ) -> None:
         if settings.max_surge < 0 or settings.max_unavailable < 0 or settings.batch < 1:
             raise ValueError("max_surge or max_unavailable must be at least 1 (and neither negative)")
-        self.control, self.session, self.router = control, session, router.rstrip("/")
+        self.session, self.router = session, router.rstrip("/")
         self.target, self.settings, self.kind = target, settings, kind
         self.id = f"{kind}-{uuid.uuid4().hex[:10]}"
+        self._token = supervisor_token
         self._auth = {"Authorization": f"Bearer {supervisor_token}"} if supervisor_token else {}
         self._observer = observer
         self.steps: list[Step] = []
@@ -170,6 +174,20 @@ class Rollout:
         self.replaced: list[dict[str, Any]] = []
         self.fingerprints: dict[str, str] = {}
         self.failure: Step | None = None  # the first step that failed
+
+    @property
+    def batch(self) -> int:
+        """How many serving groups move at once."""
+        return self.settings.batch
+
+    def _is_target(self, group: Group) -> bool:
+        return group.bundle == self.target
+
+    async def _groups(self) -> list[Group]:
+        raise NotImplementedError
+
+    async def _move(self, old: Group) -> None:
+        raise NotImplementedError
 
     # -- the record ---------------------------------------------------------------------------
 
@@ -223,8 +241,8 @@ class Rollout:
         started = time.time()
         try:
             todo = await self._step("PRECHECK", None, self._precheck)
-            for i in range(0, len(todo), self.settings.batch):
-                batch = todo[i : i + self.settings.batch]
+            for i in range(0, len(todo), self.batch):
+                batch = todo[i : i + self.batch]
                 await asyncio.gather(*(self._move(group) for group in batch))
             postcheck = await self._step("POSTCHECK", None, self._postcheck)
         except StepFailed as exc:
@@ -246,27 +264,47 @@ class Rollout:
             health = await r.json(content_type=None)
             if r.status != 200:
                 raise StepFailed(f"router {self.router} /health {r.status}: {health}; fix the fleet first")
-        groups = await self.control.groups()
+        groups = await self._groups()
         if not groups:
             raise StepFailed("the fleet has no serving groups")
         for group in groups:
             fingerprint = await self._group_fingerprint(group)
             self.fingerprints[group.name] = fingerprint
             self.from_bundles[group.name] = group.bundle.to_json() if group.bundle else {}
-        todo = [g for g in groups if g.bundle != self.target]
+        unrouted = self._unrouted(groups, await self._router_endpoints())
+        if unrouted:
+            raise StepFailed(
+                f"the router does not route {', '.join(unrouted)}; a rollout would start short of "
+                "capacity: find out why first (`corral doctor`)"
+            )
+        todo = [g for g in groups if not self._is_target(g)]
         step.detail = (
-            f"router ready ({health.get('ready')} endpoints); {len(groups)} groups READY, one fingerprint "
-            f"each; {len(todo)} to move to {self.target.name}"
+            f"router routes all {sum(len(g.members) for g in groups)} engines; {len(groups)} groups READY, "
+            f"one fingerprint each; {len(todo)} to move to {self.target.name}"
         )
         step.data = {"groups": {g.name: self.fingerprints[g.name] for g in groups}}
         return todo
 
+    @staticmethod
+    def _unrouted(groups: list[Group], listed: dict[str, dict[str, Any]]) -> list[str]:
+        """Members the router does not route now, matched by engine URL or by supervisor URL."""
+        routable_supervisors = {
+            (e.get("supervisor") or {}).get("url") for e in listed.values() if e.get("routable")
+        }
+        return [
+            str(m["name"])
+            for g in groups
+            for m in g.members
+            if not (listed.get(str(m["engine"])) or {}).get("routable")
+            and m["supervisor"] not in routable_supervisors
+        ]
+
     async def _postcheck(self, step: Step) -> str:
-        groups = await self.control.groups()
+        groups = await self._groups()
         target = FleetTarget(
             self.router,
             [(str(m["name"]), str(m["supervisor"])) for g in groups for m in g.members],
-            self._auth.get("Authorization", "").removeprefix("Bearer ") or None,
+            self._token,
         )
         checks, ttft = await run_checks(await look(target), Expectations(), None)
         step.data = {"checks": [c.to_json() for c in checks], "ttft_ms": ttft}
@@ -276,58 +314,13 @@ class Rollout:
         step.detail = f"verify: {len(checks)} checks, none failed"
         return step.detail
 
-    async def _move(self, old: Group) -> None:
-        size = len(old.members)
-        if self.settings.max_surge:
-            new = await self._bring_up(old, self.target, size)
-            await self._take_down(old)
-        else:
-            await self._take_down(old)
-            try:
-                new = await self._bring_up(old, self.target, size)
-            except StepFailed:
-                if old.bundle is not None:
-                    await self._step("RECOVER", old.name, lambda s: self._recover(s, old, size))
-                raise
-        self.replaced.append({"old": old.name, "new": new.name, "fingerprint": self.fingerprints[new.name]})
-
-    async def _recover(self, step: Step, old: Group, size: int) -> None:
-        assert old.bundle is not None
-        group = await self._bring_up(old, old.bundle, size, recovering=True)
-        step.detail = f"{group.name} started again on {old.bundle.name} in place of {old.name}"
-
-    async def _bring_up(self, old: Group, bundle: BundleSpec, size: int, recovering: bool = False) -> Group:
-        label = f"{old.name}'" if not recovering else f"{old.name} (recover)"
-
-        async def start(step: Step) -> Group:
-            group = await self.control.add_group(bundle, size, self.settings.start_timeout)
-            step.group = group.name
-            step.detail = (
-                f"{group.name} ({', '.join(m['name'] for m in group.members)}) READY on {bundle.name}"
-            )
-            return group
-
-        group: Group = await self._step("START", label, start)
-        try:
-            await self._step("VERIFY", group.name, lambda s: self._verify_new(s, group))
-            await self._step("ROUTED", group.name, lambda s: self._wait_routed(s, group.engines, True))
-        except StepFailed:
-            await self._step("RETIRE", group.name, lambda s: self._retire(s, group))
-            raise
-        return group
-
-    async def _take_down(self, old: Group) -> None:
-        await self._step("DRAIN", old.name, lambda s: self._drain(s, old))
-        await self._step("RETIRE", old.name, lambda s: self._retire(s, old))
-        await self._step("GONE", old.name, lambda s: self._wait_routed(s, old.engines, False))
-
     # -- steps --------------------------------------------------------------------------------
 
     async def _state(self, supervisor: str) -> dict[str, Any]:
         async with self.session.get(supervisor + "/v1/state", headers=self._auth, timeout=_SHORT) as r:
             body: dict[str, Any] = await r.json(content_type=None)
             if r.status != 200:
-                raise StepFailed(f"{supervisor}/v1/state answered {r.status}: {_message(body)}")
+                raise StepFailed(f"{supervisor}/v1/state answered {r.status}: {message_of(body)}")
         return body
 
     async def _group_fingerprint(self, group: Group) -> str:
@@ -346,26 +339,6 @@ class Rollout:
         if len(seen) != 1:
             raise StepFailed(f"{group.name} mixes fingerprints: {seen}")
         return next(iter(seen))
-
-    async def _verify_new(self, step: Step, group: Group) -> None:
-        fingerprint = await self._group_fingerprint(group)
-        self.fingerprints[group.name] = fingerprint
-        states = await asyncio.gather(*(self._state(s) for s in group.supervisors))
-        model = str((states[0].get("engine") or {}).get("model") or "")
-        smokes = await asyncio.gather(*(smoke(engine, model) for engine in group.engines))
-        bad = [
-            f"{e}: {s.check.detail}"
-            for e, s in zip(group.engines, smokes, strict=True)
-            if s.check.verdict == FAIL
-        ]
-        if bad:
-            raise StepFailed("smoke failed on " + "; ".join(bad))
-        before = {self.fingerprints[name] for name in self.from_bundles if name in self.fingerprints}
-        same = " (the same fingerprint as before: this bundle change does not change the engine)"
-        step.detail = (
-            f"fingerprint {fingerprint}{same if fingerprint in before else ''}; smoke passed on {len(smokes)}"
-        )
-        step.data = {"fingerprint": fingerprint, "model": model}
 
     async def _router_endpoints(self) -> dict[str, dict[str, Any]]:
         async with self.session.get(self.router + "/v1/fleet", timeout=_SHORT) as r:
@@ -412,7 +385,7 @@ class Rollout:
         ) as r:
             body = await r.json(content_type=None)
             if r.status not in (200, 202):
-                raise StepFailed(f"{supervisor} refused the drain: {r.status} {_message(body)}")
+                raise StepFailed(f"{supervisor} refused the drain: {r.status} {message_of(body)}")
         deadline = time.monotonic() + self.settings.drain_timeout
         while body.get("status") not in ("succeeded", "failed"):
             if time.monotonic() >= deadline:
@@ -426,6 +399,94 @@ class Rollout:
             raise StepFailed(f"{supervisor}: drain failed: {body.get('error')}")
         result: dict[str, Any] = body.get("result") or {}
         return result
+
+
+class LocalRollout(RolloutBase):
+    """A fleet whose processes `corral up` runs: new serving groups are started beside the old ones
+    (surge) or in their place, through the fleet's control API."""
+
+    def __init__(
+        self,
+        control: FleetControlClient,
+        session: aiohttp.ClientSession,
+        router: str,
+        target: BundleSpec,
+        settings: RolloutSettings,
+        kind: str = "rollout",
+        supervisor_token: str | None = None,
+        observer: StepObserver | None = None,
+    ) -> None:
+        super().__init__(session, router, target, settings, kind, supervisor_token, observer)
+        self.control = control
+
+    async def _groups(self) -> list[Group]:
+        return await self.control.groups()
+
+    async def _move(self, old: Group) -> None:
+        size = len(old.members)
+        if self.settings.max_surge:
+            new = await self._bring_up(old, self.target, size)
+            await self._take_down(old)
+        else:
+            await self._take_down(old)
+            try:
+                new = await self._bring_up(old, self.target, size)
+            except StepFailed:
+                if old.bundle is not None:
+                    await self._step("RECOVER", old.name, lambda s: self._recover(s, old, size))
+                raise
+        self.replaced.append({"old": old.name, "new": new.name, "fingerprint": self.fingerprints[new.name]})
+
+    async def _recover(self, step: Step, old: Group, size: int) -> None:
+        assert old.bundle is not None
+        group = await self._bring_up(old, old.bundle, size, recovering=True)
+        step.detail = f"{group.name} started again on {old.bundle.name} in place of {old.name}"
+
+    async def _bring_up(self, old: Group, bundle: BundleSpec, size: int, recovering: bool = False) -> Group:
+        label = f"{old.name}'" if not recovering else f"{old.name} (recover)"
+
+        async def start(step: Step) -> Group:
+            within = self.settings.recover_timeout if recovering else self.settings.start_timeout
+            group = await self.control.add_group(bundle, size, within)
+            step.group = group.name
+            step.detail = (
+                f"{group.name} ({', '.join(m['name'] for m in group.members)}) READY on {bundle.name}"
+            )
+            return group
+
+        group: Group = await self._step("START", label, start)
+        try:
+            await self._step("VERIFY", group.name, lambda s: self._verify_new(s, group))
+            await self._step("ROUTED", group.name, lambda s: self._wait_routed(s, group.engines, True))
+        except StepFailed:
+            await self._step("RETIRE", group.name, lambda s: self._retire(s, group))
+            raise
+        return group
+
+    async def _take_down(self, old: Group) -> None:
+        await self._step("DRAIN", old.name, lambda s: self._drain(s, old))
+        await self._step("RETIRE", old.name, lambda s: self._retire(s, old))
+        await self._step("GONE", old.name, lambda s: self._wait_routed(s, old.engines, False))
+
+    async def _verify_new(self, step: Step, group: Group) -> None:
+        fingerprint = await self._group_fingerprint(group)
+        self.fingerprints[group.name] = fingerprint
+        states = await asyncio.gather(*(self._state(s) for s in group.supervisors))
+        model = str((states[0].get("engine") or {}).get("model") or "")
+        smokes = await asyncio.gather(*(smoke(engine, model) for engine in group.engines))
+        bad = [
+            f"{e}: {s.check.detail}"
+            for e, s in zip(group.engines, smokes, strict=True)
+            if s.check.verdict == FAIL
+        ]
+        if bad:
+            raise StepFailed("smoke failed on " + "; ".join(bad))
+        before = {self.fingerprints[name] for name in self.from_bundles if name in self.fingerprints}
+        same = " (the same fingerprint as before: this bundle change does not change the engine)"
+        step.detail = (
+            f"fingerprint {fingerprint}{same if fingerprint in before else ''}; smoke passed on {len(smokes)}"
+        )
+        step.data = {"fingerprint": fingerprint, "model": model}
 
     async def _retire(self, step: Step, group: Group) -> None:
         answer = await self.control.retire_group(group.name, self.settings.drain_timeout)

@@ -19,17 +19,34 @@ from rich.console import Console
 from rich.table import Table
 
 from corral.aio import run
-from corral.fleet.bundle_spec import BundleError, BundleSpec, bundle_from_json, load_bundle
+from corral.bundle_spec import BundleError, BundleSpec, bundle_from_json, load_bundle
 from corral.fleet.change_record import default_record_path, read_record, write_record
-from corral.fleet.rollout import FleetControlClient, Rollout, RolloutSettings, Step
+from corral.fleet.host_rollout import HostRollout
+from corral.fleet.rollout import FleetControlClient, LocalRollout, RolloutBase, RolloutSettings, Step
 from corral.state_home import local_fleet_file
 
 
 class FleetRef:
-    """Where a Corral-run fleet is: its router, its control API and the control token."""
+    """Where a Corral-run fleet is. Either a local fleet (`corral up`'s file: router, control API and
+    its token_file), or hosts listed with their supervisors:
 
-    def __init__(self, router: str, control: str, token: str, port: int) -> None:
-        self.router, self.control, self.token, self.port = router, control, token, port
+        router: http://10.0.0.1:8000
+        supervisors: [http://10.0.0.2:8081, http://10.0.0.3:8081]
+        token_file: /etc/corral/token      # the supervisors' management token (optional on loopback)
+    """
+
+    def __init__(
+        self,
+        router: str,
+        port: int,
+        control: str | None = None,
+        control_token: str | None = None,
+        supervisors: list[str] | None = None,
+        supervisor_token: str | None = None,
+    ) -> None:
+        self.router, self.port = router, port
+        self.control, self.control_token = control, control_token
+        self.supervisors, self.supervisor_token = supervisors or [], supervisor_token
 
     @classmethod
     def load(cls, fleet: Path | None, port: int) -> FleetRef:
@@ -41,21 +58,39 @@ class FleetRef:
             raise click.UsageError(f"no fleet file {path}: {hint}") from None
         except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
             raise click.UsageError(f"fleet file {path} is unreadable: {exc}") from None
-        if not isinstance(body, dict):
-            raise click.UsageError(f"fleet file {path}: write a mapping with router, control and token_file")
-        missing = [k for k in ("router", "control", "token_file") if not body.get(k)]
-        if missing:
+        if not isinstance(body, dict) or not body.get("router"):
             raise click.UsageError(
-                f"fleet file {path} lacks {', '.join(missing)}: rollout needs a fleet whose processes "
-                "Corral runs (`corral up` writes such a file)"
+                f"fleet file {path}: write a mapping with router and either control + token_file "
+                "(a `corral up` fleet) or supervisors (a list of supervisor URLs)"
             )
-        token_path = Path(str(body["token_file"]))
-        try:
-            token = token_path.read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise click.UsageError(f"token file {token_path} is unreadable: {exc.strerror or exc}") from None
         router = str(body["router"]).rstrip("/")
-        return cls(router, str(body["control"]), token, urlparse(router).port or port)
+        router_port = urlparse(router).port or port
+        token = _read_token(body["token_file"]) if body.get("token_file") else None
+        if body.get("control"):
+            if token is None:
+                raise click.UsageError(f"fleet file {path}: a control URL needs its token_file")
+            return cls(router, router_port, control=str(body["control"]), control_token=token)
+        supervisors = body.get("supervisors")
+        if not isinstance(supervisors, list) or not supervisors:
+            raise click.UsageError(
+                f"fleet file {path} has neither control (a `corral up` fleet) nor a supervisors list; "
+                "rollout needs a fleet whose engines Corral supervises"
+            )
+        bad = [u for u in supervisors if not str(u).startswith(("http://", "https://"))]
+        if bad:
+            raise click.UsageError(f"fleet file {path}: supervisors {bad} are not http(s) URLs")
+        return cls(router, router_port, supervisors=[str(u) for u in supervisors], supervisor_token=token)
+
+
+def _read_token(where: object) -> str:
+    path = Path(str(where))
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise click.UsageError(f"token file {path} is unreadable: {exc.strerror or exc}") from None
+    if not token:
+        raise click.UsageError(f"token file {path} is empty")
+    return token
 
 
 def _print_step(console: Console) -> Any:
@@ -138,16 +173,22 @@ def _execute(
     supervisor_token_file: Path | None,
 ) -> None:
     console = Console(highlight=False, soft_wrap=True)
-    token = supervisor_token_file.read_text().strip() if supervisor_token_file else None
+    token = _read_token(supervisor_token_file) if supervisor_token_file else ref.supervisor_token
     path = record_path or default_record_path(kind, ref.port)
-    console.print(f"{kind} of {ref.router} to bundle [bold]{target.name}[/bold]", markup=True)
+    where = f"{len(ref.supervisors)} hosts, in place" if ref.supervisors else "local fleet"
+    console.print(f"{kind} of {ref.router} ({where}) to bundle [bold]{target.name}[/bold]", markup=True)
+    observer = _print_step(console)
 
     async def go() -> dict[str, Any]:
         async with aiohttp.ClientSession() as session:
-            control = FleetControlClient(session, ref.control, ref.token)
-            rollout = Rollout(
-                control, session, ref.router, target, settings, kind, token, _print_step(console)
-            )
+            rollout: RolloutBase
+            if ref.control is not None and ref.control_token is not None:
+                control = FleetControlClient(session, ref.control, ref.control_token)
+                rollout = LocalRollout(control, session, ref.router, target, settings, kind, token, observer)
+            else:
+                rollout = HostRollout(
+                    ref.supervisors, session, ref.router, target, settings, kind, token, observer
+                )
             return await rollout.run()
 
     record = run(go())

@@ -34,6 +34,7 @@ from corral.supervisor.ops.lora import LoadAdapterPlan, UnloadAdapterPlan
 from corral.supervisor.ops.reload import ReloadPlan
 from corral.supervisor.ops.run import start_operation
 from corral.supervisor.ops.sleep import SleepPlan
+from corral.supervisor.ops.switch_bundle import SwitchBundlePlan
 from corral.supervisor.ops.wake import WakePlan
 from corral.supervisor.runbook import Refused
 from corral.supervisor.states import EngineState, StateEvent
@@ -84,6 +85,7 @@ class SupervisorAPI:
         app.router.add_post("/v1/sleep", self.sleep)
         app.router.add_post("/v1/wake", self.wake)
         app.router.add_post("/v1/reload", self.reload)
+        app.router.add_post("/v1/bundle", self.switch_bundle)
         app.router.add_post("/v1/lora/load", self.lora_load)
         app.router.add_post("/v1/lora/unload", self.lora_unload)
         app.on_shutdown.append(self._on_shutdown)
@@ -331,6 +333,19 @@ class SupervisorAPI:
             if not isinstance(mode, str):
                 raise ValueError("mode must be a string")
             return ReloadPlan(self.supervisor, mode)
+
+        return await self._runbook_op(request, plan)
+
+    async def switch_bundle(self, request: web.Request) -> web.Response:
+        def plan(body: dict[str, Any]) -> SwitchBundlePlan:
+            name, within = body.get("name"), body.get("ready_timeout")
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"name must name a bundle declared on this host, not {name!r}")
+            if within is not None and (isinstance(within, bool) or not isinstance(within, int | float)):
+                raise ValueError(f"ready_timeout must be seconds, not {within!r}")
+            if within is not None and within <= 0:
+                raise ValueError(f"ready_timeout must be above 0, not {within!r}")
+            return SwitchBundlePlan(self.supervisor, name, within)
 
         return await self._runbook_op(request, plan)
 

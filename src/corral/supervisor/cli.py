@@ -20,6 +20,7 @@ import click
 from aiohttp import web
 
 from corral.aio import run as run_on_uvloop
+from corral.bundle_spec import BundleError, BundleSpec, load_bundle
 from corral.state_home import corral_state_dir
 from corral.supervisor.adapters import AdapterSpecError, parse_lora
 from corral.supervisor.config import SupervisorConfig, is_loopback
@@ -202,6 +203,20 @@ _seconds = click.FloatRange(min=0.0)
     metavar="NAME=PATH",
     help="A LoRA adapter the engine must serve; loaded after every engine (re)start, before READY.",
 )
+@click.option(
+    "--bundle",
+    "bundle_files",
+    multiple=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A bundle file (name, command, engine_args, env) this engine may be switched to with "
+    "POST /v1/bundle (a rollout across hosts); repeatable. Only declared bundles can be run.",
+)
+@click.option(
+    "--bundle-name",
+    default="initial",
+    show_default=True,
+    help="The name of the bundle ENGINE COMMAND runs (what a rollback returns to).",
+)
 @click.argument("engine_command", nargs=-1, type=click.UNPROCESSED)
 def run_command(
     host: str,
@@ -228,6 +243,8 @@ def run_command(
     preload_health: str | None,
     preload_restarts: int,
     lora: tuple[str, ...],
+    bundle_files: tuple[Path, ...],
+    bundle_name: str,
     engine_command: tuple[str, ...],
 ) -> None:
     """Start ENGINE COMMAND once its dependencies are up, report it ready only once it serves, and
@@ -252,6 +269,7 @@ def run_command(
     except AdapterSpecError as exc:
         _bad_input(str(exc))
     _check_engine_command(engine_command)
+    bundles = _read_bundles(bundle_files, bundle_name)
     token = read_token(token_file)
     if token is None and not is_loopback(host):
         _bad_input(
@@ -281,6 +299,8 @@ def run_command(
         state_dir=state_dir or _default_state_dir(port),
         token=token,
         lora=adapters,
+        bundles=bundles,
+        bundle_name=bundle_name,
         preload_argv=preload_argv,
         preload_health=preload_health,
         preload_restarts=preload_restarts,
@@ -288,6 +308,20 @@ def run_command(
         gate_host=gate_host,
     )
     sys.exit(run_on_uvloop(_serve(config)))
+
+
+def _read_bundles(files: tuple[Path, ...], running: str) -> tuple[BundleSpec, ...]:
+    """The bundles declared with --bundle; exits 2 naming a bad file or a name used twice."""
+    bundles: dict[str, BundleSpec] = {}
+    for path in files:
+        try:
+            bundle = load_bundle(path)
+        except BundleError as exc:
+            _bad_input(str(exc))
+        if bundle.name in bundles or bundle.name == running:
+            _bad_input(f"--bundle {path}: the name {bundle.name!r} is declared twice (or is --bundle-name)")
+        bundles[bundle.name] = bundle
+    return tuple(bundles.values())
 
 
 def _printer(prefix: str) -> Any:

@@ -6,6 +6,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from corral.bundle_spec import BundleSpec
 from corral.supervisor.drain import DrainSettings
 from corral.supervisor.gates import DependencyGate
 
@@ -43,6 +44,9 @@ class SupervisorConfig:
     preload_health: str | None = None  # the daemon's health URL (a dependency gate too)
     preload_restarts: int = 3  # restarts of a daemon that died, before the engine is FAILED for good
     lora: tuple[tuple[str, str], ...] = ()  # desired LoRA adapters (name, path), loaded after every start
+    engine_env: tuple[tuple[str, str], ...] = ()  # set in the engine's environment (a bundle's env)
+    bundle_name: str = "initial"  # what the engine command as configured is called
+    bundles: tuple[BundleSpec, ...] = ()  # bundles this host may be switched to (POST /v1/bundle)
 
     @property
     def management_enabled(self) -> bool:

@@ -100,12 +100,13 @@ class EngineProcess:
         echo: LineSink,
         on_phase: PhaseListener,
         keep_lines: int = 200,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.argv = list(argv)
         self._echo = echo
         self._on_phase = on_phase
         self.phase = StartingPhase.ENGINE_STARTING
-        self._child = ChildProcess("engine", self.argv, sink=self._line, keep_lines=keep_lines)
+        self._child = ChildProcess("engine", self.argv, env=env, sink=self._line, keep_lines=keep_lines)
         self.identity: EngineIdentity | None = None
 
     def _line(self, line: str) -> None:

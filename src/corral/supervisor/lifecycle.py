@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import signal
 import time
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from typing import Any
 
 import aiohttp
 
+from corral.bundle_spec import BundleSpec
 from corral.child_process import LineSink
 from corral.supervisor.adapters import AdapterCallFailed, AdapterSet, EngineAdapters, reconcile
 from corral.supervisor.bundle import Bundle, read_bundle
@@ -78,6 +80,8 @@ class EngineSupervisor:
         self.bundle: Bundle | None = None
         self.evidence = EvidenceBook()
         self.unrecoverable: str | None = None
+        self._base_argv = config.engine_argv  # the command as configured; a bundle adds to or replaces it
+        self.running_bundle = BundleSpec(name=config.bundle_name)
         self.drain_report: DrainReport | None = None
         # set by the runbook operations (corral.supervisor.ops): what the engine's sleep is, and
         # which operation holds the engine now (one at a time)
@@ -285,6 +289,15 @@ class EngineSupervisor:
         self._lifecycle = asyncio.create_task(self._run_lifecycle(serving=True), name="lifecycle")
         self._lifecycle.add_done_callback(self._lifecycle_ended)
 
+    def use_bundle(self, bundle: BundleSpec) -> tuple[str, ...]:
+        """The engine's next start runs `bundle`: its command and environment (the switch_bundle op)."""
+        argv = bundle.argv(self._base_argv)
+        self.config = dataclasses.replace(self.config, engine_argv=argv, engine_env=tuple(bundle.env.items()))
+        self.running_bundle = bundle
+        self.unrecoverable = None  # a failure of the previous command says nothing of this one
+        self.oplog.append("bundle_selected", name=bundle.name, argv=list(argv), env=sorted(bundle.env))
+        return argv
+
     async def restart_in_place(self, reason: str) -> None:
         """RECOVER's last resort: stop the engine and start it afresh (weights from disk, a known state)."""
         await self.suspend_lifecycle()
@@ -421,7 +434,8 @@ class EngineSupervisor:
                 return False
 
     async def _launch_engine(self) -> EngineProcess:
-        engine = EngineProcess(self.config.engine_argv, self._engine_line, self._on_phase)
+        env = dict(self.config.engine_env) or None
+        engine = EngineProcess(self.config.engine_argv, self._engine_line, self._on_phase, env=env)
         self.engine = engine
         self._to(
             S.STARTING,
@@ -659,5 +673,8 @@ class EngineSupervisor:
             "preload": self.preload_json(),
             "busy": self.busy,
             "bundle": self.bundle.to_json() if self.bundle is not None else None,
+            "bundle_name": self.running_bundle.name,
+            # what POST /v1/bundle accepts: the command as configured, and every --bundle
+            "bundles_declared": [self.config.bundle_name, *(b.name for b in self.config.bundles)],
             "engine_evidence": self.evidence.to_json(),
         }

@@ -56,13 +56,14 @@ class StoppingPhase(StrEnum):
 S = EngineState
 
 # The lifecycle, stated once: STARTING → READY ⇄ DRAINING → {PAUSED, SLEEPING, STOPPING} → WAKING → READY,
-# FAILED from anywhere, FAILED → STARTING for a restart in place. Self-transitions carry sub-state
+# FAILED from anywhere, FAILED → STARTING for a restart in place, DRAINING → STARTING for a drained
+# engine restarted on another bundle (the switch_bundle operation). Self-transitions carry sub-state
 # progress (for READY, a change of what it serves: a LoRA adapter withdrawn from routing; for SLEEPING,
 # a partial wake; for FAILED, the verdict that no restart is left).
 ALLOWED_TRANSITIONS: Mapping[EngineState, frozenset[EngineState]] = {
     S.STARTING: frozenset({S.STARTING, S.READY, S.STOPPING, S.FAILED}),
     S.READY: frozenset({S.READY, S.DRAINING, S.FAILED}),
-    S.DRAINING: frozenset({S.DRAINING, S.READY, S.PAUSED, S.SLEEPING, S.STOPPING, S.FAILED}),
+    S.DRAINING: frozenset({S.DRAINING, S.READY, S.PAUSED, S.SLEEPING, S.STOPPING, S.STARTING, S.FAILED}),
     S.PAUSED: frozenset({S.WAKING, S.STOPPING, S.FAILED}),
     S.SLEEPING: frozenset({S.SLEEPING, S.WAKING, S.STOPPING, S.FAILED}),
     S.WAKING: frozenset({S.READY, S.STOPPING, S.FAILED}),

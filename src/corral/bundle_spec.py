@@ -1,13 +1,15 @@
-"""What `corral rollout --to bundle.yaml` moves a fleet to: a named bundle, as the arguments added to
-every engine's command and the environment it starts with (e.g. `CORRAL_IMAGE`).
+"""A named bundle: how to start an engine of it. `corral rollout --to bundle.yaml` moves a fleet to
+one; `corral supervise --bundle FILE` declares one a host may be switched to.
+
+    name: vllm-0.33.1
+    command: ["/opt/vllm-0.33.1/bin/vllm", "serve", "/models/llama"]   # optional: replaces the engine
+                                                                       # command (hosts only)
+    engine_args: ["--max-model-len", "8192"]      # added to the engine command
+    env: {CORRAL_IMAGE: "registry.local/vllm:0.33.1"}
 
 The supervisor's bundle fingerprint (corral.supervisor.bundle) is what identifies a running bundle;
 this file only says how to start one. Two bundles that start the same engine get the same fingerprint,
 whatever their names.
-
-    name: vllm-0.33.1
-    engine_args: ["--version-string", "0.33.1"]
-    env: {CORRAL_IMAGE: "registry.local/vllm:0.33.1"}
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class BundleSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(description="What people call this bundle; shown in status and change records.")
+    command: tuple[str, ...] = Field(default=(), description="Replaces the engine command (hosts only).")
     engine_args: tuple[str, ...] = Field(default=(), description="Added to every engine's command.")
     env: dict[str, str] = Field(default_factory=dict, description="Set in every engine's environment.")
 
@@ -50,8 +53,19 @@ class BundleSpec(BaseModel):
                 raise ValueError(f"{arg!r}: the fleet sets {', '.join(_FLEET_OWNED)} for each engine")
         return value
 
+    def argv(self, base: tuple[str, ...]) -> tuple[str, ...]:
+        """The engine command of this bundle, given the command the engine was configured with."""
+        return (*(self.command or base), *self.engine_args)
+
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "engine_args": list(self.engine_args), "env": dict(self.env)}
+        body: dict[str, Any] = {
+            "name": self.name,
+            "engine_args": list(self.engine_args),
+            "env": dict(self.env),
+        }
+        if self.command:
+            body["command"] = list(self.command)
+        return body
 
 
 def bundle_from_json(body: Any, where: str) -> BundleSpec:

@@ -1,0 +1,180 @@
+"""`corral rollout` across hosts listed with their supervisor URLs (processes Corral does not start):
+each supervisor switches its engine in place to a bundle declared on it, one at a time, under
+continuous load through a router, and `corral rollback` switches back; a bundle a host has not
+declared is refused before anything moves, and a bundle whose smoke fails is undone by the
+supervisor's RECOVER."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.integration.test_rollout import Load, corral, routable
+from tests.integration.test_supervisor_confirmed_drain import start_router
+from tests.integration.test_supervisor_support import Supervised, kill_leftovers, start_supervised
+from tests.support.waits import wait_until
+
+SIM = ("--itl-ms", "5")
+SUP = ("--propagation-timeout", "5", "--quiet-period", "0.3", "--drain-timeout", "15")
+
+
+@contextmanager
+def hosts(tmp_path: Path, count: int = 2) -> Iterator[tuple[list[Supervised], str, Path]]:
+    """`count` supervised sims that declare bundles v2 and broken, a router over them, a fleet file."""
+    (tmp_path / "v2.yaml").write_text('name: v2\nengine_args: ["--version-string", "0.33.1"]\n')
+    (tmp_path / "broken.yaml").write_text('name: broken\nengine_args: ["--fail-rate", "1.0"]\n')
+    declared = ("--bundle", str(tmp_path / "v2.yaml"), "--bundle", str(tmp_path / "broken.yaml"))
+    with ExitStack() as stack:
+        sups: list[Supervised] = []
+        for _ in range(count):
+            sup = start_supervised(sim_args=SIM, sup_args=(*SUP, "--bundle-name", "v1", *declared))
+            sups.append(sup)
+
+            def stop(sup: Supervised = sup) -> None:
+                pids = sup.engine_pids()
+                sup.proc.stop(grace=20)
+                kill_leftovers(pids)
+
+            stack.callback(stop)
+        router, url = start_router("router-hosts", sups)
+        stack.callback(router.stop)
+        for sup in sups:
+            sup.wait_state("READY", 60)
+        router.wait_http(url + "/health")
+        wait_until(lambda: all_routable(url, len(sups)), 30, "the router routing every engine")
+        fleet = tmp_path / "hosts.yaml"
+        fleet.write_text(f"router: {url}\nsupervisors:\n" + "".join(f"  - {s.url}\n" for s in sups))
+        yield sups, url, fleet
+
+
+def all_routable(url: str, count: int) -> bool:
+    with urllib.request.urlopen(url + "/v1/fleet", timeout=2) as resp:
+        body = orjson.loads(resp.read())
+    return sum(1 for e in body["endpoints"] if e["routable"]) == count
+
+
+def record(state: Path, kind: str, url: str) -> dict:  # type: ignore[type-arg]
+    body: dict = orjson.loads((state / "corral" / f"{kind}-{url.rsplit(':', 1)[1]}.json").read_bytes())  # type: ignore[type-arg]
+    return body
+
+
+async def test_hosts_are_switched_in_place_and_back_under_load(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    with hosts(tmp_path) as (sups, url, fleet):
+        before = {s.url: s.state()["bundle"]["fingerprint"] for s in sups}
+        engine_pids = {s.url: s.state()["engine"]["pid"] for s in sups}
+        load = Load(url)
+        load_task = asyncio.create_task(load.run())
+        await asyncio.sleep(0.5)
+        forward = await corral(state, "rollout", "--fleet", str(fleet), "--to", str(tmp_path / "v2.yaml"))
+        middle = {s.url: s.state() for s in sups}
+        back = await corral(state, "rollback", "--fleet", str(fleet))
+        await asyncio.sleep(0.5)
+        load.stop.set()
+        await load_task
+
+        assert forward[0] == 0, forward[1]
+        assert back[0] == 0, back[1]
+        assert load.outcomes["completed"] > 100, load.outcomes
+        assert load.outcomes["failed_before_stream"] == 0 and load.outcomes["broken"] == 0, load.problems[:5]
+        # every host ran v2 with a new fingerprint in between, on a new engine process
+        for sup in sups:
+            assert middle[sup.url]["bundle_name"] == "v2"
+            assert middle[sup.url]["bundle"]["fingerprint"] != before[sup.url]
+            assert middle[sup.url]["engine"]["pid"] != engine_pids[sup.url]
+            now = sup.state()
+            assert now["bundle_name"] == "v1" and now["bundle"]["fingerprint"] == before[sup.url]
+        forward_record, back_record = record(state, "rollout", url), record(state, "rollback", url)
+        for rec, target in ((forward_record, "v2"), (back_record, "v1")):
+            assert rec["outcome"] == "succeeded", rec["reason"]
+            per_host = ["SWITCH", "VERIFY", "ROUTED"]
+            assert [s["step"] for s in rec["steps"]] == ["PRECHECK", *per_host, *per_host, "POSTCHECK"]
+            assert rec["to_bundle"]["name"] == target
+            switches = [s for s in rec["steps"] if s["step"] == "SWITCH"]
+            for switch in switches:  # the supervisor's runbook, every step in order
+                names = [name for name, status, _ in switch["data"]["steps"]]
+                assert names == [
+                    "precheck",
+                    "remove_from_routing",
+                    "drain_policy",
+                    "execute",
+                    "verify",
+                    "postcheck",
+                ], names
+            # one host at a time: the second switch began after the first host was routed again
+            routed = [s for s in rec["steps"] if s["step"] == "ROUTED"]
+            assert routed[0]["started"] + routed[0]["seconds"] <= switches[1]["started"] + 0.01
+        assert forward_record["from_bundles"] == {
+            "host-0": {"name": "v1", "engine_args": [], "env": {}},
+            "host-1": {"name": "v1", "engine_args": [], "env": {}},
+        }
+        assert await routable(url) == {s.engine_url for s in sups}
+
+
+async def test_an_undeclared_bundle_is_refused_before_anything_moves(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    (tmp_path / "v3.yaml").write_text("name: v3\n")
+    with hosts(tmp_path) as (sups, url, fleet):
+        pids = {s.url: s.state()["engine"]["pid"] for s in sups}
+        code, output = await corral(
+            state, "rollout", "--fleet", str(fleet), "--to", str(tmp_path / "v3.yaml")
+        )
+        assert code == 1, output
+        rec = record(state, "rollout", url)
+        assert [(s["step"], s["ok"]) for s in rec["steps"]] == [("PRECHECK", False)]
+        assert (
+            "bundle 'v3' is not declared on host-0" in rec["reason"]
+            and "add `--bundle FILE`" in rec["reason"]
+        )
+        assert {s.url: s.state()["engine"]["pid"] for s in sups} == pids
+        assert all(s.state()["state"] == "READY" for s in sups)
+
+
+@pytest.mark.timeout(240)
+async def test_a_bundle_that_fails_its_smoke_is_undone_by_the_supervisor(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    with hosts(tmp_path) as (sups, url, fleet):
+        before = sups[0].state()["bundle"]["fingerprint"]
+        load = Load(url)
+        load_task = asyncio.create_task(load.run())
+        await asyncio.sleep(0.5)
+        code, output = await corral(
+            state,
+            "rollout",
+            "--fleet",
+            str(fleet),
+            "--to",
+            str(tmp_path / "broken.yaml"),
+            "--start-timeout",
+            "15",
+        )
+        load.stop.set()
+        await load_task
+
+        assert code == 1, output
+        rec = record(state, "rollout", url)
+        assert [(s["step"], s["ok"]) for s in rec["steps"]] == [("PRECHECK", True), ("SWITCH", False)]
+        assert "switch_bundle failed at verify" in rec["reason"], rec["reason"]
+        assert "back on v1, READY again" in rec["reason"], rec["reason"]
+        assert "host-1 (v1)" in rec["reason"]  # the host not reached keeps its bundle, and says so
+        # the other host served every request while the first was out
+        assert load.outcomes["failed_before_stream"] == 0 and load.outcomes["broken"] == 0, load.problems[:5]
+        for sup in sups:
+            now = sup.wait_state("READY", 30)
+            assert now["bundle_name"] == "v1"
+        assert sups[0].state()["bundle"]["fingerprint"] == before
+        oplog = [r for r in sups[0].oplog() if r["record"] == "runbook_step" and r["kind"] == "switch_bundle"]
+        assert [(r["step"], r["status"]) for r in oplog] == [
+            ("precheck", "done"),
+            ("remove_from_routing", "done"),
+            ("drain_policy", "done"),
+            ("execute", "done"),
+            ("verify", "failed"),
+            ("recover", "done"),
+        ]
