@@ -63,6 +63,18 @@ def branch(view: EngineView) -> str:
             "requests-failing/hang",
         ),
         ({"state": "DRAINING", "sub_state": "waiting_in_flight", "reason": "drain"}, "not-ready/draining"),
+        (
+            {"state": "FAILED", "reason": "preload daemon keeps dying: 3 restarts spent (last: code -9)"},
+            "preload/daemon-died",
+        ),
+        (
+            {
+                "state": "STARTING",
+                "sub_state": "loading_model",
+                "reason": "restarting the engine: preload daemon (pid 7) exited with code -9",
+            },
+            "preload/daemon-died",
+        ),
     ],
 )
 def test_not_running_branches(state: dict[str, Any], expected: str) -> None:
@@ -75,6 +87,7 @@ def test_not_running_branches(state: dict[str, Any], expected: str) -> None:
         ("oom", "memory/oom"),
         ("fingerprint", "preload/fingerprint-mismatch"),
         ("rank", "not-ready/rank-failure"),
+        ("preload_exit", "preload/daemon-died"),
     ],
 )
 def test_evidence_branches_of_a_ready_engine(kind: str, expected: str) -> None:

@@ -57,6 +57,13 @@ def _logs_hint(e: EngineView) -> str:
     return f"curl -s {e.supervisor_url}/v1/state | jq '.evidence, .restarts'"
 
 
+_DAEMON_DIED = (
+    "read the daemon's last lines (`preload_exited` in the operation log); the supervisor restarts it "
+    "and the engine from it (corral_supervisor_preload_restarts_total); if it keeps dying, check its "
+    "memory and socket path"
+)
+
+
 def _not_running(e: EngineView) -> Diagnosis | None:
     """Process dead, or alive but not ready: read from the supervisor's lifecycle state."""
     state = e.state or {}
@@ -116,6 +123,8 @@ def _not_running(e: EngineView) -> Diagnosis | None:
             reason,
             "the supervisor restarts it in place; if it recurs, capture a stack (py-spy dump) first",
         )
+    if lifecycle in ("FAILED", "STARTING") and "preload daemon" in reason:
+        return Diagnosis(e.name, "preload/daemon-died", f"{lifecycle} ({sub}): {reason}", _DAEMON_DIED)
     if lifecycle == "FAILED":
         return Diagnosis(e.name, "process-dead/failed", reason, _logs_hint(e))
     if lifecycle == "STARTING" and sub == "restarting":
@@ -186,6 +195,7 @@ async def diagnose_engine(e: EngineView, probe_seconds: float) -> Diagnosis:
     evidence = e.evidence
     for kind, branch, command in (
         ("fingerprint", "preload/fingerprint-mismatch", "align model/revision/dtype/layout with the daemon"),
+        ("preload_exit", "preload/daemon-died", _DAEMON_DIED),
         ("fallback", "preload/fallback-to-disk", "check the preload daemon's /health and socket owner"),
         ("oom", "memory/oom", "lower --gpu-memory-utilization or max-num-seqs; check memory ownership"),
         ("rank", "not-ready/rank-failure", "restart the whole serving group as one"),
