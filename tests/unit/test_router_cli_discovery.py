@@ -37,4 +37,4 @@ def test_a_bad_backends_file_is_refused_at_start(tmp_path: Path) -> None:
     path.write_text("localhost:9000\n")
     result = CliRunner().invoke(router, ["--backends-file", str(path)])
     assert result.exit_code == 2
-    assert "is not an engine URL" in result.output
+    assert "is not an engine; write one http(s)" in result.output
