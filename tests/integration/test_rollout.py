@@ -160,7 +160,7 @@ async def test_rollout_and_rollback_under_load_lose_nothing(tmp_path: Path) -> N
         await asyncio.sleep(1.0)
         forward = await corral(state, "rollout", "--port", url.rsplit(":", 1)[1], "--to", str(bundle))
         after_forward = load.total
-        back = await corral(state, "rollback", "--port", url.rsplit(":", 1)[1])
+        back = await corral(state, "rollback", "--port", url.rsplit(":", 1)[1], "--max-surge", "2")
         await asyncio.sleep(1.0)
         load.stop.set()
         stop_watch.set()
@@ -186,16 +186,26 @@ async def test_rollout_and_rollback_under_load_lose_nothing(tmp_path: Path) -> N
             assert record["to_bundle"]["name"] == target
             steps = [(s["step"], s["ok"]) for s in record["steps"]]
             per_group = ["START", "VERIFY", "ROUTED", "DRAIN", "RETIRE", "GONE"]
-            assert [s for s, _ in steps] == ["PRECHECK", *per_group, *per_group, "POSTCHECK"]
+            assert steps[0][0] == "PRECHECK" and steps[-1][0] == "POSTCHECK"
+            assert sorted(s for s, _ in steps) == sorted(["PRECHECK", *per_group, *per_group, "POSTCHECK"])
             assert all(ok for _, ok in steps)
             assert all(s["seconds"] >= 0 and s["started"] > 0 for s in record["steps"])
-            # the new group was routed before the old one began to drain
-            starts = {s["step"]: s for s in record["steps"][1:7]}
-            assert starts["ROUTED"]["started"] <= starts["DRAIN"]["started"]
+            assert len(record["replaced"]) == 2
+            for move in record["replaced"]:  # each group's steps in order; routed before the drain
+                mine = [s for s in record["steps"] if s["group"] in (move["old"], move["new"])]
+                assert [s["step"] for s in mine] == per_group, mine
+                by_step = {s["step"]: s for s in mine}
+                assert by_step["ROUTED"]["started"] <= by_step["DRAIN"]["started"]
             drains = [s for s in record["steps"] if s["step"] == "DRAIN"]
             for drain in drains:  # confirmed: the router acknowledged every removal
                 for report in drain["data"]["reports"].values():
                     assert report["routers_missing"] == [] and report["routers_acknowledged"], report
+        # forward one group at a time (the second START after the first GONE); back both at once
+        forward_starts = [s for s in forward_record["steps"] if s["step"] == "START"]
+        first_gone = next(s for s in forward_record["steps"] if s["step"] == "GONE")
+        assert forward_starts[1]["started"] >= first_gone["started"] + first_gone["seconds"] - 0.01
+        back_starts = [s for s in back_record["steps"] if s["step"] == "START"]
+        assert back_starts[1]["started"] < back_starts[0]["started"] + back_starts[0]["seconds"]
         assert forward_record["from_bundles"] == {
             g: {"name": "initial", "engine_args": ["--itl-ms=5"], "env": {}} for g in ("g0", "g1")
         }

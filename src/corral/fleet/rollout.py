@@ -243,7 +243,12 @@ class RolloutBase:
             todo = await self._step("PRECHECK", None, self._precheck)
             for i in range(0, len(todo), self.batch):
                 batch = todo[i : i + self.batch]
-                await asyncio.gather(*(self._move(group) for group in batch))
+                # every move of the batch runs to its end (or its own RECOVER) before a failure is
+                # reported: none is left half done behind the record
+                moved = await asyncio.gather(*(self._move(g) for g in batch), return_exceptions=True)
+                for outcome in moved:
+                    if isinstance(outcome, BaseException):
+                        raise outcome
             postcheck = await self._step("POSTCHECK", None, self._postcheck)
         except StepFailed as exc:
             failed = self.failure
