@@ -178,3 +178,24 @@ async def test_a_bundle_that_fails_its_smoke_is_undone_by_the_supervisor(tmp_pat
             ("verify", "failed"),
             ("recover", "done"),
         ]
+
+
+async def test_one_host_is_switched_from_the_cli_and_an_undeclared_name_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    with hosts(tmp_path, count=1) as (sups, _, _):
+        (sup,) = sups
+        pid = sup.state()["engine"]["pid"]
+        code, output = await corral(state, "switch-bundle", "--supervisor", sup.url, "nope")
+        assert code == 2, output
+        assert "bundle 'nope' is not declared on this host (declared: broken, v1, v2)" in output, output
+        assert sup.state()["engine"]["pid"] == pid and sup.state()["bundle_name"] == "v1"
+
+        code, output = await corral(state, "switch-bundle", "--supervisor", sup.url, "v2")
+        assert code == 0, output
+        now = sup.state()
+        assert now["state"] == "READY" and now["bundle_name"] == "v2" and now["engine"]["pid"] != pid
+        assert "--version-string" in now["engine"]["argv"]
+        code, output = await corral(state, "switch-bundle", "--supervisor", sup.url, "v2")
+        assert code == 2 and "already runs bundle 'v2'" in output, output

@@ -1,7 +1,7 @@
-"""`corral sleep|wake|reload --supervisor URL`: start a runbook operation on a supervised engine and
-follow it step by step until it is done. Exit 0 when it succeeded, 1 when it failed (RECOVER ran; the
-step and cause are printed), 2 when it was refused (409: a precondition, nothing changed) or the
-request was bad."""
+"""`corral sleep|wake|reload|lora|switch-bundle --supervisor URL`: start a runbook operation on a
+supervised engine and follow it step by step until it is done. Exit 0 when it succeeded, 1 when it
+failed (RECOVER ran; the step and cause are printed), 2 when it was refused (409: a precondition,
+nothing changed) or the request was bad."""
 
 from __future__ import annotations
 
@@ -199,4 +199,32 @@ def lora_unload_command(
     _run(supervisor_url, "/v1/lora/unload", _with_id({"name": name}, operation_id), token_file, timeout)
 
 
-RUNBOOK_COMMANDS = (sleep_command, wake_command, reload_command, lora_group)
+@click.command(name="switch-bundle")
+@_supervisor
+@_token_file
+@_op_id
+@_timeout
+@click.option(
+    "--ready-timeout",
+    type=click.FloatRange(min=1.0),
+    default=None,
+    help="Seconds the restarted engine may take to be READY [default: the supervisor's startup timeout].",
+)
+@click.argument("name")
+def switch_bundle_command(
+    supervisor_url: str,
+    token_file: Path | None,
+    operation_id: str | None,
+    timeout: float,
+    ready_timeout: float | None,
+    name: str,
+) -> None:
+    """Move the engine to bundle NAME, declared on its host (`corral supervise --bundle FILE`): out of
+    routing, drained, restarted on the bundle, READY again; the old bundle comes back on failure."""
+    body: dict[str, Any] = {"name": name}
+    if ready_timeout is not None:
+        body["ready_timeout"] = ready_timeout
+    _run(supervisor_url, "/v1/bundle", _with_id(body, operation_id), token_file, timeout)
+
+
+RUNBOOK_COMMANDS = (sleep_command, wake_command, reload_command, lora_group, switch_bundle_command)
