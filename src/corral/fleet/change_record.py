@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from corral.atomic_file import write_atomically
 from corral.fleet.probe import FleetView
 from corral.state_home import corral_state_dir
 
@@ -27,10 +28,7 @@ def read_record(path: Path) -> dict[str, Any] | None:
 
 
 def write_record(path: Path, record: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2, default=str))
-    tmp.replace(path)
+    write_atomically(path, orjson.dumps(record, option=orjson.OPT_INDENT_2, default=str))
 
 
 def engines_section(view: FleetView) -> list[dict[str, Any]]:

@@ -14,7 +14,6 @@ file: starting processes is not something any local user should be able to ask f
 from __future__ import annotations
 
 import hmac
-import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from corral.atomic_file import write_atomically
 from corral.bundle_spec import BundleError, bundle_from_json
 from corral.fleet.local import FleetStartError, LocalFleet, free_port
 
@@ -29,12 +29,7 @@ from corral.fleet.local import FleetStartError, LocalFleet, free_port
 def write_token_file(path: Path) -> str:
     """A new random token in `path`, readable by its owner only (written whole, then renamed)."""
     token = secrets.token_urlsafe(32)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(token + "\n")
-    tmp.replace(path)
+    write_atomically(path, (token + "\n").encode(), mode=0o600)
     return token
 
 

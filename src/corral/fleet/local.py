@@ -28,6 +28,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from corral.atomic_file import write_atomically
 from corral.bundle_spec import BundleSpec
 from corral.child_process import ChildProcess, LineSink
 
@@ -173,7 +174,7 @@ class LocalFleet:
     def _write_backends_file(self) -> None:
         """What the router routes to: every serving engine with its supervisor (atomic rename)."""
         lines = [f"{m.engine_url}={m.url}  # {m.name} {m.group}" for m in self.engines]
-        _write_atomically(self.backends_file, ("\n".join(lines) + "\n").encode())
+        write_atomically(self.backends_file, ("\n".join(lines) + "\n").encode())
 
     def _write_fleet_file(self) -> None:
         """Where `corral status`, `verify`, `doctor` and `rollout` find this fleet."""
@@ -195,7 +196,7 @@ class LocalFleet:
                 for m in self.engines
             ],
         }
-        _write_atomically(self.fleet_file, orjson.dumps(body, option=orjson.OPT_INDENT_2))
+        write_atomically(self.fleet_file, orjson.dumps(body, option=orjson.OPT_INDENT_2))
 
     def set_control(self, url: str, token_file: Path) -> None:
         self.control_url, self.token_file = url, token_file
@@ -328,10 +329,3 @@ class LocalFleet:
         if self.token_file is not None:
             self.token_file.unlink(missing_ok=True)
         return codes
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)

@@ -8,13 +8,14 @@ and the engine gets the `--lora` set alone.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
+
+from corral.atomic_file import write_atomically
 
 FILE_NAME = "runtime_adapters.json"
 FORMAT_VERSION = 1
@@ -48,22 +49,7 @@ class RuntimeAdapterFile:
             {"version": FORMAT_VERSION, "adapters": dict(sorted(adapters.items()))},
             option=orjson.OPT_INDENT_2,
         )
-        tmp = self.path.with_name(f".{FILE_NAME}.{os.getpid()}.tmp")
-        try:
-            with tmp.open("wb") as fh:
-                fh.write(body)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # the rename itself survives a power cut
-        finally:
-            os.close(dir_fd)
+        write_atomically(self.path, body, durable=True, make_dirs=False)
 
     def move_aside(self) -> Path | None:
         """Keep an unreadable file for inspection instead of overwriting it later."""
