@@ -23,7 +23,7 @@ from aiohttp import web
 
 from corral.atomic_file import write_atomically
 from corral.bundle_spec import BundleError, bundle_from_json
-from corral.fleet.local import FleetStartError, LocalFleet, free_port
+from corral.fleet.local import FleetStartError, LocalFleet
 
 
 def write_token_file(path: Path) -> str:
@@ -64,10 +64,10 @@ class FleetControl:
         return response
 
     async def start(self, host: str = "127.0.0.1") -> str:
-        port = free_port(host)
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
-        await web.TCPSite(self._runner, host, port).start()
+        await web.TCPSite(self._runner, host, 0).start()  # the kernel picks the port: no race for it
+        port = self._runner.addresses[0][1]
         self.url = f"http://{host}:{port}"
         return self.url
 

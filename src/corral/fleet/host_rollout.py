@@ -25,7 +25,7 @@ from corral.bundle_spec import BundleSpec
 from corral.fleet.rollout import (
     Group,
     RolloutBase,
-    RolloutSettings,
+    RolloutJob,
     Step,
     StepFailed,
     StepObserver,
@@ -40,14 +40,10 @@ class HostRollout(RolloutBase):
         self,
         supervisors: list[str],
         session: aiohttp.ClientSession,
-        router: str,
-        target: BundleSpec,
-        settings: RolloutSettings,
-        kind: str = "rollout",
-        supervisor_token: str | None = None,
+        job: RolloutJob,
         observer: StepObserver | None = None,
     ) -> None:
-        super().__init__(session, router, target, settings, kind, supervisor_token, observer)
+        super().__init__(session, job, observer)
         self.supervisor_urls = [u.rstrip("/") for u in supervisors]
 
     @property
@@ -126,7 +122,7 @@ class HostRollout(RolloutBase):
             raise StepFailed(
                 f"{group.name} runs bundle {state.get('bundle_name')!r}, not {self.target.name!r}"
             )
-        fingerprint = await self._group_fingerprint(group)
+        fingerprint = await self._group_fingerprint(group, [state])
         before = self.fingerprints.get(group.name)
         self.fingerprints[group.name] = fingerprint
         same = " (unchanged: this bundle starts the same engine)" if fingerprint == before else ""

@@ -147,27 +147,32 @@ def message_of(body: Any) -> str:
     return str(body)[:300]
 
 
+@dataclass(frozen=True)
+class RolloutJob:
+    """What a rollout (or rollback) is asked to do, whatever runs the fleet's processes."""
+
+    router: str
+    target: BundleSpec
+    settings: RolloutSettings
+    kind: str = "rollout"  # or "rollback"
+    supervisor_token: str | None = None  # the supervisors' management token, where they want one
+
+
 class RolloutBase:
     """What every rollout shares: the steps' timing and record, PRECHECK's and POSTCHECK's looks at the
     fleet, and the router checks. Subclasses say how a serving group is moved (`_move`)."""
 
     def __init__(
-        self,
-        session: aiohttp.ClientSession,
-        router: str,
-        target: BundleSpec,
-        settings: RolloutSettings,
-        kind: str = "rollout",
-        supervisor_token: str | None = None,
-        observer: StepObserver | None = None,
+        self, session: aiohttp.ClientSession, job: RolloutJob, observer: StepObserver | None = None
     ) -> None:
+        settings = job.settings
         if settings.max_surge < 0 or settings.max_unavailable < 0 or settings.batch < 1:
             raise ValueError("max_surge or max_unavailable must be at least 1 (and neither negative)")
-        self.session, self.router = session, router.rstrip("/")
-        self.target, self.settings, self.kind = target, settings, kind
-        self.id = f"{kind}-{uuid.uuid4().hex[:10]}"
-        self._token = supervisor_token
-        self._auth = {"Authorization": f"Bearer {supervisor_token}"} if supervisor_token else {}
+        self.session, self.router = session, job.router.rstrip("/")
+        self.target, self.settings, self.kind = job.target, settings, job.kind
+        self.id = f"{job.kind}-{uuid.uuid4().hex[:10]}"
+        self._token = job.supervisor_token
+        self._auth = {"Authorization": f"Bearer {self._token}"} if self._token else {}
         self._observer = observer
         self.steps: list[Step] = []
         self.from_bundles: dict[str, dict[str, Any]] = {}
@@ -328,9 +333,13 @@ class RolloutBase:
                 raise StepFailed(f"{supervisor}/v1/state answered {r.status}: {message_of(body)}")
         return body
 
-    async def _group_fingerprint(self, group: Group) -> str:
-        """The group's one fingerprint; StepFailed if a member is not READY or they differ."""
-        states = await asyncio.gather(*(self._state(s) for s in group.supervisors))
+    async def _group_states(self, group: Group) -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*(self._state(s) for s in group.supervisors)))
+
+    async def _group_fingerprint(self, group: Group, states: list[dict[str, Any]] | None = None) -> str:
+        """The group's one fingerprint, from its members' states (asked for when not given);
+        StepFailed if a member is not READY or they differ."""
+        states = states if states is not None else await self._group_states(group)
         seen: dict[str, list[str]] = {}
         for member, state in zip(group.members, states, strict=True):
             if state.get("state") != "READY":
@@ -414,14 +423,10 @@ class LocalRollout(RolloutBase):
         self,
         control: FleetControlClient,
         session: aiohttp.ClientSession,
-        router: str,
-        target: BundleSpec,
-        settings: RolloutSettings,
-        kind: str = "rollout",
-        supervisor_token: str | None = None,
+        job: RolloutJob,
         observer: StepObserver | None = None,
     ) -> None:
-        super().__init__(session, router, target, settings, kind, supervisor_token, observer)
+        super().__init__(session, job, observer)
         self.control = control
 
     async def _groups(self) -> list[Group]:
@@ -474,9 +479,9 @@ class LocalRollout(RolloutBase):
         await self._step("GONE", old.name, lambda s: self._wait_routed(s, old.engines, False))
 
     async def _verify_new(self, step: Step, group: Group) -> None:
-        fingerprint = await self._group_fingerprint(group)
+        states = await self._group_states(group)
+        fingerprint = await self._group_fingerprint(group, states)
         self.fingerprints[group.name] = fingerprint
-        states = await asyncio.gather(*(self._state(s) for s in group.supervisors))
         model = str((states[0].get("engine") or {}).get("model") or "")
         smokes = await asyncio.gather(*(smoke(engine, model) for engine in group.engines))
         bad = [

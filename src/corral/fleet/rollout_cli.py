@@ -22,7 +22,14 @@ from corral.aio import run
 from corral.bundle_spec import BundleError, BundleSpec, bundle_from_json, load_bundle
 from corral.fleet.change_record import default_record_path, read_record, write_record
 from corral.fleet.host_rollout import HostRollout
-from corral.fleet.rollout import FleetControlClient, LocalRollout, RolloutBase, RolloutSettings, Step
+from corral.fleet.rollout import (
+    FleetControlClient,
+    LocalRollout,
+    RolloutBase,
+    RolloutJob,
+    RolloutSettings,
+    Step,
+)
 from corral.state_home import local_fleet_file
 
 
@@ -179,16 +186,16 @@ def _execute(
     console.print(f"{kind} of {ref.router} ({where}) to bundle [bold]{target.name}[/bold]", markup=True)
     observer = _print_step(console)
 
+    job = RolloutJob(ref.router, target, settings, kind, token)
+
     async def go() -> dict[str, Any]:
         async with aiohttp.ClientSession() as session:
             rollout: RolloutBase
             if ref.control is not None and ref.control_token is not None:
                 control = FleetControlClient(session, ref.control, ref.control_token)
-                rollout = LocalRollout(control, session, ref.router, target, settings, kind, token, observer)
+                rollout = LocalRollout(control, session, job, observer)
             else:
-                rollout = HostRollout(
-                    ref.supervisors, session, ref.router, target, settings, kind, token, observer
-                )
+                rollout = HostRollout(ref.supervisors, session, job, observer)
             return await rollout.run()
 
     record = run(go())
