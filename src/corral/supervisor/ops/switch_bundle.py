@@ -16,6 +16,7 @@ again and must reach READY, or the engine is FAILED with both failures named.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import TYPE_CHECKING
 
@@ -24,7 +25,7 @@ from corral.supervisor.drain import Drainer
 from corral.supervisor.ops.common import apply_policy, leave_routing
 from corral.supervisor.readiness import NotReady
 from corral.supervisor.runbook import Evidence, Refused, Step, StepFailed
-from corral.supervisor.states import EngineState
+from corral.supervisor.states import EngineState, StateEvent
 
 if TYPE_CHECKING:
     from corral.supervisor.lifecycle import EngineSupervisor
@@ -85,16 +86,29 @@ class SwitchBundlePlan:
         return {"fingerprint": bundle.fingerprint if bundle else None, "bundle": self.target.name}
 
     async def _ready_again(self, within: float) -> None:
-        """Until the restarted engine is READY (its full startup passed), or fails, or time is up."""
+        """Until the restarted engine is READY (its full startup passed), or fails, or time is up;
+        woken by each state event rather than polling."""
         deadline = time.monotonic() + within
         machine = self.sup.machine
-        while machine.state is not S.READY:
-            reason = machine.snapshot().get("reason")
-            if machine.state is S.FAILED and machine.sub_state == "gave_up":
-                raise StepFailed(f"the engine failed for good: {reason}")
-            if time.monotonic() >= deadline:
-                raise StepFailed(f"not READY within {within:g}s: {machine.state} {reason}")
-            await asyncio.sleep(0.1)
+        changed = asyncio.Event()
+
+        def note(_: StateEvent) -> None:
+            changed.set()
+
+        machine.subscribe(note)
+        try:
+            while machine.state is not S.READY:
+                reason = machine.snapshot().get("reason")
+                if machine.state is S.FAILED and machine.sub_state == "gave_up":
+                    raise StepFailed(f"the engine failed for good: {reason}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StepFailed(f"not READY within {within:g}s: {machine.state} {reason}")
+                changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), left)
+        finally:
+            machine.unsubscribe(note)
 
     async def recover(self, failed_step: Step, cause: str) -> Evidence:
         sup = self.sup
