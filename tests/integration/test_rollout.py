@@ -6,6 +6,7 @@ bundle fails its smoke test stops with the old fleet serving every request."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from collections import Counter
@@ -257,11 +258,10 @@ async def test_a_rollout_whose_bundle_fails_its_smoke_stops_with_the_old_fleet_s
         assert after["engines"] == before["engines"]
         assert await routable(url) == {e["engine"] for e in before["engines"]}
         # and nothing of the failed group is left running
-        names = {e["name"] for e in before["engines"]}
         for child in descendants(proc.pid):
-            cmd = " ".join(child.cmdline())
-            assert "--fail-rate" not in cmd or not child.is_running(), cmd
-        assert len(names) == 4
+            with contextlib.suppress(psutil.NoSuchProcess):  # gone between the listing and the look
+                cmd = " ".join(child.cmdline())
+                assert "--fail-rate" not in cmd or not child.is_running(), cmd
     finally:
         stop_up(proc)
 
