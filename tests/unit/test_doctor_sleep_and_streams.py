@@ -167,6 +167,10 @@ def test_stream_ending_sees_markers_split_across_chunks() -> None:
     failed.feed(b'data: {"choices":[{"finish_reason":"abort"}]}\n\ndata: {"err')
     failed.feed(b'or":{"message":"boom"}}\n\n')
     assert failed.failure == ENGINE_ERROR
+    dribbled = StreamEnding()  # one byte per chunk: the seam spans many chunks
+    for byte in b'data: {"choices":[{"finish_reason":"abort"}]}\n\n':
+        dribbled.feed(bytes([byte]))
+    assert dribbled.failure == ENGINE_ABORT
     quoted = StreamEnding()  # a token that looks like the marker is escaped inside the JSON string
     quoted.feed(b'data: {"choices":[{"text":"data: {\\"error\\""}]}\n\n')
     assert quoted.failure is None

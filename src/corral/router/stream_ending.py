@@ -4,6 +4,7 @@ the engine's own error event (`data: {"error": …}`), with a choice finished by
 connection failing. Counted by the router (`corral_router_stream_failures_total`) for `corral doctor`.
 
 A marker split across two chunks is still seen: the last bytes of a chunk are kept for the next.
+This runs on every relayed chunk, so it never copies a whole chunk.
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ class StreamEnding:
     def feed(self, chunk: bytes) -> None:
         if self.failure == ENGINE_ERROR:
             return  # the strongest verdict; nothing later changes it
-        window = self._tail + chunk
+        # the chunk itself, and the seam with the previous one: no copy of the whole chunk per chunk
+        seam = self._tail + chunk[:_KEEP]
         for marker, failure in _MARKERS:
-            if marker in window:
+            if marker in chunk or marker in seam:
                 self.failure = failure
                 if failure == ENGINE_ERROR:
                     return
-        self._tail = window[-_KEEP:]
+        self._tail = chunk[-_KEEP:] if len(chunk) >= _KEEP else (self._tail + chunk)[-_KEEP:]
 
     def cut(self) -> None:
         self.failure = CUT
