@@ -29,24 +29,34 @@ from tests.support.waits import wait_until
 FALLBACKS = "corral_supervisor_preload_fallbacks_total"
 
 
-def test_daemon_first_engine_from_it_restart_reuses_it_and_shutdown_order() -> None:
-    socket = short_tmp_dir() / "wc.sock"
-    health_port = free_port()
-    daemon = (
-        f"{sys.executable} -m corral sim preload --model sim-model --weight-cache-health-port {health_port} "
-        f"--socket-path {socket} --startup-seconds 1"
-    )
-    # zero_copy: the daemon keeps the weights for the next engine (copy mode releases them once copied)
-    loader = json.dumps({"socket_path": str(socket), "mode": "zero_copy", "fallback": True})
-    sup = start_supervised(
+def daemon_command(health_port: int, socket: Path, *extra: str) -> str:
+    """`corral sim preload` serving on `socket`, healthy on `health_port`."""
+    command = [sys.executable, "-m", "corral", "sim", "preload", "--model", "sim-model"]
+    command += ["--weight-cache-health-port", str(health_port), "--socket-path", str(socket), *extra]
+    return shlex.join(command)
+
+
+def preload_supervised(daemon: str, health_port: int, socket: Path, mode: str, *extra: str) -> Supervised:
+    """A supervised sim loading from the daemon (`--load-format ipc_cache` in `mode`, with fallback)."""
+    loader = json.dumps({"socket_path": str(socket), "mode": mode, "fallback": True})
+    return start_supervised(
         sim_args=("--load-format", "ipc_cache", "--model-loader-extra-config", loader),
         sup_args=(
             "--preload-command",
             daemon,
             "--preload-health",
             f"http://127.0.0.1:{health_port}/health",
+            *extra,
         ),
     )
+
+
+def test_daemon_first_engine_from_it_restart_reuses_it_and_shutdown_order() -> None:
+    socket = short_tmp_dir() / "wc.sock"
+    health_port = free_port()
+    daemon = daemon_command(health_port, socket, "--startup-seconds", "1")
+    # zero_copy: the daemon keeps the weights for the next engine (copy mode releases them once copied)
+    sup = preload_supervised(daemon, health_port, socket, "zero_copy")
     pids: list[int] = []
     try:
         body = sup.wait_state("READY", 40)
@@ -85,17 +95,9 @@ def test_daemon_first_engine_from_it_restart_reuses_it_and_shutdown_order() -> N
 def test_a_disk_fallback_on_restart_is_recorded_as_evidence_and_counted() -> None:
     socket = short_tmp_dir() / "wc.sock"
     health_port = free_port()
-    daemon = (
-        f"{sys.executable} -m corral sim preload --model sim-model --weight-cache-health-port {health_port} "
-        f"--socket-path {socket}"
-    )
     # copy mode: the daemon releases the weights once the first engine copied them, so the restarted
     # engine finds nothing to load and falls back to disk
-    loader = json.dumps({"socket_path": str(socket), "mode": "copy", "fallback": True})
-    sup = start_supervised(
-        sim_args=("--load-format", "ipc_cache", "--model-loader-extra-config", loader),
-        sup_args=("--preload-command", daemon, "--preload-health", f"http://127.0.0.1:{health_port}/health"),
-    )
+    sup = preload_supervised(daemon_command(health_port, socket), health_port, socket, "copy")
     try:
         engine_pid = sup.wait_state("READY", 40)["engine"]["pid"]
         assert sample(scrape(sup.url + "/metrics"), FALLBACKS) == 0
@@ -115,28 +117,11 @@ def test_a_disk_fallback_on_restart_is_recorded_as_evidence_and_counted() -> Non
         kill_leftovers(pids)
 
 
-def zero_copy_supervised(daemon: str, health_port: int, socket: Path, *extra: str) -> Supervised:
-    loader = json.dumps({"socket_path": str(socket), "mode": "zero_copy", "fallback": True})
-    return start_supervised(
-        sim_args=("--load-format", "ipc_cache", "--model-loader-extra-config", loader),
-        sup_args=(
-            "--preload-command",
-            daemon,
-            "--preload-health",
-            f"http://127.0.0.1:{health_port}/health",
-            *extra,
-        ),
-    )
-
-
 def test_daemon_death_takes_the_engine_out_of_routing_and_it_returns_on_a_new_daemon() -> None:
     socket = short_tmp_dir() / "wc.sock"
     health_port = free_port()
-    daemon = (
-        f"{sys.executable} -m corral sim preload --model sim-model --weight-cache-health-port {health_port} "
-        f"--socket-path {socket} --startup-seconds 1"
-    )
-    sup = zero_copy_supervised(daemon, health_port, socket)
+    daemon = daemon_command(health_port, socket, "--startup-seconds", "1")
+    sup = preload_supervised(daemon, health_port, socket, "zero_copy")
     try:
         body = sup.wait_state("READY", 40)
         daemon_pid, engine_pid = body["preload"]["pid"], body["engine"]["pid"]
@@ -192,11 +177,10 @@ def test_a_daemon_that_keeps_dying_fails_the_engine_with_the_reason(tmp_path: Pa
         [
             "sh",
             "-c",
-            f"[ -e {started} ] && exit 3; touch {started}; exec {sys.executable} -m corral sim preload "
-            f"--model sim-model --weight-cache-health-port {health_port} --socket-path {socket}",
+            f"[ -e {started} ] && exit 3; touch {started}; exec {daemon_command(health_port, socket)}",
         ]
     )
-    sup = zero_copy_supervised(daemon, health_port, socket, "--preload-restarts", "2")
+    sup = preload_supervised(daemon, health_port, socket, "zero_copy", "--preload-restarts", "2")
     try:
         daemon_pid = sup.wait_state("READY", 40)["preload"]["pid"]
         os.kill(daemon_pid, signal.SIGKILL)
