@@ -277,8 +277,8 @@ class RolloutBase:
         groups = await self._groups()
         if not groups:
             raise StepFailed("the fleet has no serving groups")
-        for group in groups:
-            fingerprint = await self._group_fingerprint(group)
+        prints = await asyncio.gather(*(self._group_fingerprint(g) for g in groups))
+        for group, fingerprint in zip(groups, prints, strict=True):
             self.fingerprints[group.name] = fingerprint
             self.from_bundles[group.name] = group.bundle.to_json() if group.bundle else {}
         unrouted = self._unrouted(groups, await self._router_endpoints())
