@@ -3,7 +3,7 @@
 What only a real engine can show: the startup phases are read from vLLM's own log lines, readiness
 waits for a real smoke completion, and a drain with a stream in flight lets that stream finish before
 the engine gets SIGTERM — where vLLM with its default `--shutdown-timeout 0` would otherwise leave the
-request unanswered and never exit (see shared/vllm-samples/README.md).
+request unanswered and never exit (see tests/data/vllm-samples/README.md).
 """
 
 from __future__ import annotations

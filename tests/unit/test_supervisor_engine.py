@@ -7,7 +7,7 @@ import pytest
 from corral.supervisor.engine import RestartPolicy, detect_phase
 from corral.supervisor.states import StartingPhase as P
 
-# Lines as the real vLLM CPU 0.32.0 engine logged them (shared/vllm-samples), and GPU-only ones.
+# Lines as the real vLLM CPU 0.32.0 engine logged them (tests/data/vllm-samples), and GPU-only ones.
 REAL_LINES = [
     (
         "(Worker pid=22090) INFO [cpu_model_runner.py:68] Starting to load model /models/tiny...",
