@@ -20,6 +20,7 @@ import orjson
 from aiohttp import web
 
 from corral.openai_errors import error_response
+from corral.sim.auth import ApiKeyGuard
 from corral.sim.chat import render_chat
 from corral.sim.config import SimConfig
 from corral.sim.engine import Engine, Job
@@ -82,7 +83,8 @@ class SimApi:
         self._models_body = b""
 
     def build(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        guards = [ApiKeyGuard(self.config.api_keys).middleware] if self.config.api_keys else []
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=guards)
         r = app.router
         r.add_post("/v1/chat/completions", self.chat_completions)
         r.add_post("/v1/completions", self.completions)

@@ -3,7 +3,8 @@ daemon.
 
 `sim` is a group whose own options run the engine, so `corral sim --port 8000 ...` is unchanged. The
 environment switches of vLLM are read here, once: VLLM_SERVER_DEV_MODE=1 mounts the development endpoints,
-VLLM_ALLOW_RUNTIME_LORA_UPDATING=1|true the LoRA load/unload endpoints.
+VLLM_ALLOW_RUNTIME_LORA_UPDATING=1|true the LoRA load/unload endpoints, and VLLM_API_KEY (when no `--api-key`
+is given) guards the `/v1` routes as vLLM does.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 import click
 
 from corral import aio
+from corral.sim.auth import effective_keys
 from corral.sim.config import GIB, SimConfig
 from corral.sim.lora import parse_lora_module
 from corral.sim.preload import DaemonConfig, WeightCacheDaemon
@@ -182,16 +184,26 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
     help='For ipc_cache: {"socket_path"|"socket_dir", "mode": "zero_copy"|"copy", "fallback": true, '
     '"connect_timeout_s", "state_timeout_s"}.',
 )
+@click.option(
+    "--api-key",
+    "api_keys",
+    multiple=True,
+    metavar="KEY",
+    help="Requests to /v1... must carry `Authorization: Bearer KEY` (repeatable; wins over VLLM_API_KEY).",
+)
 @click.pass_context
 def sim(ctx: click.Context, /, **options: object) -> None:
     """Run a vLLM-compatible engine simulator (or, with `preload`, its weight-cache daemon)."""
     if ctx.invoked_subcommand is not None:
         return
     environ = dict(os.environ)
+    cli_keys = options.pop("api_keys")
+    assert isinstance(cli_keys, tuple)
     config = SimConfig(
         **options,  # type: ignore[arg-type]
         dev_mode=_dev_mode(environ),
         runtime_lora_updating=_runtime_lora(environ),
+        api_keys=effective_keys(cli_keys, environ.get("VLLM_API_KEY")),
     )
     sys.exit(aio.run(SimServer(config).run()))
 

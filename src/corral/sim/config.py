@@ -44,6 +44,9 @@ class SimConfig:
     # VLLM_ALLOW_RUNTIME_LORA_UPDATING.
     dev_mode: bool = False
     runtime_lora_updating: bool = False
+    # `--api-key` (repeatable) or else VLLM_API_KEY: the keys `/v1...` requests must carry. Kept out of
+    # repr so a logged config never shows them.
+    api_keys: tuple[str, ...] = field(default_factory=tuple, repr=False)
 
     @property
     def kv_cache_tokens(self) -> int:
