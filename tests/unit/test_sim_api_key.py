@@ -37,12 +37,12 @@ def test_the_guard_takes_only_a_bearer_with_a_known_key() -> None:
 
 
 def test_the_key_never_shows_in_the_config_repr() -> None:
-    assert KEY not in repr(SimConfig(api_keys=(KEY,)))
+    assert KEY not in repr(SimConfig(api_key=(KEY,), env_api_key=KEY))
 
 
 @pytest.fixture
 async def guarded() -> AsyncIterator[tuple[aiohttp.ClientSession, str]]:
-    sim = SimServer(SimConfig(api_keys=(KEY,), enable_lora=True))
+    sim = SimServer(SimConfig(api_key=(KEY,), enable_lora=True))
     server = TestServer(sim.api.build(), host="127.0.0.1")
     await server.start_server()
     try:

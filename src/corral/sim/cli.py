@@ -15,7 +15,6 @@ import sys
 import click
 
 from corral import aio
-from corral.sim.auth import effective_keys
 from corral.sim.config import GIB, SimConfig
 from corral.sim.lora import parse_lora_module
 from corral.sim.preload import DaemonConfig, WeightCacheDaemon
@@ -186,7 +185,7 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
 )
 @click.option(
     "--api-key",
-    "api_keys",
+    "api_key",
     multiple=True,
     metavar="KEY",
     help="Requests to /v1... must carry `Authorization: Bearer KEY` (repeatable; wins over VLLM_API_KEY).",
@@ -197,13 +196,11 @@ def sim(ctx: click.Context, /, **options: object) -> None:
     if ctx.invoked_subcommand is not None:
         return
     environ = dict(os.environ)
-    cli_keys = options.pop("api_keys")
-    assert isinstance(cli_keys, tuple)
     config = SimConfig(
         **options,  # type: ignore[arg-type]
         dev_mode=_dev_mode(environ),
         runtime_lora_updating=_runtime_lora(environ),
-        api_keys=effective_keys(cli_keys, environ.get("VLLM_API_KEY")),
+        env_api_key=environ.get("VLLM_API_KEY"),
     )
     sys.exit(aio.run(SimServer(config).run()))
 

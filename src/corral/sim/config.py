@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from corral.sim.auth import effective_keys
+
 KV_BYTES_PER_TOKEN = 128 * 1024
 GIB = 2**30
 
@@ -44,9 +46,15 @@ class SimConfig:
     # VLLM_ALLOW_RUNTIME_LORA_UPDATING.
     dev_mode: bool = False
     runtime_lora_updating: bool = False
-    # `--api-key` (repeatable) or else VLLM_API_KEY: the keys `/v1...` requests must carry. Kept out of
-    # repr so a logged config never shows them.
-    api_keys: tuple[str, ...] = field(default_factory=tuple, repr=False)
+    # `--api-key` (repeatable) and VLLM_API_KEY, as vLLM takes them (see `api_keys`). Kept out of repr so
+    # a printed config never shows them.
+    api_key: tuple[str, ...] = field(default_factory=tuple, repr=False)
+    env_api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def api_keys(self) -> tuple[str, ...]:
+        """The keys `/v1...` requests must carry: `--api-key` wins over VLLM_API_KEY; empty guards nothing."""
+        return effective_keys(self.api_key, self.env_api_key)
 
     @property
     def kv_cache_tokens(self) -> int:

@@ -223,6 +223,8 @@ class SimServer:
             )
             if getattr(cfg, k) != getattr(defaults, k)
         }
+        if cfg.api_key:  # vLLM prints its args, the key among them (the env variable is not an arg)
+            non_default["api_key"] = list(cfg.api_key)
         log.info("APIServer", "api_utils.py:347", f"vLLM API server version {cfg.version_string} (simulated)")
         log.info("APIServer", "api_utils.py:286", f"non-default args: {non_default}")
         log.info("APIServer", "model.py:2152", f"Using max model len {cfg.max_model_len}")
