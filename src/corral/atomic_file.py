@@ -1,25 +1,33 @@
 """Files replaced whole: the new content goes to a temp file beside the target, which is then renamed
-over it, so a reader (or a crash) sees the old content or the new, never half of one."""
+over it, so a reader (or a crash) sees the old content or the new, never half of one.
+
+The temp file has a random name and is created with `O_EXCL`, so it is always a new file of ours:
+never one another writer (or another process of the same PID, after a reboot) has open, and never
+a symlink planted beside the target.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 from pathlib import Path
 
 
 def write_atomically(
-    path: Path, data: bytes, *, mode: int = 0o666, durable: bool = False, make_dirs: bool = True
+    path: Path, data: bytes, *, mode: int = 0o600, durable: bool = False, make_dirs: bool = True
 ) -> None:
-    """Replace `path` with `data`. `mode` is the new file's permission bits (before the umask);
-    `durable` also fsyncs the file and its directory, so the change survives a power cut; without
-    `make_dirs` a missing directory is an error. Raises OSError, leaving no temp file behind."""
+    """Replace `path` with `data`. `mode` is the new file's permission bits (state files are the
+    owner's alone by default); `durable` also fsyncs the file and its directory, so the change
+    survives a power cut; without `make_dirs` a missing directory is an error. Raises OSError,
+    leaving no temp file behind."""
     if make_dirs:
         path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
         with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), mode)  # the umask never widens nor narrows what was asked
             fh.write(data)
             if durable:
                 fh.flush()
