@@ -123,7 +123,12 @@ class UpstreamResponse:
 
 
 class _Connection(asyncio.Protocol):
-    """One TCP connection to an engine, carrying one request at a time."""
+    """One TCP connection to an engine, carrying one request at a time.
+
+    It goes back to the pool only when the answer was read to its exact end: a byte the engine
+    sends past that end, or while no request is out, belongs to no client, so it closes the
+    connection rather than become the next request's answer.
+    """
 
     def __init__(self, pool: _Pool) -> None:
         self._pool = pool
@@ -134,6 +139,11 @@ class _Connection(asyncio.Protocol):
         self._headers_waiter: asyncio.Future[None] | None = None
         self._received = False
         self._paused = False
+        self._head = False  # the request was HEAD: the answer has no body whatever it announces
+        self._interim = False  # the message being parsed is a 1xx, not the answer
+        self._headers_done = False  # the answer's headers arrived; header lines now are trailers
+        self._until_close = False  # the answer's body ends when the engine closes the connection
+        self._ended = False  # the answer was read to its end
         self.closed = False
         self.idle_since = 0.0
         self.uses = 0
@@ -145,45 +155,78 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._received = True
+        if self._response is None or self._ended:
+            self.close()  # nobody asked for these bytes
+            return
         try:
             self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError:
+            self.close()  # a message began after the answer ended (on_message_begin)
+        except httptools.HttpParserUpgrade:
+            self._abort(UpstreamError("the engine switched protocols (101) though no upgrade was asked"))
         except httptools.HttpParserError as exc:
             self._abort(UpstreamError(f"unparseable answer: {exc}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._transport = None
+        if self._until_close and exc is None and self._response is not None:
+            self._ended = True
+            self._response._finish()
+            return
         self._fail(UpstreamError(f"connection closed before the answer ended ({exc or 'EOF'})"))
 
     # -- httptools callbacks -----------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self._ended:
+            raise UpstreamError("bytes after the end of the answer")
+
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_list.append((name.decode("latin-1"), value.decode("latin-1")))
+        if not self._headers_done:  # trailers are not headers: a proxy may drop them (RFC 9110 6.5)
+            self._header_list.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
+        parser = self._parser
+        status = parser.get_status_code()
+        if status < 200:
+            # 100 Continue, 102, 103: interim, never the answer (a 101 raises HttpParserUpgrade).
+            self._interim = True
+            self._header_list = []
+            return
+        self._headers_done = True
         response = self._response
         if response is None:
             return
-        response.status = self._parser.get_status_code()
+        response.status = status
         response.headers = self._header_list
         for name, value in self._header_list:
             if name.lower() == "content-type":
                 response.content_type = value.split(";", 1)[0].strip().lower()
                 break
+        if not parser.should_keep_alive():
+            self.closed = True  # Connection: close, HTTP/1.0, or a body delimited by the close
+            self._until_close = not self._head and _delimited_by_close(status, self._header_list)
+        if self._head:
+            self.closed = True  # the parser would read the announced length as a body: never reuse
+            self._ended = True
+            response._finish()
         waiter = self._headers_waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
     def on_body(self, body: bytes) -> None:
-        if self._response is not None:
+        if self._response is not None and not self._ended:
             self._response._feed(body)
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
+        self._ended = True
         response = self._response
         if response is not None:
             response._finish()
-        if not self._parser.should_keep_alive():
-            self.closed = True  # the engine will close it: never reuse
 
     # -- used by the client ------------------------------------------------------------------
 
@@ -214,13 +257,14 @@ class _Connection(asyncio.Protocol):
             self._transport.close()
             self._transport = None
 
-    async def send(self, request: bytes, read_timeout: float | None) -> UpstreamResponse:
+    async def send(self, request: bytes, head: bool, read_timeout: float | None) -> UpstreamResponse:
         """Write one request and wait for the answer's status and headers."""
         if self._transport is None or self.closed:
             raise UpstreamError("connection already closed")
         self.uses += 1
         self._received = False
         self._header_list = []
+        self._head = head
         response = UpstreamResponse(self, read_timeout)
         self._response = response
         self._headers_waiter = asyncio.get_running_loop().create_future()
@@ -242,11 +286,19 @@ class _Connection(asyncio.Protocol):
     def release(self, reusable: bool) -> None:
         self._response = None
         self.resume()
-        if reusable and not self.closed:
+        if reusable and self._ended and not self.closed:
             self._parser = httptools.HttpResponseParser(self)
+            self._headers_done = self._ended = False
             self._pool.put_back(self)
         else:
             self.close()
+
+
+def _delimited_by_close(status: int, headers: list[tuple[str, str]]) -> bool:
+    """Whether an answer that will not keep the connection has a body that runs to the close."""
+    if status in (204, 304):
+        return False
+    return not any(name.lower() in ("content-length", "transfer-encoding") for name, _ in headers)
 
 
 class _Pool:
@@ -320,14 +372,15 @@ class UpstreamClient:
         """Send `method raw_path` with `body` to the engine at `base_url`; returns once the status and
         headers arrived. `headers` must not carry Host, Content-Length or hop-by-hop headers."""
         pool = self._pool(base_url)
-        head = [f"{method} {raw_path} HTTP/1.1\r\nHost: {pool.host}:{pool.port}\r\n"]
-        head.extend(f"{name}: {value}\r\n" for name, value in headers)
-        head.append(f"Content-Length: {len(body)}\r\n\r\n")
-        request = "".join(head).encode("latin-1") + body
+        lines = [f"{method} {raw_path} HTTP/1.1\r\nHost: {pool.host}:{pool.port}\r\n"]
+        lines.extend(f"{name}: {value}\r\n" for name, value in headers)
+        lines.append(f"Content-Length: {len(body)}\r\n\r\n")
+        request = "".join(lines).encode("latin-1") + body
+        head = method == "HEAD"
         conn = pool.take()
         if conn is not None:
             try:
-                return await conn.send(request, self._read_timeout)
+                return await conn.send(request, head, self._read_timeout)
             except UpstreamError:
                 conn.close()
                 if conn.answered_anything:
@@ -338,7 +391,7 @@ class UpstreamClient:
                 raise
         conn = await self._connect(pool)
         try:
-            return await conn.send(request, self._read_timeout)
+            return await conn.send(request, head, self._read_timeout)
         except BaseException:
             conn.close()
             raise
