@@ -16,6 +16,13 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
 from corral.openai_errors import error_response
+from corral.router.client_connections import ConnectionGuard
+from corral.router.client_limits import (
+    ClientLimits,
+    ClientLimitsCollector,
+    ClientLimitStats,
+    client_limits_middleware,
+)
 from corral.router.file_source import FileSource
 from corral.router.k8s.client import PodApi
 from corral.router.membership import Membership
@@ -42,7 +49,6 @@ ROOT_INFERENCE_PATHS = (
 # Per-engine management calls: sending them to one engine picked at random would be wrong.
 ENGINE_ONLY_PATHS = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 
-CLIENT_MAX_SIZE = 64 * 1024 * 1024
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -77,6 +83,7 @@ class RouterConfig:
     probe_timeout: float = 2.0
     streams: StreamSettings = field(default_factory=lambda: StreamSettings(router_id=default_router_id()))
     wake_hold_seconds: float = 0.0  # > 0: wake a sleeping model's engine on demand (wake_on_demand)
+    client_limits: ClientLimits = field(default_factory=ClientLimits)  # --header-timeout, --max-in-flight...
 
 
 class MembershipSource(Protocol):
@@ -89,6 +96,10 @@ PodApiFactory = Callable[[KubernetesDiscovery], Awaitable[PodApi]]
 
 MEMBERSHIP = web.AppKey("membership", Membership)
 METRICS = web.AppKey("metrics", RouterMetrics)
+# Listens for the router (cli.serve): each client connection held to config.client_limits.
+CONNECTION_GUARD = web.AppKey("connection_guard", ConnectionGuard)
+# The router's own endpoints: cheap, engine-free, and what an operator needs during overload.
+OWN_ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/fleet")
 
 
 async def connect_pod_api(discovery: KubernetesDiscovery) -> PodApi:
@@ -140,7 +151,13 @@ async def build_source(
 
 
 def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) -> web.Application:
-    app = web.Application(client_max_size=CLIENT_MAX_SIZE)
+    limits, limit_stats = config.client_limits, ClientLimitStats()
+    guard = ConnectionGuard(limits, limit_stats)
+    app = web.Application(
+        client_max_size=limits.max_body_bytes,  # 0: no limit; over it, request.read() raises 413
+        middlewares=[client_limits_middleware(limits, limit_stats, guard, OWN_ENDPOINTS)],
+    )
+    app[CONNECTION_GUARD] = guard
     metrics = RouterMetrics()
     membership = Membership(on_exit=lambda record: metrics.count_removal(record.cause))
     app[MEMBERSHIP] = membership
@@ -148,6 +165,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     streams = SupervisorStreams(membership, metrics, config.streams)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RouterCollector(metrics, membership.endpoints))
+    registry.register(ClientLimitsCollector(limits, limit_stats))
     holder: dict[str, Proxy] = {}
     routing = Routing(config.policy, config.routing, config.session_header, membership.endpoints)
 

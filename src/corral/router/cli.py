@@ -13,7 +13,8 @@ import click
 from aiohttp import web
 
 from corral import aio
-from corral.router.app import KubernetesDiscovery, RouterConfig, build_app
+from corral.router.app import CONNECTION_GUARD, KubernetesDiscovery, RouterConfig, build_app
+from corral.router.client_limits import ClientLimits, client_limit_options
 from corral.router.file_source import BackendsFileError, read_backends
 from corral.router.k8s.client import KubeApiError
 from corral.router.policies import POLICY_NAMES
@@ -210,6 +211,7 @@ def read_supervisor_token(path: Path | None) -> str | None:
 @click.option(
     "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
 )
+@client_limit_options  # --header-timeout, --body-timeout, --idle-timeout, --max-connections, ...
 def router(
     host: str,
     port: int,
@@ -240,6 +242,7 @@ def router(
     request_timeout: float,
     shutdown_timeout: float,
     log_level: str,
+    client_limits: ClientLimits,
 ) -> None:
     """Run the OpenAI-compatible router in front of a fleet of engines."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -299,6 +302,7 @@ def router(
         eject_seconds=eject_seconds,
         models_refresh_seconds=models_refresh_seconds,
         request_timeout=request_timeout or None,
+        client_limits=client_limits,
     )
     aio.run(serve(config, host, port, shutdown_timeout))
 
@@ -313,8 +317,9 @@ def _routing_config(path: Path | None) -> RoutingConfig:
 
 
 async def serve(config: RouterConfig, host: str, port: int, shutdown_timeout: float) -> None:
+    app = build_app(config)
     runner = web.AppRunner(
-        build_app(config),
+        app,
         access_log=None,
         handler_cancellation=True,  # a client that hangs up cancels its upstream request
         shutdown_timeout=shutdown_timeout,
@@ -324,13 +329,15 @@ async def serve(config: RouterConfig, host: str, port: int, shutdown_timeout: fl
     except KubeApiError as exc:
         log.error("cannot start Kubernetes membership: %s", exc)
         raise SystemExit(2) from None
+    guard = app[CONNECTION_GUARD]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
-        await site.start()
+        # not a TCPSite: the guard listens so that each connection is held to config.client_limits
+        assert runner.server is not None
+        await guard.listen(runner.server, host, port, backlog=1024)
         if config.kubernetes is not None:
             members = f"pods in {config.kubernetes.namespace} matching {config.kubernetes.selector}"
         elif config.backends_file is not None:
@@ -350,4 +357,6 @@ async def serve(config: RouterConfig, host: str, port: int, shutdown_timeout: fl
         await stop.wait()
         log.info("corral router stopping")
     finally:
+        guard.stop_accepting()
         await runner.cleanup()
+        await guard.close()
