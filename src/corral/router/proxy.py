@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,10 +33,13 @@ from corral.router.wake_on_demand import WakeOnDemand
 
 log = logging.getLogger("corral.router.proxy")
 
-# Headers that describe one hop, not the message; never copied across the proxy.
+# Headers that describe one hop, not the message; never copied across the proxy (nor those the
+# message's own Connection header names). `Expect: 100-continue` is one: the router's server has
+# already answered the 100, and an engine's 100 must not be mistaken for its answer.
 HOP_BY_HOP = frozenset(
     {
         "connection",
+        "expect",
         "keep-alive",
         "proxy-authenticate",
         "proxy-authorization",
@@ -52,6 +56,9 @@ RESPONSE_SKIP = HOP_BY_HOP | {"server", "date", "x-request-id"}
 
 # Everything that means "this endpoint did not answer": refused, reset, timed out, cut off.
 UPSTREAM_FAILURES = (TimeoutError, ConnectionError)  # UpstreamError is a ConnectionError
+
+# An X-Request-Id the router forwards and echoes as the client sent it; any other gets the router's own.
+_SAFE_REQUEST_ID = re.compile(r"[!-~]{1,200}")
 
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request", used only in metrics
 
@@ -85,19 +92,23 @@ class Proxy:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         start = time.perf_counter()
         body = await request.read()
-        request_id = request.headers.get("x-request-id") or uuid4().hex
+        request_id = request.headers.get("x-request-id", "")
+        own_id = _SAFE_REQUEST_ID.fullmatch(request_id) is not None
+        if not own_id:
+            request_id = uuid4().hex  # none, or one not fit to echo: the router names the request
 
-        model, payload, problem = self._model_of(request, body)
+        upstream_headers, problem = _forwarded_headers(request)
+        model: str | None = None
+        payload: dict[str, Any] | None = None
+        if problem is None:
+            model, payload, problem = self._model_of(request, body)
         if problem is not None:
             return self._reject(problem, model or "", request_id, start)
         assert model is not None
         if self.wake_on_demand is not None:
             await self.wake_on_demand.hold(model)
 
-        upstream_headers = CIMultiDict(
-            [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
-        )
-        if "x-request-id" not in upstream_headers:
+        if not own_id:
             upstream_headers["X-Request-Id"] = request_id
         route = RouteRequest(model, request.headers, payload)
         self._budget.record_request(time.monotonic())
@@ -315,6 +326,34 @@ class Proxy:
                 attempt,
                 why,
             )
+
+
+def _forwarded_headers(request: web.Request) -> tuple[CIMultiDict[str], web.Response | None]:
+    """The client's headers less the hop-by-hop ones, or the 400 for one that cannot be forwarded.
+
+    The request head goes upstream as latin-1, and the client's bytes arrive here decoded as UTF-8:
+    a value outside ASCII would reach the engine as other bytes than the client sent, or not at all.
+    """
+    skip = HOP_BY_HOP
+    connection = request.headers.get("connection")
+    if connection:
+        skip = HOP_BY_HOP | {token.strip().lower() for token in connection.split(",")}
+    forwarded: CIMultiDict[str] = CIMultiDict()
+    for name, value in request.headers.items():
+        if not value.isascii():
+            at = next(i for i, char in enumerate(value) if not char.isascii())
+            return forwarded, _bad_request(
+                f"The header `{name.lower()}` has a character outside ASCII at position {at} of its "
+                "value; HTTP header values must be ASCII (percent-encode or base64-encode the value).",
+                name.lower(),
+            )
+        if name.lower() not in skip:
+            forwarded.add(name, value)
+    if not request.raw_path.isascii():
+        return forwarded, _bad_request(
+            "The request target has characters outside ASCII; percent-encode them.", "path"
+        )
+    return forwarded, None
 
 
 def _response_headers(upstream: UpstreamResponse, request_id: str) -> CIMultiDict[str]:
