@@ -43,10 +43,12 @@ class ChildProcess:
         env: dict[str, str] | None = None,
         sink: LineSink | None = None,
         keep_lines: int = 200,
+        inherit_env: bool = True,
     ) -> None:
         self.name = name
         self.argv = list(argv)
         self.env = env
+        self._inherit_env = inherit_env  # False: `env` is the child's whole environment
         self._sink = sink
         self.last_lines: deque[str] = deque(maxlen=keep_lines)
         self._proc: asyncio.subprocess.Process | None = None
@@ -71,7 +73,7 @@ class ChildProcess:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            env={**os.environ, **(self.env or {})},
+            env={**os.environ, **(self.env or {})} if self._inherit_env else dict(self.env or {}),
             start_new_session=True,
             preexec_fn=_die_with_parent,
         )

@@ -1,20 +1,41 @@
 """The engine process under supervision: started in its own process group with `[engine]`-prefixed
 output, its startup phase read from the lines vLLM logs, and the restart-in-place policy (capped
 exponential backoff, a budget, a `RestartRecord` with exit code and last lines for every restart).
+
+The engine's environment is the supervisor's minus Corral's own secrets (`engine_environment`): the
+management token, token files and keys are for Corral, never for a process that runs model code. Its
+API key (`corral.supervisor.engine_auth`) is masked in every output line the supervisor shows or keeps.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
 
 from corral.child_process import ChildProcess, LineSink
+from corral.supervisor.engine_auth import Redactor, engine_api_key
 from corral.supervisor.states import StartingPhase
+
+# Corral's own secrets by name (CORRAL_TOKEN, CORRAL_TOKEN_FILE, an admin or API key file, ...).
+_CORRAL_SECRET = re.compile(r"^CORRAL_.*(TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL)", re.IGNORECASE)
+
+
+def engine_environment(
+    extra: Mapping[str, str], inherited: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The engine's whole environment: the supervisor's (`inherited`, default os.environ) with `extra`
+    (a bundle's env) on top, and no Corral secret from either."""
+    merged = {**(os.environ if inherited is None else inherited), **extra}
+    return {k: v for k, v in merged.items() if not _CORRAL_SECRET.match(k)}
+
 
 # vLLM's startup log, in order (see shared/VLLM_API.md); the first marker found in a line wins.
 _PHASE_MARKERS: tuple[tuple[str, StartingPhase], ...] = (
@@ -106,15 +127,23 @@ class EngineProcess:
         self._echo = echo
         self._on_phase = on_phase
         self.phase = StartingPhase.ENGINE_STARTING
-        self._child = ChildProcess("engine", self.argv, env=env, sink=self._line, keep_lines=keep_lines)
+        environment = engine_environment(env or {})
+        self.api_key = engine_api_key(self.argv, environment)  # what the engine demands of callers
+        self._redact = Redactor([self.api_key])
+        self._last_lines: deque[str] = deque(maxlen=keep_lines)  # masked, as shown
+        self._child = ChildProcess(
+            "engine", self.argv, env=environment, sink=self._line, keep_lines=0, inherit_env=False
+        )
         self.identity: EngineIdentity | None = None
 
     def _line(self, line: str) -> None:
-        self._echo(line)
+        shown = self._redact(line)
+        self._last_lines.append(shown)
+        self._echo(shown)
         phase = detect_phase(line)
         if phase is not None and phase is not self.phase:
             self.phase = phase
-            self._on_phase(phase, line)
+            self._on_phase(phase, shown)
 
     async def start(self) -> EngineIdentity:
         await self._child.start()
@@ -140,7 +169,7 @@ class EngineProcess:
         return self._child.returncode
 
     def last_lines(self, n: int = 20) -> tuple[str, ...]:
-        return tuple(list(self._child.last_lines)[-n:])
+        return tuple(list(self._last_lines)[-n:])
 
     async def wait_exit(self) -> int | None:
         """Blocks until the engine exits (no deadline: the callers race it against other events)."""

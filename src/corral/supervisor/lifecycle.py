@@ -22,6 +22,7 @@ from corral.supervisor.bundle import Bundle, read_bundle
 from corral.supervisor.config import SupervisorConfig
 from corral.supervisor.drain import Drainer, DrainPolicy, DrainReport
 from corral.supervisor.engine import EngineProcess, RestartPolicy, RestartRecord
+from corral.supervisor.engine_auth import EngineKey, redact_argv
 from corral.supervisor.evidence import EvidenceBook, classify
 from corral.supervisor.gate import AdmissionGate
 from corral.supervisor.gates import GatesTimedOut, GateWaiter
@@ -94,6 +95,7 @@ class EngineSupervisor:
         self.stall_watch: StallWatch | None = None
         self.exit_requested = asyncio.Event()
         self._session: aiohttp.ClientSession | None = None
+        self.engine_key = EngineKey(config.engine_url)  # the running engine's --api-key, on our calls to it
         self._lifecycle: asyncio.Task[None] | None = None
         self._drain: asyncio.Task[DrainReport] | None = None
 
@@ -109,7 +111,7 @@ class EngineSupervisor:
         )
         self.machine.subscribe(self._record_event)
         self.machine.subscribe(self.routers.note_event)
-        self.oplog.append("supervisor_started", argv=list(self.config.engine_argv))
+        self.oplog.append("supervisor_started", argv=redact_argv(self.config.engine_argv))
         store = RuntimeAdapterFile(self.config.state_dir)
         runtime, unreadable = restore_runtime_adapters(store, dict(self.config.lora), self._log)
         self.adapters.restore(runtime, store)
@@ -127,7 +129,9 @@ class EngineSupervisor:
             )
         # No keep-alive to the engine: an idle connection of ours must never be what keeps a
         # shutting-down engine waiting "for connections to close".
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(force_close=True), middlewares=(self.engine_key,)
+        )
 
     async def close(self) -> None:
         if self._lifecycle is not None:
@@ -295,7 +299,7 @@ class EngineSupervisor:
         self.config = dataclasses.replace(self.config, engine_argv=argv, engine_env=tuple(bundle.env.items()))
         self.running_bundle = bundle
         self.unrecoverable = None  # a failure of the previous command says nothing of this one
-        self.oplog.append("bundle_selected", name=bundle.name, argv=list(argv), env=sorted(bundle.env))
+        self.oplog.append("bundle_selected", name=bundle.name, argv=redact_argv(argv), env=sorted(bundle.env))
         return argv
 
     async def restart_in_place(self, reason: str) -> None:
@@ -437,9 +441,10 @@ class EngineSupervisor:
         env = dict(self.config.engine_env) or None
         engine = EngineProcess(self.config.engine_argv, self._engine_line, self._on_phase, env=env)
         self.engine = engine
+        self.engine_key.key = engine.api_key
         self._to(
             S.STARTING,
-            f"starting engine: {' '.join(self.config.engine_argv)}",
+            f"starting engine: {' '.join(redact_argv(self.config.engine_argv))}",
             StartingPhase.ENGINE_STARTING,
         )
         identity = await engine.start()
@@ -447,7 +452,7 @@ class EngineSupervisor:
             "engine_started",
             pid=identity.pid,
             create_time=identity.create_time,
-            argv=list(self.config.engine_argv),
+            argv=redact_argv(self.config.engine_argv),
         )
         return engine
 
@@ -661,7 +666,7 @@ class EngineSupervisor:
                 "url": self.config.engine_url,
                 "pid": engine.pid if engine is not None and engine.running else None,
                 "model": self.served_model or self.config.model,
-                "argv": list(self.config.engine_argv),
+                "argv": redact_argv(self.config.engine_argv),
             },
             "restarts": [r.to_json() for r in self.restarts],
             "gates": self.gates.to_json(),

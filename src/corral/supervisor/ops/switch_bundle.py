@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from corral.bundle_spec import BundleSpec
 from corral.supervisor.drain import Drainer
+from corral.supervisor.engine_auth import redact_argv
 from corral.supervisor.ops.common import apply_policy, leave_routing
 from corral.supervisor.readiness import NotReady
 from corral.supervisor.runbook import Evidence, Refused, Step, StepFailed
@@ -78,7 +79,7 @@ class SwitchBundlePlan:
         self._executed = True
         argv = self.sup.use_bundle(self.target)
         await self.sup.restart_in_place(f"bundle switch to {self.target.name}")
-        return {"argv": list(argv), "env": sorted(self.target.env)}
+        return {"argv": redact_argv(argv), "env": sorted(self.target.env)}
 
     async def verify(self) -> Evidence:
         await self._ready_again(self.ready_timeout)
