@@ -1,8 +1,10 @@
-"""Where Corral keeps state that outlives a process: `$XDG_STATE_HOME/corral` (default ~/.local/state)."""
+"""Where Corral keeps state that outlives a process: `$XDG_STATE_HOME/corral` (default ~/.local/state),
+and the check that a state directory can be used at all, made before anything is started."""
 
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 
@@ -19,3 +21,23 @@ def local_fleet_file(router_port: int) -> Path:
 def local_fleet_token_file(router_port: int) -> Path:
     """The bearer token of that fleet's control API (mode 0600), which `corral rollout` reads."""
     return corral_state_dir() / f"up-{router_port}.token"
+
+
+def local_fleet_supervisor_token_file(router_port: int) -> Path:
+    """The management token of that fleet's supervisors (mode 0600), new for every `corral up`."""
+    return corral_state_dir() / f"up-{router_port}.supervisor-token"
+
+
+def state_dir_problem(path: Path) -> str | None:
+    """Why `path` cannot hold state (it is created, owner-only, when missing), or None when a file
+    can be created, read back and removed there."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        probe = path / f".probe-{secrets.token_hex(6)}"
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        os.unlink(probe)
+        os.listdir(path)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else ""
+        return f"{exc.strerror or exc}{where}"
+    return None

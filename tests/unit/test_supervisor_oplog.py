@@ -1,15 +1,24 @@
 """The operation log file: fsynced lines read back, a torn last line skipped, the epoch continued,
-the engine a dead supervisor left behind found, and one supervisor per state dir."""
+the engine a dead supervisor left behind found, one supervisor per state dir; a full disk reported
+and never raised, 0600 files, fsync off the event loop, rotation by size."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import stat
 import subprocess
+import threading
 from pathlib import Path
+from typing import Any
 
+import orjson
 import psutil
 import pytest
 
 from corral.supervisor.oplog import EngineLeftover, OperationLog, StateDirLocked, last_epoch, read_records
+from corral.supervisor.state_writes import StateWriteFailures
+from tests.support.tmpfs import fill, tiny_tmpfs
 
 
 def test_records_survive_and_a_torn_line_is_skipped(tmp_path: Path) -> None:
@@ -56,3 +65,84 @@ def test_one_supervisor_per_state_dir(tmp_path: Path) -> None:
         OperationLog(tmp_path).open()
     first.close()
     OperationLog(tmp_path).open()
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def test_a_full_disk_is_reported_never_raised_and_the_loss_is_recorded_after() -> None:
+    said: list[str] = []
+    failures = StateWriteFailures(None, said.append)
+    with tiny_tmpfs("64k") as disk:
+        log = OperationLog(disk / "state", failures)
+        log.open()
+        log.append("transition", epoch=1, to="STARTING", padding="x" * 200)
+        fill(disk)
+        for epoch in range(2, 40):  # far more than the disk has room for
+            log.append("transition", epoch=epoch, to="DRAINING", padding="x" * 200)
+        assert failures.problem is not None and "No space left on device" in failures.problem
+        assert len(said) == 1 and "cannot write" in said[0]  # one line, not one per write
+        (disk / "filler").unlink()
+        log.append("transition", epoch=40, to="STOPPING")
+        assert failures.problem is None
+        log.close()
+        records = read_records(disk / "state" / "oplog.jsonl")
+    assert records[-1]["epoch"] == 40
+    lost = [r for r in records if r["record"] == "oplog_records_lost"]
+    assert lost and lost[0]["count"] + len(records) - 1 >= 40  # every record is on disk or counted
+    assert "writable again" in said[-1]
+
+
+def test_the_log_is_0600_and_rotates_by_size_keeping_epoch_and_engine(tmp_path: Path) -> None:
+    log = OperationLog(tmp_path, max_bytes=2048, keep=2)
+    log.open()
+    log.append("engine_started", pid=4242, create_time=12.5, argv=["vllm"])
+    for epoch in range(1, 200):
+        log.append("transition", epoch=epoch, to="READY", padding="x" * 50)
+    log.close()
+    names = sorted(p.name for p in tmp_path.glob("oplog.jsonl*"))
+    assert names == ["oplog.jsonl", "oplog.jsonl.1", "oplog.jsonl.2"]
+    for name in names:
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600
+    assert all(len(_lines(tmp_path / n)) > 0 for n in names)
+    records = OperationLog(tmp_path).open()  # what a successor reads: the current file only
+    assert last_epoch(records) == 199
+    assert EngineLeftover.from_records(records) == EngineLeftover(4242, 12.5, ["vllm"])
+
+
+def test_fsync_runs_off_the_event_loop_and_lines_stay_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced_in: list[str] = []
+    real_fsync = os.fsync
+
+    def spy(fd: int) -> None:
+        synced_in.append(threading.current_thread().name)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+
+    async def appends() -> None:
+        log = OperationLog(tmp_path)
+        log.open()
+        for epoch in range(1, 101):
+            log.append("transition", epoch=epoch)
+            if epoch % 10 == 0:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        on_loop = [name for name in synced_in if name == threading.current_thread().name]
+        assert synced_in and not on_loop, synced_in
+        log.close()
+
+    asyncio.run(appends())
+    assert [r["epoch"] for r in _lines(tmp_path / "oplog.jsonl")] == list(range(1, 101))
+
+
+def test_an_old_world_readable_log_becomes_0600(tmp_path: Path) -> None:
+    (tmp_path / "oplog.jsonl").write_bytes(b'{"record": "transition", "epoch": 3}\n')
+    (tmp_path / "oplog.jsonl").chmod(0o644)
+    log = OperationLog(tmp_path)
+    assert last_epoch(log.open()) == 3
+    log.close()
+    assert stat.S_IMODE((tmp_path / "oplog.jsonl").stat().st_mode) == 0o600

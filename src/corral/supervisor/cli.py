@@ -21,7 +21,7 @@ from aiohttp import web
 
 from corral.aio import run as run_on_uvloop
 from corral.bundle_spec import BundleError, BundleSpec, load_bundle
-from corral.state_home import corral_state_dir
+from corral.state_home import corral_state_dir, state_dir_problem
 from corral.supervisor.adapters import AdapterSpecError, parse_lora
 from corral.supervisor.config import SupervisorConfig, is_loopback
 from corral.supervisor.drain import DrainPolicy, DrainSettings
@@ -164,6 +164,20 @@ _seconds = click.FloatRange(min=0.0)
     help="Operation log and lock (default: $XDG_STATE_HOME/corral/supervise-PORT).",
 )
 @click.option(
+    "--oplog-max-bytes",
+    default=64 * 1024 * 1024,
+    show_default=True,
+    type=click.IntRange(min=1024),
+    help="Rotate the operation log (oplog.jsonl -> oplog.jsonl.1 …) past this size.",
+)
+@click.option(
+    "--oplog-keep",
+    default=3,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Rotated operation logs kept.",
+)
+@click.option(
     "--token-file",
     type=click.Path(path_type=Path),
     default=None,
@@ -236,6 +250,8 @@ def run_command(
     drain_timeout: float,
     shutdown_timeout: float,
     state_dir: Path | None,
+    oplog_max_bytes: int,
+    oplog_keep: int,
     token_file: Path | None,
     gate_port: int | None,
     gate_host: str,
@@ -276,6 +292,11 @@ def run_command(
             f"refusing to serve the management API on {host} without a token: "
             "pass --token-file or set CORRAL_TOKEN (or bind --host 127.0.0.1)"
         )
+    state_dir = state_dir or _default_state_dir(port)
+    if (problem := state_dir_problem(state_dir)) is not None:
+        _bad_input(
+            f"state dir {state_dir} cannot be used: {problem}; pass --state-dir DIR, writable by this user"
+        )
     config = SupervisorConfig(
         engine_argv=engine_command,
         engine_url=engine_url.rstrip("/"),
@@ -296,7 +317,9 @@ def run_command(
             drain_timeout=drain_timeout,
             shutdown_timeout=shutdown_timeout,
         ),
-        state_dir=state_dir or _default_state_dir(port),
+        state_dir=state_dir,
+        oplog_max_bytes=oplog_max_bytes,
+        oplog_keep=oplog_keep,
         token=token,
         lora=adapters,
         bundles=bundles,
@@ -347,6 +370,13 @@ async def _serve(config: SupervisorConfig) -> int:
         await supervisor.open()
     except StateDirLocked as exc:
         click.echo(f"corral supervise: {exc}", err=True)
+        return 2
+    except OSError as exc:  # e.g. an oplog.jsonl that cannot be read
+        click.echo(
+            f"corral supervise: state dir {config.state_dir} cannot be used: {exc.strerror or exc}"
+            + (f" ({exc.filename})" if exc.filename else ""),
+            err=True,
+        )
         return 2
     api = SupervisorAPI(supervisor, config.token)
     runner = web.AppRunner(api.app(), access_log=None, shutdown_timeout=2.0)

@@ -37,6 +37,8 @@ class SupervisorConfig:
     stall_seconds: float = 60.0
     drain: DrainSettings = field(default_factory=DrainSettings)
     state_dir: Path = Path(".corral-supervisor")
+    oplog_max_bytes: int = 64 * 1024 * 1024  # rotated past this size
+    oplog_keep: int = 3  # rotated files kept (oplog.jsonl.1 … .N)
     token: str | None = None
     gate_host: str = "0.0.0.0"
     gate_port: int | None = None  # the admission gate's data port (corral.supervisor.gate)

@@ -35,6 +35,7 @@ from corral.supervisor.readiness import EngineNotAnswering, NotReady, ReadinessC
 from corral.supervisor.routers import RouterSubscriptions
 from corral.supervisor.runtime_adapters import RuntimeAdapterFile, restore_runtime_adapters
 from corral.supervisor.stall import Stall, StallWatch
+from corral.supervisor.state_writes import StateWriteFailures
 from corral.supervisor.states import (
     DrainPhase,
     EngineState,
@@ -68,7 +69,10 @@ class EngineSupervisor:
         self._log = log
         self._echo = echo
         self.metrics = SupervisorMetrics()
-        self.oplog = OperationLog(config.state_dir)
+        self.state_writes = StateWriteFailures(self.metrics.state_write_errors, log)
+        self.oplog = OperationLog(
+            config.state_dir, self.state_writes, config.oplog_max_bytes, config.oplog_keep
+        )
         self.machine = StateMachine()  # replaced in open(), once the log gives the next epoch
         self.gates = GateWaiter(config.gates, config.dependency_timeout, self._gate_log)
         self.readiness = ReadinessCheck(config.engine_url, config.model)
@@ -112,7 +116,7 @@ class EngineSupervisor:
         self.machine.subscribe(self._record_event)
         self.machine.subscribe(self.routers.note_event)
         self.oplog.append("supervisor_started", argv=redact_argv(self.config.engine_argv))
-        store = RuntimeAdapterFile(self.config.state_dir)
+        store = RuntimeAdapterFile(self.config.state_dir, self.state_writes)
         runtime, unreadable = restore_runtime_adapters(store, dict(self.config.lora), self._log)
         self.adapters.restore(runtime, store)
         self.oplog.append("runtime_adapters_restored", adapters=runtime, error=unreadable)
@@ -170,6 +174,8 @@ class EngineSupervisor:
                 return False, f"supervisor lifecycle crashed: {type(exc).__name__}: {exc}"
         if self.unrecoverable is not None:
             return False, self.unrecoverable
+        if (unwritable := self.state_writes.problem) is not None:
+            return False, unwritable
         return True, "supervisor loop alive; engine running or legitimately starting"
 
     # -- recording ------------------------------------------------------------------------------
@@ -569,8 +575,10 @@ class EngineSupervisor:
 
     async def _shutdown_op(self, reason: str) -> dict[str, Any]:
         self._log(f"shutdown: {reason}")
-        report = await self.drain(None)
-        self.exit_requested.set()
+        try:
+            report = await self.drain(None)
+        finally:  # whatever went wrong in the drain, a shutdown asked for is a shutdown done
+            self.exit_requested.set()
         return report.to_json()
 
     def on_signal(self, sig: signal.Signals) -> None:

@@ -1,6 +1,6 @@
 """The supervisor's own Prometheus metrics (`/metrics`): current state, transitions, engine restarts,
-gate waits, the epoch and the preload daemon's events (disk fallbacks, deaths, restarts), in a registry
-of its own so that nothing is shared between instances."""
+gate waits, the epoch, the preload daemon's events (disk fallbacks, deaths, restarts) and failed
+state-dir writes, in a registry of its own so that nothing is shared between instances."""
 
 from __future__ import annotations
 
@@ -61,6 +61,13 @@ class SupervisorMetrics:
         self.preload_restarts = Counter(
             "corral_supervisor_preload_restarts",
             "Preload daemon restarts after it died.",
+            registry=self.registry,
+        )
+        self.state_write_errors = Counter(
+            "corral_supervisor_state_write_errors",
+            "Failed writes (and fsyncs) of state-dir files, by file and errno name; /livez is false "
+            "while a file cannot be written.",
+            ["file", "error"],
             registry=self.registry,
         )
         for state in EngineState:

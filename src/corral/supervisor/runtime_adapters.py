@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from corral.atomic_file import write_atomically
+from corral.supervisor.state_writes import StateWriteFailures
 
 FILE_NAME = "runtime_adapters.json"
 FORMAT_VERSION = 1
@@ -26,8 +27,9 @@ class RuntimeAdaptersUnreadable(Exception):
 
 
 class RuntimeAdapterFile:
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, failures: StateWriteFailures | None = None) -> None:
         self.path = state_dir / FILE_NAME
+        self._failures = failures  # where a failed write is counted (and fails /livez)
 
     def read(self) -> dict[str, str]:
         """name → path; empty when there is no file. Raises `RuntimeAdaptersUnreadable`."""
@@ -49,7 +51,14 @@ class RuntimeAdapterFile:
             {"version": FORMAT_VERSION, "adapters": dict(sorted(adapters.items()))},
             option=orjson.OPT_INDENT_2,
         )
-        write_atomically(self.path, body, durable=True, make_dirs=False)
+        try:
+            write_atomically(self.path, body, durable=True, make_dirs=False)
+        except OSError as exc:
+            if self._failures is not None:
+                self._failures.failed(str(self.path), exc)
+            raise
+        if self._failures is not None:
+            self._failures.succeeded(str(self.path))
 
     def move_aside(self) -> Path | None:
         """Keep an unreadable file for inspection instead of overwriting it later."""
