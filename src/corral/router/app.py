@@ -184,7 +184,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
         )
         if config.wake_hold_seconds > 0:
             holder["proxy"].wake_on_demand = WakeOnDemand(
-                membership, config.streams.token, config.wake_hold_seconds, metrics
+                membership, config.streams.token_for, config.wake_hold_seconds, metrics
             )
         await streams.start()
         try:

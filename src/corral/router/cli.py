@@ -20,7 +20,8 @@ from corral.router.k8s.client import KubeApiError
 from corral.router.policies import POLICY_NAMES
 from corral.router.retry_budget import RetryBudgetConfig
 from corral.router.scoring.config import PolicyConfigError, RoutingConfig, load_routing_config
-from corral.router.supervisor_stream import StreamSettings, default_router_id
+from corral.router.supervisor_stream import StreamSettings, TokenFor, default_router_id, per_pod_tokens
+from corral.supervisor_tokens import FleetKeyError, read_fleet_key
 
 log = logging.getLogger("corral.router")
 
@@ -83,6 +84,12 @@ def read_supervisor_token(path: Path | None) -> str | None:
     "--supervisor-token-file",
     type=click.Path(dir_okay=False, path_type=Path),
     help="Bearer token for the supervisors' management API (else $CORRAL_TOKEN).",
+)
+@click.option(
+    "--supervisor-token-key-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="k8s: the fleet key; each pod's supervisor token is derived from it and the pod's "
+    "namespace/name (as `corral supervise derive-token` does), so no one token opens every supervisor.",
 )
 @click.option(
     "--router-id",
@@ -219,6 +226,7 @@ def router(
     supervised: tuple[str, ...],
     supervisor_port: int | None,
     supervisor_token_file: Path | None,
+    supervisor_token_key_file: Path | None,
     router_id: str | None,
     supervisor_heartbeat: float,
     wake_hold_seconds: float,
@@ -251,6 +259,7 @@ def router(
     supervisors = parse_supervised(supervised)
     backends = tuple(dict.fromkeys([*backends, *supervisors]))
     token = read_supervisor_token(supervisor_token_file)
+    tokens = _per_pod_tokens(supervisor_token_key_file, supervisor_token_file, discovery)
     kubernetes: KubernetesDiscovery | None = None
     if supervisor_port is not None and discovery != "k8s":
         raise click.UsageError("--supervisor-port is for --discovery k8s; use --supervised otherwise.")
@@ -288,7 +297,10 @@ def router(
         backends=backends,
         supervisors=supervisors,
         streams=StreamSettings(
-            router_id=router_id or default_router_id(), token=token, heartbeat_seconds=supervisor_heartbeat
+            router_id=router_id or default_router_id(),
+            token=token,
+            tokens=tokens,
+            heartbeat_seconds=supervisor_heartbeat,
         ),
         wake_hold_seconds=wake_hold_seconds,
         backends_file=backends_file,
@@ -305,6 +317,25 @@ def router(
         client_limits=client_limits,
     )
     aio.run(serve(config, host, port, shutdown_timeout))
+
+
+def _per_pod_tokens(key_file: Path | None, token_file: Path | None, discovery: str) -> TokenFor | None:
+    """--supervisor-token-key-file: each pod's token from the fleet key; a usage error names a bad key."""
+    if key_file is None:
+        return None
+    if discovery != "k8s":
+        raise click.UsageError(
+            "--supervisor-token-key-file derives each pod's token from its name: it needs --discovery k8s; "
+            "use --supervisor-token-file otherwise."
+        )
+    if token_file is not None:
+        raise click.UsageError(
+            "Use either --supervisor-token-key-file (a token per pod) or --supervisor-token-file, not both."
+        )
+    try:
+        return per_pod_tokens(read_fleet_key(key_file))
+    except FleetKeyError as exc:
+        raise click.UsageError(f"--supervisor-token-key-file: {exc}") from None
 
 
 def _routing_config(path: Path | None) -> RoutingConfig:

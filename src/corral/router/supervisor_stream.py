@@ -16,6 +16,10 @@ lets a supervisor count a router whose stream closed as gone rather than wait fo
 
 Each subscription has its own task, every network call has a timeout, and acknowledgements run in
 tasks of their own, so a slow or dead supervisor delays nothing but its own endpoint.
+
+Every call carries the token of the supervisor it goes to (`StreamSettings.token_for`): one token
+for all of them (`--supervisor-token-file`), or each pod's own, derived from the fleet key and the
+pod's name (`--supervisor-token-key-file`, `corral.supervisor_tokens`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +40,7 @@ from corral.engine_state import EngineState
 from corral.router.endpoint import Endpoint, SupervisorView
 from corral.router.membership import Membership
 from corral.router.metrics import RouterMetrics
+from corral.supervisor_tokens import endpoint_pod_token
 
 log = logging.getLogger("corral.router.supervisor_stream")
 
@@ -42,14 +48,28 @@ SOURCE = "supervisor"
 LINE_LIMIT = 1 << 20  # a state event carries evidence (a drain report): allow long lines
 
 
+# The management token of an endpoint's supervisor (None: send none).
+TokenFor = Callable[[Endpoint], str | None]
+
+
 def default_router_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def per_pod_tokens(key: bytes) -> TokenFor:
+    """Each pod's own token, derived from the fleet key and the endpoint's pod ("namespace/name")."""
+    return lambda endpoint: endpoint_pod_token(key, endpoint.name)
+
+
+def bearer(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 @dataclass(frozen=True, slots=True)
 class StreamSettings:
     router_id: str
-    token: str | None = None
+    token: str | None = None  # one token for every supervisor
+    tokens: TokenFor | None = None  # or each endpoint's own (wins over `token`)
     heartbeat_seconds: float = 2.0  # asked of the supervisor with each subscription
     missed_heartbeats: int = 3  # silent this many intervals: stale
     connect_timeout: float = 2.0
@@ -62,6 +82,9 @@ class StreamSettings:
     @property
     def stale_after(self) -> float:
         return self.heartbeat_seconds * self.missed_heartbeats
+
+    def token_for(self, endpoint: Endpoint) -> str | None:
+        return self.tokens(endpoint) if self.tokens is not None else self.token
 
 
 class StreamBroken(Exception):
@@ -104,9 +127,7 @@ class SupervisorStreams:
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        headers = {"Authorization": f"Bearer {self.settings.token}"} if self.settings.token else {}
         self._session = aiohttp.ClientSession(
-            headers=headers,
             connector=aiohttp.TCPConnector(limit=0, force_close=True),
             read_bufsize=LINE_LIMIT,
         )
@@ -152,7 +173,10 @@ class SupervisorStreams:
         s = self.settings
         params = {"router_id": s.router_id, "heartbeat": f"{s.heartbeat_seconds:g}"}
         timeout = aiohttp.ClientTimeout(total=None, connect=s.connect_timeout, sock_connect=s.connect_timeout)
-        async with self._session.get(view.url + "/v1/state/watch", params=params, timeout=timeout) as resp:
+        headers = bearer(s.token_for(endpoint))
+        async with self._session.get(
+            view.url + "/v1/state/watch", params=params, timeout=timeout, headers=headers
+        ) as resp:
             if resp.status != 200:
                 body = (await resp.read())[:200].decode(errors="replace")
                 raise StreamBroken("lost", f"HTTP {resp.status}: {body}")
@@ -277,6 +301,8 @@ class SupervisorStreams:
             )
         assert self._session is not None
         timeout = aiohttp.ClientTimeout(total=s.ack_timeout)
+        # the supervisor refuses a mutating call that is not JSON
+        headers = {"Content-Type": "application/json", **bearer(s.token_for(endpoint))}
         why = ""
         for attempt in range(s.ack_attempts):
             if attempt:
@@ -285,7 +311,7 @@ class SupervisorStreams:
                 async with self._session.post(
                     view.url + "/v1/acks",
                     data=orjson.dumps(body),
-                    headers={"Content-Type": "application/json"},  # the supervisor refuses anything else
+                    headers=headers,
                     timeout=timeout,
                 ) as resp:
                     answer = await resp.read()

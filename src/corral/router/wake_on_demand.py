@@ -4,7 +4,7 @@ operation id derived from the sleep's epoch, so that every router asking for the
 same wake), and holds the request until an engine is READY or `hold_seconds` have passed; after that
 the proxy answers 503 with Retry-After as for any model without a READY engine. Each wake asked for,
 each request held and how each hold ended (`served`: an engine became eligible; `timed_out`) is
-counted in the router's metrics.
+counted in the router's metrics. The wake call carries the token of the supervisor it goes to.
 """
 
 from __future__ import annotations
@@ -20,16 +20,17 @@ from corral.engine_state import EngineState
 from corral.router.endpoint import Endpoint
 from corral.router.membership import Membership
 from corral.router.metrics import RouterMetrics
+from corral.router.supervisor_stream import TokenFor, bearer
 
 log = logging.getLogger("corral.router.wake_on_demand")
 
 
 class WakeOnDemand:
     def __init__(
-        self, membership: Membership, token: str | None, hold_seconds: float, metrics: RouterMetrics
+        self, membership: Membership, token_for: TokenFor, hold_seconds: float, metrics: RouterMetrics
     ) -> None:
         self._membership = membership
-        self._token = token
+        self._token_for = token_for
         self.hold_seconds = hold_seconds
         self._metrics = metrics
         self._wakes: dict[str, asyncio.Task[None]] = {}  # model -> its wake call in progress
@@ -66,9 +67,7 @@ class WakeOnDemand:
         view = endpoint.supervisor
         assert view is not None
         body = {"operation_id": f"wake-on-demand-{view.epoch}", "reload": True}
-        headers = {"content-type": "application/json"}
-        if self._token:
-            headers["Authorization"] = f"Bearer {self._token}"
+        headers = {"content-type": "application/json", **bearer(self._token_for(endpoint))}
         log.info("every engine of %s sleeps: asking %s to wake %s", endpoint.models, view.url, endpoint.url)
         try:
             async with (

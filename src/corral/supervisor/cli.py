@@ -465,3 +465,37 @@ def prestop(url: str, token_file: Path | None, policy: str | None, timeout: floa
     """Drain the supervised engine and block until it is done (for a Kubernetes preStop hook)."""
     token = read_token(token_file)
     sys.exit(run_on_uvloop(run_prestop(url.rstrip("/"), token, policy, timeout, _printer("[prestop]"))))
+
+
+@supervise.command(name="derive-token")
+@click.option(
+    "--key-file",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The fleet key (the Secret mounted only here and in the routers).",
+)
+@click.option("--namespace", required=True, help="The pod's namespace (downward API: metadata.namespace).")
+@click.option("--pod-name", required=True, help="The pod's name (downward API: metadata.name).")
+@click.option(
+    "--out",
+    required=True,
+    help="Where to write the token (mode 0600), for `corral supervise --token-file`; `-` prints it.",
+)
+def derive_token(key_file: Path, namespace: str, pod_name: str, out: str) -> None:
+    """Write this pod's supervisor token, HMAC-SHA256(fleet key, "corral-supervisor:NAMESPACE/POD"):
+    a token read out of one pod opens no other pod's supervisor (a Kubernetes init container)."""
+    from corral.atomic_file import write_atomically
+    from corral.supervisor_tokens import pod_token, read_fleet_key
+
+    try:
+        token = pod_token(read_fleet_key(key_file), namespace, pod_name)
+    except ValueError as exc:  # FleetKeyError, or a namespace/name that names no pod
+        _bad_input(str(exc))
+    if out == "-":
+        click.echo(token)
+        return
+    try:
+        write_atomically(Path(out), token.encode() + b"\n", mode=0o600)
+    except OSError as exc:
+        _bad_input(f"cannot write the token to {out!r}: {exc.strerror or exc}")
+    click.echo(f"corral supervise: wrote the token of pod {namespace}/{pod_name} to {out}", err=True)
