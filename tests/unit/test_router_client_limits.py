@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import resource
 
 import click
 import orjson
@@ -13,6 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry, generate_latest
 
+from corral.router.client_connections import make_room_for
 from corral.router.client_limits import (
     MIB,
     ClientLimits,
@@ -153,3 +155,17 @@ async def test_body_over_the_limit_is_413_in_openai_shape_declared_or_chunked() 
                 error["code"] == 413 and "1 KiB" in error["message"] and "--max-body-size" in error["message"]
             )
         assert stats.rejected["body_too_large"] == 2
+
+
+def test_a_connection_cap_beyond_the_open_file_limit_is_said_at_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        pytest.skip("no hard open-file limit to exceed")
+    make_room_for(ClientLimits(max_connections=16, max_in_flight=16))
+    assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == soft  # enough already: untouched
+    assert not caplog.records
+    make_room_for(ClientLimits(max_connections=hard, max_in_flight=16))
+    assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard  # raised as far as allowed
+    assert "--max-connections" in caplog.text and "ulimit -n" in caplog.text

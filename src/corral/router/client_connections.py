@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
+import resource
 from collections.abc import Callable
 from typing import cast
 
@@ -27,6 +29,11 @@ from aiohttp import web
 
 from corral.openai_errors import error_body
 from corral.router.client_limits import BodyReadTimeout, ClientLimits, ClientLimitStats
+
+log = logging.getLogger("corral.router")
+
+# Descriptors beyond client and upstream sockets: listeners, log files, the event loop's own.
+SPARE_FILES = 256
 
 # After a stalled body's 408, how long the handler gets to send it before the connection is cut.
 BODY_TIMEOUT_GRACE = 2.0
@@ -129,6 +136,7 @@ class ConnectionGuard:
         self, handler_factory: Callable[[], asyncio.Protocol], host: str, port: int, backlog: int = 1024
     ) -> asyncio.Server:
         loop = self._loop = asyncio.get_running_loop()
+        make_room_for(self._limits)
         self._listener = await loop.create_server(
             self.protocol_factory(handler_factory), host, port, backlog=backlog, reuse_address=True
         )
@@ -258,3 +266,32 @@ def _raw_response(status: int, reason: str, body: bytes, retry_after: int | None
     if retry_after is not None:
         head.append(f"Retry-After: {retry_after}")
     return ("\r\n".join(head) + "\r\n\r\n").encode("ascii") + body
+
+
+def make_room_for(limits: ClientLimits) -> None:
+    """Raise the soft open-file limit toward the hard one so that --max-connections client sockets
+    and --max-in-flight upstream ones fit; say so in one line when they cannot."""
+    if not limits.max_connections:
+        return
+    wanted = limits.max_connections + limits.max_in_flight + SPARE_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft < wanted:
+        log.warning(
+            "the open-file limit (%d, hard %d) is below --max-connections %d + --max-in-flight %d + %d "
+            "spare; raise it (ulimit -n %d) or lower --max-connections",
+            soft,
+            hard,
+            limits.max_connections,
+            limits.max_in_flight,
+            SPARE_FILES,
+            wanted,
+        )
