@@ -226,18 +226,19 @@ def test_router_discovers_exactly_the_engine_pods(data: dict[str, Any]) -> None:
     assert selector.items() <= engine_pod["metadata"]["labels"].items()
     assert not selector.items() <= router_pod["metadata"]["labels"].items()
     engine_ports = {p["name"]: p["containerPort"] for p in engine_pod["spec"]["containers"][0]["ports"]}
-    assert params["engine_port"] == engine_ports["http"]
+    assert params["engine_port"] == engine_ports["http"] == config.supervisor.gate_port
     assert params["request_timeout"] == config.drain.longest_stream_seconds
-    # it follows every pod's supervisor state stream, where the supervisor listens, with the token
+    # it follows every pod's supervisor state stream, where the supervisor listens, with the pod's
+    # token, derived from the fleet key that the pod's init container derives it from too
     assert params["supervisor_port"] == engine_ports["supervisor"]
     annotations = engine_pod["metadata"]["annotations"]
     assert annotations[SUPERVISOR_PORT_ANNOTATION] == str(engine_ports["supervisor"])
-    token_path = str(params["supervisor_token_file"])
-    engine_args = engine_pod["spec"]["containers"][0]["command"]
-    assert token_path == engine_args[engine_args.index("--token-file") + 1]
+    key_path = str(params["supervisor_token_key_file"])
+    init_args = engine_pod["spec"]["initContainers"][0]["command"]
+    assert key_path == init_args[init_args.index("--key-file") + 1]
     router_mounts = router_pod["spec"]["containers"][0]["volumeMounts"]
     router_volumes = {v["name"]: v for v in router_pod["spec"]["volumes"]}
-    mount = next(m for m in router_mounts if token_path.startswith(m["mountPath"] + "/"))
+    mount = next(m for m in router_mounts if key_path.startswith(m["mountPath"] + "/"))
     assert router_volumes[mount["name"]]["secret"]["secretName"] == config.token_secret
     assert router_pod["spec"]["terminationGracePeriodSeconds"] > params["shutdown_timeout"]
     # and the Deployment, Service and PDB select the same pods
@@ -295,13 +296,18 @@ def test_token_is_a_mounted_secret_file_never_a_value(
     container = pod["containers"][0]
     assert "--token" not in container["command"]
     token_file = container["command"][container["command"].index("--token-file") + 1]
-    assert token_file == "/etc/corral/token/mgmt"
+    assert token_file == "/etc/corral/pod-token/token"  # this pod's own, derived by the init container
     prestop = container["lifecycle"]["preStop"]["exec"]["command"]
     assert prestop[prestop.index("--token-file") + 1] == token_file
+    init = pod["initContainers"][0]
+    key_file = init["command"][init["command"].index("--key-file") + 1]
+    assert key_file == "/etc/corral/fleet-key/mgmt"
+    assert init["command"][init["command"].index("--out") + 1] == token_file
     volume = next(v for v in pod["volumes"] if "secret" in v)
     assert volume["secret"]["secretName"] == "fleet-token"
-    mount = next(m for m in container["volumeMounts"] if m["name"] == volume["name"])
-    assert mount["readOnly"] is True and token_file.startswith(mount["mountPath"] + "/")
+    mount = next(m for m in init["volumeMounts"] if m["name"] == volume["name"])
+    assert mount["readOnly"] is True and key_file.startswith(mount["mountPath"] + "/")
+    assert all(m["name"] != volume["name"] for m in container["volumeMounts"])
     # secrets given to the engine are references only
     for env in container.get("env", []):
         assert "value" not in env or not any(w in env["name"] for w in ("TOKEN", "KEY", "SECRET"))

@@ -42,8 +42,9 @@ def _explain(budgets: Budgets) -> None:
 )
 @click.option("--explain", is_flag=True, help="Show how every probe, drain and rollout number was computed.")
 def render(config_path: Path, out: Path | None, explain: bool) -> None:
-    """Render the engine Deployment (supervisor entrypoint, probes, preStop drain), its Service and
-    PodDisruptionBudget, and the router with its RBAC and Service."""
+    """Render the engine Deployment (supervisor entrypoint, probes, preStop drain; engine on loopback
+    behind the admission gate; restricted securityContext; a token per pod), its Service,
+    PodDisruptionBudget and NetworkPolicy, and the router with its RBAC and Service."""
     try:
         config = load_config(config_path)
     except ConfigError as exc:
@@ -61,6 +62,4 @@ def render(config_path: Path, out: Path | None, explain: bool) -> None:
         return
     written = write_dir(out, config, manifests)
     click.echo(f"corral k8s render: wrote {len(written)} objects to {out}", err=True)
-    click.echo(
-        f"corral k8s render: create the management token Secret first: {secret_hint(config)}", err=True
-    )
+    click.echo(f"corral k8s render: create the fleet key Secret first: {secret_hint(config)}", err=True)

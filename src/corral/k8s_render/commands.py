@@ -1,6 +1,7 @@
-"""The command lines the rendered pods run: the supervisor wrapping the vLLM engine, the preStop drain,
-and the router with Kubernetes discovery. Every timing flag comes from `Budgets`, every name from the
-config, and no secret value appears: the management token is only ever a file path.
+"""The command lines the rendered pods run: the init container deriving the pod's supervisor token,
+the supervisor wrapping the vLLM engine (on loopback, behind the supervisor's admission gate), the
+preStop drain, and the router with Kubernetes discovery. Every timing flag comes from `Budgets`, every
+name from the config, and no secret value appears: the fleet key and the tokens are only file paths.
 """
 
 from __future__ import annotations
@@ -8,8 +9,13 @@ from __future__ import annotations
 from corral.k8s_render.budgets import Budgets
 from corral.k8s_render.config import CorralDeployment
 
-TOKEN_DIR = "/etc/corral/token"
+KEY_DIR = "/etc/corral/fleet-key"  # the fleet key Secret: the init container and the router only
+# memory-backed emptyDir: this pod's token, written by the init container. Not under /run: images
+# often make /var/run a link to /run, and a volume mounted at /var/run would hide it.
+POD_TOKEN_DIR = "/etc/corral/pod-token"
+POD_TOKEN_FILE = f"{POD_TOKEN_DIR}/token"
 STATE_DIR = "/var/lib/corral"
+ENGINE_HOST = "127.0.0.1"
 DEPLOYMENT_LABEL = "corral.dev/deployment"
 ROLE_LABEL = "corral.dev/role"
 
@@ -18,8 +24,8 @@ def _num(value: float) -> str:
     return f"{value:g}"
 
 
-def token_file(config: CorralDeployment) -> str:
-    return f"{TOKEN_DIR}/{config.token.key}"
+def key_file(config: CorralDeployment) -> str:
+    return f"{KEY_DIR}/{config.token.key}"
 
 
 def engine_selector(config: CorralDeployment) -> dict[str, str]:
@@ -32,7 +38,8 @@ def router_selector(config: CorralDeployment) -> dict[str, str]:
 
 
 def engine_argv(config: CorralDeployment) -> list[str]:
-    """vLLM's OpenAI server on every interface (the router reaches it by pod IP) and the engine port."""
+    """vLLM's OpenAI server on loopback only: the pod network reaches it through the admission gate,
+    never its development endpoints (/collective_rpc, /sleep... under VLLM_SERVER_DEV_MODE=1)."""
     e = config.engine
     if e.launcher == "vllm-serve":
         head = ["vllm", "serve", config.model.path]
@@ -41,7 +48,7 @@ def engine_argv(config: CorralDeployment) -> list[str]:
     return [
         *head,
         "--host",
-        "0.0.0.0",
+        ENGINE_HOST,
         "--port",
         str(e.port),
         "--served-model-name",
@@ -66,7 +73,11 @@ def supervisor_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
         "--port",
         str(config.supervisor.port),
         "--engine-url",
-        f"http://127.0.0.1:{config.engine.port}",
+        f"http://{ENGINE_HOST}:{config.engine.port}",
+        "--gate-port",
+        str(config.supervisor.gate_port),
+        "--gate-host",
+        "0.0.0.0",
         "--model",
         config.model.served_name,
         *gates,
@@ -93,7 +104,7 @@ def supervisor_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
         "--state-dir",
         STATE_DIR,
         "--token-file",
-        token_file(config),
+        POD_TOKEN_FILE,
         "--",
         *engine_argv(config),
     ]
@@ -108,9 +119,27 @@ def prestop_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
         "--url",
         f"http://127.0.0.1:{config.supervisor.port}",
         "--token-file",
-        token_file(config),
+        POD_TOKEN_FILE,
         "--timeout",
         str(budgets.prestop_timeout),
+    ]
+
+
+def derive_token_argv(config: CorralDeployment) -> list[str]:
+    """The init container: this pod's supervisor token from the fleet key and the pod's own name
+    (`$(POD_NAMESPACE)`, `$(POD_NAME)`: the downward API, expanded by the kubelet)."""
+    return [
+        "corral",
+        "supervise",
+        "derive-token",
+        "--key-file",
+        key_file(config),
+        "--namespace",
+        "$(POD_NAMESPACE)",
+        "--pod-name",
+        "$(POD_NAME)",
+        "--out",
+        POD_TOKEN_FILE,
     ]
 
 
@@ -119,8 +148,9 @@ def selector_text(labels: dict[str, str]) -> str:
 
 
 def router_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
-    """`corral router --discovery k8s` over exactly the pods `engine_selector` matches, following each
-    pod's supervisor state stream (and acknowledging removals to it) with the management token."""
+    """`corral router --discovery k8s` over exactly the pods `engine_selector` matches, sending the data
+    path to each pod's admission gate and following its supervisor state stream (acknowledging
+    removals to it) with that pod's token, derived from the fleet key."""
     return [
         "corral",
         "router",
@@ -135,11 +165,11 @@ def router_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
         "--selector",
         selector_text(engine_selector(config)),
         "--engine-port",
-        str(config.engine.port),
+        str(config.supervisor.gate_port),
         "--supervisor-port",
         str(config.supervisor.port),
-        "--supervisor-token-file",
-        token_file(config),
+        "--supervisor-token-key-file",
+        key_file(config),
         "--policy",
         config.router.policy,
         "--request-timeout",

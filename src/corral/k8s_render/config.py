@@ -30,7 +30,8 @@ _SECRET_LIKE = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|ACCESS_KEY|API_KEY|PRI
 
 # Engine flags the renderer sets from other fields; a second copy in engine.args would silently win or lose.
 _OWNED_FLAGS: dict[str, str] = {
-    "--host": "the engine listens on 0.0.0.0 so the router can reach it",
+    "--host": "the engine listens on 127.0.0.1, behind the supervisor's admission gate "
+    "(supervisor.gate_port), so its development endpoints never reach the pod network",
     "--port": "set it with engine.port",
     "--model": "set it with model.path",
     "--served-model-name": "set it with model.served_name",
@@ -69,7 +70,11 @@ class HostPathVolume(_Section):
     host_path: str = Field(pattern=r"^/", description="an absolute path on the node")
     mount_path: str = Field(pattern=r"^/", description="an absolute path in the engine container")
     type: Literal["Directory", "DirectoryOrCreate", "Socket", "File", "FileOrCreate"] = "DirectoryOrCreate"
-    read_only: bool = False
+    read_only: bool = Field(
+        default=True,
+        description="mounted read-only (the default: a model directory the engine could overwrite is a "
+        "node-wide risk); false for a directory the engine must write",
+    )
 
 
 class SecretRef(_Section):
@@ -83,7 +88,11 @@ class EngineSpec(_Section):
         description="`vllm-serve` runs `vllm serve MODEL`; `api-server` runs "
         "`python3 -m vllm.entrypoints.openai.api_server --model MODEL`",
     )
-    port: Port = Field(default=8000, description="the engine's OpenAI port (the router's --engine-port)")
+    port: Port = Field(
+        default=8000,
+        description="the engine's OpenAI port, on the pod's loopback only; the pod network reaches it "
+        "through the supervisor's admission gate (supervisor.gate_port)",
+    )
     tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs per pipeline stage")
     pipeline_parallel_size: int = Field(default=1, ge=1, description="pipeline stages")
     args: list[str] = Field(
@@ -257,16 +266,87 @@ class RouterSpec(_Section):
 
 class SupervisorSpec(_Section):
     port: Port = Field(default=8081, description="the supervisor's probe and management port")
+    gate_port: Port = Field(
+        default=8080,
+        description="the pod's data port (the router's --engine-port): the supervisor's admission gate, "
+        "which forwards only inference paths to the engine and only while it is READY",
+    )
     stall_seconds: float = Field(default=60.0, gt=0, description="--stall-seconds")
 
 
 class TokenSpec(_Section):
+    """The fleet key: each pod's supervisor token is derived from it and the pod's name, by an init
+    container in the pod and by the routers, the only places it is mounted."""
+
     secret_name: str | None = Field(
         default=None,
         pattern=_DNS_LABEL,
-        description="Secret holding the management token; null means NAME-corral-token",
+        description="Secret holding the fleet key (at least 32 bytes) from which every pod's supervisor "
+        "token is derived; null means NAME-corral-token",
     )
-    key: str = Field(default="token", min_length=1, description="key of the token inside the Secret")
+    key: str = Field(default="token", min_length=1, description="key of the fleet key inside the Secret")
+
+
+class SecuritySpec(_Section):
+    """The securityContext of every pod and container. vLLM's images run as root unless told
+    otherwise; the engine needs no root (the GPUs come from the device plugin), so pods run as
+    `run_as_user` by default, and the files they read (model weights, sockets) must be readable by it."""
+
+    run_as_non_root: bool = Field(
+        default=True,
+        description="runAsNonRoot with run_as_user; false runs as the image's user (root for vLLM images)",
+    )
+    run_as_user: int = Field(default=1000, ge=0, description="the user every container runs as")
+    run_as_group: int = Field(
+        default=1000, ge=0, description="its group, also the fsGroup that may read the mounted fleet key"
+    )
+    read_only_root_filesystem: bool = Field(
+        default=True,
+        description="the image is read-only; /tmp, HOME (with the Hugging Face and vLLM caches), the "
+        "state dir, the token dir and writable_paths are emptyDir volumes",
+    )
+    writable_paths: list[str] = Field(
+        default_factory=list,
+        description="further directories the engine writes, each an emptyDir volume, e.g. [/workspace]",
+    )
+
+    @field_validator("writable_paths")
+    @classmethod
+    def _absolute(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            if not path.startswith("/"):
+                raise ValueError(f"{path!r} is not an absolute path")
+        return paths
+
+
+class PeerSpec(_Section):
+    namespace_labels: dict[str, str] | None = Field(
+        default=None, description="namespaces with these labels (with pod_labels: those pods in them)"
+    )
+    pod_labels: dict[str, str] | None = Field(
+        default=None, description="pods with these labels (in this namespace unless namespace_labels)"
+    )
+
+
+class NetworkPolicySpec(_Section):
+    enabled: bool = Field(
+        default=True,
+        description="render a NetworkPolicy that lets only the routers reach the engine pods' gate and "
+        "supervisor ports (the kubelet's probes come from the node and are not affected)",
+    )
+    supervisor_from: list[PeerSpec] = Field(
+        default_factory=list,
+        description="further peers allowed to the supervisor port only, e.g. Prometheus for /metrics "
+        "(the management API still wants the pod's token)",
+    )
+
+    @field_validator("supervisor_from")
+    @classmethod
+    def _peer_named(cls, peers: list[PeerSpec]) -> list[PeerSpec]:
+        for i, peer in enumerate(peers):
+            if peer.namespace_labels is None and peer.pod_labels is None:
+                raise ValueError(f"[{i}] names no peer: give namespace_labels, pod_labels or both")
+        return peers
 
 
 class CorralDeployment(_Section):
@@ -292,6 +372,8 @@ class CorralDeployment(_Section):
     router: RouterSpec = Field(default_factory=RouterSpec)
     supervisor: SupervisorSpec = Field(default_factory=SupervisorSpec)
     token: TokenSpec = Field(default_factory=TokenSpec)
+    security: SecuritySpec = Field(default_factory=SecuritySpec)
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
 
     @field_validator("labels")
     @classmethod
@@ -389,6 +471,27 @@ def cross_check(config: CorralDeployment) -> list[Problem]:
                 "the engine already uses this port (engine.port); pick another",
             )
         )
+    ports = {"engine.port": config.engine.port, "supervisor.port": config.supervisor.port}
+    for field_name, port in ports.items():
+        if config.supervisor.gate_port == port:
+            problems.append(
+                Problem(
+                    "supervisor.gate_port",
+                    port,
+                    f"{field_name} already uses this port; the gate needs its own (e.g. 8080)",
+                )
+            )
+    security = config.security
+    if security.run_as_non_root and security.run_as_user == 0:
+        problems.append(
+            Problem(
+                "security.run_as_user",
+                0,
+                "user 0 is root, which run_as_non_root forbids; pick another user (e.g. 1000) or set "
+                "security.run_as_non_root: false",
+            )
+        )
+    problems += _hidden_paths(config)
     mounts = [PurePosixPath(v.mount_path) for v in config.engine.volumes]
     for i, spec in enumerate(config.dependencies.wait_for):
         gate = parse_gate(spec)
@@ -415,6 +518,28 @@ def cross_check(config: CorralDeployment) -> list[Problem]:
                 "null to derive it",
             )
         )
+    return problems
+
+
+def _hidden_paths(config: CorralDeployment) -> list[Problem]:
+    """A hostPath volume mounted over a directory the renderer mounts would hide it (the pod's token,
+    the state dir, the writable paths of a read-only root filesystem)."""
+    from corral.k8s_render import commands, manifests  # they import this module
+
+    own = [commands.POD_TOKEN_DIR, commands.STATE_DIR, "/tmp", "/dev/shm", manifests.HOME]
+    own += config.security.writable_paths
+    problems = []
+    for i, volume in enumerate(config.engine.volumes):
+        mount = PurePosixPath(volume.mount_path)
+        for path in map(PurePosixPath, own):
+            if mount == path or mount in path.parents:
+                problems.append(
+                    Problem(
+                        f"engine.volumes[{i}].mount_path",
+                        volume.mount_path,
+                        f"would hide {path}, which corral mounts in the engine container; mount it elsewhere",
+                    )
+                )
     return problems
 
 

@@ -1,13 +1,21 @@
 """The Kubernetes objects of one Corral deployment, as plain dicts: the engine Deployment (supervisor as
-entrypoint, probes on its /startupz, /readyz, /livez, preStop drain), its headless Service and
-PodDisruptionBudget, and the router's ServiceAccount, Role, RoleBinding, Deployment, Service and
-PodDisruptionBudget.
+entrypoint, probes on its /startupz, /readyz, /livez, preStop drain), its headless Service,
+PodDisruptionBudget and NetworkPolicy, and the router's ServiceAccount, Role, RoleBinding, Deployment,
+Service and PodDisruptionBudget.
 
 Conventions the router relies on: engine pods carry `corral.dev/deployment=NAME` and
-`corral.dev/role=engine` (the router's --selector) and serve OpenAI on `engine.port` (its
---engine-port); the annotation `corral.dev/supervisor-port` (read by the router's pod source) says
-where the supervisor's state stream answers, and `corral.dev/engine-port` where the engine does. The
-router mounts the same token Secret as the supervisors, to subscribe and acknowledge.
+`corral.dev/role=engine` (the router's --selector) and serve OpenAI on the supervisor's admission gate
+(`supervisor.gate_port`, the router's --engine-port; the engine itself listens on loopback); the
+annotation `corral.dev/supervisor-port` (read by the router's pod source) says where the supervisor's
+state stream answers, and `corral.dev/engine-port` where the data path does.
+
+Hardening: every pod and container runs with a restricted securityContext (non-root by default, no
+privilege escalation, no capabilities, RuntimeDefault seccomp, read-only root filesystem with the
+paths that are written as emptyDir volumes); hostPath volumes are read-only unless the config says
+otherwise; the NetworkPolicy admits only the routers to the gate and the supervisor. Each supervisor's
+token is its own: an init container derives it from the fleet key Secret and the pod's name into a
+memory-backed emptyDir; the key is mounted only there and in the routers, which derive the same
+token from the pod they discovered. The engine container gets neither the key nor a token in its env.
 """
 
 from __future__ import annotations
@@ -17,14 +25,24 @@ from typing import Any
 
 from corral.k8s_render import commands
 from corral.k8s_render.budgets import ROUTER_LEAVE_SECONDS, Budgets
-from corral.k8s_render.config import CorralDeployment
+from corral.k8s_render.config import CorralDeployment, PeerSpec
 from corral.router.k8s.pod_source import SUPERVISOR_PORT_ANNOTATION
 
 Obj = dict[str, Any]
 
+KEY_VOLUME = "corral-fleet-key"
 TOKEN_VOLUME = "corral-token"
 STATE_VOLUME = "corral-state"
+TMP_VOLUME = "tmp"
+HOME_VOLUME = "home"
 SHM_VOLUME = "dshm"
+HOME = "/home/corral"
+# Where the engine's libraries write when HOME is not theirs to choose; each under the HOME emptyDir.
+ENGINE_HOME_ENV = {
+    "HOME": HOME,
+    "XDG_CACHE_HOME": f"{HOME}/.cache",
+    "HF_HOME": f"{HOME}/.cache/huggingface",
+}
 
 
 @dataclass(frozen=True)
@@ -88,27 +106,88 @@ def _engine_env(config: CorralDeployment) -> list[Obj]:
         {"name": k, "valueFrom": {"secretKeyRef": {"name": ref.secret_name, "key": ref.key}}}
         for k, ref in config.engine.secret_env.items()
     ]
+    if config.security.read_only_root_filesystem:
+        # the image's HOME (/root in vLLM's) is read-only: caches go to the HOME emptyDir, unless set
+        taken = {*config.engine.env, *config.engine.secret_env}
+        env += [{"name": k, "value": v} for k, v in ENGINE_HOME_ENV.items() if k not in taken]
     return env
 
 
-def _token_volume(config: CorralDeployment) -> Obj:
-    """The management token as a read-only file: supervisors require it, routers present it."""
+def _pod_security(config: CorralDeployment) -> Obj:
+    sec = config.security
+    context: Obj = {"runAsNonRoot": sec.run_as_non_root}
+    if sec.run_as_non_root:
+        # fsGroup: the fleet key (mode 0440) is readable by the group, never by the world
+        context |= {"runAsUser": sec.run_as_user, "runAsGroup": sec.run_as_group, "fsGroup": sec.run_as_group}
+    context["seccompProfile"] = {"type": "RuntimeDefault"}
+    return context
+
+
+def _container_security(config: CorralDeployment) -> Obj:
     return {
-        "name": TOKEN_VOLUME,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": config.security.read_only_root_filesystem,
+        "runAsNonRoot": config.security.run_as_non_root,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _key_volume(config: CorralDeployment) -> Obj:
+    """The fleet key as a read-only file, for the init container that derives the pod's token and for
+    the routers that derive every pod's; never for the engine container."""
+    return {
+        "name": KEY_VOLUME,
         "secret": {
             "secretName": config.token_secret,
             "items": [{"key": config.token.key, "path": config.token.key}],
-            "defaultMode": 0o400,
+            "defaultMode": 0o440,
         },
     }
 
 
-_TOKEN_MOUNT: Obj = {"name": TOKEN_VOLUME, "mountPath": commands.TOKEN_DIR, "readOnly": True}
+_KEY_MOUNT: Obj = {"name": KEY_VOLUME, "mountPath": commands.KEY_DIR, "readOnly": True}
+
+
+def _writable_dirs(config: CorralDeployment) -> list[tuple[str, str]]:
+    """(volume name, path) of every emptyDir a read-only root filesystem needs in the engine container."""
+    dirs = [(TMP_VOLUME, "/tmp")]
+    if config.security.read_only_root_filesystem:
+        dirs.append((HOME_VOLUME, HOME))
+    dirs += [(f"writable-{i}", path) for i, path in enumerate(config.security.writable_paths)]
+    return dirs
+
+
+def _token_init_container(config: CorralDeployment) -> Obj:
+    """Writes this pod's supervisor token (derived from the fleet key and the pod's name) to the
+    memory-backed token volume, which the supervisor then reads; the key goes no further."""
+    return {
+        "name": "derive-token",
+        "image": config.image,
+        "imagePullPolicy": config.image_pull_policy,
+        "command": commands.derive_token_argv(config),
+        "env": [
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        ],
+        "securityContext": _container_security(config),
+        "volumeMounts": [dict(_KEY_MOUNT), {"name": TOKEN_VOLUME, "mountPath": commands.POD_TOKEN_DIR}],
+    }
 
 
 def _engine_volumes(config: CorralDeployment) -> tuple[list[Obj], list[Obj]]:
-    volumes: list[Obj] = [_token_volume(config), {"name": STATE_VOLUME, "emptyDir": {}}]
-    mounts: list[Obj] = [dict(_TOKEN_MOUNT), {"name": STATE_VOLUME, "mountPath": commands.STATE_DIR}]
+    volumes: list[Obj] = [
+        _key_volume(config),
+        {"name": TOKEN_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        {"name": STATE_VOLUME, "emptyDir": {}},
+    ]
+    mounts: list[Obj] = [
+        {"name": TOKEN_VOLUME, "mountPath": commands.POD_TOKEN_DIR, "readOnly": True},
+        {"name": STATE_VOLUME, "mountPath": commands.STATE_DIR},
+    ]
+    for name, path in _writable_dirs(config):
+        volumes.append({"name": name, "emptyDir": {}})
+        mounts.append({"name": name, "mountPath": path})
     if config.engine.shm_size is not None:
         volumes.append(
             {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": config.engine.shm_size}}
@@ -133,8 +212,9 @@ def engine_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
         "image": config.image,
         "imagePullPolicy": config.image_pull_policy,
         "command": commands.supervisor_argv(config, budgets),
+        # the gate is the pod's data port; the engine's own port is on loopback and not offered
         "ports": [
-            {"name": "http", "containerPort": config.engine.port, "protocol": "TCP"},
+            {"name": "http", "containerPort": config.supervisor.gate_port, "protocol": "TCP"},
             {"name": "supervisor", "containerPort": config.supervisor.port, "protocol": "TCP"},
         ],
         "resources": _resources(
@@ -158,6 +238,7 @@ def engine_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
             "/livez", "supervisor", p.liveness_period_seconds, p.liveness_failure_threshold, p.timeout_seconds
         ),
         "lifecycle": {"preStop": {"exec": {"command": commands.prestop_argv(config, budgets)}}},
+        "securityContext": _container_security(config),
         "volumeMounts": mounts,
     }
     env = _engine_env(config)
@@ -166,6 +247,8 @@ def engine_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
     pod_spec: Obj = {
         "automountServiceAccountToken": False,  # the engine never talks to the API server
         "terminationGracePeriodSeconds": budgets.termination_grace,
+        "securityContext": _pod_security(config),
+        "initContainers": [_token_init_container(config)],
         "containers": [container],
         "volumes": volumes,
     }
@@ -190,7 +273,7 @@ def engine_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
                 "metadata": {
                     "labels": labels,
                     "annotations": {
-                        "corral.dev/engine-port": str(config.engine.port),
+                        "corral.dev/engine-port": str(config.supervisor.gate_port),
                         SUPERVISOR_PORT_ANNOTATION: str(config.supervisor.port),
                         "corral.dev/model": config.model.served_name,
                     },
@@ -212,7 +295,12 @@ def engine_service(config: CorralDeployment) -> Obj:
             "clusterIP": "None",
             "selector": selector,
             "ports": [
-                {"name": "http", "port": config.engine.port, "targetPort": "http", "protocol": "TCP"},
+                {
+                    "name": "http",
+                    "port": config.supervisor.gate_port,
+                    "targetPort": "http",
+                    "protocol": "TCP",
+                },
                 {
                     "name": "supervisor",
                     "port": config.supervisor.port,
@@ -237,6 +325,43 @@ def engine_pdb(config: CorralDeployment, budgets: Budgets) -> Obj:
     return _pdb(
         config, engine_name(config), commands.engine_selector(config), "engine", budgets.pdb_max_unavailable
     )
+
+
+def _peer(peer: PeerSpec) -> Obj:
+    out: Obj = {}
+    if peer.namespace_labels is not None:
+        out["namespaceSelector"] = {"matchLabels": dict(peer.namespace_labels)}
+    if peer.pod_labels is not None:
+        out["podSelector"] = {"matchLabels": dict(peer.pod_labels)}
+    return out
+
+
+def engine_network_policy(config: CorralDeployment) -> Obj:
+    """Only this deployment's routers reach the engine pods' gate and supervisor ports; nothing else
+    reaches them at all (configured scrapers: the supervisor port only). The kubelet's probes come
+    from the node, which NetworkPolicies do not block."""
+    selector = commands.engine_selector(config)
+    tcp = [
+        {"port": config.supervisor.gate_port, "protocol": "TCP"},
+        {"port": config.supervisor.port, "protocol": "TCP"},
+    ]
+    ingress: list[Obj] = [
+        {"from": [{"podSelector": {"matchLabels": commands.router_selector(config)}}], "ports": tcp}
+    ]
+    peers = config.network_policy.supervisor_from
+    if peers:
+        ingress.append(
+            {
+                "from": [_peer(p) for p in peers],
+                "ports": [{"port": config.supervisor.port, "protocol": "TCP"}],
+            }
+        )
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(config, engine_name(config), _labels(config, selector, "engine")),
+        "spec": {"podSelector": {"matchLabels": selector}, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
 
 
 def router_service_account(config: CorralDeployment) -> Obj:
@@ -295,7 +420,8 @@ def router_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
                 "exec": {"command": ["python3", "-c", f"import time; time.sleep({ROUTER_LEAVE_SECONDS})"]}
             }
         },
-        "volumeMounts": [dict(_TOKEN_MOUNT)],
+        "securityContext": _container_security(config),
+        "volumeMounts": [dict(_KEY_MOUNT), {"name": TMP_VOLUME, "mountPath": "/tmp"}],
     }
     resources = _resources({}, r.cpu, r.memory)
     if resources:
@@ -313,8 +439,9 @@ def router_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
                 "spec": {
                     "serviceAccountName": router_name(config),
                     "terminationGracePeriodSeconds": budgets.router_grace,
+                    "securityContext": _pod_security(config),
                     "containers": [container],
-                    "volumes": [_token_volume(config)],
+                    "volumes": [_key_volume(config), {"name": TMP_VOLUME, "emptyDir": {}}],
                 },
             },
         },
@@ -341,6 +468,11 @@ def render(config: CorralDeployment, budgets: Budgets) -> list[Manifest]:
         Manifest("engine-deployment.yaml", engine_deployment(config, budgets)),
         Manifest("engine-service.yaml", engine_service(config)),
         Manifest("engine-pdb.yaml", engine_pdb(config, budgets)),
+        *(
+            [Manifest("engine-networkpolicy.yaml", engine_network_policy(config))]
+            if config.network_policy.enabled
+            else []
+        ),
         Manifest("router-serviceaccount.yaml", router_service_account(config)),
         Manifest("router-role.yaml", router_role(config)),
         Manifest("router-rolebinding.yaml", router_role_binding(config)),

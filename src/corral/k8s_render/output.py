@@ -17,7 +17,8 @@ HEADER = "# Rendered by `corral k8s render`; edit the config and render again in
 
 
 def secret_hint(config: CorralDeployment) -> str:
-    """How to create the management token Secret, which is never rendered (a value would land in Git)."""
+    """How to create the fleet key Secret (every pod's supervisor token is derived from it), which is
+    never rendered (a value would land in Git)."""
     return (
         f"kubectl -n {config.namespace} create secret generic {config.token_secret} "
         f'--from-literal={config.token.key}="$(openssl rand -hex 32)"'
@@ -38,7 +39,7 @@ def to_yaml(manifest: Manifest) -> str:
 def document(config: CorralDeployment, manifest: Manifest) -> str:
     lines = [HEADER]
     if manifest.filename == "engine-deployment.yaml":
-        lines.append(f"# Needs the management token Secret first: {secret_hint(config)}")
+        lines.append(f"# Needs the fleet key Secret first: {secret_hint(config)}")
     return "\n".join(lines) + "\n" + to_yaml(manifest)
 
 
