@@ -153,9 +153,10 @@ async def build_source(
 def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) -> web.Application:
     limits, limit_stats = config.client_limits, ClientLimitStats()
     guard = ConnectionGuard(limits, limit_stats)
+    limit_middleware = client_limits_middleware(limits, limit_stats, guard, OWN_ENDPOINTS)
     app = web.Application(
         client_max_size=limits.max_body_bytes,  # 0: no limit; over it, request.read() raises 413
-        middlewares=[client_limits_middleware(limits, limit_stats, guard, OWN_ENDPOINTS)],
+        middlewares=[limit_middleware] if limits.watches_requests else [],
     )
     app[CONNECTION_GUARD] = guard
     metrics = RouterMetrics()

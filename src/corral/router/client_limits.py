@@ -39,6 +39,16 @@ class ClientLimits:
     max_body_bytes: int = 32 * MIB
     retry_after_seconds: int = 1  # told to clients refused for max_in_flight or max_connections
 
+    @property
+    def watches_connections(self) -> bool:
+        """Whether any limit needs each connection tracked (corral.router.client_connections)."""
+        return bool(self.header_timeout or self.body_timeout or self.idle_timeout or self.max_connections)
+
+    @property
+    def watches_requests(self) -> bool:
+        """Whether any limit needs the middleware."""
+        return bool(self.watches_connections or self.max_in_flight or self.max_body_bytes)
+
     def as_gauges(self) -> dict[str, float]:
         return {
             "header_timeout_seconds": self.header_timeout,
