@@ -13,27 +13,22 @@ as subscribed while that connection is open, and acknowledges each epoch that to
 its routing with `POST /v1/acks {"router_id", "epoch", "state", "removal_latency_s", "undispatched"}`.
 A drain waits for those acknowledgements (see `corral.supervisor.routers`).
 
-What a web page could do to it is closed off in `_guard`: a `/v1/` request that carries an `Origin`
-other than the supervisor's own is refused (403; browsers name the page's origin, command-line clients
-send none), a tokenless supervisor (loopback only) refuses a `Host` that is not a loopback name (DNS
-rebinding), and every mutating request needs `Content-Type: application/json` (415), which a page
-cannot send to another origin without a CORS preflight this API never grants.
+Who may call it is `corral.supervisor.api_guard`'s business (origin, host, token, content type).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
-import ipaddress
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 from aiohttp import web
 
 from corral.openai_errors import error_response
+from corral.supervisor.api_guard import ManagementGuard
 from corral.supervisor.drain import DrainPolicy
 from corral.supervisor.lifecycle import EngineSupervisor
 from corral.supervisor.operations import Operation, OperationConflict
@@ -46,12 +41,8 @@ from corral.supervisor.ops.wake import WakePlan
 from corral.supervisor.runbook import Refused
 from corral.supervisor.states import EngineState, StateEvent
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 HEARTBEAT_LIMITS = (0.2, 60.0)
 ROUTER_ID_MAX = 200
-_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-_JSON_TYPE = "application/json"
-_SHOWN = 100  # characters of a refused header value shown back
 _STARTED_STATES = frozenset(
     {EngineState.READY, EngineState.DRAINING, EngineState.PAUSED, EngineState.SLEEPING, EngineState.WAKING}
 )
@@ -65,32 +56,12 @@ def _error(status: int, message: str, kind: str = "invalid_request_error") -> we
     return error_response(status, message, kind)
 
 
-def _shown(value: str) -> str:
-    return repr(value if len(value) <= _SHOWN else value[:_SHOWN] + "...")
-
-
-def _loopback_host(host: str) -> bool:
-    """Whether a Host header names this machine (`localhost`, 127.0.0.0/8, [::1]), port or not."""
-    if host.startswith("["):
-        name = host[1:].partition("]")[0]
-    elif host.count(":") == 1:
-        name = host.partition(":")[0]
-    else:
-        name = host  # a bare name, or a bare IPv6 address
-    if name.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
-
-
 class SupervisorAPI:
     def __init__(
         self, supervisor: EngineSupervisor, token: str | None, heartbeat_seconds: float = 10.0
     ) -> None:
         self.supervisor = supervisor
-        self._token = token
+        self._guard = ManagementGuard(token)
         self._heartbeat = heartbeat_seconds
         self._closing = asyncio.Event()
         self._ever_ready = False
@@ -101,7 +72,7 @@ class SupervisorAPI:
             self._ever_ready = True
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._guard])
+        app = web.Application(middlewares=[self._guard.middleware])
         app.router.add_get("/livez", self.livez)
         app.router.add_get("/startupz", self.startupz)
         app.router.add_get("/readyz", self.readyz)
@@ -123,65 +94,6 @@ class SupervisorAPI:
 
     async def _on_shutdown(self, app: web.Application) -> None:
         self._closing.set()
-
-    @web.middleware
-    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """The management API's checks, in order: origin, host (tokenless), token, content type.
-        The probes (`/livez`, `/readyz`, `/startupz`, `/metrics`) stay open to every caller."""
-        if not request.path.startswith("/v1/"):
-            return await handler(request)
-        refusal = self._foreign(request) or self._unauthorized(request) or self._not_json(request)
-        if refusal is not None:
-            return refusal
-        return await handler(request)
-
-    @staticmethod
-    def _foreign(request: web.Request) -> web.Response | None:
-        origin = request.headers.get("Origin")
-        own = f"{request.scheme}://{request.host}"
-        if origin is not None and origin != own:
-            return _error(
-                403,
-                f"Origin {_shown(origin)} is not this supervisor's ({own}): the management API "
-                "takes no requests from web pages; call it from the corral CLI or a server",
-                "permission_error",
-            )
-        return None
-
-    def _unauthorized(self, request: web.Request) -> web.Response | None:
-        if self._token is None:
-            # open only on loopback: a name that is not this machine's is a DNS-rebinding page
-            if not _loopback_host(request.host):
-                return _error(
-                    403,
-                    f"Host {_shown(request.host)} is not a loopback name, and this supervisor has no "
-                    "token; call it as 127.0.0.1 or localhost, or start it with --token-file",
-                    "permission_error",
-                )
-            return None
-        given = request.headers.get("Authorization", "")
-        scheme, _, value = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            value.strip().encode(), self._token.encode()
-        ):
-            return _error(401, "missing or wrong bearer token", "authentication_error")
-        return None
-
-    @staticmethod
-    def _not_json(request: web.Request) -> web.Response | None:
-        if request.method in _SAFE_METHODS:
-            return None
-        if "Content-Type" not in request.headers:
-            received = "no Content-Type"
-        elif request.content_type != _JSON_TYPE:
-            received = f"Content-Type {_shown(request.headers['Content-Type'])}"
-        else:
-            return None
-        return _error(
-            415,
-            f"{request.method} {request.path} takes {_JSON_TYPE!r}, not {received}; "
-            f"send the body as JSON with 'Content-Type: {_JSON_TYPE}'",
-        )
 
     def _probe_body(self, **extra: Any) -> dict[str, Any]:
         snap = self.supervisor.machine.snapshot()
