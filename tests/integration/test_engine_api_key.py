@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 
 from tests.integration.test_supervisor_support import Supervised, http_json, supervised
+from tests.support.procs import free_port
 
 KEY = "sk-engine-0d9e41c7"
 DEV = {"VLLM_SERVER_DEV_MODE": "1"}
@@ -65,9 +66,16 @@ def test_an_engine_keyed_by_its_environment_becomes_ready_and_its_adapter_loads(
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text("{}")
     env = {"VLLM_API_KEY": KEY, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
-    with supervised(sim_args=("--enable-lora", "--max-loras", "2"), sup_args=SUP_ARGS, env=env) as sup:
+    gate = f"http://127.0.0.1:{free_port()}"
+    gate_args = ("--gate-port", gate.rsplit(":", 1)[1], "--gate-host", "127.0.0.1")
+    with supervised(
+        sim_args=("--enable-lora", "--max-loras", "2"), sup_args=(*SUP_ARGS, *gate_args), env=env
+    ) as sup:
         sup.wait_state("READY", timeout=30)
         assert httpx.get(sup.engine_url + "/v1/models").status_code == 401
+        # the admission gate adds no key of its own: a client is let through to the engine only with the key
+        assert httpx.get(gate + "/v1/models").status_code == 401
+        assert httpx.get(gate + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
         # POST /v1/load_lora_adapter is under the engine's guarded /v1 too
         op = run_op(sup, "/v1/lora/load", {"name": "adapter-a", "path": str(adapter)})
         assert op["status"] == "succeeded", op
