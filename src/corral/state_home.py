@@ -18,16 +18,6 @@ def local_fleet_file(router_port: int) -> Path:
     return corral_state_dir() / f"up-{router_port}.json"
 
 
-def local_fleet_token_file(router_port: int) -> Path:
-    """The bearer token of that fleet's control API (mode 0600), which `corral rollout` reads."""
-    return corral_state_dir() / f"up-{router_port}.token"
-
-
-def local_fleet_supervisor_token_file(router_port: int) -> Path:
-    """The management token of that fleet's supervisors (mode 0600), new for every `corral up`."""
-    return corral_state_dir() / f"up-{router_port}.supervisor-token"
-
-
 def state_dir_problem(path: Path) -> str | None:
     """Why `path` cannot hold state (it is created, owner-only, when missing), or None when a file
     can be created, read back and removed there."""

@@ -87,6 +87,7 @@ class GroupWatch:
 
     control: str
     token: str
+    supervisor_token: str  # the fleet's own, which every supervisor of a `corral up` fleet wants
     mixed: list[str] = field(default_factory=list)
     seen: dict[str, set[str]] = field(default_factory=dict)  # group -> fingerprints over time
     samples: int = 0
@@ -101,7 +102,10 @@ class GroupWatch:
                     prints = set()
                     for member in group["members"]:
                         try:
-                            async with session.get(member["supervisor"] + "/v1/state") as resp:
+                            async with session.get(
+                                member["supervisor"] + "/v1/state",
+                                headers={"Authorization": f"Bearer {self.supervisor_token}"},
+                            ) as resp:
                                 state = await resp.json()
                         except aiohttp.ClientError:
                             continue  # a member being stopped: it serves nothing
@@ -120,8 +124,8 @@ def fleet_file(state_home: Path, url: str) -> dict[str, Any]:
     return body
 
 
-def read_token(fleet: dict[str, Any]) -> str:
-    return Path(fleet["token_file"]).read_text().strip()
+def read_token(fleet: dict[str, Any], key: str = "token_file") -> str:
+    return Path(fleet[key]).read_text().strip()
 
 
 async def corral(state_home: Path, *args: str) -> tuple[int, str]:
@@ -154,7 +158,8 @@ async def test_rollout_and_rollback_under_load_lose_nothing(tmp_path: Path) -> N
         bundle = tmp_path / "v2.yaml"
         bundle.write_text('name: v2\nengine_args: ["--itl-ms", "5", "--version-string", "0.33.1"]\n')
 
-        load, watch = Load(url), GroupWatch(fleet["control"], token)
+        supervisor_token = read_token(fleet, "supervisor_token_file")
+        load, watch = Load(url), GroupWatch(fleet["control"], token, supervisor_token)
         stop_watch = asyncio.Event()
         load_task = asyncio.create_task(load.run())
         watch_task = asyncio.create_task(watch.run(stop_watch))

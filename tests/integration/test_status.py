@@ -35,9 +35,11 @@ def test_status_shows_bundle_load_kv_and_adapters_and_watches(tmp_path: Path) ->
         for header in ("bundle", "in flight", "KV", "adapters"):
             assert header in out, out
         assert out.count("ad1") >= 2 and out.count("run /") >= 2 and "%" in out, out
+        fleet = orjson.loads(local_fleet_file_under(tmp_path, int(port)).read_bytes())
+        auth = {"Authorization": "Bearer " + Path(fleet["supervisor_token_file"]).read_text().strip()}
         fingerprints = {
-            httpx.get(e["supervisor"] + "/v1/state").json()["bundle"]["fingerprint"]
-            for e in orjson.loads(local_fleet_file_under(tmp_path, int(port)).read_bytes())["engines"]
+            httpx.get(e["supervisor"] + "/v1/state", headers=auth).json()["bundle"]["fingerprint"]
+            for e in fleet["engines"]
         }
         assert len(fingerprints) == 1 and next(iter(fingerprints)) in out, out
 

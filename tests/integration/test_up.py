@@ -78,20 +78,27 @@ def test_a_drain_in_a_local_fleet_is_acknowledged_by_its_router(tmp_path: Path) 
     proc, url = start_up("--engines", "2", state_home=tmp_path)
     try:
         port = int(url.rsplit(":", 1)[1])
-        engines = orjson.loads(local_fleet_file_under(tmp_path, port).read_bytes())["engines"]
-        supervisor = engines[0]["supervisor"]
+        fleet = orjson.loads(local_fleet_file_under(tmp_path, port).read_bytes())
+        engines, supervisor = fleet["engines"], fleet["engines"][0]["supervisor"]
+        # the fleet's own management token: every supervisor of a `corral up` fleet wants it
+        auth = {"Authorization": "Bearer " + Path(fleet["supervisor_token_file"]).read_text().strip()}
 
         def subscribed() -> dict[str, int]:
-            return dict(httpx.get(supervisor + "/v1/state").json()["routers"]["subscribed"])
+            return dict(httpx.get(supervisor + "/v1/state", headers=auth).json()["routers"]["subscribed"])
 
         wait_until(
             lambda: subscribed() == {"local-router": 1},
             10,
             "the router's subscription",
         )
-        assert httpx.post(supervisor + "/v1/drain", json={}).status_code == 202
-        wait_until(lambda: httpx.get(supervisor + "/v1/state").json()["drain"] is not None, 30, "the drain")
-        drain = httpx.get(supervisor + "/v1/state").json()["drain"]
+        assert httpx.post(supervisor + "/v1/drain", json={}).status_code == 401
+        assert httpx.post(supervisor + "/v1/drain", json={}, headers=auth).status_code == 202
+        wait_until(
+            lambda: httpx.get(supervisor + "/v1/state", headers=auth).json()["drain"] is not None,
+            30,
+            "the drain",
+        )
+        drain = httpx.get(supervisor + "/v1/state", headers=auth).json()["drain"]
         assert [a["router_id"] for a in drain["routers_acknowledged"]] == ["local-router"]
         assert drain["routers_missing"] == []
         fleet = httpx.get(url + "/v1/fleet").json()

@@ -1,12 +1,19 @@
-"""`corral up`: a local fleet of simulated engines behind a router, started with one command."""
+"""`corral up`: a local fleet of simulated engines behind a router, started with one command.
+
+Before anything starts it checks the state dir and the router port, and claims the port's fleet
+files (`corral.fleet.ownership`), so a second `up` on a port in use changes nothing; every fleet
+gets its own supervisor management token (0600), which its supervisors want and its router sends.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import aiohttp
 import click
@@ -16,9 +23,10 @@ from rich.console import Console
 from corral.aio import run
 from corral.bundle_spec import BundleError, load_bundle
 from corral.fleet.control import FleetControl, write_token_file
-from corral.fleet.local import FleetSpec, LocalFleet
+from corral.fleet.local import FleetSpec, LocalFleet, port_problem
+from corral.fleet.ownership import FleetFiles, FleetInUse
 from corral.fleet.status import fetch_fleet, summary_line
-from corral.state_home import local_fleet_file, local_fleet_token_file
+from corral.state_home import corral_state_dir, state_dir_problem
 
 
 @click.command()
@@ -123,13 +131,44 @@ def up(
         group_size=group_size,
         bundle=bundle,
     )
-    logs = log_dir or Path(tempfile.mkdtemp(prefix="corral-up-"))
-    echo = (lambda line: console.print(line, markup=False)) if verbose else None
-    code = run(_up(LocalFleet(spec, logs, local_fleet_file(port), echo), console))
+    files = _claim_fleet_files(host, port)
+    try:
+        note = files.claim()
+    except FleetInUse as exc:
+        _bad_input(str(exc))
+    try:
+        if note is not None:
+            console.print(note, markup=False)
+        write_token_file(files.supervisor_token_file)
+        logs = log_dir or Path(tempfile.mkdtemp(prefix="corral-up-"))
+        echo = (lambda line: console.print(line, markup=False)) if verbose else None
+        fleet = LocalFleet(spec, logs, files.fleet_file, echo, files.supervisor_token_file)
+        code = run(_up(fleet, files.control_token_file, console))
+    finally:
+        files.release()  # ours: claimed above, so no other fleet's files
     raise SystemExit(code)
 
 
-async def _up(fleet: LocalFleet, console: Console) -> int:
+def _bad_input(message: str) -> NoReturn:
+    click.echo(f"corral up: {message}", err=True)
+    sys.exit(2)
+
+
+def _claim_fleet_files(host: str, port: int) -> FleetFiles:
+    """Before anything starts: a state dir that can be used and a router port nobody holds; a
+    second fleet on a port in use is refused here, before it touches any file."""
+    state_dir = corral_state_dir()
+    if (problem := state_dir_problem(state_dir)) is not None:
+        _bad_input(
+            f"state dir {state_dir} cannot be used: {problem}; set XDG_STATE_HOME to a directory "
+            "this user can write"
+        )
+    if (problem := port_problem(host, port)) is not None:
+        _bad_input(problem)
+    return FleetFiles(state_dir, port)
+
+
+async def _up(fleet: LocalFleet, token_file: Path, console: Console) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -151,7 +190,6 @@ async def _up(fleet: LocalFleet, console: Console) -> int:
         console.print(f"[red]fleet failed to start:[/red] {error}", markup=True)
         await _stop(fleet, console)
         return 1
-    token_file = local_fleet_token_file(spec.router_port)
     control = FleetControl(fleet, write_token_file(token_file))
     fleet.set_control(
         await control.start(spec.host if spec.host.startswith("127.") else "127.0.0.1"), token_file

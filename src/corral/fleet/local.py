@@ -10,13 +10,15 @@ supervisor's state stream, so a drain of one engine is acknowledged by the route
 in-flight work is touched, and the fleet changes the router's members by rewriting that file.
 
 It owns start order (supervised engines, then the router once every supervisor reports READY),
-readiness waits with deadlines, the fleet file `corral status` reads, and a stop that leaves no
-process behind whatever a child does.
+readiness waits with deadlines, the fleet file `corral status` reads (with every process of the
+fleet and the supervisors' token file), and a stop that leaves no process behind whatever a child
+does. Which `up` may write and remove the fleet's files is `corral.fleet.ownership`'s business.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import socket
 import sys
@@ -31,12 +33,39 @@ import orjson
 from corral.atomic_file import write_atomically
 from corral.bundle_spec import BundleSpec
 from corral.child_process import ChildProcess, LineSink
+from corral.fleet.ownership import RecordedProcess
 
 
 def free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the router binds: TIME_WAIT is no owner
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """Why the fleet cannot listen on `host:port` (with the next port that is free), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                return f"cannot listen on {host}:{port}: {exc.strerror or exc}; check --host"
+        else:
+            return None
+    free = next((p for p in range(port + 1, min(port + 100, 65536)) if _bindable(host, p)), None)
+    hint = f"; try --port {free}" if free is not None else "; pick another --port"
+    return f"port {port} is in use by another process{hint}"
 
 
 class FleetStartError(RuntimeError):
@@ -112,11 +141,19 @@ class LocalFleet:
     """Starts, watches and stops the processes of one local fleet."""
 
     def __init__(
-        self, spec: FleetSpec, log_dir: Path, fleet_file: Path, echo: LineSink | None = None
+        self,
+        spec: FleetSpec,
+        log_dir: Path,
+        fleet_file: Path,
+        echo: LineSink | None = None,
+        supervisor_token_file: Path | None = None,
     ) -> None:
         self.spec = spec
         self.log_dir = log_dir
         self.fleet_file = fleet_file
+        # the supervisors' management token: every supervisor wants it, the router sends it
+        self.supervisor_token_file = supervisor_token_file
+        self._started = RecordedProcess.of("up", os.getpid())
         self.backends_file = log_dir / "backends"
         self._echo = echo
         self.engines: list[Member] = []
@@ -164,7 +201,10 @@ class LocalFleet:
         args += ["--model", spec.model, "--state-dir", str(self.log_dir / f"engine-{i}.state")]
         args += ["--propagation-timeout", str(spec.propagation_timeout)]
         args += ["--quiet-period", str(spec.quiet_period), "--drain-timeout", str(spec.drain_timeout)]
-        args += ["--shutdown-timeout", str(spec.engine_shutdown_timeout), "--", *sim]
+        args += ["--shutdown-timeout", str(spec.engine_shutdown_timeout)]
+        if self.supervisor_token_file is not None:
+            args += ["--token-file", str(self.supervisor_token_file)]
+        args += ["--", *sim]
         member = self._spawn(
             f"engine-{i}", f"http://{host}:{supervisor_port}", args, engine_url, env=dict(bundle.env) or None
         )
@@ -181,6 +221,12 @@ class LocalFleet:
         body = {
             "router": self.router_url,
             "pid": os.getpid(),
+            # every process of the fleet: while one runs, no other `up` deletes or rewrites this file
+            "processes": [
+                self._started.to_json(),
+                *(RecordedProcess.of(name, pid).to_json() for name, pid in self._member_pids()),
+            ],
+            "supervisor_token_file": str(self.supervisor_token_file) if self.supervisor_token_file else None,
             "logs": str(self.log_dir),
             "control": self.control_url,
             "token_file": str(self.token_file) if self.token_file else None,
@@ -197,6 +243,10 @@ class LocalFleet:
             ],
         }
         write_atomically(self.fleet_file, orjson.dumps(body, option=orjson.OPT_INDENT_2))
+
+    def _member_pids(self) -> list[tuple[str, int]]:
+        members = [*self.members, *self._transient]
+        return [(m.name, m.process.pid) for m in members if m.process.pid is not None]
 
     def set_control(self, url: str, token_file: Path) -> None:
         self.control_url, self.token_file = url, token_file
@@ -226,8 +276,11 @@ class LocalFleet:
             router_args += ["--policy", spec.policy, "--router-id", "local-router"]
             # each engine with its supervisor: routed only while it says READY, each drain confirmed
             router_args += ["--backends-file", str(self.backends_file), "--models-refresh-seconds", "1"]
+            if self.supervisor_token_file is not None:
+                router_args += ["--supervisor-token-file", str(self.supervisor_token_file)]
             self.router = self._spawn("router", self.router_url, router_args)
             await self.router.process.start()
+            self._write_fleet_file()
             await self._wait_healthy(session, self.router, "/health")
 
     def _new_group(self, bundle: BundleSpec, size: int) -> list[Member]:
@@ -325,7 +378,4 @@ class LocalFleet:
         results = await asyncio.gather(*(m.process.stop(self.spec.stop_grace) for m in engines))
         for member, code in zip(engines, results, strict=True):
             codes[member.name] = code
-        self.fleet_file.unlink(missing_ok=True)
-        if self.token_file is not None:
-            self.token_file.unlink(missing_ok=True)
         return codes

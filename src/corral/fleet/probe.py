@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from corral.fleet.ownership import read_supervisor_token
 from corral.state_home import local_fleet_file
 
 _TIMEOUT = aiohttp.ClientTimeout(total=3)
@@ -48,6 +49,11 @@ class FleetTarget:
         except orjson.JSONDecodeError as exc:
             raise TargetError(f"{path} is not valid JSON ({exc}); is it a Corral fleet file?") from None
         engines = [(str(e["name"]), str(e["supervisor"])) for e in body.get("engines", [])]
+        if token is None:  # the fleet's own supervisor token, which `corral up` made for it
+            try:
+                token = read_supervisor_token(body, path)
+            except ValueError as exc:
+                raise TargetError(str(exc)) from None
         return cls(body.get("router"), engines, token)
 
 

@@ -22,6 +22,7 @@ from corral.aio import run
 from corral.bundle_spec import BundleError, BundleSpec, bundle_from_json, load_bundle
 from corral.fleet.change_record import default_record_path, read_record, write_record
 from corral.fleet.host_rollout import HostRollout
+from corral.fleet.ownership import read_supervisor_token
 from corral.fleet.rollout import (
     FleetControlClient,
     LocalRollout,
@@ -76,7 +77,17 @@ class FleetRef:
         if body.get("control"):
             if token is None:
                 raise click.UsageError(f"fleet file {path}: a control URL needs its token_file")
-            return cls(router, router_port, control=str(body["control"]), control_token=token)
+            try:  # the fleet's own supervisor token, which `corral up` made for it
+                supervisor_token = read_supervisor_token(body, path)
+            except ValueError as exc:
+                raise click.UsageError(str(exc)) from None
+            return cls(
+                router,
+                router_port,
+                control=str(body["control"]),
+                control_token=token,
+                supervisor_token=supervisor_token,
+            )
         supervisors = body.get("supervisors")
         if not isinstance(supervisors, list) or not supervisors:
             raise click.UsageError(

@@ -77,7 +77,7 @@ def status(
     except TargetError as exc:
         raise click.ClickException(str(exc)) from None
     if router is not None:
-        target = FleetTarget(router.rstrip("/"), target.supervisors, token)
+        target = FleetTarget(router.rstrip("/"), target.supervisors, target.token)
     console = Console()
     if watch:
         try:

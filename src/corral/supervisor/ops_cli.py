@@ -16,6 +16,8 @@ import click
 import orjson
 
 from corral.aio import run as run_on_uvloop
+from corral.fleet.ownership import supervisor_token_for
+from corral.state_home import corral_state_dir
 from corral.supervisor.cli import read_token
 
 _supervisor = click.option(
@@ -26,7 +28,10 @@ _supervisor = click.option(
     help="The supervisor's management address.",
 )
 _token_file = click.option(
-    "--token-file", type=click.Path(path_type=Path), default=None, help="Bearer token (else $CORRAL_TOKEN)."
+    "--token-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Bearer token (else $CORRAL_TOKEN, else the token of the local fleet that lists the supervisor).",
 )
 _op_id = click.option("--operation-id", default=None, help="Idempotency key: the same id joins the same run.")
 _timeout = click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=1.0))
@@ -82,6 +87,11 @@ async def follow_operation(
 
 def _run(url: str, path: str, body: dict[str, Any], token_file: Path | None, limit_s: float) -> None:
     token = read_token(token_file)
+    if token is None:  # a supervisor of a local fleet: the token `corral up` made for it
+        try:
+            token = supervisor_token_for(url, corral_state_dir())
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
     sys.exit(run_on_uvloop(follow_operation(url.rstrip("/"), path, body, token, limit_s)))
 
 
