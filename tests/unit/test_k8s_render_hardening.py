@@ -351,3 +351,31 @@ def test_a_volume_that_would_hide_a_corral_path_is_refused(mount_path: str) -> N
     data["engine"]["volumes"][0]["mount_path"] = mount_path
     with pytest.raises(ConfigError, match=r"engine\.volumes\[0\]\.mount_path.*would hide"):
         build(data)
+
+
+@pytest.mark.parametrize(
+    ("peer", "expected"),
+    [
+        ({}, r"supervisor_from.*names no peer"),
+        ({"pod_labels": {"app": "bad value!"}}, r"pod_labels.*not a label value"),
+    ],
+)
+def test_a_bad_network_policy_peer_is_refused(peer: dict[str, Any], expected: str) -> None:
+    data = copy.deepcopy(seed())
+    data["network_policy"] = {"supervisor_from": [peer]}
+    with pytest.raises(ConfigError, match=expected):
+        build(data)
+
+
+def test_writable_paths_are_emptydirs_and_relative_ones_are_refused() -> None:
+    data = copy.deepcopy(seed())
+    data["security"] = {"writable_paths": ["/workspace", "/opt/cache"]}
+    pod = engine_pod(data)
+    container = main_container(pod)
+    for path in ("/workspace", "/opt/cache"):
+        mount = mount_of(container, path)
+        assert mount is not None and mount["mountPath"] == path and not mount.get("readOnly")
+        assert volumes(pod)[mount["name"]] == {"name": mount["name"], "emptyDir": {}}
+    data["security"] = {"writable_paths": ["workspace"]}
+    with pytest.raises(ConfigError, match=r"security\.writable_paths.*not an absolute path"):
+        build(data)

@@ -48,6 +48,16 @@ PositiveSeconds = Annotated[float, Field(gt=0)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 
 
+def _check_labels(labels: dict[str, str]) -> dict[str, str]:
+    for key, value in labels.items():
+        name = key.rsplit("/", 1)[-1]
+        if not _LABEL_KEY.match(key) or len(name) > 63:
+            raise ValueError(f"{key!r} is not a label key (optional prefix/, then up to 63 of [-_.a-z0-9])")
+        if len(value) > 63 or not _LABEL_VALUE.match(value):
+            raise ValueError(f"{key}: {value!r} is not a label value (up to 63 of [-_.A-Za-z0-9])")
+    return labels
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -327,6 +337,11 @@ class PeerSpec(_Section):
         default=None, description="pods with these labels (in this namespace unless namespace_labels)"
     )
 
+    @field_validator("namespace_labels", "pod_labels")
+    @classmethod
+    def _label_syntax(cls, labels: dict[str, str] | None) -> dict[str, str] | None:
+        return None if labels is None else _check_labels(labels)
+
 
 class NetworkPolicySpec(_Section):
     enabled: bool = Field(
@@ -378,15 +393,7 @@ class CorralDeployment(_Section):
     @field_validator("labels")
     @classmethod
     def _label_syntax(cls, labels: dict[str, str]) -> dict[str, str]:
-        for key, value in labels.items():
-            name = key.rsplit("/", 1)[-1]
-            if not _LABEL_KEY.match(key) or len(name) > 63:
-                raise ValueError(
-                    f"{key!r} is not a label key (optional prefix/, then up to 63 of [-_.a-z0-9])"
-                )
-            if len(value) > 63 or not _LABEL_VALUE.match(value):
-                raise ValueError(f"{key}: {value!r} is not a label value (up to 63 of [-_.A-Za-z0-9])")
-        return labels
+        return _check_labels(labels)
 
     @property
     def token_secret(self) -> str:
