@@ -94,7 +94,7 @@ class NoConnections:
     def request_started(self, request: web.BaseRequest) -> None:
         pass
 
-    def request_finished(self, request: web.BaseRequest) -> None:
+    def request_finished(self, request: web.BaseRequest, started: object) -> None:
         pass
 
 

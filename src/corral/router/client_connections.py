@@ -191,21 +191,21 @@ class ConnectionGuard:
 
     # -- requests (from the app's middleware) ----------------------------------------------
 
-    def request_started(self, request: web.BaseRequest) -> None:
-        conn = self._by_transport.get(request.transport) if request.transport is not None else None
+    def request_started(self, request: web.BaseRequest) -> GuardedConnection | None:
+        transport = request.transport
+        conn = self._by_transport.get(transport) if transport is not None else None
         if conn is None:  # not a connection we accepted (a test server), or already gone
-            return
+            return None
         conn.request = request
         conn.phase = Phase.HANDLING if request.content.is_eof() else Phase.BODY
         conn.since = self.now()
         conn.stalled_at = None
+        return conn
 
-    def request_finished(self, request: web.BaseRequest) -> None:
-        conn = self._by_transport.get(request.transport) if request.transport is not None else None
-        if conn is None or conn.request is not request:
-            return
-        conn.request = None
-        conn.phase, conn.since = Phase.IDLE, self.now()
+    def request_finished(self, request: web.BaseRequest, started: object) -> None:
+        if isinstance(started, GuardedConnection) and started.request is request:
+            started.request = None
+            started.phase, started.since = Phase.IDLE, self.now()
 
     # -- the sweep ------------------------------------------------------------------------------
 

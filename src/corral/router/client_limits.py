@@ -120,11 +120,12 @@ class BodyReadTimeout(asyncio.TimeoutError):
 
 
 class RequestPhases(Protocol):
-    """Told when a request reaches the app and when it leaves (corral.router.client_connections)."""
+    """Told when a request reaches the app and when it leaves (corral.router.client_connections);
+    what `request_started` returns is handed back to `request_finished`."""
 
-    def request_started(self, request: web.BaseRequest) -> None: ...
+    def request_started(self, request: web.BaseRequest) -> object: ...
 
-    def request_finished(self, request: web.BaseRequest) -> None: ...
+    def request_finished(self, request: web.BaseRequest, started: object) -> None: ...
 
 
 def client_limits_middleware(
@@ -139,7 +140,7 @@ def client_limits_middleware(
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        phases.request_started(request)
+        started = phases.request_started(request)
         try:
             declared = request.content_length
             if max_body and declared is not None and declared > max_body:
@@ -162,7 +163,7 @@ def client_limits_middleware(
                 if counted:
                     stats.in_flight -= 1
         finally:
-            phases.request_finished(request)
+            phases.request_finished(request, started)
 
     return middleware
 
