@@ -1,5 +1,6 @@
 """Router data-path benchmark: the same workloads, in one run, over the same two simulators, sent
-(1) straight to the simulators (the direct path, the baseline), (2) through `corral router`, and
+(1) straight to the simulators (the direct path, the baseline), (2) through `corral router` (with
+`--limits both`, also through one with every client limit off, to price the limits), and
 (3) through the Rust `vllm-router` from PyPI when it is installed (`benchmarks/setup.sh`).
 
 Workloads:
@@ -35,6 +36,15 @@ from loadgen import Report, chat_body, run_closed_loop, run_open_loop
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "bench-model"
+# `corral router` with every client limit off (corral.router.client_limits): the unhardened data path.
+LIMITS_OFF = [
+    "--header-timeout", "0",
+    "--body-timeout", "0",
+    "--idle-timeout", "0",
+    "--max-connections", "0",
+    "--max-in-flight", "0",
+    "--max-body-size", "0",
+]  # fmt: skip
 
 
 def free_port() -> int:
@@ -142,6 +152,13 @@ def main() -> None:
     parser.add_argument(
         "--pin", action="store_true", help="pin the router under test to CPU 1 and everything else to CPU 0"
     )
+    parser.add_argument(
+        "--limits",
+        choices=["on", "off", "both"],
+        default="on",
+        help="corral router's client limits: on (the defaults, as shipped), off (every limit 0: the "
+        "unhardened data path), or both, as two targets in the same run (corral-nolimits, corral)",
+    )
     parser.add_argument("--markdown", action="store_true", help="also print a Markdown table")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/out"))
     args = parser.parse_args()
@@ -189,25 +206,29 @@ def main() -> None:
             wait_ready(s, "/health")
 
         targets = [Target("direct", [s.url for s in sims], None)]
-        port = free_port()
-        argv = [
-            sys.executable,
-            "-m",
-            "corral",
-            "router",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--policy",
-            args.corral_policy,
-        ]
-        for s in sims:
-            argv += ["--backend", s.url]
-        corral = spawn("corral-router", argv, f"http://127.0.0.1:{port}", router_cpus, out)
-        procs.append(corral)
-        wait_ready(corral, "/health")
-        targets.append(Target("corral", [corral.url], corral))
+        variants = {"on": [("corral", [])], "off": [("corral-nolimits", LIMITS_OFF)]}
+        variants["both"] = variants["off"] + variants["on"]
+        for name, limit_flags in variants[args.limits]:
+            port = free_port()
+            argv = [
+                sys.executable,
+                "-m",
+                "corral",
+                "router",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--policy",
+                args.corral_policy,
+                *limit_flags,
+            ]
+            for s in sims:
+                argv += ["--backend", s.url]
+            corral = spawn(f"{name}-router", argv, f"http://127.0.0.1:{port}", router_cpus, out)
+            procs.append(corral)
+            wait_ready(corral, "/health")
+            targets.append(Target(name, [corral.url], corral))
 
         vr = find_vllm_router(args.vllm_router)
         if vr:
@@ -308,6 +329,10 @@ def main() -> None:
                 print(orjson.dumps(row).decode(), flush=True)
         for label, _s, _m in workloads:
             rows = {r["target"]: r for r in results if r["workload"] == label}
+            if "corral" in rows and "corral-nolimits" in rows and rows["corral-nolimits"]["rps"]:
+                ratio = rows["corral"]["rps"] / rows["corral-nolimits"]["rps"]
+                print(f"{label}: corral with limits / without, requests/s = {ratio:.3f}")
+                rows["corral"]["rps_vs_nolimits"] = round(ratio, 3)
             if "corral" in rows and "vllm-router" in rows and rows["vllm-router"]["rps"]:
                 ratio = rows["corral"]["rps"] / rows["vllm-router"]["rps"]
                 print(f"{label}: corral/vllm-router requests/s = {ratio:.2f}")
