@@ -94,6 +94,31 @@ def test_a_full_disk_is_reported_never_raised_and_the_loss_is_recorded_after() -
     assert "writable again" in said[-1]
 
 
+def test_a_quiet_log_recovers_by_itself_once_the_disk_has_room() -> None:
+    failures = StateWriteFailures(None, lambda message: None)
+
+    async def scenario(disk: Path) -> None:
+        log = OperationLog(disk / "state", failures, retry_seconds=0.05)
+        log.open()
+        fill(disk)
+        log.append("transition", epoch=1, to="DRAINING", padding="x" * 8192)
+        assert failures.problem is not None
+        (disk / "filler").unlink()
+        for _ in range(100):  # no append from here on: the retry alone must clear it
+            if failures.problem is None:
+                break
+            await asyncio.sleep(0.05)
+        assert failures.problem is None
+        log.close()
+
+    with tiny_tmpfs("64k") as disk:
+        asyncio.run(scenario(disk))
+        lost = [
+            r for r in read_records(disk / "state" / "oplog.jsonl") if r["record"] == "oplog_records_lost"
+        ]
+    assert [r["count"] for r in lost] == [1]
+
+
 def test_the_log_is_0600_and_rotates_by_size_keeping_epoch_and_engine(tmp_path: Path) -> None:
     log = OperationLog(tmp_path, max_bytes=2048, keep=2)
     log.open()

@@ -40,9 +40,10 @@ class OperationLog:
     its own (never on the loop). Holds an exclusive lock on the state dir while open.
 
     A write that fails (full disk, read-only, permission) is reported to `failures` and never
-    raised: the transition it records goes on. Once writes work again, a line says how many records
-    were lost. Past `max_bytes` the file is rotated (`oplog.jsonl.1` … `.{keep}`), and the new file
-    starts with what a successor needs from the old: the last epoch and an engine still running.
+    raised: the transition it records goes on. Every `retry_seconds` until one works (so `/livez`
+    recovers on a quiet engine too), a line saying how many records were lost is tried again.
+    Past `max_bytes` the file is rotated (`oplog.jsonl.1` … `.{keep}`), and the new file starts
+    with what a successor needs from the old: the last epoch and an engine still running.
     """
 
     def __init__(
@@ -51,6 +52,7 @@ class OperationLog:
         failures: StateWriteFailures | None = None,
         max_bytes: int = DEFAULT_MAX_BYTES,
         keep: int = DEFAULT_KEEP,
+        retry_seconds: float = 5.0,
     ) -> None:
         self.state_dir = state_dir
         self.path = state_dir / FILE_NAME
@@ -62,6 +64,8 @@ class OperationLog:
         self._size = 0
         self._torn = False  # a failed write may have left half a line: end it before the next
         self._lost = 0
+        self.retry_seconds = retry_seconds
+        self._retry: asyncio.TimerHandle | None = None
         self._last_epoch = 0
         self._running_engine: dict[str, Any] | None = None
         self._syncer: ThreadPoolExecutor | None = None
@@ -104,6 +108,7 @@ class OperationLog:
             self._lost = 0
         if not self._write(line):
             self._lost += 1
+            self._retry_later()
             return record
         if self._size >= self.max_bytes:
             self._rotate()
@@ -119,6 +124,24 @@ class OperationLog:
         elif record["record"] == "engine_exited" and self._running_engine is not None:
             if record.get("pid") == self._running_engine.get("pid"):
                 self._running_engine = None
+
+    def _retry_later(self) -> None:
+        if self._retry is not None:
+            return
+        try:
+            self._retry = asyncio.get_running_loop().call_later(self.retry_seconds, self._retry_lost_line)
+        except RuntimeError:  # no loop: the next append tries again
+            pass
+
+    def _retry_lost_line(self) -> None:
+        self._retry = None
+        if self._fd is None or not self._lost:
+            return
+        if self._write(self._lost_line()):
+            self._lost = 0
+            self._sync_soon()
+        else:
+            self._retry_later()
 
     def _lost_line(self) -> bytes:
         lost = {"record": "oplog_records_lost", "time": time.time(), "count": self._lost}
@@ -203,6 +226,9 @@ class OperationLog:
 
     def close(self) -> None:
         """The last lines fsynced (a failure reported), then the file and the lock let go."""
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
         if self._fd is not None:
             self._report_sync(_fsync_copy(self._fd))
             self._fd = None
