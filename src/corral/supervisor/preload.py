@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from corral.child_process import ChildProcess, LineSink
+from corral.supervisor.engine import engine_environment
 
 Record = Callable[..., Any]
 DeathListener = Callable[["PreloadDaemon"], None]
@@ -58,7 +59,10 @@ class PreloadDaemon:
 
     async def start(self, record: Record) -> None:
         """A fresh run of the command (each run keeps its own last lines)."""
-        self._child = ChildProcess("preload", self.argv, sink=self._echo)
+        # the daemon is vLLM code like the engine: no Corral secret in its environment either
+        self._child = ChildProcess(
+            "preload", self.argv, env=engine_environment({}), sink=self._echo, inherit_env=False
+        )
         self._stopping = False
         self.died.clear()
         await self._child.start()
