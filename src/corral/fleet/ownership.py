@@ -89,16 +89,7 @@ class FleetFiles:
         """Take the port's files for this process. Raises FleetInUse when another `up` holds them
         or a process they name still runs; returns a line to show when a stale set was replaced."""
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        lock = os.fdopen(fd, "r+b")
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.close()
-            raise FleetInUse(
-                f"a local fleet on port {self.port} is already running or starting "
-                f"(its corral up holds {self.lock_file}); stop it first, or use another --port"
-            ) from None
+        lock = self._take_lock()
         try:
             recorded = recorded_processes(_read_json(self.fleet_file))
         except OSError as exc:
@@ -127,11 +118,32 @@ class FleetFiles:
             f"(its processes are gone: {gone})"
         )
 
+    def _take_lock(self) -> IO[bytes]:
+        """The port's lock, held; the file is removed on release, so a lock taken on a file that
+        was removed meanwhile is taken again on the new one."""
+        while True:
+            fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            lock = os.fdopen(fd, "r+b")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                raise FleetInUse(
+                    f"a local fleet on port {self.port} is already running or starting "
+                    f"(its corral up holds {self.lock_file}); stop it first, or use another --port"
+                ) from None
+            try:
+                if os.stat(self.lock_file).st_ino == os.fstat(fd).st_ino:
+                    return lock
+            except FileNotFoundError:
+                pass
+            lock.close()
+
     def release(self) -> None:
-        """Remove the port's files and let the lock go; only the owner (after `claim`) does."""
+        """Remove the port's files and its lock; only the owner (after `claim`) does."""
         if self._lock is None:
             return
-        for path in self.files:
+        for path in (*self.files, self.lock_file):
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
