@@ -131,7 +131,7 @@ def up(
         group_size=group_size,
         bundle=bundle,
     )
-    files = _claim_fleet_files(host, port)
+    files = _preflight(host, port)
     try:
         note = files.claim()
     except FleetInUse as exc:
@@ -139,7 +139,10 @@ def up(
     try:
         if note is not None:
             console.print(note, markup=False)
-        write_token_file(files.supervisor_token_file)
+        try:
+            write_token_file(files.supervisor_token_file)
+        except OSError as exc:
+            _bad_input(f"cannot write {files.supervisor_token_file}: {exc.strerror or exc}")
         logs = log_dir or Path(tempfile.mkdtemp(prefix="corral-up-"))
         echo = (lambda line: console.print(line, markup=False)) if verbose else None
         fleet = LocalFleet(spec, logs, files.fleet_file, echo, files.supervisor_token_file)
@@ -154,7 +157,7 @@ def _bad_input(message: str) -> NoReturn:
     sys.exit(2)
 
 
-def _claim_fleet_files(host: str, port: int) -> FleetFiles:
+def _preflight(host: str, port: int) -> FleetFiles:
     """Before anything starts: a state dir that can be used and a router port nobody holds; a
     second fleet on a port in use is refused here, before it touches any file."""
     state_dir = corral_state_dir()
