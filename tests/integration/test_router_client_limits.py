@@ -87,14 +87,10 @@ def read_until_closed(sock: socket.socket, within: float = WAIT) -> bytes:
     return got
 
 
-def still_open(sock: socket.socket) -> bool:
+def unanswered(sock: socket.socket) -> bool:
+    """Nothing has come back yet: no answer, no close."""
     readable, _, _ = select.select([sock], [], [], 0)
-    if not readable:
-        return True
-    try:
-        return sock.recv(1, socket.MSG_PEEK) != b""
-    except ConnectionError:
-        return False
+    return not readable
 
 
 def request_on(sock: socket.socket, raw: bytes) -> tuple[int, dict[str, str], bytes]:
@@ -146,7 +142,7 @@ def test_slowloris_header_is_cut_at_the_header_timeout(timeouts_router: str) -> 
     sent = 0
     try:
         # a byte every 100 ms: never silent long enough for an idle timer, never a whole header
-        while time.monotonic() < deadline and still_open(sock):
+        while time.monotonic() < deadline and unanswered(sock):
             sock.send(header[sent % len(header) : sent % len(header) + 1])
             sent += 1
             time.sleep(0.1)
@@ -299,7 +295,7 @@ async def test_in_flight_cap_answers_503_with_retry_after_and_recovers(sim: str)
                 async with s.post(url + "/v1/chat/completions", data=chat(max_tokens)) as resp:
                     return resp.status, dict(resp.headers), await resp.read()
 
-            slow = [asyncio.create_task(completion(150)) for _ in range(2)]  # ~3 s each
+            slow = [asyncio.create_task(completion(250)) for _ in range(2)]  # ~5 s each
             deadline = time.monotonic() + WAIT
             while metric(url, "corral_router_client_requests_in_flight") < 2:
                 assert time.monotonic() < deadline, "the two slow requests never were in flight"
