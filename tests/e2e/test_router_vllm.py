@@ -151,7 +151,7 @@ CHAT = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "tell me 
 COMPLETION = {"model": SERVED_NAME, "prompt": "once upon a time"}
 USAGE = {"stream_options": {"include_usage": True}}
 
-SAME_BYTES = {
+SAME_BYTES: dict[str, tuple[str, dict[str, Any]]] = {
     "chat": ("/v1/chat/completions", {**CHAT, "max_tokens": 8}),
     "chat stream": ("/v1/chat/completions", {**CHAT, "max_tokens": 8, "stream": True}),
     "chat stream with usage": ("/v1/chat/completions", {**CHAT, "max_tokens": 8, "stream": True, **USAGE}),
@@ -197,7 +197,7 @@ def streamed_text(body: bytes) -> str:
 
 # -- the engine's own errors, through the router -------------------------------------------------
 
-ENGINE_ERRORS = {
+ENGINE_ERRORS: dict[str, tuple[str, dict[str, Any]]] = {
     "max_tokens too large": ("/v1/completions", {**COMPLETION, "max_tokens": 100000}),
     "prompt too long (characters)": ("/v1/completions", {**COMPLETION, "prompt": "hello " * 600}),
     "prompt too long (tokens)": ("/v1/completions", {**COMPLETION, "prompt": "~" * 1400}),
