@@ -14,11 +14,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +23,10 @@ from uuid import uuid4
 import aiohttp
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from tests.support import raw_http
+from tests.support import nonce_engine, raw_http
 from tests.support.nonce_engine import MODEL
 from tests.support.procs import CorralProcess, free_port
 
@@ -42,28 +39,9 @@ class Wire:
     router: str
 
 
-def start_engine() -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.nonce_engine", "--port", str(port)],
-        cwd=ROOT,
-        start_new_session=True,
-        stdin=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return proc, f"http://127.0.0.1:{port}"
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("the nonce engine did not start listening")
-
-
 @pytest.fixture(scope="module")
 def wire() -> Iterator[Wire]:
-    engine, engine_url = start_engine()
+    engine, engine_url = nonce_engine.start(ROOT)
     port = free_port()
     router = CorralProcess(
         ["router", "--host", "127.0.0.1", "--port", str(port), "--backend", engine_url, "--max-retries", "0"]
@@ -74,8 +52,7 @@ def wire() -> Iterator[Wire]:
         yield Wire(engine_url, router_url)
     finally:
         router.stop()
-        os.killpg(engine.pid, signal.SIGKILL)
-        engine.wait(timeout=5)
+        nonce_engine.stop(engine)
 
 
 @pytest.fixture
@@ -278,3 +255,133 @@ async def test_hop_by_hop_headers_and_those_the_connection_header_names_stay_at_
     forwarded = set(entry["headers"])
     assert "x-kept" in forwarded and "x-nonce" in forwarded
     assert not forwarded & {"x-hop-secret", "keep-alive", "te", "proxy-authorization", "expect"}, forwarded
+
+
+# -- the differential: the same generated requests straight to the engine and through the router -----
+
+PATHS = ("/v1/completions", "/v1/chat/completions?stream=false", "/tokenize")
+BODY_SIZES = st.one_of(
+    st.integers(0, 4096), st.sampled_from([65_535, 65_536, 1_048_577, 1_200_000, 2 * 1024 * 1024])
+)
+EXTRA_HEADERS = st.lists(
+    st.sampled_from(
+        [
+            ("Connection", "keep-alive"),
+            ("Accept", "*/*"),
+            ("User-Agent", "differential/1"),
+            ("X-Custom", "kept"),
+            ("TE", "trailers"),
+            ("X-Request-Id", "client-chosen-id"),
+        ]
+    ),
+    max_size=3,
+    unique=True,
+).map(tuple)
+
+
+@st.composite
+def asks(draw: st.DrawFn) -> tuple[str, str, Ask]:
+    method = draw(st.sampled_from(["POST"] * 12 + ["GET", "PUT", "PATCH", "DELETE"]))
+    ask = Ask(
+        new_nonce(),
+        draw(BODY_SIZES),
+        framing=draw(st.sampled_from(["length", "chunked", "close", "sse"])),
+        expect=draw(st.booleans()),
+        chunked=draw(st.booleans()),
+        delay_ms=draw(st.sampled_from([0, 0, 0, 20, 150])),
+        answer_bytes=draw(st.sampled_from([0, 0, 5_000, 300_000])),
+        interim=draw(st.booleans()),
+        status=draw(st.sampled_from([200, 200, 200, 400, 404, 429, 500])),
+        extra_headers=draw(EXTRA_HEADERS),
+    )
+    return method, draw(st.sampled_from(PATHS)), ask
+
+
+async def send_as(
+    session: aiohttp.ClientSession, base: str, method: str, path: str, ask: Ask, direct: bool
+) -> Seen:
+    body = ask.body()
+    data: Any = _chunks(body) if ask.chunked else body
+    headers = {**ask.headers(), "x-direct": "1"} if direct else ask.headers()
+    try:
+        async with session.request(
+            method, base + path, data=data, headers=headers, expect100=ask.expect
+        ) as resp:
+            raw = await resp.read()
+            seen = Seen(resp.status, resp.content_type, resp.headers.get("x-nonce", ""), raw)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        seen = Seen(0, "", "", b"", f"{type(exc).__name__}: {exc}")
+    return seen
+
+
+COUNTS = {"batches": 0, "requests": 0, "forwarded": 0, "wrong_client": 0, "mismatched": 0}
+
+
+async def run_batch(session: aiohttp.ClientSession, wire: Wire, batch: list[tuple[str, str, Ask]]) -> None:
+    """Send the batch concurrently twice, straight to the engine and through the router, and compare."""
+    direct = [send_as(session, wire.engine, method, path, ask, True) for method, path, ask in batch]
+    routed = [send_as(session, wire.router, method, path, ask, False) for method, path, ask in batch]
+    results = await asyncio.gather(*direct, *routed)
+    COUNTS["batches"] += 1
+    for (method, _path, ask), straight, through in zip(
+        batch, results[: len(batch)], results[len(batch) :], strict=True
+    ):
+        COUNTS["requests"] += 1
+        assert straight.delivered_to(ask), (ask, straight)
+        if method != "POST":  # the router serves only POST under /v1: its own 404, nothing forwarded
+            assert through.status == 404 and b'"NotFoundError"' in through.body, (method, through)
+            continue
+        COUNTS["forwarded"] += 1
+        if through.nonce_header and through.nonce_header != ask.nonce:
+            COUNTS["wrong_client"] += 1
+        if (through.status, through.content_type, through.nonce_header, through.body) != (
+            straight.status,
+            straight.content_type,
+            straight.nonce_header,
+            straight.body,
+        ):
+            COUNTS["mismatched"] += 1
+        assert through.delivered_to(ask), (ask, through)
+        assert through.status == straight.status, (ask, straight.status, through.status)
+        assert through.content_type == straight.content_type
+        assert through.body == straight.body, (ask, len(straight.body), len(through.body))
+
+
+def test_the_router_answers_exactly_what_the_engine_answers_and_to_the_client_that_asked(
+    wire: Wire,
+) -> None:
+    loop = asyncio.new_event_loop()
+    connector_session: list[aiohttp.ClientSession] = []
+
+    async def open_session() -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(limit=0)
+        return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30))
+
+    connector_session.append(loop.run_until_complete(open_session()))
+
+    @settings(
+        max_examples=int(os.environ.get("CORRAL_DIFFERENTIAL_EXAMPLES", "40")),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(st.lists(asks(), min_size=1, max_size=6))
+    def check(batch: list[tuple[str, str, Ask]]) -> None:
+        loop.run_until_complete(run_batch(connector_session[0], wire, batch))
+
+    try:
+        loop.run_until_complete(engine_log(connector_session[0], wire))
+        check()
+        seen = loop.run_until_complete(engine_log(connector_session[0], wire))
+    finally:
+        loop.run_until_complete(connector_session[0].close())
+        loop.close()
+    print(
+        f"\ndifferential: {COUNTS['batches']} concurrent batches, {COUNTS['requests']} requests tried "
+        f"(each straight to the engine and through the router), {COUNTS['forwarded']} forwarded; "
+        f"delivered to the wrong client: {COUNTS['wrong_client']}; "
+        f"answers that differed from the engine's: {COUNTS['mismatched']}"
+    )
+    assert COUNTS["wrong_client"] == 0 and COUNTS["mismatched"] == 0
+    forwarded = [entry for entry in seen if "x-direct" not in entry["headers"]]
+    assert len(forwarded) == COUNTS["forwarded"]  # each once: no retry, nothing extra
+    assert not [entry for entry in forwarded if entry["expect"]]  # the router never forwards Expect

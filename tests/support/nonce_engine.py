@@ -20,6 +20,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -183,6 +190,33 @@ def _head(status: int, headers: dict[str, str]) -> bytes:
     lines.extend(f"{name}: {value}\r\n".encode("latin-1") for name, value in headers.items())
     lines.append(b"\r\n")
     return b"".join(lines)
+
+
+def start(root: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """Start the engine as a process on a free loopback port (`root`: the repository, for `-m`)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.nonce_engine", "--port", str(port)],
+        cwd=root,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("the nonce engine did not start listening")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=5)
 
 
 async def main(port: int) -> None:

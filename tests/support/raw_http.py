@@ -12,16 +12,30 @@ def content_length(head: bytes) -> int | None:
     return None
 
 
-def complete(received: bytes) -> bool:
-    """Whether `received` holds one whole answer framed by content-length."""
-    head, sep, body = received.partition(b"\r\n\r\n")
-    length = content_length(head) if sep else None
-    return length is not None and len(body) >= length
+def answers_in(received: bytes) -> list[bytes]:
+    """The status lines of the whole final answers (framed by content-length) at the start of
+    `received`, 1xx interim answers included in order."""
+    statuses: list[bytes] = []
+    rest = received
+    while True:
+        head, sep, tail = rest.partition(b"\r\n\r\n")
+        if not sep:
+            return statuses
+        status = head.split(b"\r\n", 1)[0]
+        if status[9:10] == b"1":  # 100 Continue and friends: no body
+            statuses.append(status)
+            rest = tail
+            continue
+        length = content_length(head)
+        if length is None or len(tail) < length:
+            return statuses
+        statuses.append(status)
+        rest = tail[length:]
 
 
-async def exchange(base: str, request: bytes, quiet_after: float = 10.0) -> bytes:
-    """Send raw bytes on a fresh connection to `base` (http://host:port) and read until one answer
-    is complete, the peer closes, or nothing came for `quiet_after` seconds."""
+async def exchange(base: str, request: bytes, answers: int = 1, quiet_after: float = 10.0) -> bytes:
+    """Send raw bytes on a fresh connection to `base` (http://host:port) and read until `answers`
+    final answers came, the peer closed, or nothing came for `quiet_after` seconds."""
     host, port = base.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     writer.write(request)
@@ -30,7 +44,7 @@ async def exchange(base: str, request: bytes, quiet_after: float = 10.0) -> byte
         await writer.drain()
         while chunk := await asyncio.wait_for(reader.read(65536), quiet_after):
             received += chunk
-            if complete(received):
+            if sum(not s[9:10] == b"1" for s in answers_in(received)) >= answers:
                 break
     except (TimeoutError, ConnectionError):
         pass

@@ -17,6 +17,7 @@ from corral.router.app import CONNECTION_GUARD, KubernetesDiscovery, RouterConfi
 from corral.router.client_limits import ClientLimits, client_limit_options
 from corral.router.file_source import BackendsFileError, read_backends
 from corral.router.k8s.client import KubeApiError
+from corral.router.parse_errors import ParseErrorLog
 from corral.router.policies import POLICY_NAMES
 from corral.router.retry_budget import RetryBudgetConfig
 from corral.router.scoring.config import PolicyConfigError, RoutingConfig, load_routing_config
@@ -349,6 +350,7 @@ def _routing_config(path: Path | None) -> RoutingConfig:
 
 async def serve(config: RouterConfig, host: str, port: int, shutdown_timeout: float) -> None:
     app = build_app(config)
+    logging.getLogger("aiohttp.server").addFilter(ParseErrorLog())  # one line per malformed request
     runner = web.AppRunner(
         app,
         access_log=None,

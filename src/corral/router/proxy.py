@@ -349,9 +349,13 @@ def _forwarded_headers(request: web.Request) -> tuple[CIMultiDict[str], web.Resp
             )
         if name.lower() not in skip:
             forwarded.add(name, value)
-    if not request.raw_path.isascii():
+    target = request.raw_path
+    if not target.startswith("/") or not target.isascii():
+        # absolute-form (`POST http://host/v1/...`) would reach the engine naming another host
         return forwarded, _bad_request(
-            "The request target has characters outside ASCII; percent-encode them.", "path"
+            "The request target must be a path starting with `/` (origin-form), in ASCII; "
+            "send `POST /v1/...` with a Host header.",
+            "path",
         )
     return forwarded, None
 
