@@ -360,11 +360,11 @@ def test_the_router_answers_exactly_what_the_engine_answers_and_to_the_client_th
     connector_session.append(loop.run_until_complete(open_session()))
 
     @settings(
-        max_examples=int(os.environ.get("CORRAL_DIFFERENTIAL_EXAMPLES", "40")),
+        max_examples=int(os.environ.get("CORRAL_DIFFERENTIAL_EXAMPLES", "100")),
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
-    @given(st.lists(asks(), min_size=1, max_size=6))
+    @given(st.lists(asks(), min_size=1, max_size=8))
     def check(batch: list[tuple[str, str, Ask]]) -> None:
         loop.run_until_complete(run_batch(connector_session[0], wire, batch))
 

@@ -334,21 +334,20 @@ def _forwarded_headers(request: web.Request) -> tuple[CIMultiDict[str], web.Resp
     The request head goes upstream as latin-1, and the client's bytes arrive here decoded as UTF-8:
     a value outside ASCII would reach the engine as other bytes than the client sent, or not at all.
     """
+    headers = request.headers
     skip = HOP_BY_HOP
-    connection = request.headers.get("connection")
-    if connection:
+    connection = headers.get("connection")
+    if connection and connection.lower() not in ("keep-alive", "close"):
         skip = HOP_BY_HOP | {token.strip().lower() for token in connection.split(",")}
-    forwarded: CIMultiDict[str] = CIMultiDict()
-    for name, value in request.headers.items():
-        if not value.isascii():
-            at = next(i for i, char in enumerate(value) if not char.isascii())
-            return forwarded, _bad_request(
-                f"The header `{name.lower()}` has a character outside ASCII at position {at} of its "
-                "value; HTTP header values must be ASCII (percent-encode or base64-encode the value).",
-                name.lower(),
-            )
-        if name.lower() not in skip:
-            forwarded.add(name, value)
+    forwarded = CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in skip])
+    if not "".join(headers.values()).isascii():
+        name, value = next((k, v) for k, v in headers.items() if not v.isascii())
+        at = next(i for i, char in enumerate(value) if not char.isascii())
+        return forwarded, _bad_request(
+            f"The header `{name.lower()}` has a character outside ASCII at position {at} of its "
+            "value; HTTP header values must be ASCII (percent-encode or base64-encode the value).",
+            name.lower(),
+        )
     target = request.raw_path
     if not target.startswith("/") or not target.isascii():
         # absolute-form (`POST http://host/v1/...`) would reach the engine naming another host
