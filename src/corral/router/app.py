@@ -16,6 +16,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
 from corral.openai_errors import error_response
+from corral.router.admin_access import ADMIN_PATHS, OPEN_PATHS, AdminAccess, AdminAccessConfig
 from corral.router.client_connections import ConnectionGuard
 from corral.router.client_limits import (
     ClientLimits,
@@ -33,6 +34,7 @@ from corral.router.scoring.config import RoutingConfig
 from corral.router.scoring.selector import Routing
 from corral.router.static_source import StaticSource
 from corral.router.supervisor_stream import StreamSettings, SupervisorStreams, default_router_id
+from corral.router.tenants import TenantCollector, TenantGate, Tenants, tenant_of
 from corral.router.upstream import UpstreamClient
 from corral.router.wake_on_demand import WakeOnDemand
 
@@ -84,6 +86,13 @@ class RouterConfig:
     streams: StreamSettings = field(default_factory=lambda: StreamSettings(router_id=default_router_id()))
     wake_hold_seconds: float = 0.0  # > 0: wake a sleeping model's engine on demand (wake_on_demand)
     client_limits: ClientLimits = field(default_factory=ClientLimits)  # --header-timeout, --max-in-flight...
+    api_keys_file: Path | None = None  # --api-keys-file: tenants; None leaves the router open
+    admin: AdminAccessConfig = field(default_factory=AdminAccessConfig)  # who reads /metrics, /v1/fleet
+    engine_api_key: str | None = field(default=None, repr=False)  # --engine-api-key-file
+
+    def engine_headers(self) -> dict[str, str]:
+        """What every request to an engine carries: its API key, when it wants one."""
+        return {"Authorization": f"Bearer {self.engine_api_key}"} if self.engine_api_key else {}
 
 
 class MembershipSource(Protocol):
@@ -98,6 +107,9 @@ MEMBERSHIP = web.AppKey("membership", Membership)
 METRICS = web.AppKey("metrics", RouterMetrics)
 # Listens for the router (cli.serve): each client connection held to config.client_limits.
 CONNECTION_GUARD = web.AppKey("connection_guard", ConnectionGuard)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# Not a tenant's: the probe, and the admin routes (corral.router.admin_access decides who reads those).
+ADMIN_AND_OPEN_PATHS = ADMIN_PATHS | OPEN_PATHS
 # The router's own endpoints: cheap, engine-free, and what an operator needs during overload.
 OWN_ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/fleet")
 
@@ -131,6 +143,7 @@ async def build_source(
                 probe_timeout=config.probe_timeout,
                 workers=k8s.probe_workers,
                 supervisor_port=k8s.supervisor_port,
+                probe_headers=config.engine_headers(),
                 informer=InformerConfig(
                     resync_seconds=k8s.resync_seconds, watch_timeout_seconds=k8s.watch_timeout_seconds
                 ),
@@ -138,7 +151,12 @@ async def build_source(
         )
     if config.backends_file is not None:
         return FileSource(
-            membership, config.backends_file, config.models_refresh_seconds, config.probe_timeout, metrics
+            membership,
+            config.backends_file,
+            config.models_refresh_seconds,
+            config.probe_timeout,
+            metrics,
+            probe_headers=config.engine_headers(),
         )
     return StaticSource(
         membership,
@@ -147,6 +165,7 @@ async def build_source(
         config.probe_timeout,
         metrics=metrics,
         supervisors=config.supervisors,
+        probe_headers=config.engine_headers(),
     )
 
 
@@ -154,9 +173,24 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     limits, limit_stats = config.client_limits, ClientLimitStats()
     guard = ConnectionGuard(limits, limit_stats)
     limit_middleware = client_limits_middleware(limits, limit_stats, guard, OWN_ENDPOINTS)
+    admin = AdminAccess(config.admin)
+    # a bad file raises TenantsFileError here; `corral router` checks it first and exits 2
+    tenants = Tenants.from_file(config.api_keys_file) if config.api_keys_file is not None else None
+    gate = TenantGate(tenants) if tenants is not None else None
+
+    @web.middleware
+    async def edge(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Admin routes to those AdminAccess trusts; everything else but /health to a tenant."""
+        refused = admin.refuse(request)
+        if refused is not None:
+            return refused
+        if gate is None or request.path in ADMIN_AND_OPEN_PATHS:
+            return await handler(request)
+        return await gate.serve(request, handler)
+
     app = web.Application(
         client_max_size=limits.max_body_bytes,  # 0: no limit; over it, request.read() raises 413
-        middlewares=[limit_middleware] if limits.watches_requests else [],
+        middlewares=[limit_middleware, edge] if limits.watches_requests else [edge],
     )
     app[CONNECTION_GUARD] = guard
     metrics = RouterMetrics()
@@ -167,6 +201,8 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RouterCollector(metrics, membership.endpoints))
     registry.register(ClientLimitsCollector(limits, limit_stats))
+    if gate is not None:
+        registry.register(TenantCollector(gate))
     holder: dict[str, Proxy] = {}
     routing = Routing(config.policy, config.routing, config.session_header, membership.endpoints)
 
@@ -187,6 +223,9 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             holder["proxy"].wake_on_demand = WakeOnDemand(
                 membership, config.streams.token_for, config.wake_hold_seconds, metrics
             )
+        holder["proxy"].drop_client_authorization = tenants is not None
+        if config.engine_api_key:
+            holder["proxy"].engine_authorization = f"Bearer {config.engine_api_key}"
         await streams.start()
         try:
             source = await build_source(config, membership, metrics, pod_api)
@@ -196,9 +235,13 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             raise
         await source.start()
         await routing.start()
+        if tenants is not None:
+            await tenants.start()
         try:
             yield
         finally:
+            if tenants is not None:
+                await tenants.stop()
             await routing.stop()
             await source.stop()
             await streams.stop()
@@ -219,7 +262,11 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
         return _json(body, 200 if ready else 503)
 
     async def models(request: web.Request) -> web.Response:
-        return _json({"object": "list", "data": membership.model_cards()})
+        cards = membership.model_cards()
+        tenant = tenant_of(request)
+        if tenant is not None:
+            cards = [c for c in cards if tenant.serves(str(c.get("id")))]
+        return _json({"object": "list", "data": cards})
 
     async def fleet(request: web.Request) -> web.Response:
         now = time.monotonic()

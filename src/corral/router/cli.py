@@ -13,6 +13,7 @@ import click
 from aiohttp import web
 
 from corral import aio
+from corral.router.access_options import EdgeAccess, access_options
 from corral.router.app import CONNECTION_GUARD, KubernetesDiscovery, RouterConfig, build_app
 from corral.router.client_limits import ClientLimits, client_limit_options
 from corral.router.file_source import BackendsFileError, read_backends
@@ -220,6 +221,7 @@ def read_supervisor_token(path: Path | None) -> str | None:
     "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
 )
 @client_limit_options  # --header-timeout, --body-timeout, --idle-timeout, --max-connections, ...
+@access_options  # --api-keys-file, --admin-key-file, --admin-port, --admin-host, --engine-api-key-file
 def router(
     host: str,
     port: int,
@@ -252,6 +254,7 @@ def router(
     shutdown_timeout: float,
     log_level: str,
     client_limits: ClientLimits,
+    access: EdgeAccess,
 ) -> None:
     """Run the OpenAI-compatible router in front of a fleet of engines."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -316,7 +319,11 @@ def router(
         models_refresh_seconds=models_refresh_seconds,
         request_timeout=request_timeout or None,
         client_limits=client_limits,
+        api_keys_file=access.api_keys_file,
+        admin=access.admin,
+        engine_api_key=access.engine_api_key,
     )
+    access.log_at_start()
     aio.run(serve(config, host, port, shutdown_timeout))
 
 
@@ -363,6 +370,7 @@ async def serve(config: RouterConfig, host: str, port: int, shutdown_timeout: fl
         log.error("cannot start Kubernetes membership: %s", exc)
         raise SystemExit(2) from None
     guard = app[CONNECTION_GUARD]
+    admin_listener: asyncio.Server | None = None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -371,6 +379,11 @@ async def serve(config: RouterConfig, host: str, port: int, shutdown_timeout: fl
         # not a TCPSite: the guard listens so that each connection is held to config.client_limits
         assert runner.server is not None
         await guard.listen(runner.server, host, port, backlog=1024)
+        admin = config.admin
+        if admin.admin_port is not None:  # /metrics and /v1/fleet only (corral.router.admin_access)
+            admin_listener = await loop.create_server(
+                runner.server, admin.admin_host, admin.admin_port, reuse_address=True
+            )
         if config.kubernetes is not None:
             members = f"pods in {config.kubernetes.namespace} matching {config.kubernetes.selector}"
         elif config.backends_file is not None:
@@ -391,5 +404,7 @@ async def serve(config: RouterConfig, host: str, port: int, shutdown_timeout: fl
         log.info("corral router stopping")
     finally:
         guard.stop_accepting()
+        if admin_listener is not None:
+            admin_listener.close()
         await runner.cleanup()
         await guard.close()

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +74,7 @@ class FileSource:
         probe_timeout: float,
         metrics: RouterMetrics | None = None,
         poll_seconds: float = 0.5,
+        probe_headers: Mapping[str, str] | None = None,
     ) -> None:
         self._path = path
         self._poll_seconds = poll_seconds
@@ -87,6 +89,7 @@ class FileSource:
             source="file",
             metrics=metrics,
             supervisors=first.supervisors,
+            probe_headers=probe_headers,
         )
         self._task: asyncio.Task[None] | None = None
 

@@ -28,6 +28,7 @@ from corral.router.metrics import RouterMetrics
 from corral.router.policies import Policy, RouteRequest
 from corral.router.retry_budget import RetryBudget, RetryBudgetConfig
 from corral.router.stream_ending import StreamEnding
+from corral.router.tenants import tenant_of
 from corral.router.upstream import UpstreamClient, UpstreamResponse
 from corral.router.wake_on_demand import WakeOnDemand
 
@@ -73,6 +74,10 @@ class ProxyConfig:
 
 class Proxy:
     wake_on_demand: WakeOnDemand | None = None  # set by the app with --wake-hold-seconds
+    # The client's Authorization goes upstream only on an open router with no engine key: a tenant's
+    # key (--api-keys-file) is the router's, and --engine-api-key-file sends the engine's own instead.
+    drop_client_authorization = False
+    engine_authorization: str | None = None  # "Bearer <engine key>"
 
     def __init__(
         self,
@@ -110,6 +115,10 @@ class Proxy:
 
         if not own_id:
             upstream_headers["X-Request-Id"] = request_id
+        if self.drop_client_authorization:
+            upstream_headers.popall("Authorization", None)
+        if self.engine_authorization is not None:
+            upstream_headers["Authorization"] = self.engine_authorization
         route = RouteRequest(model, request.headers, payload)
         self._budget.record_request(time.monotonic())
         try:
@@ -139,8 +148,9 @@ class Proxy:
             payload = parsed
             model = parsed.get("model")
         membership = self._membership
+        tenant = tenant_of(request)  # a tenant sees only its `models`; any other is unknown to it
         if model is None:
-            known = membership.known_models()
+            known = [m for m in membership.known_models() if tenant is None or tenant.serves(m)]
             if len(known) == 1:
                 return known[0], payload, None  # vLLM serves its only model when none is named
             if not known:
@@ -156,9 +166,12 @@ class Proxy:
             )
         if not isinstance(model, str):
             return None, payload, _bad_request("`model` must be a string.", "model")
-        if not membership.knows(model):
+        hidden = tenant is not None and not tenant.serves(model)
+        if hidden or not membership.knows(model):
             if not membership.known_models():
                 return model, payload, self._unavailable(model, "no endpoint has answered yet")
+            if tenant is not None and hidden:
+                tenant.reject("model")
             return (
                 model,
                 payload,

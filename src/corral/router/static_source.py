@@ -55,8 +55,10 @@ class StaticSource:
         source: str = "static",
         metrics: RouterMetrics | None = None,
         supervisors: Mapping[str, str] | None = None,
+        probe_headers: Mapping[str, str] | None = None,
     ) -> None:
         self._membership = membership
+        self._probe_headers = dict(probe_headers or {})  # the engine API key, when engines want one
         # engine url -> its supervisor's url, for the engines that have one
         self._supervisors = {k.rstrip("/"): v.rstrip("/") for k, v in (supervisors or {}).items()}
         self._urls: list[str] = []
@@ -150,7 +152,7 @@ class StaticSource:
         if self._session is None:
             return
         try:
-            async with self._session.get(url + "/v1/models") as resp:
+            async with self._session.get(url + "/v1/models", headers=self._probe_headers) as resp:
                 body = await resp.read()
                 if resp.status != 200:
                     raise ModelsProbeError(f"GET /v1/models answered {resp.status}")

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +109,8 @@ class PodSourceConfig:
     workers: int = 16
     informer: InformerConfig = field(default_factory=InformerConfig)
     supervisor_port: int | None = None  # every pod's supervisor port, unless its annotation says
+    # sent with each /v1/models probe: the engine API key (--engine-api-key-file), when engines want one
+    probe_headers: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
 class PodSource:
@@ -310,7 +313,7 @@ class PodSource:
             return
         url = self.url_of(view.ip)
         try:
-            async with self._session.get(url + "/v1/models") as resp:
+            async with self._session.get(url + "/v1/models", headers=self._config.probe_headers) as resp:
                 body = await resp.read()
                 if resp.status != 200:
                     raise ModelsProbeError(f"GET /v1/models answered {resp.status}")
