@@ -35,7 +35,6 @@ log = logging.getLogger("corral.router.tenants")
 
 FIELDS = frozenset({"name", "key", "key_sha256", "max_in_flight", "requests_per_minute", "models"})
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
-TENANT_KEY = "corral.tenant"  # request key: the Tenant a request was admitted as
 CLIENT_CLOSED = 499
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
@@ -124,7 +123,7 @@ def _parse_entry(entry: object, number: int, path: Path | str) -> TenantSpec:
     else:
         if not isinstance(hashed, str) or not _HEX64.match(hashed):
             raise TenantsFileError(
-                f"{where}: field `key_sha256` must be 64 hex digits (printf %s KEY | sha256sum)"
+                f"{where}: field `key_sha256` must be 64 hex digits, quoted (printf %s KEY | sha256sum)"
             )
         digest = bytes.fromhex(hashed)
     return TenantSpec(
@@ -350,10 +349,12 @@ def _warn_if_readable(path: Path) -> None:
             )
 
 
+TENANT_KEY = web.RequestKey("corral_tenant", Tenant)  # the Tenant a request was admitted as
+
+
 def tenant_of(request: web.Request) -> Tenant | None:
     """The tenant this request was admitted as; None on an open router (no --api-keys-file)."""
-    tenant: Tenant | None = request.get(TENANT_KEY)
-    return tenant
+    return request.get(TENANT_KEY)
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
