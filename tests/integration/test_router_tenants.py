@@ -18,6 +18,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from tests.support.fake_kube import FakeKube
 from tests.support.procs import CorralProcess, free_port, start_sim
 from tests.support.prom import sample, scrape
 
@@ -319,4 +320,36 @@ def test_without_a_keys_file_the_router_is_open_and_says_so_at_start() -> None:
         finally:
             router.stop()
     finally:
+        sim.stop()
+
+
+@pytest.mark.parametrize("discovery", ["file", "k8s"])
+async def test_every_discovery_probes_with_the_engine_key(tmp_path: Path, discovery: str) -> None:
+    """A sim enforcing its key is READY behind the router only if the /v1/models probe sends it."""
+    (tmp_path / "engine.key").write_text(ENGINE_KEY)
+    sim, sim_url = await asyncio.to_thread(start_sim, None, *SIM_ARGS, "--api-key", ENGINE_KEY)
+    kube = FakeKube()
+    try:
+        if discovery == "file":
+            (tmp_path / "backends").write_text(sim_url + "\n")
+            args = ["--backends-file", str(tmp_path / "backends")]
+        else:
+            await kube.start()
+            sim_port = int(sim_url.rsplit(":", 1)[1])
+            kube.create_pod("vllm-0", "127.0.0.1", "serving", {"app": "vllm"}, port=sim_port)
+            kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+            args = ["--discovery", "k8s", "--namespace", "serving", "--selector", "app=vllm"]
+            args += ["--kubeconfig", str(kubeconfig), "--engine-port", str(sim_port)]
+        router, url = await asyncio.to_thread(
+            start_router, *args, "--engine-api-key-file", str(tmp_path / "engine.key")
+        )
+        try:
+            async with aiohttp.ClientSession() as s:
+                async with s.post(url + "/v1/chat/completions", data=orjson.dumps(CHAT)) as resp:
+                    assert resp.status == 200, await resp.text()
+            assert ENGINE_KEY not in router.output()
+        finally:
+            router.stop()
+    finally:
+        await kube.stop()
         sim.stop()
