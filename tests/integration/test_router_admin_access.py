@@ -18,6 +18,7 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp.test_utils import TestServer
+from yarl import URL
 
 from corral.router.admin_access import AdminAccessConfig
 from corral.router.app import RouterConfig, build_app
@@ -72,6 +73,16 @@ async def test_beyond_loopback_the_admin_routes_want_the_admin_key(beyond_loopba
             assert b"127.0.0.1:9" not in body and (key is None or key.encode() not in body)
         status, _, body = await get(beyond_loopback + path, ADMIN_KEY)
         assert status == 200, body
+
+
+async def test_an_encoded_or_odd_path_does_not_slip_past_the_check(beyond_loopback: str) -> None:
+    for path in ("/v1/%66leet", "/%6detrics", "/v1/fleet?x=1", "/metrics#frag"):
+        async with aiohttp.ClientSession() as s, s.get(URL(beyond_loopback + path, encoded=True)) as resp:
+            assert resp.status in (401, 404), (path, resp.status)
+            assert b"127.0.0.1:9" not in await resp.read()
+    for method in ("HEAD", "POST", "OPTIONS"):
+        async with aiohttp.ClientSession() as s, s.request(method, beyond_loopback + "/v1/fleet") as resp:
+            assert resp.status == 401, method
 
 
 async def test_beyond_loopback_without_an_admin_key_nobody_reads_them() -> None:
