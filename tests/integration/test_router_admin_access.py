@@ -98,6 +98,9 @@ async def test_health_is_open_and_names_no_internal_url(beyond_loopback: str) ->
     health = orjson.loads(body)
     assert health == {"status": "unavailable", "ready": 0, "endpoints": 1}
     assert b"http" not in body and b"127.0.0.1" not in body
+    # the liveness probe answers whatever the fleet's state (a kubelet probes from the node's IP)
+    status, _, body = await get(beyond_loopback + "/livez")
+    assert status == 200 and orjson.loads(body) == {"status": "alive"}
 
 
 async def test_a_tenant_key_does_not_open_admin_routes(tmp_path: Path) -> None:
@@ -132,6 +135,7 @@ def test_with_an_admin_port_the_admin_routes_live_there_only() -> None:
             assert status_of(main + path) == 404
             assert status_of(admin + path) == 200
         assert status_of(admin + "/health") == 503
+        assert status_of(admin + "/livez") == status_of(main + "/livez") == 200
         assert status_of(admin + "/v1/models") == 404
         assert status_of(main + "/v1/models") == 200
         assert "admin routes /metrics and /v1/fleet: on http://127.0.0.1:" in proc.output()

@@ -7,8 +7,9 @@ even from 127.0.0.1: behind a sidecar or a port-forward every stranger looks loc
 headers are never believed.
 
 With `--admin-port`, the admin routes move to that listener (on `--admin-host`, 127.0.0.1 by
-default) under the same rule, and the main port answers them 404; `/health` is served on both, and
-shows counts only, never an internal URL, so it stays open to any probe.
+default) under the same rule, and the main port answers them 404; `/health` (READY engines or 503)
+and `/livez` (200 while the router answers) are served on both, show counts only, never an internal
+URL, and stay open to any probe.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from aiohttp import web
 from corral.openai_errors import error_response
 
 ADMIN_PATHS = frozenset({"/metrics", "/v1/fleet"})
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/livez"})  # probes: counts only, never a URL
 
 
 class SecretFileError(Exception):

@@ -111,7 +111,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Not a tenant's: the probe, and the admin routes (corral.router.admin_access decides who reads those).
 ADMIN_AND_OPEN_PATHS = ADMIN_PATHS | OPEN_PATHS
 # The router's own endpoints: cheap, engine-free, and what an operator needs during overload.
-OWN_ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/fleet")
+OWN_ENDPOINTS = ("/health", "/livez", "/metrics", "/v1/models", "/v1/fleet")
 
 
 async def connect_pod_api(discovery: KubernetesDiscovery) -> PodApi:
@@ -252,6 +252,11 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     async def proxy(request: web.Request) -> web.StreamResponse:
         return await holder["proxy"].handle(request)
 
+    async def livez(request: web.Request) -> web.Response:
+        # a liveness probe: open like /health, but 200 whenever the router answers at all, so that an
+        # empty fleet never gets the router restarted (and /metrics can stay an admin route)
+        return _json({"status": "alive"})
+
     async def health(request: web.Request) -> web.Response:
         ready = membership.ready_count()
         body = {
@@ -314,11 +319,12 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
         return error_response(
             404,
             f"The router has no {request.method} {request.path}; it serves the OpenAI POST paths "
-            "under /v1, /tokenize, /detokenize, and GET /health, /metrics, /v1/models, /v1/fleet.",
+            "under /v1, /tokenize, /detokenize, and GET /health, /livez, /metrics, /v1/models, /v1/fleet.",
             "NotFoundError",
         )
 
     app.router.add_get("/health", health)
+    app.router.add_get("/livez", livez)
     app.router.add_get("/metrics", prometheus)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/fleet", fleet)
