@@ -1,6 +1,7 @@
 """Router data-path benchmark: the same workloads, in one run, over the same two simulators, sent
 (1) straight to the simulators (the direct path, the baseline), (2) through `corral router` (with
-`--limits both`, also through one with every client limit off, to price the limits), and
+`--limits both`, also through one with every client limit off, to price the limits; `--tenants N`
+adds an API-keys file of N tenants to the limited one, so it prices limits and tenants together), and
 (3) through the Rust `vllm-router` from PyPI when it is installed (`benchmarks/setup.sh`).
 
 Workloads:
@@ -23,16 +24,17 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 import psutil
 import uvloop
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadgen import Report, chat_body, run_closed_loop, run_open_loop
+from loadgen import JSON_HEADERS, Report, chat_body, run_closed_loop, run_open_loop
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "bench-model"
@@ -131,6 +133,28 @@ class Target:
     name: str
     urls: list[str]
     proc: Proc | None  # the router process whose CPU is measured; None for the direct path
+    headers: dict[str, str] = field(default_factory=lambda: dict(JSON_HEADERS))
+
+
+def write_tenants(out: Path, count: int) -> tuple[Path, str]:
+    """A keys file of `count` tenants whose limits never refuse a benchmark's load; returns it and the key
+    the load sends (the last tenant's, so a lookup is no luckier than any other)."""
+    import secrets
+
+    entries = [
+        {
+            "name": f"tenant-{i}",
+            "key": secrets.token_hex(24),
+            "max_in_flight": 100_000,
+            "requests_per_minute": 100_000_000,
+            "models": [MODEL],
+        }
+        for i in range(count)
+    ]
+    path = out / "bench-tenants.yaml"
+    path.write_text(yaml.safe_dump(entries))
+    path.chmod(0o600)
+    return path, str(entries[-1]["key"])
 
 
 def run_workload(target: Target, label: str, runner: Callable[[], Any]) -> tuple[Report, float]:
@@ -158,6 +182,14 @@ def main() -> None:
         default="on",
         help="corral router's client limits: on (the defaults, as shipped), off (every limit 0: the "
         "unhardened data path), or both, as two targets in the same run (corral-nolimits, corral)",
+    )
+    parser.add_argument(
+        "--tenants",
+        type=int,
+        default=0,
+        help="also give the `corral` target (limits on) an --api-keys-file of this many tenants, each with "
+        "max_in_flight and requests_per_minute set high enough never to refuse; the load sends one "
+        "tenant's key (the `corral-nolimits` target stays open: no limits, no tenants)",
     )
     parser.add_argument("--markdown", action="store_true", help="also print a Markdown table")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/out"))
@@ -208,6 +240,12 @@ def main() -> None:
         targets = [Target("direct", [s.url for s in sims], None)]
         variants = {"on": [("corral", [])], "off": [("corral-nolimits", LIMITS_OFF)]}
         variants["both"] = variants["off"] + variants["on"]
+        tenant_headers = dict(JSON_HEADERS)
+        if args.tenants:
+            keys_file, tenant_key = write_tenants(out, args.tenants)
+            variants["on"] = [("corral", ["--api-keys-file", str(keys_file)])]
+            variants["both"] = variants["off"] + variants["on"]
+            tenant_headers["Authorization"] = f"Bearer {tenant_key}"
         for name, limit_flags in variants[args.limits]:
             port = free_port()
             argv = [
@@ -228,7 +266,8 @@ def main() -> None:
             corral = spawn(f"{name}-router", argv, f"http://127.0.0.1:{port}", router_cpus, out)
             procs.append(corral)
             wait_ready(corral, "/health")
-            targets.append(Target(name, [corral.url], corral))
+            headers = tenant_headers if name == "corral" else dict(JSON_HEADERS)
+            targets.append(Target(name, [corral.url], corral, headers))
 
         vr = find_vllm_router(args.vllm_router)
         if vr:
@@ -260,7 +299,13 @@ def main() -> None:
         for t in targets:  # warm-up: connections, caches, JIT-free but allocator-warm
             uvloop.run(
                 run_closed_loop(
-                    "warmup", chat_urls(t), lambda i: chat_body(MODEL, False, args.max_tokens, i), 16, 500, 10
+                    "warmup",
+                    chat_urls(t),
+                    lambda i: chat_body(MODEL, False, args.max_tokens, i),
+                    16,
+                    500,
+                    10,
+                    headers=t.headers,
                 )
             )
 
@@ -276,6 +321,7 @@ def main() -> None:
                         args.rate,
                         max_req,
                         args.seconds,
+                        headers=t.headers,
                     )
                 ),
             ),
@@ -290,6 +336,7 @@ def main() -> None:
                         args.clients,
                         max_req,
                         args.seconds,
+                        headers=t.headers,
                     )
                 ),
             ),
@@ -305,6 +352,7 @@ def main() -> None:
                         max_req,
                         args.seconds,
                         stream=True,
+                        headers=t.headers,
                     )
                 ),
             ),
@@ -333,6 +381,13 @@ def main() -> None:
                 ratio = rows["corral"]["rps"] / rows["corral-nolimits"]["rps"]
                 print(f"{label}: corral with limits / without, requests/s = {ratio:.3f}")
                 rows["corral"]["rps_vs_nolimits"] = round(ratio, 3)
+                cpu_on, cpu_off = (rows[n]["router_cpu_s_per_1000"] for n in ("corral", "corral-nolimits"))
+                if cpu_on and cpu_off:
+                    print(
+                        f"{label}: corral with limits / without, router CPU per request = "
+                        f"{cpu_on / cpu_off:.3f}"
+                    )
+                    rows["corral"]["cpu_vs_nolimits"] = round(cpu_on / cpu_off, 3)
             if "corral" in rows and "vllm-router" in rows and rows["vllm-router"]["rps"]:
                 ratio = rows["corral"]["rps"] / rows["vllm-router"]["rps"]
                 print(f"{label}: corral/vllm-router requests/s = {ratio:.2f}")
@@ -361,6 +416,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
         "router_cpu_s_per_1000",
         "rps_vs_direct",
         "rps_vs_vllm_router",
+        "rps_vs_nolimits",
+        "cpu_vs_nolimits",
     ]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in results:

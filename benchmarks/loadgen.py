@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
@@ -112,15 +112,21 @@ def chat_body(model: str, stream: bool, max_tokens: int, i: int) -> bytes:
 BodyFactory = Callable[[int], bytes]
 
 
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
 async def _one(
-    session: aiohttp.ClientSession, url: str, body: bytes, stream: bool, limits: aiohttp.ClientTimeout
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    stream: bool,
+    limits: aiohttp.ClientTimeout,
+    headers: Mapping[str, str] = JSON_HEADERS,
 ) -> Sample:
     start = time.perf_counter()
     ttft: float | None = None
     try:
-        async with session.post(
-            url, data=body, headers={"Content-Type": "application/json"}, timeout=limits
-        ) as resp:
+        async with session.post(url, data=body, headers=headers, timeout=limits) as resp:
             if stream:
                 saw_done = False
                 error = ""
@@ -154,6 +160,7 @@ async def run_open_loop(
     max_seconds: float,
     stream: bool = False,
     request_timeout: float = 30.0,
+    headers: Mapping[str, str] = JSON_HEADERS,
 ) -> Report:
     """Start a request every 1/rate seconds (round-robin over `urls`), bounded by count and time."""
     for u in urls:
@@ -171,7 +178,9 @@ async def run_open_loop(
             delay = due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(_one(session, next(targets), body_for(i), stream, timeout)))
+            tasks.append(
+                asyncio.create_task(_one(session, next(targets), body_for(i), stream, timeout, headers))
+            )
         report.samples = list(await asyncio.gather(*tasks))
         report.wall = time.perf_counter() - start
     return report
@@ -186,6 +195,7 @@ async def run_closed_loop(
     max_seconds: float,
     stream: bool = False,
     request_timeout: float = 30.0,
+    headers: Mapping[str, str] = JSON_HEADERS,
 ) -> Report:
     """`clients` workers send back-to-back requests until `max_requests` or `max_seconds`."""
     for u in urls:
@@ -203,7 +213,7 @@ async def run_closed_loop(
                 if i >= max_requests:
                     return
                 url = urls[i % len(urls)]
-                report.samples.append(await _one(session, url, body_for(i), stream, timeout))
+                report.samples.append(await _one(session, url, body_for(i), stream, timeout, headers))
 
         await asyncio.gather(*(worker(k) for k in range(clients)))
         report.wall = time.perf_counter() - start
