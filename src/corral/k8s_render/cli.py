@@ -11,7 +11,7 @@ import click
 from corral.k8s_render.budgets import Budgets, derive
 from corral.k8s_render.config import ConfigError, load_config
 from corral.k8s_render.manifests import render as render_manifests
-from corral.k8s_render.output import secret_hint, stream, write_dir
+from corral.k8s_render.output import admin_secret_hint, secret_hint, stream, write_dir
 
 
 @click.group(name="k8s", context_settings={"help_option_names": ["-h", "--help"]})
@@ -63,3 +63,8 @@ def render(config_path: Path, out: Path | None, explain: bool) -> None:
     written = write_dir(out, config, manifests)
     click.echo(f"corral k8s render: wrote {len(written)} objects to {out}", err=True)
     click.echo(f"corral k8s render: create the fleet key Secret first: {secret_hint(config)}", err=True)
+    click.echo(
+        f"corral k8s render: and the router's admin key Secret (/metrics, /v1/fleet): "
+        f"{admin_secret_hint(config)}",
+        err=True,
+    )

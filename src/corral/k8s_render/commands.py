@@ -10,6 +10,8 @@ from corral.k8s_render.budgets import Budgets
 from corral.k8s_render.config import CorralDeployment
 
 KEY_DIR = "/etc/corral/fleet-key"  # the fleet key Secret: the init container and the router only
+ADMIN_KEY_DIR = "/etc/corral/router-admin"  # the router's admin key Secret: the router only
+ENGINE_API_KEY_DIR = "/etc/corral/engine-api-key"  # the engines' vLLM API key: the router's copy
 # memory-backed emptyDir: this pod's token, written by the init container. Not under /run: images
 # often make /var/run a link to /run, and a volume mounted at /var/run would hide it.
 POD_TOKEN_DIR = "/etc/corral/pod-token"
@@ -26,6 +28,15 @@ def _num(value: float) -> str:
 
 def key_file(config: CorralDeployment) -> str:
     return f"{KEY_DIR}/{config.token.key}"
+
+
+def admin_key_file(config: CorralDeployment) -> str:
+    return f"{ADMIN_KEY_DIR}/{config.router.admin_key.key}"
+
+
+def engine_api_key_file(config: CorralDeployment) -> str | None:
+    ref = config.engine_api_key
+    return None if ref is None else f"{ENGINE_API_KEY_DIR}/{ref.key}"
 
 
 def engine_selector(config: CorralDeployment) -> dict[str, str]:
@@ -150,7 +161,10 @@ def selector_text(labels: dict[str, str]) -> str:
 def router_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
     """`corral router --discovery k8s` over exactly the pods `engine_selector` matches, sending the data
     path to each pod's admission gate and following its supervisor state stream (acknowledging
-    removals to it) with that pod's token, derived from the fleet key."""
+    removals to it) with that pod's token, derived from the fleet key. It listens on the pod network,
+    so its admin routes (/metrics, /v1/fleet) answer only a request bearing the admin key; when the
+    engines enforce vLLM's API key, the router's probes and requests carry it."""
+    engine_key = engine_api_key_file(config)
     return [
         "corral",
         "router",
@@ -170,6 +184,9 @@ def router_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
         str(config.supervisor.port),
         "--supervisor-token-key-file",
         key_file(config),
+        "--admin-key-file",
+        admin_key_file(config),
+        *(["--engine-api-key-file", engine_key] if engine_key is not None else []),
         "--policy",
         config.router.policy,
         "--request-timeout",

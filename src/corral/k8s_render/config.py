@@ -258,6 +258,19 @@ class RolloutSpec(_Section):
     )
 
 
+class AdminKeySpec(_Section):
+    """The router's admin key: `/metrics` and `/v1/fleet` answer on the pod network only a request
+    bearing it (`Authorization: Bearer KEY`), e.g. Prometheus's scrape."""
+
+    secret_name: str | None = Field(
+        default=None,
+        pattern=_DNS_LABEL,
+        description="Secret holding the router's admin key, mounted in the router pods only; null means "
+        "NAME-corral-router-admin",
+    )
+    key: str = Field(default="key", min_length=1, description="key of the admin key inside the Secret")
+
+
 class RouterSpec(_Section):
     replicas: int = Field(default=2, ge=1, description="router pods")
     image: str | None = Field(default=None, description="router image; null uses the engine image")
@@ -265,6 +278,10 @@ class RouterSpec(_Section):
     policy: str = Field(default="least_request", description=f"one of {', '.join(POLICY_NAMES)}")
     cpu: str | None = Field(default=None, description="CPU request and limit")
     memory: str | None = Field(default=None, description="memory request and limit")
+    admin_key: AdminKeySpec = Field(
+        default_factory=AdminKeySpec,
+        description="the Secret whose key opens the router's /metrics and /v1/fleet (--admin-key-file)",
+    )
 
     @field_validator("policy")
     @classmethod
@@ -398,6 +415,15 @@ class CorralDeployment(_Section):
     @property
     def token_secret(self) -> str:
         return self.token.secret_name or f"{self.name}-corral-token"
+
+    @property
+    def router_admin_secret(self) -> str:
+        return self.router.admin_key.secret_name or f"{self.name}-corral-router-admin"
+
+    @property
+    def engine_api_key(self) -> SecretRef | None:
+        """Where the engines' vLLM API key comes from, when they enforce one (VLLM_API_KEY)."""
+        return self.engine.secret_env.get("VLLM_API_KEY")
 
 
 # -- reading and reporting ---------------------------------------------------------------------------

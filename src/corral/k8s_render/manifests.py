@@ -16,6 +16,8 @@ otherwise; the NetworkPolicy admits only the routers to the gate and the supervi
 token is its own: an init container derives it from the fleet key Secret and the pod's name into a
 memory-backed emptyDir; the key is mounted only there and in the routers, which derive the same
 token from the pod they discovered. The engine container gets neither the key nor a token in its env.
+The router listens on the pod network, so its probes ask the open /livez and its admin routes
+(/metrics, /v1/fleet) answer only the admin key, from a Secret mounted in the router pods alone.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from corral.router.k8s.pod_source import SUPERVISOR_PORT_ANNOTATION
 Obj = dict[str, Any]
 
 KEY_VOLUME = "corral-fleet-key"
+ADMIN_KEY_VOLUME = "corral-router-admin"
+ENGINE_API_KEY_VOLUME = "engine-api-key"
 TOKEN_VOLUME = "corral-token"
 STATE_VOLUME = "corral-state"
 TMP_VOLUME = "tmp"
@@ -133,17 +137,38 @@ def _container_security(config: CorralDeployment) -> Obj:
     }
 
 
+def _secret_file_volume(name: str, secret_name: str, key: str) -> Obj:
+    """One key of a Secret as a file named after the key, readable by the pod's group only."""
+    return {
+        "name": name,
+        "secret": {"secretName": secret_name, "items": [{"key": key, "path": key}], "defaultMode": 0o440},
+    }
+
+
 def _key_volume(config: CorralDeployment) -> Obj:
     """The fleet key as a read-only file, for the init container that derives the pod's token and for
     the routers that derive every pod's; never for the engine container."""
-    return {
-        "name": KEY_VOLUME,
-        "secret": {
-            "secretName": config.token_secret,
-            "items": [{"key": config.token.key, "path": config.token.key}],
-            "defaultMode": 0o440,
-        },
-    }
+    return _secret_file_volume(KEY_VOLUME, config.token_secret, config.token.key)
+
+
+def _router_secret_volumes(config: CorralDeployment) -> tuple[list[Obj], list[Obj]]:
+    """The router's keys: the fleet key, its admin key, and the engines' API key when they enforce one
+    (the same Secret key the engine container reads as VLLM_API_KEY)."""
+    volumes = [
+        _key_volume(config),
+        _secret_file_volume(ADMIN_KEY_VOLUME, config.router_admin_secret, config.router.admin_key.key),
+    ]
+    mounts = [
+        dict(_KEY_MOUNT),
+        {"name": ADMIN_KEY_VOLUME, "mountPath": commands.ADMIN_KEY_DIR, "readOnly": True},
+    ]
+    engine_key = config.engine_api_key
+    if engine_key is not None:
+        volumes.append(_secret_file_volume(ENGINE_API_KEY_VOLUME, engine_key.secret_name, engine_key.key))
+        mounts.append(
+            {"name": ENGINE_API_KEY_VOLUME, "mountPath": commands.ENGINE_API_KEY_DIR, "readOnly": True}
+        )
+    return volumes, mounts
 
 
 _KEY_MOUNT: Obj = {"name": KEY_VOLUME, "mountPath": commands.KEY_DIR, "readOnly": True}
@@ -403,16 +428,18 @@ def router_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
     selector = commands.router_selector(config)
     labels = _labels(config, selector, "router")
     r = config.router
-    # /metrics answers whenever the router's event loop does; /health would follow the engines, and a
-    # router taken out of its Service (or restarted) because the engines are down helps no one.
-    alive = _http_probe("/metrics", "http", 10, 3, config.probes.timeout_seconds)
+    # /livez answers whenever the router's event loop does, to anyone (/metrics wants the admin key on
+    # the pod network); /health would follow the engines, and a router taken out of its Service (or
+    # restarted) because the engines are down helps no one.
+    alive = _http_probe("/livez", "http", 10, 3, config.probes.timeout_seconds)
+    secret_volumes, secret_mounts = _router_secret_volumes(config)
     container: Obj = {
         "name": "router",
         "image": r.image or config.image,
         "imagePullPolicy": config.image_pull_policy,
         "command": commands.router_argv(config, budgets),
         "ports": [{"name": "http", "containerPort": r.port, "protocol": "TCP"}],
-        "readinessProbe": _http_probe("/metrics", "http", 2, 1, config.probes.timeout_seconds),
+        "readinessProbe": _http_probe("/livez", "http", 2, 1, config.probes.timeout_seconds),
         "livenessProbe": alive,
         # keep serving while the Service endpoint is being removed, then SIGTERM lets open streams finish
         "lifecycle": {
@@ -421,7 +448,7 @@ def router_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
             }
         },
         "securityContext": _container_security(config),
-        "volumeMounts": [dict(_KEY_MOUNT), {"name": TMP_VOLUME, "mountPath": "/tmp"}],
+        "volumeMounts": [*secret_mounts, {"name": TMP_VOLUME, "mountPath": "/tmp"}],
     }
     resources = _resources({}, r.cpu, r.memory)
     if resources:
@@ -441,7 +468,7 @@ def router_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
                     "terminationGracePeriodSeconds": budgets.router_grace,
                     "securityContext": _pod_security(config),
                     "containers": [container],
-                    "volumes": [_key_volume(config), {"name": TMP_VOLUME, "emptyDir": {}}],
+                    "volumes": [*secret_volumes, {"name": TMP_VOLUME, "emptyDir": {}}],
                 },
             },
         },

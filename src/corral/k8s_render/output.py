@@ -25,6 +25,15 @@ def secret_hint(config: CorralDeployment) -> str:
     )
 
 
+def admin_secret_hint(config: CorralDeployment) -> str:
+    """How to create the router's admin key Secret: /metrics and /v1/fleet answer only its key on the
+    pod network (give the same key to Prometheus as its bearer token)."""
+    return (
+        f"kubectl -n {config.namespace} create secret generic {config.router_admin_secret} "
+        f'--from-literal={config.router.admin_key.key}="$(openssl rand -hex 32)"'
+    )
+
+
 class _PlainDumper(yaml.SafeDumper):
     """Repeats a shared value (the pod labels are the Deployment's) instead of writing &id001 anchors."""
 

@@ -1,0 +1,154 @@
+"""The rendered router after the admin-route lockdown: its probes ask the open `/livez` (a kubelet
+probing `/metrics` on a router bound to 0.0.0.0 would get 401 and the pod would never be Ready), its
+admin routes answer only with the admin key mounted from a Secret of its own, and when the engines
+enforce vLLM's API key (`VLLM_API_KEY` in engine.secret_env) the router mounts the same Secret key
+and sends it with its probes and requests."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from corral.cli import main
+from corral.k8s_render.config import ConfigError, parse_config
+from corral.router.admin_access import OPEN_PATHS
+from corral.router.cli import router as router_command
+from tests.unit.test_k8s_render_hardening import (
+    _parse,
+    all_containers,
+    engine_pod,
+    main_container,
+    mount_of,
+    router_pod,
+    volumes,
+)
+from tests.unit.test_k8s_render_manifests import KUBERNETES, build, seed, variant
+
+Obj = dict[str, Any]
+CASES = [seed(), variant()]
+IDS = ["seed000", "variant"]
+
+
+def keyed(data: dict[str, Any], secret: str = "vllm-key", key: str = "api-key") -> dict[str, Any]:
+    """`data` with the engines enforcing vLLM's API key from a Secret."""
+    data = copy.deepcopy(data)
+    data.setdefault("engine", {}).setdefault("secret_env", {})
+    data["engine"]["secret_env"]["VLLM_API_KEY"] = {"secret_name": secret, "key": key}
+    return data
+
+
+def secret_behind(pod: Obj, container: Obj, path: str) -> Obj:
+    """The `secret` volume source whose read-only mount in `container` holds `path`."""
+    mount = mount_of(container, path)
+    assert mount is not None, f"{path} is on no volume"
+    assert mount["readOnly"] is True, mount
+    source: Obj = volumes(pod)[mount["name"]]["secret"]
+    return source
+
+
+@pytest.mark.parametrize("data", CASES, ids=IDS)
+def test_router_probes_ask_the_open_livez_not_an_admin_route(data: dict[str, Any]) -> None:
+    container = main_container(router_pod(data))
+    for probe in ("readinessProbe", "livenessProbe"):
+        get = container[probe]["httpGet"]
+        assert get["path"] == "/livez", probe
+        assert get["path"] in OPEN_PATHS  # the router answers it without a key, from anywhere
+        assert get["port"] == "http"
+
+
+@pytest.mark.parametrize("data", CASES, ids=IDS)
+def test_router_admin_routes_want_a_key_mounted_from_its_own_secret(data: dict[str, Any]) -> None:
+    config, _, _ = build(data)
+    pod = router_pod(data)
+    container = main_container(pod)
+    params = _parse(router_command, container["command"][2:])
+    assert params["host"] == "0.0.0.0"  # the pod network: so the admin routes must want the key
+    assert params["admin_port"] is None
+    key_file = str(params["admin_key_file"])
+    source = secret_behind(pod, container, key_file)
+    assert source["secretName"] == f"{config.name}-corral-router-admin"
+    (item,) = source["items"]
+    assert key_file.endswith("/" + item["path"])
+    assert source["defaultMode"] == 0o440
+    # a Secret of its own: the fleet key and the admin key are not one file
+    assert key_file != str(params["supervisor_token_key_file"])
+    assert source["secretName"] != config.token_secret
+    # only the router mounts it
+    engine = engine_pod(data)
+    assert all(
+        v.get("secret", {}).get("secretName") != source["secretName"] for v in engine["spec"]["volumes"]
+    )
+
+
+def test_the_admin_key_secret_and_key_come_from_the_config() -> None:
+    data = seed()
+    data["router"]["admin_key"] = {"secret_name": "prom-scrape", "key": "router-admin"}
+    pod = router_pod(data)
+    container = main_container(pod)
+    key_file = str(_parse(router_command, container["command"][2:])["admin_key_file"])
+    source = secret_behind(pod, container, key_file)
+    assert source["secretName"] == "prom-scrape"
+    assert source["items"] == [{"key": "router-admin", "path": "router-admin"}]
+    assert key_file.endswith("/router-admin")
+
+
+def test_a_bad_admin_key_secret_name_is_refused_with_the_field_named() -> None:
+    data = seed()
+    data["router"]["admin_key"] = {"secret_name": "Not_A_Name"}
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data)
+    assert "router.admin_key.secret_name: 'Not_A_Name'" in str(caught.value)
+
+
+@pytest.mark.parametrize("data", CASES, ids=IDS)
+def test_router_sends_the_engines_api_key_from_the_same_secret(data: dict[str, Any]) -> None:
+    data = keyed(data)
+    pod = router_pod(data)
+    container = main_container(pod)
+    params = _parse(router_command, container["command"][2:])
+    key_file = str(params["engine_api_key_file"])
+    source = secret_behind(pod, container, key_file)
+    assert source["secretName"] == "vllm-key"
+    (item,) = source["items"]
+    assert item["key"] == "api-key" and key_file.endswith("/" + item["path"])
+    # the engine gets it as vLLM reads it, from its environment, never as a value
+    env = {e["name"]: e for e in main_container(engine_pod(data))["env"]}
+    assert env["VLLM_API_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "vllm-key", "key": "api-key"}}
+    # and the key is nowhere else in the router pod: not in its env, not in its argv
+    assert all(e["name"] != "VLLM_API_KEY" for c in all_containers(pod) for e in c.get("env", []))
+
+
+@pytest.mark.parametrize("data", CASES, ids=IDS)
+def test_without_an_engine_api_key_the_router_sends_none(data: dict[str, Any]) -> None:
+    pod = router_pod(data)
+    params = _parse(router_command, main_container(pod)["command"][2:])
+    assert params["engine_api_key_file"] is None
+    secrets = {v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v}
+    config, _, _ = build(data)
+    assert secrets == {config.token_secret, f"{config.name}-corral-router-admin"}
+
+
+@pytest.mark.parametrize("data", [keyed(seed()), keyed(variant())], ids=IDS)
+def test_a_router_with_every_key_validates_against_the_kubernetes_schema(data: dict[str, Any]) -> None:
+    _, _, manifests = build(data)
+    for m in manifests:
+        kubernetes_validate.validate(yaml.safe_load(yaml.safe_dump(m.obj)), KUBERNETES, strict=True)
+
+
+def test_render_says_how_to_create_the_admin_key_secret(tmp_path: Path) -> None:
+    config_path = tmp_path / "corral.yaml"
+    config_path.write_text(yaml.safe_dump(variant()), encoding="utf-8")
+    out = tmp_path / "rendered"
+    result = CliRunner().invoke(main, ["k8s", "render", "--config", str(config_path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    hint = (
+        "kubectl -n inference create secret generic qwen-72b-corral-router-admin "
+        '--from-literal=key="$(openssl rand -hex 32)"'
+    )
+    assert hint in result.stderr
