@@ -78,3 +78,55 @@ def test_gate_needs_a_loopback_engine() -> None:
         check=False,
     )
     assert result.returncode == 2 and "loopback" in result.stderr, result
+
+
+def get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_gate_lets_the_engines_metrics_be_read_and_nothing_else_of_the_dev_api() -> None:
+    """The router's scored policies (prefix, load) scrape each engine's /metrics, and in a rendered pod
+    the router reaches the engine only through the gate: a GET of /metrics passes, read-only; every
+    other method on it, and every development endpoint (which the engine itself serves), stays 404."""
+    gate_port = free_port()
+    with supervised(
+        sim_args=("--enable-sleep-mode",),
+        sup_args=("--gate-port", str(gate_port), "--gate-host", "127.0.0.1"),
+        env=DEV,
+    ) as sup:
+        sup.wait_state("READY", 30)
+        gate = f"http://127.0.0.1:{gate_port}"
+        status, body = get(gate + "/metrics")
+        assert status == 200, body
+        assert b"vllm:num_requests_running" in body and b"vllm:kv_cache_usage_perc" in body
+        for method in ("POST", "PUT", "DELETE"):
+            req = urllib.request.Request(gate + "/metrics", data=b"{}", method=method)
+            try:
+                urllib.request.urlopen(req, timeout=10)
+                raise AssertionError(f"{method} /metrics passed the gate")
+            except urllib.error.HTTPError as exc:
+                assert exc.code == 404, (method, exc.code)
+        dev_posts = (
+            "/sleep?level=1",
+            "/wake_up",
+            "/collective_rpc",
+            "/reset_prefix_cache",
+            "/v1/load_lora_adapter",
+            "/v1/unload_lora_adapter",
+            "/abort_requests",
+            "/metrics/../sleep",
+            "/%6Detrics/../sleep",
+        )
+        for path in dev_posts:
+            assert post(gate + path)[0] == 404, path
+        assert get(gate + "/metrics/x")[0] == 404
+        # the engine does serve them: only the gate keeps them from the data port
+        for path in ("/is_sleeping", "/server_info", "/is_paused"):
+            assert get(gate + path)[0] == 404, path
+            assert get(sup.engine_url + path)[0] == 200, path
+        assert post(sup.engine_url + "/reset_prefix_cache")[0] == 200
+        assert http_json(sup.engine_url + "/is_sleeping")[1] == {"is_sleeping": False}  # no sleep ran

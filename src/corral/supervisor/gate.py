@@ -1,10 +1,10 @@
 """The admission gate (`corral supervise --gate-port`): the supervisor's data port in front of an engine
-bound to loopback. It forwards only the OpenAI inference paths (plus `/v1/models` and `/health`), so
-the development endpoints that `VLLM_SERVER_DEV_MODE=1` exposes are unreachable from the data port;
-it answers 503 with Retry-After unless the engine is READY, so nothing reaches an engine out of
-routing however late a client is; and it counts in-flight requests per model or adapter, which makes
-an adapter's drain exact, and admissions and refusals per model (`corral.supervisor.admission_metrics`
-shows them on the supervisor's `/metrics`).
+bound to loopback. It forwards only the OpenAI inference paths (plus `/v1/models`, `/health` and a
+GET of `/metrics`), so the development endpoints that `VLLM_SERVER_DEV_MODE=1` exposes are
+unreachable from the data port; it answers 503 with Retry-After unless the engine is READY, so
+nothing reaches an engine out of routing however late a client is; and it counts in-flight requests
+per model or adapter, which makes an adapter's drain exact, and admissions and refusals per model
+(`corral.supervisor.admission_metrics` shows them on the supervisor's `/metrics`).
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ INFERENCE_PATHS = frozenset(
     }
 )
 READ_PATHS = frozenset({"/v1/models", "/health", "/ping", "/version"})
+# GET only: the router's scored policies (prefix, load) scrape the engine's Prometheus metrics, and in
+# a rendered pod the gate is their only way in; vLLM's /metrics is read-only and no dev endpoint.
+SCRAPE_PATHS = frozenset({"/metrics"})
 HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "upgrade", "host", "content-length", "te", "trailer"}
 )
@@ -87,7 +90,8 @@ class AdmissionGate:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         path = request.path
-        if path not in INFERENCE_PATHS and path not in READ_PATHS:
+        scrape = path in SCRAPE_PATHS and request.method == "GET"
+        if path not in INFERENCE_PATHS and path not in READ_PATHS and not scrape:
             self.refused[("", NOT_SERVED)] += 1  # no body read for a path nobody may reach
             return error_response(404, f"{path} is not served on the data port", "NotFoundError")
         body = await request.read()
