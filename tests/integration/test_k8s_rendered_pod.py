@@ -2,13 +2,20 @@
 `corral supervise derive-token` (with the downward API's namespace and name), the supervisor
 entrypoint with its admission gate (the vLLM command after `--` swapped for `corral sim` on the
 host and port the rendering gives vLLM), the rendered router (Kubernetes discovery against the fake
-API server, the fleet key instead of a token), the kubelet's probes and the preStop hook.
+API server, the fleet key instead of a token), the kubelet's probes and the preStop hook. The
+engines enforce vLLM's API key (VLLM_API_KEY from a Secret, as the renderer recommends).
 
 The pod's IP is 127.0.0.31. The rendering binds the engine to 127.0.0.1, so the pod IP must not
 reach it; the gate and the supervisor (rendered on 0.0.0.0) are bound to the pod IP here. What is
 checked: the engine answers only on loopback; the gate serves inference on the pod IP and refuses
 the development endpoints; the router reaches the pod only through the gate, with the token it
-derived itself; the probes answer; the preStop drain, with the init container's token, completes.
+derived itself and the engine's API key from its mounted Secret; the probes answer, the router's
+from a client without any key, while its admin routes want the admin key from its own Secret; the
+preStop drain, with the init container's token, completes.
+
+The rendered router listens on 0.0.0.0, where its admin routes answer only the admin key. Here it
+listens on `127.1`: the resolver's 127.0.0.1, but to the router a name it cannot prove loopback-only,
+so it applies the pod network's rule (it trusts a loopback peer only on a loopback-literal listener).
 """
 
 from __future__ import annotations
@@ -35,12 +42,14 @@ from tests.unit.test_k8s_render_manifests import variant
 
 POD_IP = "127.0.0.31"
 POD_NAME = "qwen-72b-engine-5d9c7-x2x4q"
+ROUTER_HOST = "127.1"  # 127.0.0.1, but not a loopback literal: the router asks for the admin key
 
 
 def rendered(engine_port: int, supervisor_port: int, gate_port: int) -> tuple[Any, dict[str, Any]]:
     data = copy.deepcopy(variant())
     data["engine"]["port"] = engine_port
     data["supervisor"] = {"port": supervisor_port, "gate_port": gate_port}
+    data["engine"]["secret_env"]["VLLM_API_KEY"] = {"secret_name": "vllm-key", "key": "api-key"}
     data["drain"]["propagation_seconds"] = 3  # short: the drain at the end should not take minutes
     data["drain"]["quiet_period_seconds"] = 0.3
     config = parse_config(data)
@@ -67,10 +76,11 @@ def refused(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) != 0
 
 
-def post_json(url: str, body: dict[str, Any]) -> tuple[int, bytes]:
-    req = urllib.request.Request(
-        url, data=orjson.dumps(body), method="POST", headers={"Content-Type": "application/json"}
-    )
+def post_json(url: str, body: dict[str, Any], key: str | None = None) -> tuple[int, bytes]:
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(url, data=orjson.dumps(body), method="POST", headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return resp.status, resp.read()
@@ -87,13 +97,23 @@ def test_rendered_engine_pod_and_router_work_together_through_the_gate(tmp_path:
     router_container = objs["router-deployment.yaml"]["spec"]["template"]["spec"]["containers"][0]
 
     key_dir, token_dir = tmp_path / "fleet-key", short_tmp_dir()
-    key_dir.mkdir()
+    admin_dir, engine_key_dir = tmp_path / "router-admin", tmp_path / "engine-api-key"
+    for d in (key_dir, admin_dir, engine_key_dir):
+        d.mkdir()
     (key_dir / config.token.key).write_text(os.urandom(32).hex())
+    admin_key, engine_key = os.urandom(32).hex(), os.urandom(32).hex()
+    (admin_dir / config.router.admin_key.key).write_text(admin_key + "\n")  # as --from-literal=... leaves it
+    (engine_key_dir / "api-key").write_text(engine_key)
     paths = {
         "/etc/corral/fleet-key": str(key_dir),
         "/etc/corral/pod-token": str(token_dir),
+        "/etc/corral/router-admin": str(admin_dir),
+        "/etc/corral/engine-api-key": str(engine_key_dir),
         "/var/lib/corral": str(short_tmp_dir() / "state"),
     }
+    # the engine container's VLLM_API_KEY is the Secret key the router mounts
+    engine_env = {e["name"]: e for e in container["env"]}
+    assert engine_env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "vllm-key", "key": "api-key"}
     downward = {"POD_NAMESPACE": config.namespace, "POD_NAME": POD_NAME}
 
     # the init container
@@ -108,7 +128,10 @@ def test_rendered_engine_pod_and_router_work_together_through_the_gate(tmp_path:
     assert (host, port) == ("127.0.0.1", str(engine_port))
     sim = [sys.executable, "-m", "corral", "sim", "--host", host, "--port", port]
     sim += ["--model", config.model.served_name]
-    supervisor = CorralProcess([*argv[: argv.index("--") + 1], *sim], env={"CORRAL_TOKEN": ""})
+    # the kubelet puts the Secret's value in the container's env; the supervisor's probes send it too
+    supervisor = CorralProcess(
+        [*argv[: argv.index("--") + 1], *sim], env={"CORRAL_TOKEN": "", "VLLM_API_KEY": engine_key}
+    )
     router: CorralProcess | None = None
     sup_url, gate_url = f"http://{POD_IP}:{supervisor_port}", f"http://{POD_IP}:{gate_port}"
     try:
@@ -118,9 +141,11 @@ def test_rendered_engine_pod_and_router_work_together_through_the_gate(tmp_path:
         # the engine is on loopback only; the pod network gets the gate, which keeps dev endpoints
         assert refused(POD_IP, engine_port)
         assert http_status(f"http://127.0.0.1:{engine_port}/health") == 200
-        assert http_status(gate_url + "/v1/models") == 200
+        assert http_json(gate_url + "/v1/models", token=engine_key)[0] == 200
+        assert http_json(gate_url + "/v1/models")[0] == 401  # the engine enforces its key
         status, _ = post_json(gate_url + "/collective_rpc", {"method": "x"})
         assert status == 404
+        assert http_status(gate_url + "/metrics") == 200  # what the router's scored policies scrape
         # and the management API wants this pod's token
         assert http_json(sup_url + "/v1/state")[0] == 401
         token = (token_dir / "token").read_text().strip()
@@ -145,15 +170,31 @@ def test_rendered_engine_pod_and_router_work_together_through_the_gate(tmp_path:
             router_port = free_port()
             router_argv = local(router_container["command"], paths, downward)
             router_argv[router_argv.index("--port") + 1] = str(router_port)
-            router_argv[router_argv.index("--host") + 1] = "127.0.0.1"
+            router_argv[router_argv.index("--host") + 1] = ROUTER_HOST
             router = CorralProcess(
-                [*router_argv, "--kubeconfig", str(kubeconfig), "--router-id", "r1"], env={"CORRAL_TOKEN": ""}
+                [*router_argv, "--kubeconfig", str(kubeconfig), "--router-id", "r1"],
+                env={"CORRAL_TOKEN": "", "VLLM_API_KEY": ""},
             )
             router_url = f"http://127.0.0.1:{router_port}"
-            router.wait_http(router_url + "/metrics")
+            # the kubelet's probes: no key, and the router's answer is 200 all the same
+            for probe in ("readinessProbe", "livenessProbe"):
+                probe_path = router_container[probe]["httpGet"]["path"]
+                router.wait_http(router_url + probe_path)
+            # the admin routes: refused without the admin key, answered with it
+            for path in ("/metrics", "/v1/fleet"):
+                assert http_json(router_url + path)[0] == 401, path
+                assert http_json(router_url + path, token=engine_key)[0] == 401, path
+            with urllib.request.urlopen(
+                urllib.request.Request(
+                    router_url + "/metrics", headers={"Authorization": f"Bearer {admin_key}"}
+                ),
+                timeout=10,
+            ) as resp:
+                assert resp.status == 200 and b"# TYPE" in resp.read()
 
             def routable() -> list[dict[str, Any]]:
-                return [e for e in http_json(router_url + "/v1/fleet")[1]["endpoints"] if e["routable"]]
+                fleet = http_json(router_url + "/v1/fleet", token=admin_key)[1]
+                return [e for e in fleet["endpoints"] if e["routable"]]
 
             try:
                 wait_until(lambda: len(routable()) == 1, 30, "the pod routable through its gate")
@@ -163,6 +204,7 @@ def test_rendered_engine_pod_and_router_work_together_through_the_gate(tmp_path:
             assert endpoint["url"] == gate_url
             assert endpoint["supervisor"]["stream"] == "connected"
             body = {"model": config.model.served_name, "prompt": "hello", "max_tokens": 4}
+            # the client sends no key: the router sends the engine's own, from its mounted Secret
             status, answer = post_json(router_url + "/v1/completions", body)
             assert status == 200, answer
             assert orjson.loads(answer)["choices"][0]["text"]
@@ -181,7 +223,7 @@ def test_rendered_engine_pod_and_router_work_together_through_the_gate(tmp_path:
             try:
                 wait_until(lambda: not routable(), 10, "the drained pod out of routing")
             except AssertionError:
-                fleet = http_json(router_url + "/v1/fleet")[1]
+                fleet = http_json(router_url + "/v1/fleet", token=admin_key)[1]
                 raise AssertionError(f"{stopped.stdout}\n{fleet}\n{supervisor.output()[-3000:]}") from None
             acks = http_json(sup_url + "/v1/state", token=token)[1]["routers"]["acks"]
             assert "r1" in acks, acks
