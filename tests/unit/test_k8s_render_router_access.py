@@ -152,3 +152,20 @@ def test_render_says_how_to_create_the_admin_key_secret(tmp_path: Path) -> None:
         '--from-literal=key="$(openssl rand -hex 32)"'
     )
     assert hint in result.stderr
+
+
+def test_the_rendered_router_deployment_names_the_admin_key_secret_it_needs(tmp_path: Path) -> None:
+    config_path = tmp_path / "corral.yaml"
+    config_path.write_text(yaml.safe_dump(keyed(variant())), encoding="utf-8")
+    result = CliRunner().invoke(main, ["k8s", "render", "--config", str(config_path)])
+    assert result.exit_code == 0, result.output
+    router_doc = next(
+        d
+        for d in result.stdout.split("---\n")
+        if "kind: Deployment\n" in d and "name: qwen-72b-router\n" in d
+    )
+    assert (
+        "# Needs the router's admin key Secret first: kubectl -n inference create secret generic "
+        in router_doc
+    )
+    assert "qwen-72b-corral-router-admin" in router_doc

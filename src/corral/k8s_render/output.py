@@ -49,6 +49,8 @@ def document(config: CorralDeployment, manifest: Manifest) -> str:
     lines = [HEADER]
     if manifest.filename == "engine-deployment.yaml":
         lines.append(f"# Needs the fleet key Secret first: {secret_hint(config)}")
+    if manifest.filename == "router-deployment.yaml":
+        lines.append(f"# Needs the router's admin key Secret first: {admin_secret_hint(config)}")
     return "\n".join(lines) + "\n" + to_yaml(manifest)
 
 
