@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from corral.fleet.access import ADMIN_KEY_FLAG, ADMIN_URL_FLAG, ENGINE_KEY_ENV, ENGINE_KEY_FLAG
 from corral.fleet.doctor_sleep import memory_not_released, partial_wake
 from corral.fleet.doctor_streams import aborted_streams
 from corral.fleet.probe import EngineView, FleetView
@@ -146,12 +147,15 @@ def _not_running(e: EngineView) -> Diagnosis | None:
     return None
 
 
-async def _answers_a_token(engine_url: str, model: str, within: float) -> bool:
+async def _answers_a_token(engine_url: str, model: str, within: float, headers: dict[str, str]) -> bool:
     body = {"model": model, "prompt": "corral doctor", "max_tokens": 1, "stream": True}
     try:
         async with aiohttp.ClientSession() as session:
             async with session.post(
-                engine_url + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=within)
+                engine_url + "/v1/completions",
+                json=body,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=within),
             ) as resp:
                 if resp.status != 200:
                     return False
@@ -163,7 +167,9 @@ async def _answers_a_token(engine_url: str, model: str, within: float) -> bool:
     return False
 
 
-async def diagnose_engine(e: EngineView, probe_seconds: float) -> Diagnosis:
+async def diagnose_engine(
+    e: EngineView, probe_seconds: float, engine_headers: dict[str, str] | None = None
+) -> Diagnosis:
     if e.supervisor_url is not None and e.state is None:
         return Diagnosis(
             e.name,
@@ -204,8 +210,19 @@ async def diagnose_engine(e: EngineView, probe_seconds: float) -> Diagnosis:
         if int(entry.get("count", 0)):
             last = (entry.get("last") or [""])[-1]
             return Diagnosis(e.name, branch, f"{kind}×{entry['count']}: {str(last).strip()[:240]}", command)
+    if e.models is None and e.models_status == 401:
+        return Diagnosis(
+            e.name,
+            "requests-failing/engine-api-key",
+            e.models_problem,
+            f"pass {ENGINE_KEY_FLAG} FILE (the engine's --api-key) or set {ENGINE_KEY_ENV}",
+        )
     model = next(iter(e.base_models), None)
-    if model is not None and e.engine_url and not await _answers_a_token(e.engine_url, model, probe_seconds):
+    if (
+        model is not None
+        and e.engine_url
+        and not await _answers_a_token(e.engine_url, model, probe_seconds, engine_headers or {})
+    ):
         return Diagnosis(
             e.name,
             "requests-failing/hang",
@@ -218,6 +235,16 @@ async def diagnose_engine(e: EngineView, probe_seconds: float) -> Diagnosis:
 
 def diagnose_router(view: FleetView) -> list[Diagnosis]:
     if view.router_endpoints is None:
+        if view.router_refused:  # up, but it wants its admin key or its admin port
+            return [
+                Diagnosis(
+                    "router",
+                    "router/admin-routes-refused",
+                    view.router_error,
+                    f"pass {ADMIN_KEY_FLAG} FILE (the router's --admin-key-file), or {ADMIN_URL_FLAG} "
+                    "URL for a router with --admin-port",
+                )
+            ]
         if view.target.router:
             return [
                 Diagnosis("router", "requests-failing/router-down", view.router_error, "restart the router")
@@ -249,5 +276,6 @@ def diagnose_router(view: FleetView) -> list[Diagnosis]:
 
 
 async def diagnose(view: FleetView, probe_seconds: float = 3.0) -> list[Diagnosis]:
-    engines = await asyncio.gather(*(diagnose_engine(e, probe_seconds) for e in view.engines))
+    keyed = view.target.access.engine_headers()
+    engines = await asyncio.gather(*(diagnose_engine(e, probe_seconds, keyed) for e in view.engines))
     return [*engines, *diagnose_router(view)]

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from corral.aio import run
+from corral.fleet.access import FleetAccess, fleet_access_options
 from corral.fleet.doctor import Diagnosis, diagnose
 from corral.fleet.probe import FleetTarget, TargetError, look, read_token
 
@@ -39,13 +40,19 @@ def render(found: list[Diagnosis]) -> Table:
     help="How long a READY engine may take to stream one token before it counts as hung.",
 )
 @click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@fleet_access_options()
 def doctor(
-    port: int, router: str | None, supervisors: tuple[str, ...], probe_seconds: float, token_file: Path | None
+    port: int,
+    router: str | None,
+    supervisors: tuple[str, ...],
+    probe_seconds: float,
+    token_file: Path | None,
+    access: FleetAccess,
 ) -> None:
     """Walk the diagnosis tree for every engine and the router; print each branch found."""
     try:
         token = read_token(token_file, os.environ.get("CORRAL_TOKEN"))
-        target = FleetTarget.resolve(port, router, supervisors, token)
+        target = FleetTarget.resolve(port, router, supervisors, token, access)
     except TargetError as exc:
         raise click.ClickException(str(exc)) from None
     view = run(look(target))

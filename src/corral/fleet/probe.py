@@ -2,7 +2,8 @@
 engine's `/health`, `/is_sleeping`, `/v1/models` and `/metrics`, and the router's `/v1/fleet`, asked
 concurrently with short timeouts so one hung member shows as such instead of stalling the look.
 
-`FleetTarget` says where the fleet is: the file `corral up` writes, or URLs given on the command line.
+`FleetTarget` says where the fleet is: the file `corral up` writes, or URLs given on the command line,
+with the keys a locked-down router and keyed engines want (`corral.fleet.access`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from corral.fleet.access import ENGINE_KEY_ENV, ENGINE_KEY_FLAG, FleetAccess, RouterAdminError
 from corral.fleet.ownership import read_supervisor_token
 from corral.state_home import local_fleet_file
 
@@ -29,15 +31,22 @@ class TargetError(RuntimeError):
 class FleetTarget:
     router: str | None
     supervisors: list[tuple[str, str]]  # (name, supervisor URL)
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
+    access: FleetAccess = field(default_factory=FleetAccess)
 
     @classmethod
     def resolve(
-        cls, port: int, router: str | None, supervisors: tuple[str, ...], token: str | None
+        cls,
+        port: int,
+        router: str | None,
+        supervisors: tuple[str, ...],
+        token: str | None,
+        access: FleetAccess | None = None,
     ) -> FleetTarget:
+        access = access or FleetAccess()
         if supervisors or router:
             named = [(f"engine-{i}", u.rstrip("/")) for i, u in enumerate(supervisors)]
-            return cls(router.rstrip("/") if router else None, named, token)
+            return cls(router.rstrip("/") if router else None, named, token, access)
         path = local_fleet_file(port)
         try:
             body = orjson.loads(path.read_bytes())
@@ -54,7 +63,7 @@ class FleetTarget:
                 token = read_supervisor_token(body, path)
             except ValueError as exc:
                 raise TargetError(str(exc)) from None
-        return cls(body.get("router"), engines, token)
+        return cls(body.get("router"), engines, token, access)
 
 
 @dataclass
@@ -69,6 +78,7 @@ class EngineView:
     health: int | None = None
     sleeping: bool | None = None
     models: list[dict[str, Any]] | None = None
+    models_status: int | None = None  # what /v1/models answered (401: the engine wants its API key)
     metrics: str | None = None
 
     @property
@@ -94,6 +104,18 @@ class EngineView:
         value = (self.state or {}).get("engine_evidence") or {}
         return value if isinstance(value, dict) else {}
 
+    @property
+    def models_problem(self) -> str:
+        """Why /v1/models gave no list, with what to pass when it wanted a key ("" when it did)."""
+        if self.models is not None:
+            return ""
+        if self.models_status == 401:
+            return (
+                f"{self.engine_url}/v1/models answered 401: the engine wants its API key (vLLM --api-key); "
+                f"pass {ENGINE_KEY_FLAG} FILE or set {ENGINE_KEY_ENV}, or check that key if you did"
+            )
+        return f"{self.engine_url}/v1/models answered {self.models_status or 'nothing'}"
+
     def metric(self, name: str) -> list[tuple[str, float]]:
         """(labels, value) of every sample of `name` in the engine's /metrics text."""
         found: list[tuple[str, float]] = []
@@ -113,6 +135,7 @@ class FleetView:
     engines: list[EngineView] = field(default_factory=list)
     router_endpoints: list[dict[str, Any]] | None = None
     router_error: str = ""
+    router_refused: bool = False  # the router is up but wants its admin key or admin URL
     router_metrics: str | None = None  # the router's /metrics text (None: not asked or no answer)
 
     def by_engine_url(self) -> dict[str, EngineView]:
@@ -136,7 +159,9 @@ def _json(raw: bytes) -> Any:
         return None
 
 
-async def _look_at_engine(session: aiohttp.ClientSession, view: EngineView, token: str | None) -> None:
+async def _look_at_engine(
+    session: aiohttp.ClientSession, view: EngineView, token: str | None, access: FleetAccess
+) -> None:
     if view.supervisor_url is not None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         status, raw = await _get(session, view.supervisor_url + "/v1/state", headers)
@@ -148,21 +173,22 @@ async def _look_at_engine(session: aiohttp.ClientSession, view: EngineView, toke
             view.state_error = f"/v1/state answered {status}" if status else "supervisor unreachable"
     if view.engine_url is None:
         return
-    url = view.engine_url
+    url, keyed = view.engine_url, access.engine_headers()
     (
         (health, _),
         (sleep_status, sleep_raw),
         (models_status, models_raw),
         (metrics_status, metrics_raw),
     ) = await asyncio.gather(
-        _get(session, url + "/health"),
-        _get(session, url + "/is_sleeping"),
-        _get(session, url + "/v1/models"),
-        _get(session, url + "/metrics"),
+        _get(session, url + "/health", keyed),
+        _get(session, url + "/is_sleeping", keyed),
+        _get(session, url + "/v1/models", keyed),
+        _get(session, url + "/metrics", keyed),
     )
     view.health = health
     sleeping = _json(sleep_raw) if sleep_status == 200 else None
     view.sleeping = bool(sleeping.get("is_sleeping")) if isinstance(sleeping, dict) else None
+    view.models_status = models_status
     models = _json(models_raw) if models_status == 200 else None
     if isinstance(models, dict) and isinstance(models.get("data"), list):
         view.models = [m for m in models["data"] if isinstance(m, dict)]
@@ -174,25 +200,24 @@ async def look(target: FleetTarget) -> FleetView:
     view = FleetView(target)
     async with aiohttp.ClientSession() as session:
         if target.router:
-            status, raw = await _get(session, target.router + "/v1/fleet")
-            body = _json(raw) if status == 200 else None
-            if isinstance(body, dict):
-                view.router_endpoints = [e for e in body.get("endpoints", []) if isinstance(e, dict)]
-            else:
-                view.router_error = f"router {target.router}: " + (
-                    f"/v1/fleet answered {status}" if status else "unreachable"
-                )
-            status, raw = await _get(session, target.router + "/metrics")
-            view.router_metrics = raw.decode(errors="replace") if status == 200 else None
+            admin = target.access.router_admin(target.router)
+            try:
+                view.router_endpoints = await admin.endpoints(session)
+                view.router_metrics = await admin.metrics(session)
+            except RouterAdminError as exc:
+                if view.router_endpoints is None:
+                    view.router_error, view.router_refused = str(exc), exc.refused
         view.engines = [EngineView(name, url, None) for name, url in target.supervisors]
-        await asyncio.gather(*(_look_at_engine(session, e, target.token) for e in view.engines))
+        await asyncio.gather(
+            *(_look_at_engine(session, e, target.token, target.access) for e in view.engines)
+        )
         known = view.by_engine_url()
         extra = [
             EngineView(f"router:{e.get('url')}", None, str(e.get("url")))
             for e in view.router_endpoints or []
             if e.get("url") and str(e.get("url")) not in known
         ]
-        await asyncio.gather(*(_look_at_engine(session, e, None) for e in extra))
+        await asyncio.gather(*(_look_at_engine(session, e, None, target.access) for e in extra))
         view.engines += extra
     return view
 

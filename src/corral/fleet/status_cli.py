@@ -2,13 +2,15 @@
 the router's view of it; once, or live with `--watch`.
 
 The fleet comes from the file `corral up` writes (`--port` picks which local fleet) or from explicit
-`--supervisor`/`--router` URLs. Members are asked concurrently with a short timeout (`probe.look`), so
-one that hangs shows as unreachable instead of stalling the table.
+`--supervisor`/`--router` URLs (a `--router` alone, with no local fleet: the engines it lists).
+Members are asked concurrently with a short timeout (`probe.look`), so one that hangs shows as
+unreachable instead of stalling the table.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -18,8 +20,10 @@ from rich.console import Console
 from rich.live import Live
 
 from corral.aio import run
+from corral.fleet.access import FleetAccess, fleet_access_options
 from corral.fleet.probe import FleetTarget, FleetView, TargetError, look
 from corral.fleet.status_table import render_view
+from corral.state_home import local_fleet_file
 
 
 def _all_ready(view: FleetView) -> bool:
@@ -50,6 +54,7 @@ async def _watch(target: FleetTarget, interval: float, console: Console) -> None
     default=None,
     help="Bearer token for the supervisors' management API (else $CORRAL_TOKEN).",
 )
+@fleet_access_options()
 @click.option("--watch", "-w", is_flag=True, help="Keep the table on screen, refreshed, until Ctrl-C.")
 @click.option(
     "--interval", default=2.0, show_default=True, type=click.FloatRange(min=0.2), help="--watch period."
@@ -59,6 +64,7 @@ def status(
     supervisors: tuple[str, ...],
     router: str | None,
     token_file: Path | None,
+    access: FleetAccess,
     watch: bool,
     interval: float,
 ) -> None:
@@ -73,11 +79,14 @@ def status(
             ) from None
     try:
         # without --supervisor, the local fleet's file names the engines; --router only replaces its router
-        target = FleetTarget.resolve(port, None, supervisors, token)
+        if router is not None and not supervisors and not local_fleet_file(port).exists():
+            target = FleetTarget(None, [], token, access)  # no local fleet: the router's engines only
+        else:
+            target = FleetTarget.resolve(port, None, supervisors, token, access)
     except TargetError as exc:
         raise click.ClickException(str(exc)) from None
     if router is not None:
-        target = FleetTarget(router.rstrip("/"), target.supervisors, target.token)
+        target = dataclasses.replace(target, router=router.rstrip("/"))
     console = Console()
     if watch:
         try:
@@ -87,5 +96,8 @@ def status(
         return
     view = run(look(target))
     console.print(render_view(view))
+    if view.router_error:
+        click.echo(f"corral status: {view.router_error}", err=True)
+        raise SystemExit(1)
     if not _all_ready(view):
         raise SystemExit(1)

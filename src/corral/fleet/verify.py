@@ -67,7 +67,10 @@ def check_processes(view: FleetView, expect: Expectations) -> Check:
 def check_model(view: FleetView, expect: Expectations) -> Check:
     answering = [e for e in view.engines if e.models is not None]
     if not answering:
-        return Check("model", FAIL, "no engine answered /v1/models")
+        if not view.engines and view.router_error:
+            return Check("model", FAIL, "no engine to ask: the router's list could not be read (membership)")
+        why = "; ".join(e.models_problem for e in view.engines if e.engine_url)
+        return Check("model", FAIL, "no engine answered /v1/models" + (f": {why}" if why else ""))
     first = answering[0].base_models
     wanted = expect.model or (first[0] if first else "?")
     wrong = [e for e in answering if wanted not in e.base_models]
@@ -203,8 +206,9 @@ class SmokeSample:
     ttft_ms: float | None = None
 
 
-async def smoke(base_url: str, model: str) -> SmokeSample:
-    """One non-streamed and one streamed chat completion: usage and finish_reason on both."""
+async def smoke(base_url: str, model: str, headers: dict[str, str] | None = None) -> SmokeSample:
+    """One non-streamed and one streamed chat completion: usage and finish_reason on both (`headers`:
+    the engine's key, when `base_url` is an engine that wants one)."""
     body: dict[str, Any] = {
         "model": model,
         "messages": [{"role": "user", "content": "corral verify"}],
@@ -215,7 +219,7 @@ async def smoke(base_url: str, model: str) -> SmokeSample:
     url = base_url + "/v1/chat/completions"
     try:
         async with aiohttp.ClientSession() as session:
-            async with session.post(url, json=body, timeout=limit) as resp:
+            async with session.post(url, json=body, headers=headers or {}, timeout=limit) as resp:
                 if resp.status != 200:
                     text = (await resp.text())[:200]
                     return SmokeSample(Check("smoke", FAIL, f"non-streamed: {resp.status} {text}"))
@@ -229,7 +233,7 @@ async def smoke(base_url: str, model: str) -> SmokeSample:
             ttft: float | None = None
             stream_finish, stream_usage = None, None
             streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
-            async with session.post(url, json=streamed, timeout=limit) as resp:
+            async with session.post(url, json=streamed, headers=headers or {}, timeout=limit) as resp:
                 if resp.status != 200:
                     return SmokeSample(Check("smoke", FAIL, f"streamed: {resp.status}"))
                 async for raw in resp.content:
@@ -283,7 +287,9 @@ async def run_checks(
     )
     base = view.target.router or ready
     sample = SmokeSample(Check("smoke", FAIL, "nowhere to send it: no router and no healthy engine"))
-    if base is not None and model is not None:
-        sample = await smoke(base, model)
+    if model is None:
+        sample = SmokeSample(Check("smoke", FAIL, "no model to ask for: no engine answered /v1/models"))
+    elif base is not None:  # the engine's key goes to an engine only, never to the router
+        sample = await smoke(base, model, None if view.target.router else view.target.access.engine_headers())
     checks += [sample.check, check_latency(sample.ttft_ms, previous), check_evidence(view, expect)]
     return checks, sample.ttft_ms

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from corral.aio import run
+from corral.fleet.access import FleetAccess, fleet_access_options
 from corral.fleet.change_record import default_record_path, new_record, read_record, write_record
 from corral.fleet.expected_sleep import ExpectAsleepError, ExpectedAsleep
 from corral.fleet.probe import FleetTarget, TargetError, look, read_token
@@ -79,6 +80,7 @@ def _explained(values: tuple[str, ...]) -> dict[str, str]:
     help="Change record to compare against, then write [default: $XDG_STATE_HOME/corral/verify-PORT.json].",
 )
 @click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@fleet_access_options()
 def verify(
     port: int,
     router: str | None,
@@ -90,12 +92,13 @@ def verify(
     explain: tuple[str, ...],
     record: Path | None,
     token_file: Path | None,
+    access: FleetAccess,
 ) -> None:
     """Check a fleet against the post-operation checklist; exit 1 when any check fails."""
     started = time.time()
     try:
         target = FleetTarget.resolve(
-            port, router, supervisors, read_token(token_file, os.environ.get("CORRAL_TOKEN"))
+            port, router, supervisors, read_token(token_file, os.environ.get("CORRAL_TOKEN")), access
         )
     except TargetError as exc:
         raise click.ClickException(str(exc)) from None
@@ -126,6 +129,8 @@ def verify(
     )
     write_record(path, body)
     click.echo(f"change record: {path}")
+    if view.router_refused:
+        click.echo(view.router_error, err=True)  # the table folds it; here it is whole, with the flag
     if failed:
         click.echo(f"FAILED: {', '.join(failed)}")
         raise SystemExit(1)
