@@ -2,7 +2,7 @@
 to 0.0.0.0 (which wants its admin key even from 127.0.0.1) only with `--router-admin-key-file`, find
 its admin routes on `--admin-port` through `--router-admin-url`, and reach an engine enforcing vLLM's
 `--api-key` only with `--engine-api-key-file` (or VLLM_API_KEY); without them each says what to pass,
-and no key is ever printed."""
+and no key is ever printed. `rollout` reads the wide router's /v1/fleet the same way."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.test_supervisor_support import kill_leftovers, start_supervised
 from tests.support.procs import CorralProcess, free_port, start_sim
 
 ADMIN_KEY = "router-admin-key-5f1c0e9a7b"
@@ -22,7 +23,7 @@ def corral(*args: str, state_home: Path, env: dict[str, str] | None = None) -> t
     env = {"XDG_STATE_HOME": str(state_home), "COLUMNS": "250", **(env or {})}
     proc = CorralProcess(list(args), env={"VLLM_API_KEY": "", **env})
     try:
-        return proc.wait_exit(60), proc.output()
+        return proc.wait_exit(180), proc.output()
     finally:
         proc.stop()
 
@@ -189,3 +190,64 @@ def test_doctor_reaches_a_keyed_engine_only_with_its_key(
     )
     assert code == 0, out
     assert_clear(out, "healthy")
+
+
+def test_rollout_reads_a_wide_routers_fleet_only_with_its_admin_key(
+    keys: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A host rollout's PRECHECK and ROUTED read the router's /v1/fleet: without the key it stops at
+    PRECHECK saying what to pass, before any engine moves; with it the host is switched and routed."""
+    bundle = tmp_path / "v2.yaml"
+    bundle.write_text('name: v2\nengine_args: ["--version-string", "0.33.1"]\n')
+    sup = start_supervised(
+        sim_args=("--itl-ms", "5"),
+        sup_args=(
+            "--propagation-timeout",
+            "5",
+            "--quiet-period",
+            "0.3",
+            "--bundle-name",
+            "v1",
+            "--bundle",
+            str(bundle),
+        ),
+    )
+    try:
+        sup.wait_state("READY", 60)
+        router, url = start_router(
+            "--supervised",
+            f"{sup.engine_url}={sup.url}",
+            "--supervisor-heartbeat",
+            "0.5",
+            "--admin-key-file",
+            str(keys[0]),
+            host="0.0.0.0",
+        )
+        try:
+            fleet = tmp_path / "hosts.yaml"
+            fleet.write_text(f"router: {url}\nsupervisors:\n  - {sup.url}\n")
+            pid = sup.state()["engine"]["pid"]
+            code, out = corral("rollout", "--fleet", str(fleet), "--to", str(bundle), state_home=tmp_path)
+            assert code == 1, out
+            assert_clear(out, "PRECHECK", "--router-admin-key-file")
+            assert sup.state()["bundle_name"] == "v1" and sup.state()["engine"]["pid"] == pid
+
+            code, out = corral(
+                "rollout",
+                "--fleet",
+                str(fleet),
+                "--to",
+                str(bundle),
+                "--router-admin-key-file",
+                str(keys[0]),
+                state_home=tmp_path,
+            )
+            assert code == 0, out
+            assert_clear(out, "ROUTED")
+            assert sup.state()["bundle_name"] == "v2"
+        finally:
+            router.stop()
+    finally:
+        pids = sup.engine_pids()
+        sup.proc.stop(grace=20)
+        kill_leftovers(pids)

@@ -22,6 +22,7 @@ from rich.console import Console
 
 from corral.aio import run
 from corral.bundle_spec import BundleError, load_bundle
+from corral.fleet.access import RouterAdminError
 from corral.fleet.control import FleetControl, write_token_file
 from corral.fleet.local import FleetSpec, LocalFleet, port_problem
 from corral.fleet.ownership import FleetFiles, FleetInUse
@@ -230,8 +231,8 @@ async def _watch(fleet: LocalFleet, console: Console, stop: asyncio.Event) -> in
                 return 1
             try:
                 line = summary_line(await fetch_fleet(session, fleet.router_url))
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                line = f"router unreachable: {type(exc).__name__}"
+            except RouterAdminError as exc:
+                line = str(exc)
             now = time.monotonic()
             if line != last_line or now - last_print >= 30:
                 console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {line}", markup=True)

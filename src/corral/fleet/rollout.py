@@ -34,6 +34,7 @@ from typing import Any
 import aiohttp
 
 from corral.bundle_spec import BundleSpec, bundle_from_json
+from corral.fleet.access import FleetAccess, RouterAdminError
 from corral.fleet.probe import FleetTarget, look
 from corral.fleet.verify import FAIL, Expectations, run_checks, smoke
 
@@ -155,7 +156,8 @@ class RolloutJob:
     target: BundleSpec
     settings: RolloutSettings
     kind: str = "rollout"  # or "rollback"
-    supervisor_token: str | None = None  # the supervisors' management token, where they want one
+    supervisor_token: str | None = field(default=None, repr=False)  # where supervisors want one
+    access: FleetAccess = field(default_factory=FleetAccess)  # the router's admin side, the engines' key
 
 
 class RolloutBase:
@@ -171,7 +173,8 @@ class RolloutBase:
         self.session, self.router = session, job.router.rstrip("/")
         self.target, self.settings, self.kind = job.target, settings, job.kind
         self.id = f"{job.kind}-{uuid.uuid4().hex[:10]}"
-        self._token = job.supervisor_token
+        self._token, self.access = job.supervisor_token, job.access
+        self._router_admin = job.access.router_admin(self.router)
         self._auth = {"Authorization": f"Bearer {self._token}"} if self._token else {}
         self._observer = observer
         self.steps: list[Step] = []
@@ -315,6 +318,7 @@ class RolloutBase:
             self.router,
             [(str(m["name"]), str(m["supervisor"])) for g in groups for m in g.members],
             self._token,
+            self.access,
         )
         checks, ttft = await run_checks(await look(target), Expectations(), None)
         step.data = {"checks": [c.to_json() for c in checks], "ttft_ms": ttft}
@@ -355,11 +359,11 @@ class RolloutBase:
         return next(iter(seen))
 
     async def _router_endpoints(self) -> dict[str, dict[str, Any]]:
-        async with self.session.get(self.router + "/v1/fleet", timeout=_SHORT) as r:
-            body = await r.json(content_type=None)
-            if r.status != 200:
-                raise StepFailed(f"router /v1/fleet answered {r.status}")
-        return {str(e["url"]): e for e in body.get("endpoints", [])}
+        try:
+            listed = await self._router_admin.endpoints(self.session)
+        except RouterAdminError as exc:
+            raise StepFailed(str(exc)) from None
+        return {str(e["url"]): e for e in listed}
 
     async def _wait_routed(self, step: Step, engines: list[str], routable: bool) -> None:
         """Until the router routes every one of `engines` (or, for False, lists none of them)."""
@@ -483,7 +487,8 @@ class LocalRollout(RolloutBase):
         fingerprint = await self._group_fingerprint(group, states)
         self.fingerprints[group.name] = fingerprint
         model = str((states[0].get("engine") or {}).get("model") or "")
-        smokes = await asyncio.gather(*(smoke(engine, model) for engine in group.engines))
+        keyed = self.access.engine_headers()
+        smokes = await asyncio.gather(*(smoke(engine, model, keyed) for engine in group.engines))
         bad = [
             f"{e}: {s.check.detail}"
             for e, s in zip(group.engines, smokes, strict=True)

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from corral.aio import run
 from corral.bundle_spec import BundleError, BundleSpec, bundle_from_json, load_bundle
+from corral.fleet.access import FleetAccess, fleet_access_options
 from corral.fleet.change_record import default_record_path, read_record, write_record
 from corral.fleet.host_rollout import HostRollout
 from corral.fleet.ownership import read_supervisor_token
@@ -179,7 +180,7 @@ def _settings_options(f: Any) -> Any:
     ]
     for option in reversed(options):
         f = option(f)
-    return f
+    return fleet_access_options()(f)
 
 
 def _execute(
@@ -189,6 +190,7 @@ def _execute(
     settings: RolloutSettings,
     record_path: Path | None,
     supervisor_token_file: Path | None,
+    access: FleetAccess,
 ) -> None:
     console = Console(highlight=False, soft_wrap=True)
     token = _read_token(supervisor_token_file) if supervisor_token_file else ref.supervisor_token
@@ -197,7 +199,7 @@ def _execute(
     console.print(f"{kind} of {ref.router} ({where}) to bundle [bold]{target.name}[/bold]", markup=True)
     observer = _print_step(console)
 
-    job = RolloutJob(ref.router, target, settings, kind, token)
+    job = RolloutJob(ref.router, target, settings, kind, token, access)
 
     async def go() -> dict[str, Any]:
         async with aiohttp.ClientSession() as session:
@@ -246,6 +248,7 @@ def rollout(
     start_timeout: float,
     record: Path | None,
     supervisor_token_file: Path | None,
+    access: FleetAccess,
 ) -> None:
     """Move a Corral-run fleet to another bundle, one serving group at a time, losing no request."""
     try:
@@ -253,7 +256,7 @@ def rollout(
     except BundleError as exc:
         raise click.UsageError(str(exc)) from None
     settings = _settings(max_surge, max_unavailable, routed_timeout, start_timeout)
-    _execute("rollout", target, FleetRef.load(fleet, port), settings, record, supervisor_token_file)
+    _execute("rollout", target, FleetRef.load(fleet, port), settings, record, supervisor_token_file, access)
 
 
 @click.command()
@@ -273,6 +276,7 @@ def rollback(
     start_timeout: float,
     record: Path | None,
     supervisor_token_file: Path | None,
+    access: FleetAccess,
 ) -> None:
     """Move the fleet back to the bundle the last rollout started from, the same way."""
     ref = FleetRef.load(fleet, port)
@@ -291,4 +295,4 @@ def rollback(
     except BundleError as exc:
         raise click.UsageError(str(exc)) from None
     settings = _settings(max_surge, max_unavailable, routed_timeout, start_timeout)
-    _execute("rollback", target, ref, settings, record, supervisor_token_file)
+    _execute("rollback", target, ref, settings, record, supervisor_token_file, access)

@@ -6,14 +6,12 @@ from typing import Any
 
 import aiohttp
 
+from corral.fleet.access import RouterAdmin
+
 
 async def fetch_fleet(session: aiohttp.ClientSession, router_url: str) -> list[dict[str, Any]]:
-    """The router's endpoint list; raises aiohttp.ClientError/TimeoutError if the router is unreachable."""
-    async with session.get(router_url + "/v1/fleet", timeout=aiohttp.ClientTimeout(total=2)) as resp:
-        resp.raise_for_status()
-        body = await resp.json()
-    endpoints = body.get("endpoints", []) if isinstance(body, dict) else body
-    return [e for e in endpoints if isinstance(e, dict)]
+    """The endpoint list of a loopback router (`corral up`'s); RouterAdminError when it does not answer."""
+    return await RouterAdmin(router_url).endpoints(session)
 
 
 def summary_line(endpoints: list[dict[str, Any]]) -> str:
