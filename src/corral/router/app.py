@@ -24,6 +24,7 @@ from corral.router.client_limits import (
     ClientLimitStats,
     client_limits_middleware,
 )
+from corral.router.expect_continue import expect_handler
 from corral.router.file_source import FileSource
 from corral.router.k8s.client import PodApi
 from corral.router.membership import Membership
@@ -177,6 +178,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     # a bad file raises TenantsFileError here; `corral router` checks it first and exits 2
     tenants = Tenants.from_file(config.api_keys_file) if config.api_keys_file is not None else None
     gate = TenantGate(tenants) if tenants is not None else None
+    expect = expect_handler(limits, limit_stats, gate)  # 401 / 413 before `100 Continue`, not after the body
 
     @web.middleware
     async def edge(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -331,8 +333,8 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     for path in ENGINE_ONLY_PATHS:
         app.router.add_post(path, engine_only)
     for path in ROOT_INFERENCE_PATHS:
-        app.router.add_post(path, proxy)
-    app.router.add_post("/v1/{tail:.*}", proxy)
+        app.router.add_post(path, proxy, expect_handler=expect)
+    app.router.add_post("/v1/{tail:.*}", proxy, expect_handler=expect)
     app.router.add_route("*", "/{tail:.*}", not_found)
     return app
 

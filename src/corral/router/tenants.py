@@ -370,6 +370,14 @@ class TenantGate:
         self.tenants = tenants
         self.auth_failures: dict[str, int] = {}
 
+    def refuse_unauthenticated(self, request: web.Request) -> web.Response | None:
+        """The 401 for a request without a valid key (counted), else None; for checks made before the
+        request reaches the middleware, such as the answer to `Expect: 100-continue`."""
+        header = request.headers.get("Authorization")
+        if self.tenants.lookup(header) is None:
+            return self._unauthenticated("invalid" if header else "missing")
+        return None
+
     async def serve(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         header = request.headers.get("Authorization")
         tenant = self.tenants.lookup(header)
