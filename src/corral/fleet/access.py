@@ -5,7 +5,10 @@ A router bound beyond loopback answers `/v1/fleet` and `/metrics` only to its ad
 `--admin-port` only there (corral.router.admin_access); an engine started with vLLM's `--api-key`
 answers its `/v1` routes only to that key. `router_admin_options` and `engine_key_option` add the
 flags that name them to a command, which gets them as one `FleetAccess`; `RouterAdmin` reads the admin
-routes and, when the router refuses, says which flag to pass. Keys are never printed or repr'd.
+routes and, when the router refuses, says which flag to pass. A router with tenants
+(`--api-keys-file`) answers its OpenAI paths only to a tenant key: `router_headers` carries the one
+named by `--router-api-key-file` to those paths (verify's smoke requests). Keys are never printed or
+repr'd.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from corral.router.admin_access import SecretFileError, read_secret_file
 ADMIN_KEY_FLAG = "--router-admin-key-file"
 ADMIN_KEY_ENV = "CORRAL_ROUTER_ADMIN_KEY_FILE"
 ADMIN_URL_FLAG = "--router-admin-url"
+ROUTER_KEY_FLAG = "--router-api-key-file"
+ROUTER_KEY_ENV = "CORRAL_ROUTER_API_KEY_FILE"
 ENGINE_KEY_FLAG = "--engine-api-key-file"
 ENGINE_KEY_ENV = "VLLM_API_KEY"  # what vLLM itself reads when it has no --api-key
 
@@ -36,11 +41,31 @@ def bearer(key: str | None) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class FleetAccess:
-    """Where the router's admin routes are and the keys for them and for the engines."""
+    """Where the router's admin routes are and the keys for them, for its OpenAI paths and for the
+    engines."""
 
     router_admin_url: str | None = None  # the router's --admin-port listener, when it has one
     router_admin_key: str | None = field(default=None, repr=False)
     engine_key: str | None = field(default=None, repr=False)
+    router_key: str | None = field(default=None, repr=False)  # a tenant's, from the router's --api-keys-file
+
+    def router_headers(self) -> dict[str, str]:
+        """For requests to the router's OpenAI paths only: never to an engine or a supervisor."""
+        return bearer(self.router_key)
+
+    def router_refused(self, status: int) -> str:
+        """What to do when the router's OpenAI path answered `status` ("" when it is not a 401)."""
+        if status != 401:
+            return ""
+        if self.router_key is None:
+            return (
+                f"the router wants a tenant key; pass {ROUTER_KEY_FLAG} FILE (or set {ROUTER_KEY_ENV}), "
+                "FILE holding a key from the router's --api-keys-file"
+            )
+        return (
+            f"the router refused the key in {ROUTER_KEY_FLAG}: it must be a key from the router's "
+            "--api-keys-file"
+        )
 
     def engine_headers(self) -> dict[str, str]:
         """For requests to an engine only: never to a router or a supervisor."""
@@ -141,8 +166,8 @@ def _read_key(path: Path | None, flag: str) -> str | None:
 
 
 def fleet_access_options(engine_key: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Add --router-admin-url and --router-admin-key-file (and, with `engine_key`,
-    --engine-api-key-file) to a command, which gets them as `access: FleetAccess`."""
+    """Add --router-admin-url, --router-admin-key-file and --router-api-key-file (and, with
+    `engine_key`, --engine-api-key-file) to a command, which gets them as `access: FleetAccess`."""
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(command)
@@ -150,6 +175,7 @@ def fleet_access_options(engine_key: bool = True) -> Callable[[Callable[..., Any
             *args: Any,
             router_admin_url: str | None,
             router_admin_key_file: Path | None,
+            router_api_key_file: Path | None,
             engine_api_key_file: Path | None = None,
             **kwargs: Any,
         ) -> Any:
@@ -165,6 +191,7 @@ def fleet_access_options(engine_key: bool = True) -> Callable[[Callable[..., Any
                 router_admin_url=router_admin_url.rstrip("/") if router_admin_url else None,
                 router_admin_key=_read_key(router_admin_key_file, ADMIN_KEY_FLAG),
                 engine_key=engine,
+                router_key=_read_key(router_api_key_file, ROUTER_KEY_FLAG),
             )
             return command(*args, access=access, **kwargs)
 
@@ -184,6 +211,15 @@ def fleet_access_options(engine_key: bool = True) -> Callable[[Callable[..., Any
                 show_envvar=True,
                 help="File with the router's admin key (its --admin-key-file), sent to /v1/fleet and "
                 "/metrics only; needed when the router listens beyond loopback.",
+            ),
+            click.option(
+                ROUTER_KEY_FLAG,
+                "router_api_key_file",
+                type=click.Path(dir_okay=False, path_type=Path),
+                envvar=ROUTER_KEY_ENV,
+                show_envvar=True,
+                help="File with a tenant key of the router (one in its --api-keys-file), sent only to the "
+                "router's OpenAI paths (verify's smoke requests), never printed.",
             ),
         ]
         if engine_key:

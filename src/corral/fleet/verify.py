@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,9 +207,19 @@ class SmokeSample:
     ttft_ms: float | None = None
 
 
-async def smoke(base_url: str, model: str, headers: dict[str, str] | None = None) -> SmokeSample:
+def _no_hint(status: int) -> str:
+    return ""
+
+
+async def smoke(
+    base_url: str,
+    model: str,
+    headers: dict[str, str] | None = None,
+    refused: Callable[[int], str] = _no_hint,
+) -> SmokeSample:
     """One non-streamed and one streamed chat completion: usage and finish_reason on both (`headers`:
-    the engine's key, when `base_url` is an engine that wants one)."""
+    the engine's key, or a tenant key for a router with tenants; `refused(status)`: what to do when
+    `base_url` answers that status, put first in the check's detail)."""
     body: dict[str, Any] = {
         "model": model,
         "messages": [{"role": "user", "content": "corral verify"}],
@@ -221,8 +232,9 @@ async def smoke(base_url: str, model: str, headers: dict[str, str] | None = None
         async with aiohttp.ClientSession() as session:
             async with session.post(url, json=body, headers=headers or {}, timeout=limit) as resp:
                 if resp.status != 200:
-                    text = (await resp.text())[:200]
-                    return SmokeSample(Check("smoke", FAIL, f"non-streamed: {resp.status} {text}"))
+                    hint = refused(resp.status)
+                    said = hint or (await resp.text())[:200]
+                    return SmokeSample(Check("smoke", FAIL, f"non-streamed: {resp.status}: {said}"))
                 reply = await resp.json()
             finish = (reply.get("choices") or [{}])[0].get("finish_reason")
             if not finish or not (reply.get("usage") or {}).get("completion_tokens"):
@@ -235,7 +247,10 @@ async def smoke(base_url: str, model: str, headers: dict[str, str] | None = None
             streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
             async with session.post(url, json=streamed, headers=headers or {}, timeout=limit) as resp:
                 if resp.status != 200:
-                    return SmokeSample(Check("smoke", FAIL, f"streamed: {resp.status}"))
+                    hint = refused(resp.status)
+                    return SmokeSample(
+                        Check("smoke", FAIL, f"streamed: {resp.status}" + (f": {hint}" if hint else ""))
+                    )
                 async for raw in resp.content:
                     line = raw.decode().strip()
                     if not line.startswith("data: ") or line == "data: [DONE]":
@@ -289,7 +304,10 @@ async def run_checks(
     sample = SmokeSample(Check("smoke", FAIL, "nowhere to send it: no router and no healthy engine"))
     if model is None:
         sample = SmokeSample(Check("smoke", FAIL, "no model to ask for: no engine answered /v1/models"))
-    elif base is not None:  # the engine's key goes to an engine only, never to the router
-        sample = await smoke(base, model, None if view.target.router else view.target.access.engine_headers())
+    elif view.target.router:  # a tenant key to the router; the engine's key to an engine only
+        access = view.target.access
+        sample = await smoke(view.target.router, model, access.router_headers(), access.router_refused)
+    elif base is not None:
+        sample = await smoke(base, model, view.target.access.engine_headers())
     checks += [sample.check, check_latency(sample.ttft_ms, previous), check_evidence(view, expect)]
     return checks, sample.ttft_ms

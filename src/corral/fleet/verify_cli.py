@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from corral.aio import run
-from corral.fleet.access import FleetAccess, fleet_access_options
+from corral.fleet.access import ROUTER_KEY_FLAG, FleetAccess, fleet_access_options
 from corral.fleet.change_record import default_record_path, new_record, read_record, write_record
 from corral.fleet.expected_sleep import ExpectAsleepError, ExpectedAsleep
 from corral.fleet.probe import FleetTarget, TargetError, look, read_token
@@ -131,6 +131,9 @@ def verify(
     click.echo(f"change record: {path}")
     if view.router_refused:
         click.echo(view.router_error, err=True)  # the table folds it; here it is whole, with the flag
+    for c in checks:
+        if c.name == "smoke" and c.verdict == FAIL and ROUTER_KEY_FLAG in c.detail:
+            click.echo(f"smoke: {c.detail}", err=True)  # the same: whole, with the flag
     if failed:
         click.echo(f"FAILED: {', '.join(failed)}")
         raise SystemExit(1)
