@@ -91,14 +91,18 @@ def main() -> None:
     try:
         sims = [start_sim(i, other_cpus, out) for i in range(2)]
         procs += sims
-        keys_file, key = write_tenants(out, args.tenants)
+        keys_file, key = write_tenants(out, args.tenants) if args.tenants else (None, "")
         open_router = start_router("hardening-open", LIMITS_OFF, sims, router_cpus, out)
         procs.append(open_router)
-        hardened = start_router("hardening-on", ["--api-keys-file", str(keys_file)], sims, router_cpus, out)
+        tenant_flags = ["--api-keys-file", str(keys_file)] if keys_file else []  # --tenants 0: limits alone
+        hardened = start_router("hardening-on", tenant_flags, sims, router_cpus, out)
         procs.append(hardened)
         targets = {
             "open": (open_router, dict(JSON_HEADERS)),
-            "hardened": (hardened, {**JSON_HEADERS, "Authorization": f"Bearer {key}"}),
+            "hardened": (
+                hardened,
+                {**JSON_HEADERS, "Authorization": f"Bearer {key}"} if key else dict(JSON_HEADERS),
+            ),
         }
         for router, headers in targets.values():  # warm-up
             one_round(router, headers, False, 16, 2.0)
