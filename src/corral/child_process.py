@@ -2,7 +2,7 @@
 that always ends with the whole group gone (SIGTERM, a deadline, then SIGKILL).
 
 A real vLLM that gets SIGTERM with a request in flight may never exit (see
-``shared/vllm-samples/README.md``), so no caller waits for a child without a deadline.
+``tests/data/vllm-samples/README.md``), so no caller waits for a child without a deadline.
 """
 
 from __future__ import annotations
