@@ -37,7 +37,8 @@ def engine_environment(
     return {k: v for k, v in merged.items() if not _CORRAL_SECRET.match(k)}
 
 
-# vLLM's startup log, in order (as captured in tests/data/vllm-samples/engine_startup_and_shutdown.log); the first marker found in a line wins.
+# vLLM's startup log, in order (as in tests/data/vllm-samples/engine_startup_and_shutdown.log);
+# the first marker found in a line wins.
 _PHASE_MARKERS: tuple[tuple[str, StartingPhase], ...] = (
     ("Starting vLLM server on", StartingPhase.SERVER_STARTING),
     ("init engine (profile, create kv cache, warmup model) took", StartingPhase.SERVER_STARTING),
