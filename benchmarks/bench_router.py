@@ -136,6 +136,37 @@ class Target:
     headers: dict[str, str] = field(default_factory=lambda: dict(JSON_HEADERS))
 
 
+# Simulators fast enough that the router, not the engine, is what a benchmark measures.
+FAST_SIM_ARGS = [
+    "--max-num-seqs",
+    "512",
+    "--ttft-base-ms",
+    "1",
+    "--itl-ms",
+    "1",
+    "--prefill-ms-per-token",
+    "0",
+]
+
+
+def start_fast_sims(count: int, cpus: set[int] | None, out: Path, prefix: str = "sim") -> list[Proc]:
+    """`count` simulators of MODEL on free loopback ports (seeds 0..count-1), each answering /health."""
+    sims = []
+    for i in range(count):
+        port = free_port()
+        argv = [sys.executable, "-m", "corral", "sim", "--host", "127.0.0.1", "--port", str(port)]
+        argv += ["--model", MODEL, "--seed", str(i), *FAST_SIM_ARGS]
+        sims.append(spawn(f"{prefix}-{i}", argv, f"http://127.0.0.1:{port}", cpus, out))
+    try:
+        for sim in sims:
+            wait_ready(sim, "/health")
+    except BaseException:
+        for sim in sims:
+            sim.stop()
+        raise
+    return sims
+
+
 def write_tenants(out: Path, count: int) -> tuple[Path, str]:
     """A keys file of `count` tenants whose limits never refuse a benchmark's load; returns it and the key
     the load sends (the last tenant's, so a lookup is no luckier than any other)."""
@@ -202,40 +233,11 @@ def main() -> None:
     if other_cpus:
         os.sched_setaffinity(0, other_cpus)
 
-    sim_args = [
-        "--max-num-seqs",
-        "512",
-        "--ttft-base-ms",
-        "1",
-        "--itl-ms",
-        "1",
-        "--prefill-ms-per-token",
-        "0",
-    ]
     sims: list[Proc] = []
     procs: list[Proc] = []
     try:
-        for i in range(2):
-            port = free_port()
-            argv = [
-                sys.executable,
-                "-m",
-                "corral",
-                "sim",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--model",
-                MODEL,
-                "--seed",
-                str(i),
-                *sim_args,
-            ]
-            sims.append(spawn(f"sim-{i}", argv, f"http://127.0.0.1:{port}", other_cpus, out))
+        sims = start_fast_sims(2, other_cpus, out)
         procs += sims
-        for s in sims:
-            wait_ready(s, "/health")
 
         targets = [Target("direct", [s.url for s in sims], None)]
         variants = {"on": [("corral", [])], "off": [("corral-nolimits", LIMITS_OFF)]}

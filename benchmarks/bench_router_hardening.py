@@ -22,18 +22,18 @@ import orjson
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_router import LIMITS_OFF, MODEL, ROOT, Proc, free_port, spawn, wait_ready, write_tenants
+from bench_router import (
+    LIMITS_OFF,
+    MODEL,
+    ROOT,
+    Proc,
+    free_port,
+    spawn,
+    start_fast_sims,
+    wait_ready,
+    write_tenants,
+)
 from loadgen import JSON_HEADERS, chat_body, run_closed_loop
-
-
-def start_sim(i: int, cpus: set[int] | None, out: Path) -> Proc:
-    port = free_port()
-    argv = [sys.executable, "-m", "corral", "sim", "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--model", MODEL, "--seed", str(i), "--max-num-seqs", "512"]
-    argv += ["--ttft-base-ms", "1", "--itl-ms", "1", "--prefill-ms-per-token", "0"]
-    sim = spawn(f"hardening-sim-{i}", argv, f"http://127.0.0.1:{port}", cpus, out)
-    wait_ready(sim, "/health")
-    return sim
 
 
 def start_router(name: str, flags: list[str], sims: list[Proc], cpus: set[int] | None, out: Path) -> Proc:
@@ -89,7 +89,7 @@ def main() -> None:
 
     procs: list[Proc] = []
     try:
-        sims = [start_sim(i, other_cpus, out) for i in range(2)]
+        sims = start_fast_sims(2, other_cpus, out, prefix="hardening-sim")
         procs += sims
         keys_file, key = write_tenants(out, args.tenants) if args.tenants else (None, "")
         open_router = start_router("hardening-open", LIMITS_OFF, sims, router_cpus, out)
