@@ -1,0 +1,192 @@
+"""The supervisor's operations: the request bodies of `POST /v1/{drain,shutdown,sleep,wake,reload,
+bundle,lora/load,lora/unload}` and the operation record every one of them (and `GET
+/v1/operations/{id}`) answers with. An `operation_id` (or the `Idempotency-Key` header) names one
+run: asking again with it joins that run.
+
+The request validators raise the messages the supervisor answers a bad body with (HTTP 400)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from pydantic import Field, field_validator
+
+from corral.contracts.wire import OpenWireModel, WireModel
+
+
+class OperationStatus(StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class OperationStep(OpenWireModel):
+    """One step of a runbook operation as it ran (PRECHECK … POSTCHECK, RECOVER)."""
+
+    step: str
+    status: str  # done | failed
+    seconds: float
+    evidence: dict[str, Any] = Field(default_factory=dict)
+
+
+class DrainResult(OpenWireModel):
+    """What a finished drain reports; the fields a caller decides on are typed, the rest kept."""
+
+    routers_missing: list[str] = Field(default_factory=list)
+    acknowledged_after_s: float | None = None
+
+
+class OperationRecord(WireModel):
+    """One operation run: `GET /v1/operations/{id}`, and the answer to the request that started it
+    (202) or joined it (200)."""
+
+    operation_id: str
+    kind: str
+    status: OperationStatus = OperationStatus.RUNNING
+    started: float
+    finished: float | None = None
+    result: dict[str, Any] | None = None
+    error: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status is not OperationStatus.RUNNING
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status is OperationStatus.SUCCEEDED
+
+    @property
+    def steps(self) -> list[OperationStep]:
+        """A runbook operation's steps, in the order they ran ([] for drain and shutdown)."""
+        listed = (self.result or {}).get("steps")
+        return [OperationStep.model_validate(s) for s in listed] if isinstance(listed, list) else []
+
+    def drain_result(self) -> DrainResult:
+        return DrainResult.model_validate(self.result or {})
+
+
+class OperationRequest(WireModel):
+    """What every operation request may carry: the id that makes it idempotent. `route` is where it
+    is posted."""
+
+    route: ClassVar[str]
+    operation_id: str | None = None
+
+    @field_validator("operation_id", mode="before")
+    @classmethod
+    def _operation_id(cls, value: Any) -> str | None:
+        # the supervisor reads the id (body, else Idempotency-Key) before the body, with its own message
+        return value if isinstance(value, str) and value else None
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body: every field that has a value (an absent one takes the server's default)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class DrainRequest(OperationRequest):
+    route = "/v1/drain"
+    policy: str | None = None
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy(cls, value: Any) -> str | None:
+        if value not in ("wait", "abort"):  # an explicit null too
+            raise ValueError(f"policy {value!r}: use wait or abort")
+        return str(value)
+
+
+class ShutdownRequest(OperationRequest):
+    route = "/v1/shutdown"
+
+
+class SleepRequest(OperationRequest):
+    route = "/v1/sleep"
+    level: int = 1
+    mode: str = "wait"
+    release_kv: bool = False
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _level(cls, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"level must be 0, 1 or 2, not {value!r}")
+        return value
+
+    @field_validator("mode", "release_kv", mode="before")
+    @classmethod
+    def _mode_release(cls, value: Any, info: Any) -> Any:
+        wanted = str if info.field_name == "mode" else bool
+        if not isinstance(value, wanted):
+            raise ValueError("mode must be a string and release_kv a boolean")
+        return value
+
+
+class WakeRequest(OperationRequest):
+    route = "/v1/wake"
+    tags: list[str] | None = None
+    reload: bool = False
+
+    @field_validator("tags", mode="before")
+    @classmethod
+    def _tags(cls, value: Any) -> list[str] | None:
+        if value is not None and not (isinstance(value, list) and all(isinstance(t, str) for t in value)):
+            raise ValueError(f"tags must be a list of strings, not {value!r}")
+        return value or None
+
+    @field_validator("reload", mode="before")
+    @classmethod
+    def _reload(cls, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ValueError("reload must be a boolean")
+        return value
+
+
+class ReloadRequest(OperationRequest):
+    route = "/v1/reload"
+    mode: str = "wait"
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode(cls, value: Any) -> str:
+        if not isinstance(value, str):
+            raise ValueError("mode must be a string")
+        return value
+
+
+class SwitchBundleRequest(OperationRequest):
+    route = "/v1/bundle"
+    name: str = Field(default=None, validate_default=True)
+    ready_timeout: float | None = None
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name(cls, value: Any) -> str:
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"name must name a bundle declared on this host, not {value!r}")
+        return value
+
+    @field_validator("ready_timeout", mode="before")
+    @classmethod
+    def _within(cls, value: Any) -> float | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"ready_timeout must be seconds, not {value!r}")
+        if value <= 0:
+            raise ValueError(f"ready_timeout must be above 0, not {value!r}")
+        return value
+
+
+class LoadAdapterRequest(OperationRequest):
+    """The plan checks the name and path (its messages name the adapter): read as sent."""
+
+    route = "/v1/lora/load"
+    name: Any = None
+    adapter_path: Any = Field(default=None, alias="path")
+
+
+class UnloadAdapterRequest(OperationRequest):
+    route = "/v1/lora/unload"
+    name: Any = None

@@ -1,0 +1,88 @@
+"""The router's `GET /v1/fleet` (an admin route): its policy and identity, every endpoint it knows
+with its routing verdict and supervisor stream, and the last endpoints that left routing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from corral.contracts.wire import WireModel
+from corral.engine_state import EngineState
+
+
+class SupervisorLink(WireModel):
+    """What the router has from an endpoint's supervisor state stream."""
+
+    url: str
+    stream: str = "connecting"  # connecting | connected | stale | lost
+    stream_reason: str = ""
+    state: EngineState | None = None
+    sub_state: str | None = None
+    reason: str = ""
+    epoch: int | None = None
+    heard_seconds_ago: float | None = None
+    acked_epoch: int | None = None
+    acks_sent: int = 0
+
+
+class FleetEndpoint(WireModel):
+    """One endpoint as the router routes it; `routable` and `why` are its verdict now."""
+
+    url: str
+    source: str = ""
+    name: str | None = None
+    state: EngineState = EngineState.STARTING
+    reason: str = ""
+    since: float | None = None
+    last_event_resource_version: str | None = None
+    models: list[str] = Field(default_factory=list)
+    in_flight: int = 0
+    requests_sent: int = 0
+    ejected_until: float | None = None
+    routable: bool = False
+    why: str = ""
+    supervisor: SupervisorLink | None = None
+
+    @property
+    def supervisor_url(self) -> str:
+        return self.supervisor.url if self.supervisor is not None else ""
+
+
+class RoutingExitRecord(WireModel):
+    """One endpoint leaving routing: removed, or no longer READY."""
+
+    url: str
+    source: str = ""
+    name: str | None = None
+    kind: str = ""  # removed | unroutable
+    cause: str = ""
+    reason: str = ""
+    event_resource_version: str | None = None
+    at: float | None = None
+    at_monotonic: float | None = None
+    requests_sent: int = 0
+
+
+class RouterFleet(WireModel):
+    """`GET /v1/fleet`."""
+
+    policy: str = ""
+    router_id: str | None = None
+    source: str = ""
+    endpoints: list[FleetEndpoint] = Field(default_factory=list)
+    left_routing: list[RoutingExitRecord] = Field(default_factory=list)
+
+    @field_validator("endpoints", "left_routing", mode="before")
+    @classmethod
+    def _objects_only(cls, value: Any) -> list[Any]:
+        # what readers always did: a listed value that is not an object is skipped
+        return [e for e in value if isinstance(e, dict | WireModel)] if isinstance(value, list) else []
+
+    @classmethod
+    def from_body(cls, body: Any) -> RouterFleet:
+        """A `/v1/fleet` body; a bare list of endpoints (an older router's) is read as its endpoints."""
+        return cls.model_validate({"endpoints": body} if isinstance(body, list) else body)
+
+    def by_url(self) -> dict[str, FleetEndpoint]:
+        return {e.url: e for e in self.endpoints}

@@ -1,0 +1,222 @@
+"""The supervisor's state API: `GET /v1/state`, the lines of `GET /v1/state/watch` (a state line per
+event, a heartbeat when nothing happened) and a router's acknowledgement (`POST /v1/acks`) with the
+record the supervisor answers it with."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import orjson
+from pydantic import Field, ValidationError, field_validator
+
+from corral.contracts.operations import OperationRecord
+from corral.contracts.wire import OpenWireModel, WireModel
+from corral.engine_state import EngineState
+
+ROUTER_ID_MAX = 200
+
+
+def _state_or_none(value: Any) -> EngineState | None:
+    """A state this version knows, else None (a newer peer's state is not an error where it is
+    only reported)."""
+    try:
+        return EngineState(value)
+    except ValueError:
+        return None
+
+
+class StateLine(WireModel):
+    """One state event (or the current state, as a watch stream's first line). Readers need `epoch`
+    and `state`; every other field is read leniently, as the router always has."""
+
+    type: Literal["state"] = "state"
+    epoch: int
+    from_: EngineState | None = Field(default=None, alias="from")
+    to: EngineState | None = None
+    state: EngineState
+    sub_state: str | None = None
+    ready: bool = False
+    reason: str = ""
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    time: float | None = None
+    since: float | None = None
+
+    @field_validator("from_", "to", mode="before")
+    @classmethod
+    def _known_state(cls, value: Any) -> EngineState | None:
+        return _state_or_none(value)
+
+    @field_validator("sub_state", mode="before")
+    @classmethod
+    def _sub_state(cls, value: Any) -> str | None:
+        return value if isinstance(value, str) else None
+
+    @field_validator("reason", mode="before")
+    @classmethod
+    def _reason(cls, value: Any) -> str:
+        return str(value)
+
+    @field_validator("evidence", mode="before")
+    @classmethod
+    def _evidence(cls, value: Any) -> dict[str, Any]:
+        return value if isinstance(value, dict) else {}
+
+    @field_validator("time", "since", mode="before")
+    @classmethod
+    def _seconds(cls, value: Any) -> float | None:
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    @property
+    def withdrawn_adapters(self) -> frozenset[str]:
+        """The models a READY line withdraws from routing (a LoRA adapter about to be unloaded)."""
+        listed = self.evidence.get("withdrawn_adapters")
+        return frozenset(m for m in listed if isinstance(m, str)) if isinstance(listed, list) else frozenset()
+
+
+class Heartbeat(WireModel):
+    """Nothing happened for a heartbeat interval; the stream is alive."""
+
+    type: Literal["heartbeat"] = "heartbeat"
+    epoch: int
+    time: float
+
+
+WatchLine = StateLine | Heartbeat
+
+
+class NotJSON(ValueError):
+    """A watch line that is not JSON: the stream is broken."""
+
+
+class UnusableLine(ValueError):
+    """A state line without a usable epoch or state; the line is skipped, the stream goes on."""
+
+    def __init__(self, line: object, why: str) -> None:
+        super().__init__(why)
+        self.line = line
+
+
+def decode_watch_line(raw: bytes) -> WatchLine | None:
+    """One line of `/v1/state/watch`: a `StateLine`, a `Heartbeat`, or None for a line of a kind
+    this version does not know (ignored, like a JSON value that is not an object)."""
+    try:
+        line = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise NotJSON(f"not a JSON line: {raw[:100]!r}") from None
+    if not isinstance(line, dict):
+        return None
+    kind = line.get("type")
+    try:
+        if kind == "state":
+            return StateLine.model_validate(line)
+        if kind == "heartbeat":
+            return Heartbeat.model_validate(line)
+    except ValidationError as exc:
+        raise UnusableLine(line, str(exc)) from None
+    return None
+
+
+class AckRequest(WireModel):
+    """`POST /v1/acks`: the router has taken the engine out of its routing for `epoch` and every
+    request it had picked for the engine has reached it (`undispatched` counts those that had not
+    when it stopped waiting)."""
+
+    router_id: str = Field(default=None, validate_default=True)
+    epoch: int = Field(default=None, validate_default=True)
+    state: EngineState | None = None
+    removal_latency_s: float | None = None
+    undispatched: int = 0
+
+    @field_validator("router_id", mode="before")
+    @classmethod
+    def _router_id(cls, value: Any) -> str:
+        if not isinstance(value, str) or not value or len(value) > ROUTER_ID_MAX:
+            raise ValueError(f"router_id must be a non-empty string of at most {ROUTER_ID_MAX} characters")
+        return value
+
+    @field_validator("epoch", mode="before")
+    @classmethod
+    def _epoch(cls, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"epoch must be a non-negative integer, not {value!r}")
+        return value
+
+    @field_validator("state", mode="before")
+    @classmethod
+    def _state(cls, value: Any) -> EngineState | None:
+        return _state_or_none(value)
+
+    @field_validator("removal_latency_s", mode="before")
+    @classmethod
+    def _latency(cls, value: Any) -> float | None:
+        return float(value) if isinstance(value, int | float) else None
+
+    @field_validator("undispatched", mode="before")
+    @classmethod
+    def _undispatched(cls, value: Any) -> int:
+        return value if isinstance(value, int) else 0
+
+
+class AckRecord(WireModel):
+    """One acknowledgement as the supervisor recorded it (the answer to `POST /v1/acks`, and the
+    entries of `/v1/state`'s `routers.acks`)."""
+
+    router_id: str
+    epoch: int
+    received: float  # the supervisor's wall clock
+    latency_s: float | None = None  # from the supervisor's event of that epoch to the acknowledgement
+    state: EngineState | None = None
+    removal_latency_s: float | None = None  # router side: line read -> out of its routing table
+    undispatched: int = 0
+
+    @field_validator("state", mode="before")
+    @classmethod
+    def _state(cls, value: Any) -> EngineState | None:
+        return _state_or_none(value)
+
+
+class EngineInfo(WireModel):
+    url: str | None = None
+    pid: int | None = None
+    model: str | None = None
+    argv: list[str] = Field(default_factory=list)
+
+
+class BundleInfo(OpenWireModel):
+    """The running bundle: its fingerprint and the parts it is computed from (kept as sent)."""
+
+    fingerprint: str | None = None
+    adapters: list[str] = Field(default_factory=list)
+
+
+class SupervisorState(OpenWireModel):
+    """`GET /v1/state`: the current state event with since-when, and what the supervisor knows of its
+    engine. The sections a caller only shows are kept as they came."""
+
+    state: EngineState
+    epoch: int
+    sub_state: str | None = None
+    ready: bool = False
+    reason: str = ""
+    since: float | None = None
+    time: float | None = None
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    engine: EngineInfo = Field(default_factory=EngineInfo)
+    bundle: BundleInfo | None = None
+    bundle_name: str | None = None
+    bundles_declared: list[str] = Field(default_factory=list)
+    busy: str | None = None
+    sleep: dict[str, Any] | None = None
+    drain: dict[str, Any] | None = None
+    routers: dict[str, Any] | None = None
+    engine_evidence: dict[str, Any] | None = None
+    operations: list[OperationRecord] = Field(default_factory=list)
+
+    @property
+    def fingerprint(self) -> str:
+        return str((self.bundle.fingerprint if self.bundle else None) or "")
+
+    @property
+    def progress(self) -> str:
+        """One line for a terminal: state/sub-state: reason."""
+        return f"{self.state}/{self.sub_state}: {self.reason}"
