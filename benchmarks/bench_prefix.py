@@ -38,7 +38,7 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_router import ROOT, Proc, find_vllm_router, free_port, spawn, wait_ready
-from corral.sim.tokenizer import WORDS
+from corral.sim.core.tokenizer import WORDS
 from loadgen import Report, Sample, check_loopback
 
 MODEL = "bench-model"

@@ -38,7 +38,7 @@ from loadgen import JSON_HEADERS, Report, chat_body, run_closed_loop, run_open_l
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "bench-model"
-# `corral router` with every client limit off (corral.router.client_limits): the unhardened data path.
+# `corral router` with every client limit off (corral.router.edge.client_limits): the unhardened data path.
 LIMITS_OFF = [
     "--header-timeout", "0",
     "--body-timeout", "0",

@@ -5,16 +5,16 @@ from __future__ import annotations
 import click
 
 from corral import __version__
-from corral.fleet.cli import up
-from corral.fleet.doctor_cli import doctor
-from corral.fleet.rollout_cli import rollback, rollout
-from corral.fleet.status_cli import status
-from corral.fleet.verify_cli import verify
-from corral.k8s_render.cli import k8s
+from corral.fleet.checks.doctor_cli import doctor
+from corral.fleet.checks.status_cli import status
+from corral.fleet.checks.verify_cli import verify
+from corral.fleet.local.up import up
+from corral.fleet.rollout.cli import rollback, rollout
+from corral.k8s.render.cli import k8s
 from corral.router.cli import router
 from corral.sim.cli import sim
 from corral.supervisor.cli import supervise
-from corral.supervisor.ops_cli import RUNBOOK_COMMANDS
+from corral.supervisor.commands.runbook_ops import RUNBOOK_COMMANDS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -31,9 +31,9 @@ from typing import Any
 
 import orjson
 
-from corral.k8s_render.budgets import derive
-from corral.k8s_render.config import parse_config
-from corral.k8s_render.manifests import render
+from corral.k8s.render.budgets import derive
+from corral.k8s.render.config import parse_config
+from corral.k8s.render.manifests import render
 from tests.integration.test_supervisor_support import http_json, short_tmp_dir
 from tests.support.fake_kube import FakeKubeThread
 from tests.support.procs import CorralProcess, free_port

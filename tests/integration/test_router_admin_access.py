@@ -20,8 +20,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 from yarl import URL
 
-from corral.router.admin_access import AdminAccessConfig
 from corral.router.app import RouterConfig, build_app
+from corral.router.edge.admin_access import AdminAccessConfig
 from tests.support.procs import CorralProcess, free_port
 
 ADMIN_KEY = "admin-key-0123456789abcdef"

@@ -17,8 +17,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from corral.router.client_connections import ConnectionGuard
-from corral.router.client_limits import ClientLimits, ClientLimitStats, client_limits_middleware
+from corral.router.edge.client_connections import ConnectionGuard
+from corral.router.edge.client_limits import ClientLimits, ClientLimitStats, client_limits_middleware
 from tests.integration.test_router_passthrough import start_router
 from tests.support.procs import CorralProcess, start_sim
 from tests.support.prom import sample, scrape

@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from corral.supervisor.engine_metrics import parse_load
+from corral.engine.load_sample import parse_load
 from tests.integration.test_supervisor_support import Supervised, http_json, kill_leftovers, start_supervised
 from tests.support.procs import CorralProcess, free_port
 from tests.support.streams import stream_once

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from corral.fleet.access import FleetAccess
-from corral.fleet.probe import FleetTarget, look
-from corral.fleet.verify import FAIL, PASS, Expectations, run_checks
+from corral.clients.access import FleetAccess
+from corral.fleet.checks.probe import FleetTarget, look
+from corral.fleet.checks.verify import FAIL, PASS, Expectations, run_checks
 from tests.support.procs import CorralProcess, free_port, start_sim
 
 TENANT_KEY = "tenant-key-for-verify-4e7a91c2d0"

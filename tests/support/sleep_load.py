@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from corral.supervisor.engine_admin import EngineFigures, parse_figures
+from corral.engine.dev_api import EngineFigures, parse_figures
 from tests.integration.test_supervisor_confirmed_drain import (
     AdmissionSampler,
     Outcomes,

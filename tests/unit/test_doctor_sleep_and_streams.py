@@ -8,12 +8,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from corral.fleet.doctor import diagnose, diagnose_engine
-from corral.fleet.doctor_sleep import MEMORY_NOT_RELEASED, PARTIAL_WAKE
-from corral.fleet.doctor_streams import ABORTED_STREAMS
-from corral.fleet.probe import EngineView, FleetTarget, FleetView
-from corral.router.metrics import RouterCollector, RouterMetrics
-from corral.router.stream_ending import CUT, ENGINE_ABORT, ENGINE_ERROR, StreamEnding
+from corral.fleet.checks.doctor import diagnose, diagnose_engine
+from corral.fleet.checks.doctor_sleep import MEMORY_NOT_RELEASED, PARTIAL_WAKE
+from corral.fleet.checks.doctor_streams import ABORTED_STREAMS
+from corral.fleet.checks.probe import EngineView, FleetTarget, FleetView
+from corral.router.datapath.stream_ending import CUT, ENGINE_ABORT, ENGINE_ERROR, StreamEnding
+from corral.router.telemetry.metrics import RouterCollector, RouterMetrics
 
 GIB = 2**30
 

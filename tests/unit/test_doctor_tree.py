@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from corral.fleet.doctor import diagnose_engine
-from corral.fleet.probe import EngineView
+from corral.fleet.checks.doctor import diagnose_engine
+from corral.fleet.checks.probe import EngineView
 
 
 def engine(state: dict[str, Any], health: int | None = 200, **extra: Any) -> EngineView:

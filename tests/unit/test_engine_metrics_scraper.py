@@ -9,9 +9,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from corral.engine_state import EngineState
-from corral.router.endpoint import Endpoint
-from corral.router.engine_metrics_scraper import EngineMetricsScraper
-from corral.router.scoring.load_board import LoadBoard
+from corral.router.membership.endpoint import Endpoint
+from corral.router.routing.load_board import LoadBoard
+from corral.router.routing.load_scraper import EngineMetricsScraper
 
 METRICS = b'vllm:num_requests_running{model_name="m"} 2.0\nvllm:num_requests_waiting{model_name="m"} 1.0\n'
 

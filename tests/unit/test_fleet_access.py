@@ -1,4 +1,4 @@
-"""`corral.fleet.access` against the router's own app in process: the admin routes read with the key,
+"""`corral.clients.access` against the router's own app in process: the admin routes read with the key,
 each refusal (no key, a wrong key, the admin port elsewhere, nothing listening) a message naming the
 flag to pass; no key in any message or repr; the CLI flags refuse an unreadable or empty key file."""
 
@@ -13,11 +13,11 @@ import pytest
 from aiohttp.test_utils import TestServer
 from click.testing import CliRunner
 
-from corral.fleet.access import FleetAccess, RouterAdmin, RouterAdminError
-from corral.fleet.probe import FleetTarget
-from corral.fleet.status_cli import status
-from corral.router.admin_access import AdminAccessConfig
+from corral.clients.access import FleetAccess, RouterAdmin, RouterAdminError
+from corral.fleet.checks.probe import FleetTarget
+from corral.fleet.checks.status_cli import status
 from corral.router.app import RouterConfig, build_app
+from corral.router.edge.admin_access import AdminAccessConfig
 from tests.support.procs import free_port
 
 ADMIN_KEY = "admin-key-for-unit-tests-7f3a"

@@ -10,8 +10,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from corral.bundle_spec import BundleError, load_bundle
-from corral.fleet.control import FleetControl, write_token_file
-from corral.fleet.local import FleetSpec, LocalFleet
+from corral.fleet.local.control import FleetControl, write_token_file
+from corral.fleet.local.fleet import FleetSpec, LocalFleet
 
 
 def test_a_bundle_file_is_read_and_bad_ones_are_named(tmp_path: Path) -> None:

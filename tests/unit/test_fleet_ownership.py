@@ -12,9 +12,9 @@ import orjson
 import psutil
 import pytest
 
-from corral.fleet.ownership import FleetFiles, FleetInUse, RecordedProcess, supervisor_token_for
-from corral.fleet.probe import FleetTarget
-from corral.fleet.rollout_cli import FleetRef
+from corral.fleet.checks.probe import FleetTarget
+from corral.fleet.local.ownership import FleetFiles, FleetInUse, RecordedProcess, supervisor_token_for
+from corral.fleet.rollout.cli import FleetRef
 
 
 def _dead_pid() -> int:

@@ -15,11 +15,11 @@ import pytest
 from aiohttp import web
 
 from corral.engine_state import EngineState
-from corral.router.k8s.client import KubePodApi
-from corral.router.k8s.informer import InformerConfig
-from corral.router.k8s.pod_source import PodSource, PodSourceConfig
-from corral.router.membership import Membership
-from corral.router.metrics import RouterMetrics
+from corral.k8s.watch.client import KubePodApi
+from corral.k8s.watch.informer import InformerConfig
+from corral.router.discovery.k8s_pods import PodSource, PodSourceConfig
+from corral.router.membership.membership import Membership
+from corral.router.telemetry.metrics import RouterMetrics
 from tests.support.fake_kube import FakeKube
 
 NS = "serving"

@@ -15,12 +15,12 @@ import yaml
 from click.testing import CliRunner
 
 from corral.cli import main
-from corral.k8s_render.budgets import Budgets, derive
-from corral.k8s_render.config import CorralDeployment, parse_config
-from corral.k8s_render.manifests import Manifest, render
-from corral.k8s_render.output import HEADER, document, write_dir
+from corral.k8s.render.budgets import Budgets, derive
+from corral.k8s.render.config import CorralDeployment, parse_config
+from corral.k8s.render.manifests import Manifest, render
+from corral.k8s.render.output import HEADER, document, write_dir
 from corral.router.cli import router as router_command
-from corral.router.k8s.pod_source import SUPERVISOR_PORT_ANNOTATION
+from corral.router.discovery.k8s_pods import SUPERVISOR_PORT_ANNOTATION
 from corral.supervisor.cli import prestop as prestop_command
 from corral.supervisor.cli import run_command as supervise_run_command
 

@@ -8,7 +8,7 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.router.k8s.workqueue import KeyedQueue, QueueShutDown
+from corral.k8s.watch.workqueue import KeyedQueue, QueueShutDown
 
 
 async def test_latest_state_per_key_wins_and_order_is_first_put() -> None:

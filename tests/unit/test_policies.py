@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral.engine_state import EngineState
-from corral.router.endpoint import Endpoint
-from corral.router.policies import POLICY_NAMES, RouteRequest, build_policy
-from corral.router.policies.least_request import LeastRequest
-from corral.router.policies.round_robin import RoundRobin
-from corral.router.policies.session import SessionAffinity, load_bound
+from corral.router.membership.endpoint import Endpoint
+from corral.router.routing.policies import POLICY_NAMES, RouteRequest, build_policy
+from corral.router.routing.policies.least_request import LeastRequest
+from corral.router.routing.policies.round_robin import RoundRobin
+from corral.router.routing.policies.session import SessionAffinity, load_bound
 
 EPS = 0.25
 

@@ -14,8 +14,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry, generate_latest
 
-from corral.router.client_connections import make_room_for
-from corral.router.client_limits import (
+from corral.router.edge.client_connections import make_room_for
+from corral.router.edge.client_limits import (
     MIB,
     ClientLimits,
     ClientLimitsCollector,

@@ -13,7 +13,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from corral.router.app import RouterConfig, build_app
-from corral.router.file_source import Backends, BackendsFileError, parse_backends
+from corral.router.discovery.backends_file import Backends, BackendsFileError, parse_backends
 from tests.unit.test_router_proxy import FakeEngine
 
 

@@ -7,9 +7,9 @@ import time
 import pytest
 
 from corral.engine_state import EngineState
-from corral.router.endpoint import Endpoint
-from corral.router.membership import Membership
-from corral.router.static_source import ModelsProbeError, parse_model_cards
+from corral.router.discovery.static import ModelsProbeError, parse_model_cards
+from corral.router.membership.endpoint import Endpoint
+from corral.router.membership.membership import Membership
 
 
 def ready(url: str, *models: str) -> Endpoint:

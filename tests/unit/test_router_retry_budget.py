@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from corral.router.retry_budget import RetryBudget, RetryBudgetConfig
+from corral.router.datapath.retry_budget import RetryBudget, RetryBudgetConfig
 from tests.unit.test_router_proxy import CHAT, fleet_of
 
 

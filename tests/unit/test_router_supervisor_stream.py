@@ -16,11 +16,11 @@ import pytest
 from aiohttp import web
 
 from corral.engine_state import EngineState
-from corral.router.endpoint import Endpoint, SupervisorView
-from corral.router.k8s.pod_source import SUPERVISOR_PORT_ANNOTATION, PodSource, PodSourceConfig, pod_view
-from corral.router.membership import Membership
-from corral.router.metrics import RouterMetrics
-from corral.router.supervisor_stream import StreamSettings, SupervisorStreams
+from corral.router.discovery.k8s_pods import SUPERVISOR_PORT_ANNOTATION, PodSource, PodSourceConfig, pod_view
+from corral.router.discovery.supervisor_stream import StreamSettings, SupervisorStreams
+from corral.router.membership.endpoint import Endpoint, SupervisorView
+from corral.router.membership.membership import Membership
+from corral.router.telemetry.metrics import RouterMetrics
 from tests.support.procs import free_port
 
 READY, DRAINING, STARTING = EngineState.READY, EngineState.DRAINING, EngineState.STARTING

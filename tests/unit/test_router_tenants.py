@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.router.admin_access import is_loopback_host
-from corral.router.tenants import Tenant, Tenants, TenantsFileError, TenantSpec, parse_tenants
+from corral.router.edge.admin_access import is_loopback_host
+from corral.router.edge.tenants import Tenant, Tenants, TenantsFileError, TenantSpec, parse_tenants
 
 KEY = "a-long-enough-secret-key"
 HASHED = hashlib.sha256(KEY.encode()).hexdigest()

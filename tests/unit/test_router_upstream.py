@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from corral.router.upstream import UpstreamClient, UpstreamError
+from corral.router.datapath.upstream import UpstreamClient, UpstreamError
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from corral.supervisor.adapters import AdapterSpecError, lora_in_flight, parse_lora
-from corral.supervisor.engine_admin import parse_figures
-from corral.supervisor.ops.common import zero_copy_preload
-from corral.supervisor.runbook import OperationFailed, Runbook, Step, StepFailed
+from corral.engine.dev_api import parse_figures
+from corral.supervisor.lifecycle.adapters import AdapterSpecError, lora_in_flight, parse_lora
+from corral.supervisor.runbook.common import zero_copy_preload
+from corral.supervisor.runbook.template import OperationFailed, Runbook, Step, StepFailed
 
 
 class Plan:

@@ -13,15 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral.engine_state import EngineState
-from corral.router.endpoint import Endpoint
-from corral.router.engine_metrics_scraper import parse_engine_metrics
-from corral.router.policies import RouteRequest
-from corral.router.scoring.config import PolicyConfigError, RoutingConfig, load_routing_config
-from corral.router.scoring.filters import load_bound
-from corral.router.scoring.load_board import EngineLoad, LoadBoard
-from corral.router.scoring.pipeline import LOAD_WEIGHTS, PREFIX_WEIGHTS, ScoredPolicy
-from corral.router.scoring.prompt import leading_text, prefix_key
-from corral.router.scoring.selector import Routing
+from corral.router.membership.endpoint import Endpoint
+from corral.router.routing.config import PolicyConfigError, RoutingConfig, load_routing_config
+from corral.router.routing.filters import load_bound
+from corral.router.routing.load_board import EngineLoad, LoadBoard
+from corral.router.routing.load_scraper import parse_engine_metrics
+from corral.router.routing.pipeline import LOAD_WEIGHTS, PREFIX_WEIGHTS, ScoredPolicy
+from corral.router.routing.policies import RouteRequest
+from corral.router.routing.prompt import leading_text, prefix_key
+from corral.router.routing.selector import Routing
 
 EPS = 0.25
 SYSTEM = "You are a careful assistant for the sea charts team. " * 20  # ~1 KiB, > one key
@@ -148,7 +148,7 @@ def test_replicas_with_the_same_membership_make_the_same_prefix_choice(
 
 
 def _ctx(eligible: list[Endpoint], request: RouteRequest):  # type: ignore[no-untyped-def]
-    from corral.router.scoring.scorers import PickContext
+    from corral.router.routing.scorers import PickContext
 
     return PickContext(request, eligible, LoadBoard())
 
@@ -214,7 +214,7 @@ def test_stale_metrics_count_as_saturated() -> None:
     board.loads[endpoints[1].url] = EngineLoad(running=30, waiting=10, kv_usage=0.9, at=now)
     assert board.fresh(endpoints[0].url, now) is None
     scored = policy("load", board)
-    import corral.router.scoring.pipeline as pipeline
+    import corral.router.routing.pipeline as pipeline
 
     real = pipeline.time.monotonic
     pipeline.time.monotonic = lambda: now  # type: ignore[assignment]

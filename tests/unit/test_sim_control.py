@@ -9,13 +9,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from corral.sim.config import SimConfig
-from corral.sim.control import EngineControl
-from corral.sim.engine import Engine, Job
-from corral.sim.lifecycle import EngineLifecycle, LifecycleError
-from corral.sim.logs import EngineLog
-from corral.sim.protocol import parse_completion
-from corral.sim.tokenizer import ToyTokenizer
+from corral.sim.core.config import SimConfig
+from corral.sim.core.control import EngineControl
+from corral.sim.core.engine import Engine, Job
+from corral.sim.core.lifecycle import EngineLifecycle, LifecycleError
+from corral.sim.core.logs import EngineLog
+from corral.sim.core.tokenizer import ToyTokenizer
+from corral.sim.http.protocol import parse_completion
 
 
 def _make(itl_ms: float = 5.0) -> tuple[Engine, EngineControl, io.StringIO]:

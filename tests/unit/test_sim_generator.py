@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from corral.sim.faults import Fault, FaultInjector
-from corral.sim.generator import Generator
+from corral.sim.core.faults import Fault, FaultInjector
+from corral.sim.core.generator import Generator
 
 PROMPT = list(range(300, 340))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from corral.sim.lifecycle import EngineLifecycle, LifecycleError, PauseState
+from corral.sim.core.lifecycle import EngineLifecycle, LifecycleError, PauseState
 
 W, KV = 1000, 4000
 

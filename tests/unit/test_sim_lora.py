@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.sim.lora import LoraRegistry, parse_lora_module
-from corral.sim.protocol import RequestError
+from corral.sim.core.lora import LoraRegistry, parse_lora_module
+from corral.sim.http.protocol import RequestError
 
 
 def _reg(enabled: bool = True) -> LoraRegistry:

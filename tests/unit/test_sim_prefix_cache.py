@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from corral.sim.prefix_cache import PrefixCache, block_hashes
+from corral.sim.core.prefix_cache import PrefixCache, block_hashes
 
 
 def test_only_full_blocks_are_hashed_and_hashes_chain() -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.sim.protocol import RequestError, parse_chat, parse_completion, parse_json
-from corral.sim.requires import Requirement
+from corral.sim.http.protocol import RequestError, parse_chat, parse_completion, parse_json
+from corral.sim.weights.requires import Requirement
 
 
 def test_bad_json_reports_the_position_like_fastapi() -> None:

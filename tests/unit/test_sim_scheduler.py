@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from corral.sim.scheduler import EngineRequest, LatencyModel, Scheduler
+from corral.sim.core.scheduler import EngineRequest, LatencyModel, Scheduler
 
 
 def _req(name: str, prompt: int = 10, out: int = 6) -> EngineRequest:

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from corral.sim.logs import EngineLog
-from corral.sim.preload import DaemonConfig, WeightCacheDaemon
-from corral.sim.weight_cache import (
+from corral.sim.core.logs import EngineLog
+from corral.sim.weights.preload import DaemonConfig, WeightCacheDaemon
+from corral.sim.weights.weight_cache import (
     CacheConfigMismatch,
     WeightCacheUnavailable,
     cache_key,
     default_fingerprint,
 )
-from corral.sim.weight_loader import IpcLoadConfig, WeightLoader
+from corral.sim.weights.weight_loader import IpcLoadConfig, WeightLoader
 
 KEY = cache_key("m", default_fingerprint("m", "0.33.0"))
 

@@ -8,7 +8,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from corral.supervisor.api_guard import ManagementGuard, loopback_host
+from corral.supervisor.http.api_guard import ManagementGuard, loopback_host
 
 
 def test_loopback_hosts() -> None:

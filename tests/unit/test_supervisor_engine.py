@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from corral.supervisor.engine import RestartPolicy, detect_phase
-from corral.supervisor.states import StartingPhase as P
+from corral.supervisor.lifecycle.engine_process import RestartPolicy, detect_phase
+from corral.supervisor.lifecycle.states import StartingPhase as P
 
 # Lines as the real vLLM CPU 0.32.0 engine logged them (tests/data/vllm-samples), and GPU-only ones.
 REAL_LINES = [

@@ -7,8 +7,8 @@ import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from corral.supervisor.engine import engine_environment
-from corral.supervisor.engine_auth import MASK, EngineKey, Redactor, engine_api_key, redact_argv
+from corral.supervisor.lifecycle.engine_auth import MASK, EngineKey, Redactor, engine_api_key, redact_argv
+from corral.supervisor.lifecycle.engine_process import engine_environment
 
 
 def test_the_key_is_found_as_vllm_finds_it() -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from corral.supervisor.drain import QuietPeriod
-from corral.supervisor.engine_metrics import LoadSample, parse_load
-from corral.supervisor.stall import StallDetector
+from corral.engine.load_sample import LoadSample, parse_load
+from corral.supervisor.lifecycle.drain import QuietPeriod
+from corral.supervisor.lifecycle.stall import StallDetector
 
 METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -16,8 +16,14 @@ import orjson
 import psutil
 import pytest
 
-from corral.supervisor.oplog import EngineLeftover, OperationLog, StateDirLocked, last_epoch, read_records
-from corral.supervisor.state_writes import StateWriteFailures
+from corral.supervisor.state.oplog import (
+    EngineLeftover,
+    OperationLog,
+    StateDirLocked,
+    last_epoch,
+    read_records,
+)
+from corral.supervisor.state.state_writes import StateWriteFailures
 from tests.support.tmpfs import fill, tiny_tmpfs
 
 

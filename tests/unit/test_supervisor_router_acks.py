@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from corral.engine.load_sample import LoadSample
 from corral.engine_state import EngineState
-from corral.supervisor.drain import Drainer, DrainReport, DrainSettings
-from corral.supervisor.engine_metrics import LoadSample
-from corral.supervisor.routers import RouterSubscriptions
-from corral.supervisor.states import StateEvent
+from corral.supervisor.lifecycle.drain import Drainer, DrainReport, DrainSettings
+from corral.supervisor.lifecycle.routers import RouterSubscriptions
+from corral.supervisor.lifecycle.states import StateEvent
 
 EPOCH = 5
 

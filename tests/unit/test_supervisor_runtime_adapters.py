@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.supervisor.adapters import AdapterSet
-from corral.supervisor.runtime_adapters import (
+from corral.supervisor.lifecycle.adapters import AdapterSet
+from corral.supervisor.state.runtime_adapters import (
     FILE_NAME,
     RuntimeAdapterFile,
     restore_runtime_adapters,

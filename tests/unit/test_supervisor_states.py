@@ -10,8 +10,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from corral.supervisor.oplog import last_epoch
-from corral.supervisor.states import (
+from corral.supervisor.lifecycle.states import (
     ALLOWED_TRANSITIONS,
     EngineState,
     IllegalTransition,
@@ -19,6 +18,7 @@ from corral.supervisor.states import (
     StateMachine,
     is_allowed,
 )
+from corral.supervisor.state.oplog import last_epoch
 
 S = EngineState
 

@@ -19,10 +19,10 @@ from click.testing import CliRunner
 
 from corral.cli import main
 from corral.engine_state import EngineState
-from corral.router.endpoint import Endpoint, SupervisorView
-from corral.router.membership import Membership
-from corral.router.metrics import RouterMetrics
-from corral.router.supervisor_stream import StreamSettings, SupervisorStreams
+from corral.router.discovery.supervisor_stream import StreamSettings, SupervisorStreams
+from corral.router.membership.endpoint import Endpoint, SupervisorView
+from corral.router.membership.membership import Membership
+from corral.router.telemetry.metrics import RouterMetrics
 from tests.support.procs import free_port
 
 KEY = bytes.fromhex("5f" * 32)
@@ -208,8 +208,8 @@ def state_line(epoch: int, state: str) -> dict[str, Any]:
 
 
 async def test_streams_acks_and_wakes_carry_each_endpoints_own_token() -> None:
-    from corral.router.supervisor_stream import per_pod_tokens
-    from corral.router.wake_on_demand import WakeOnDemand
+    from corral.router.datapath.wake_on_demand import WakeOnDemand
+    from corral.router.discovery.supervisor_stream import per_pod_tokens
 
     key = KEY.hex().encode()
     t = tokens_module()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from corral.fleet.expected_sleep import ExpectAsleepError, ExpectedAsleep, asleep_problems
-from corral.fleet.probe import EngineView, FleetTarget, FleetView
-from corral.fleet.verify import FAIL, PASS, Expectations, check_processes, check_sleep
+from corral.fleet.checks.expected_sleep import ExpectAsleepError, ExpectedAsleep, asleep_problems
+from corral.fleet.checks.probe import EngineView, FleetTarget, FleetView
+from corral.fleet.checks.verify import FAIL, PASS, Expectations, check_processes, check_sleep
 
 METRICS = (
     'vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="awake"} {awake}\n'

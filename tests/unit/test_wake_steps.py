@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from corral.supervisor.ops.wake_steps import asleep_tags, check_tag_names, plan_wake
-from corral.supervisor.runbook import Refused
+from corral.supervisor.runbook.template import Refused
+from corral.supervisor.runbook.wake_steps import asleep_tags, check_tag_names, plan_wake
 
 BOTH = ["weights", "kv_cache"]
 

@@ -15,29 +15,29 @@ import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
+from corral.k8s.watch.client import PodApi
 from corral.openai_errors import error_response
-from corral.router.admin_access import ADMIN_PATHS, OPEN_PATHS, AdminAccess, AdminAccessConfig
-from corral.router.client_connections import ConnectionGuard
-from corral.router.client_limits import (
+from corral.router.datapath.proxy import Proxy, ProxyConfig
+from corral.router.datapath.retry_budget import RetryBudgetConfig
+from corral.router.datapath.upstream import UpstreamClient
+from corral.router.datapath.wake_on_demand import WakeOnDemand
+from corral.router.discovery.backends_file import FileSource
+from corral.router.discovery.static import StaticSource
+from corral.router.discovery.supervisor_stream import StreamSettings, SupervisorStreams, default_router_id
+from corral.router.edge.admin_access import ADMIN_PATHS, OPEN_PATHS, AdminAccess, AdminAccessConfig
+from corral.router.edge.client_connections import ConnectionGuard
+from corral.router.edge.client_limits import (
     ClientLimits,
     ClientLimitsCollector,
     ClientLimitStats,
     client_limits_middleware,
 )
-from corral.router.expect_continue import expect_handler
-from corral.router.file_source import FileSource
-from corral.router.k8s.client import PodApi
-from corral.router.membership import Membership
-from corral.router.metrics import RouterCollector, RouterMetrics
-from corral.router.proxy import Proxy, ProxyConfig
-from corral.router.retry_budget import RetryBudgetConfig
-from corral.router.scoring.config import RoutingConfig
-from corral.router.scoring.selector import Routing
-from corral.router.static_source import StaticSource
-from corral.router.supervisor_stream import StreamSettings, SupervisorStreams, default_router_id
-from corral.router.tenants import TenantCollector, TenantGate, Tenants, tenant_of
-from corral.router.upstream import UpstreamClient
-from corral.router.wake_on_demand import WakeOnDemand
+from corral.router.edge.expect_continue import expect_handler
+from corral.router.edge.tenants import TenantCollector, TenantGate, Tenants, tenant_of
+from corral.router.membership.membership import Membership
+from corral.router.routing.config import RoutingConfig
+from corral.router.routing.selector import Routing
+from corral.router.telemetry.metrics import RouterCollector, RouterMetrics
 
 # POST paths served by vLLM outside /v1 that are per-request inference, hence routable.
 ROOT_INFERENCE_PATHS = (
@@ -109,14 +109,14 @@ METRICS = web.AppKey("metrics", RouterMetrics)
 # Listens for the router (cli.serve): each client connection held to config.client_limits.
 CONNECTION_GUARD = web.AppKey("connection_guard", ConnectionGuard)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-# Not a tenant's: the probe, and the admin routes (corral.router.admin_access decides who reads those).
+# Not a tenant's: the probe, and the admin routes (corral.router.edge.admin_access decides who reads those).
 ADMIN_AND_OPEN_PATHS = ADMIN_PATHS | OPEN_PATHS
 # The router's own endpoints: cheap, engine-free, and what an operator needs during overload.
 OWN_ENDPOINTS = ("/health", "/livez", "/metrics", "/v1/models", "/v1/fleet")
 
 
 async def connect_pod_api(discovery: KubernetesDiscovery) -> PodApi:
-    from corral.router.k8s.client import KubePodApi
+    from corral.k8s.watch.client import KubePodApi
 
     return await KubePodApi.connect(discovery.namespace, discovery.selector, discovery.kubeconfig)
 
@@ -131,8 +131,8 @@ async def build_source(
     config: RouterConfig, membership: Membership, metrics: RouterMetrics, pod_api: PodApiFactory
 ) -> MembershipSource:
     if config.kubernetes is not None:
-        from corral.router.k8s.informer import InformerConfig
-        from corral.router.k8s.pod_source import PodSource, PodSourceConfig
+        from corral.k8s.watch.informer import InformerConfig
+        from corral.router.discovery.k8s_pods import PodSource, PodSourceConfig
 
         k8s = config.kubernetes
         return PodSource(

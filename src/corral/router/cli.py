@@ -13,16 +13,21 @@ import click
 from aiohttp import web
 
 from corral import aio
-from corral.router.access_options import EdgeAccess, access_options
+from corral.k8s.watch.client import KubeApiError
 from corral.router.app import CONNECTION_GUARD, KubernetesDiscovery, RouterConfig, build_app
-from corral.router.client_limits import ClientLimits, client_limit_options
-from corral.router.file_source import BackendsFileError, read_backends
-from corral.router.k8s.client import KubeApiError
-from corral.router.parse_errors import ParseErrorLog
-from corral.router.policies import POLICY_NAMES
-from corral.router.retry_budget import RetryBudgetConfig
-from corral.router.scoring.config import PolicyConfigError, RoutingConfig, load_routing_config
-from corral.router.supervisor_stream import StreamSettings, TokenFor, default_router_id, per_pod_tokens
+from corral.router.datapath.retry_budget import RetryBudgetConfig
+from corral.router.discovery.backends_file import BackendsFileError, read_backends
+from corral.router.discovery.supervisor_stream import (
+    StreamSettings,
+    TokenFor,
+    default_router_id,
+    per_pod_tokens,
+)
+from corral.router.edge.access_options import EdgeAccess, access_options
+from corral.router.edge.client_limits import ClientLimits, client_limit_options
+from corral.router.edge.parse_errors import ParseErrorLog
+from corral.router.routing.config import PolicyConfigError, RoutingConfig, load_routing_config
+from corral.router.routing.policies import POLICY_NAMES
 from corral.supervisor_tokens import FleetKeyError, read_fleet_key
 
 log = logging.getLogger("corral.router")
@@ -178,7 +183,7 @@ def read_supervisor_token(path: Path | None) -> str | None:
     "--policy-config",
     type=click.Path(dir_okay=False, path_type=Path),
     help="YAML/JSON file: policy per model, scored policies' weights, load bound, prefix blocks, "
-    "metrics scrape interval (see corral.router.scoring.config). Its `policy` overrides --policy.",
+    "metrics scrape interval (see corral.router.routing.config). Its `policy` overrides --policy.",
 )
 @click.option(
     "--max-retries",
@@ -380,7 +385,7 @@ async def serve(config: RouterConfig, host: str, port: int, shutdown_timeout: fl
         assert runner.server is not None
         await guard.listen(runner.server, host, port, backlog=1024)
         admin = config.admin
-        if admin.admin_port is not None:  # /metrics and /v1/fleet only (corral.router.admin_access)
+        if admin.admin_port is not None:  # /metrics and /v1/fleet only (corral.router.edge.admin_access)
             admin_listener = await loop.create_server(
                 runner.server, admin.admin_host, admin.admin_port, reuse_address=True
             )

@@ -15,12 +15,12 @@ import sys
 import click
 
 from corral import aio
-from corral.sim.config import GIB, SimConfig
-from corral.sim.lora import parse_lora_module
-from corral.sim.preload import DaemonConfig, WeightCacheDaemon
-from corral.sim.requires import Requirement
+from corral.sim.core.config import GIB, SimConfig
+from corral.sim.core.lora import parse_lora_module
 from corral.sim.server import SimServer
-from corral.sim.weight_cache import default_fingerprint, socket_path_in
+from corral.sim.weights.preload import DaemonConfig, WeightCacheDaemon
+from corral.sim.weights.requires import Requirement
+from corral.sim.weights.weight_cache import default_fingerprint, socket_path_in
 
 
 def _check_requires(_ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:

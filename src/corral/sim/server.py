@@ -21,21 +21,21 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from prometheus_client.registry import Collector
 
-from corral.sim import dev_api, lora_api
-from corral.sim.app import RouteSet, SimApi
-from corral.sim.config import GIB, SimConfig
-from corral.sim.control import EngineControl
-from corral.sim.engine import Engine
-from corral.sim.lifecycle import EngineLifecycle
-from corral.sim.logs import EngineLog
-from corral.sim.lora import LoraRegistry, parse_lora_module
-from corral.sim.metrics import EngineCollector, MetricsEndpoint
-from corral.sim.ops_metrics import LifecycleCollector, LoraCollector
-from corral.sim.protocol import RequestError
-from corral.sim.requires import Requirement
-from corral.sim.tokenizer import ToyTokenizer
-from corral.sim.weight_cache import cache_key, default_fingerprint
-from corral.sim.weight_loader import IpcLoadConfig, LoadOutcome, WeightLoader
+from corral.sim.core.config import GIB, SimConfig
+from corral.sim.core.control import EngineControl
+from corral.sim.core.engine import Engine
+from corral.sim.core.lifecycle import EngineLifecycle
+from corral.sim.core.logs import EngineLog
+from corral.sim.core.lora import LoraRegistry, parse_lora_module
+from corral.sim.core.tokenizer import ToyTokenizer
+from corral.sim.http import dev_api, lora_api
+from corral.sim.http.app import RouteSet, SimApi
+from corral.sim.http.metrics import EngineCollector, MetricsEndpoint
+from corral.sim.http.ops_metrics import LifecycleCollector, LoraCollector
+from corral.sim.http.protocol import RequestError
+from corral.sim.weights.requires import Requirement
+from corral.sim.weights.weight_cache import cache_key, default_fingerprint
+from corral.sim.weights.weight_loader import IpcLoadConfig, LoadOutcome, WeightLoader
 
 _STATS_INTERVAL_S = 10.0
 _WEIGHTS_START, _WEIGHTS_END = 0.15, 0.6  # the share of --startup-seconds spent loading weights

@@ -22,12 +22,12 @@ from aiohttp import web
 from corral.aio import run as run_on_uvloop
 from corral.bundle_spec import BundleError, BundleSpec, load_bundle
 from corral.state_home import corral_state_dir, state_dir_problem
-from corral.supervisor.adapters import AdapterSpecError, parse_lora
-from corral.supervisor.config import SupervisorConfig, is_loopback
-from corral.supervisor.drain import DrainPolicy, DrainSettings
-from corral.supervisor.gates import DependencyGate, GateSpecError, parse_gate
-from corral.supervisor.oplog import StateDirLocked
-from corral.supervisor.prestop import run_prestop
+from corral.supervisor.commands.prestop import run_prestop
+from corral.supervisor.lifecycle.adapters import AdapterSpecError, parse_lora
+from corral.supervisor.lifecycle.config import SupervisorConfig, is_loopback
+from corral.supervisor.lifecycle.dependencies import DependencyGate, GateSpecError, parse_gate
+from corral.supervisor.lifecycle.drain import DrainPolicy, DrainSettings
+from corral.supervisor.state.oplog import StateDirLocked
 
 
 class _RunByDefault(click.Group):
@@ -362,8 +362,8 @@ def _supervisor_log(message: str) -> None:
 
 async def _serve(config: SupervisorConfig) -> int:
     # imported here so that bad input is answered without loading the server's modules
-    from corral.supervisor.api import SupervisorAPI
-    from corral.supervisor.lifecycle import EngineSupervisor
+    from corral.supervisor.http.api import SupervisorAPI
+    from corral.supervisor.lifecycle.supervisor import EngineSupervisor
 
     supervisor = EngineSupervisor(config, _supervisor_log, _printer("[engine]"))
     try:
@@ -399,7 +399,7 @@ async def _serve(config: SupervisorConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, supervisor.on_signal, sig)
     if config.preload_argv:
-        from corral.supervisor.preload import PreloadDaemon
+        from corral.supervisor.lifecycle.preload import PreloadDaemon
 
         assert config.preload_health is not None
         await supervisor.start_preload(
@@ -422,8 +422,8 @@ async def _serve(config: SupervisorConfig) -> int:
 
 
 async def _start_gate(supervisor: Any, config: SupervisorConfig) -> web.AppRunner | None:
-    from corral.supervisor.admission_metrics import AdmissionCollector
-    from corral.supervisor.gate import AdmissionGate
+    from corral.supervisor.http.admission import AdmissionGate
+    from corral.supervisor.http.admission_metrics import AdmissionCollector
 
     if config.gate_port is None:
         return None

@@ -1,0 +1,2 @@
+"""What Corral knows about vLLM, in one place: metric names, the metrics parser, the development-endpoint
+client, the `/v1/models` probe, the evidence lines, vLLM's flag rules."""

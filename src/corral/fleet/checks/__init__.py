@@ -1,0 +1,2 @@
+"""Looking at a fleet: `corral status`, `corral verify`, `corral doctor`, the probe they share, change
+records."""

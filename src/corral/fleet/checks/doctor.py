@@ -1,0 +1,281 @@
+"""`corral doctor`'s diagnosis: the runbook's tree (process dead? alive but not ready? preload path?
+memory? requests failing?) walked for each engine from what its supervisor, the engine and the router
+say, down to the first branch that explains what is wrong, with the evidence and the next command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass
+
+import aiohttp
+
+from corral.clients.access import ADMIN_KEY_FLAG, ADMIN_URL_FLAG, ENGINE_KEY_ENV, ENGINE_KEY_FLAG
+from corral.fleet.checks.doctor_sleep import memory_not_released, partial_wake
+from corral.fleet.checks.doctor_streams import aborted_streams
+from corral.fleet.checks.probe import EngineView, FleetView
+
+HEALTHY = "healthy"
+_DEPENDENCY = re.compile(r"required dependency|dependenc|--requires|--wait-for", re.IGNORECASE)
+_RANK = re.compile(r"worker ?proc|rank \d+|ranks? failed|nccl", re.IGNORECASE)
+_LOADING = {"engine_starting", "loading_model", "allocating_kv_cache", "capturing_graphs", "server_starting"}
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    engine: str
+    branch: str  # e.g. "not-ready/sleeping"; "healthy" when nothing was found
+    evidence: str
+    next_command: str
+
+    @property
+    def healthy(self) -> bool:
+        return self.branch == HEALTHY
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "engine": self.engine,
+            "branch": self.branch,
+            "evidence": self.evidence,
+            "next": self.next_command,
+        }
+
+
+def _last_lines(e: EngineView) -> list[str]:
+    state = e.state or {}
+    lines = list((state.get("evidence") or {}).get("last_lines") or [])
+    for restart in state.get("restarts") or []:
+        lines += list(restart.get("last_lines") or [])
+    return [str(line) for line in lines]
+
+
+def _matching(lines: list[str], pattern: re.Pattern[str]) -> str | None:
+    return next((line for line in reversed(lines) if pattern.search(line)), None)
+
+
+def _logs_hint(e: EngineView) -> str:
+    return f"curl -s {e.supervisor_url}/v1/state | jq '.evidence, .restarts'"
+
+
+_DAEMON_DIED = (
+    "read the daemon's last lines (`preload_exited` in the operation log); the supervisor restarts it "
+    "and the engine from it (corral_supervisor_preload_restarts_total); if it keeps dying, check its "
+    "memory and socket path"
+)
+
+
+def _not_running(e: EngineView) -> Diagnosis | None:
+    """Process dead, or alive but not ready: read from the supervisor's lifecycle state."""
+    state = e.state or {}
+    lifecycle, sub = e.lifecycle, str(state.get("sub_state") or "")
+    reason = str(state.get("reason") or "")
+    lines = _last_lines(e)
+    dependency = _matching(lines, _DEPENDENCY)
+    if (lifecycle == "STARTING" and sub == "waiting_dependencies") or "dependenc" in reason.lower():
+        gates = state.get("gates") or []
+        return Diagnosis(
+            e.name,
+            "not-ready/dependency",
+            f"{lifecycle} ({sub}): {reason}; gates {gates}",
+            "start the dependency first (or fix --wait-for), then: " + _logs_hint(e),
+        )
+    if lifecycle in ("FAILED", "STARTING") and dependency is not None:
+        return Diagnosis(
+            e.name,
+            "not-ready/dependency",
+            f"{lifecycle}: {reason}; engine said: {dependency.strip()[:200]}",
+            "start the dependency the engine names (or gate on it with `corral supervise --wait-for`), "
+            "then restart the supervisor",
+        )
+    rank = _matching(lines, _RANK)
+    if lifecycle in ("FAILED", "STARTING") and rank is not None:
+        return Diagnosis(
+            e.name,
+            "not-ready/rank-failure",
+            f"{lifecycle}: {reason}; {rank.strip()[:200]}",
+            "keep the whole serving group out of routing; restart it as one: " + _logs_hint(e),
+        )
+    if lifecycle == "FAILED" and "not ready within --startup-timeout" in reason:
+        return Diagnosis(
+            e.name,
+            "not-ready/loading-past-startup-budget",
+            reason,
+            "raise --startup-timeout to cover the longest legal load, or check the artifact and memory",
+        )
+    if lifecycle == "FAILED" and "during startup" in reason:
+        return Diagnosis(
+            e.name,
+            "process-dead/startup-crash",
+            f"{reason}; last lines: {' | '.join(line.strip() for line in lines[-3:])[:300]}",
+            f"inspect the engine log, then restart a known-good revision: {_logs_hint(e)}",
+        )
+    if lifecycle == "FAILED" and "not the expected" in reason:
+        return Diagnosis(
+            e.name,
+            "requests-failing/stale-identity",
+            reason,
+            "fix --model or the engine's --served-model-name",
+        )
+    if lifecycle == "FAILED" and ("stalled" in reason or "smoke request failed" in reason):
+        return Diagnosis(
+            e.name,
+            "requests-failing/hang",
+            reason,
+            "the supervisor restarts it in place; if it recurs, capture a stack (py-spy dump) first",
+        )
+    if lifecycle in ("FAILED", "STARTING") and "preload daemon" in reason:
+        return Diagnosis(e.name, "preload/daemon-died", f"{lifecycle} ({sub}): {reason}", _DAEMON_DIED)
+    if lifecycle == "FAILED":
+        return Diagnosis(e.name, "process-dead/failed", reason, _logs_hint(e))
+    if lifecycle == "STARTING" and sub == "restarting":
+        return Diagnosis(
+            e.name,
+            "process-dead/startup-crash",
+            f"{reason}; last lines: {' | '.join(line.strip() for line in lines[-3:])[:300]}",
+            _logs_hint(e),
+        )
+    if lifecycle == "STARTING" and (sub in _LOADING or sub == "smoke_testing"):
+        return Diagnosis(
+            e.name,
+            "not-ready/loading",
+            f"STARTING ({sub}) since {state.get('since')}: {reason}",
+            f"wait (startup budget); watch it: curl -N {e.supervisor_url}/v1/state/watch",
+        )
+    if lifecycle in ("DRAINING", "STOPPING"):
+        return Diagnosis(e.name, "not-ready/draining", f"{lifecycle} ({sub}): {reason}", _logs_hint(e))
+    return None
+
+
+async def _answers_a_token(engine_url: str, model: str, within: float, headers: dict[str, str]) -> bool:
+    body = {"model": model, "prompt": "corral doctor", "max_tokens": 1, "stream": True}
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                engine_url + "/v1/completions",
+                json=body,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=within),
+            ) as resp:
+                if resp.status != 200:
+                    return False
+                async for raw in resp.content:
+                    if raw.startswith(b"data: {"):
+                        return True
+    except (aiohttp.ClientError, TimeoutError):
+        return False
+    return False
+
+
+async def diagnose_engine(
+    e: EngineView, probe_seconds: float, engine_headers: dict[str, str] | None = None
+) -> Diagnosis:
+    if e.supervisor_url is not None and e.state is None:
+        return Diagnosis(
+            e.name,
+            "process-dead/supervisor",
+            f"{e.supervisor_url}: {e.state_error}",
+            "check the supervisor's process and log (`corral up` prints its log dir)",
+        )
+    found = _not_running(e)
+    if found is not None:
+        return found
+    if e.health != 200:
+        return Diagnosis(
+            e.name,
+            "process-dead/engine",
+            f"supervisor says {e.lifecycle} but {e.engine_url}/health answers {e.health or 'nothing'}",
+            f"the supervisor will notice and restart it; meanwhile: {_logs_hint(e)}",
+        )
+    for sleep_branch in (partial_wake, memory_not_released):
+        found_asleep = sleep_branch(e)
+        if found_asleep is not None:
+            return Diagnosis(e.name, *found_asleep)
+    if e.sleeping:
+        return Diagnosis(
+            e.name,
+            "not-ready/sleeping",
+            f"{e.engine_url}/is_sleeping is true",
+            f"curl -X POST '{e.engine_url}/wake_up' (then smoke before readiness returns)",
+        )
+    evidence = e.evidence
+    for kind, branch, command in (
+        ("fingerprint", "preload/fingerprint-mismatch", "align model/revision/dtype/layout with the daemon"),
+        ("preload_exit", "preload/daemon-died", _DAEMON_DIED),
+        ("fallback", "preload/fallback-to-disk", "check the preload daemon's /health and socket owner"),
+        ("oom", "memory/oom", "lower --gpu-memory-utilization or max-num-seqs; check memory ownership"),
+        ("rank", "not-ready/rank-failure", "restart the whole serving group as one"),
+    ):
+        entry = evidence.get(kind) or {}
+        if int(entry.get("count", 0)):
+            last = (entry.get("last") or [""])[-1]
+            return Diagnosis(e.name, branch, f"{kind}×{entry['count']}: {str(last).strip()[:240]}", command)
+    if e.models is None and e.models_status == 401:
+        return Diagnosis(
+            e.name,
+            "requests-failing/engine-api-key",
+            e.models_problem,
+            f"pass {ENGINE_KEY_FLAG} FILE (the engine's --api-key) or set {ENGINE_KEY_ENV}",
+        )
+    model = next(iter(e.base_models), None)
+    if (
+        model is not None
+        and e.engine_url
+        and not await _answers_a_token(e.engine_url, model, probe_seconds, engine_headers or {})
+    ):
+        return Diagnosis(
+            e.name,
+            "requests-failing/hang",
+            f"/health 200 but no token within {probe_seconds:g}s for a 1-token request",
+            "capture a stack (py-spy dump --pid ENGINE_PID), then drain and restart: "
+            f"curl -X POST {e.supervisor_url}/v1/drain",
+        )
+    return Diagnosis(e.name, HEALTHY, f"{e.lifecycle}, /health 200, serving {model}", "-")
+
+
+def diagnose_router(view: FleetView) -> list[Diagnosis]:
+    if view.router_endpoints is None:
+        if view.router_refused:  # up, but it wants its admin key or its admin port
+            return [
+                Diagnosis(
+                    "router",
+                    "router/admin-routes-refused",
+                    view.router_error,
+                    f"pass {ADMIN_KEY_FLAG} FILE (the router's --admin-key-file), or {ADMIN_URL_FLAG} "
+                    "URL for a router with --admin-port",
+                )
+            ]
+        if view.target.router:
+            return [
+                Diagnosis("router", "requests-failing/router-down", view.router_error, "restart the router")
+            ]
+        return []
+    by_url = view.by_engine_url()
+    found: list[Diagnosis] = []
+    streams = aborted_streams(view)
+    if streams is not None:
+        found.append(Diagnosis("router", *streams))
+    for ep in view.router_endpoints:
+        engine = by_url.get(str(ep.get("url")))
+        if not ep.get("routable") or engine is None:
+            continue
+        dead = engine.health != 200
+        unready = engine.state is not None and engine.lifecycle != "READY"
+        if dead or unready:
+            said = f"/health {engine.health or 'nothing'}" if dead else f"supervisor {engine.lifecycle}"
+            found.append(
+                Diagnosis(
+                    "router",
+                    "requests-failing/router-lists-dead-engine",
+                    f"router routes to {ep.get('url')} ({ep.get('why')}), which answers {said}",
+                    "give the router the supervisor's stream (--supervised ENGINE=SUPERVISOR) or fix its "
+                    "discovery; check: curl -s ROUTER/v1/fleet",
+                )
+            )
+    return found
+
+
+async def diagnose(view: FleetView, probe_seconds: float = 3.0) -> list[Diagnosis]:
+    keyed = view.target.access.engine_headers()
+    engines = await asyncio.gather(*(diagnose_engine(e, probe_seconds, keyed) for e in view.engines))
+    return [*engines, *diagnose_router(view)]

@@ -1,0 +1,64 @@
+"""`corral doctor`: one command that says what is wrong with a fleet, where in the runbook's diagnosis
+tree, with the evidence and the command to run next. Exits 1 when anything is wrong."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from corral.aio import run
+from corral.clients.access import FleetAccess, fleet_access_options
+from corral.fleet.checks.doctor import Diagnosis, diagnose
+from corral.fleet.checks.probe import FleetTarget, TargetError, look, read_token
+
+
+def render(found: list[Diagnosis]) -> Table:
+    table = Table(title="corral doctor", title_justify="left")
+    for column in ("member", "branch", "evidence", "next"):
+        table.add_column(column, overflow="fold")
+    for d in found:
+        colour = "green" if d.healthy else "red"
+        table.add_row(d.engine, f"[{colour}]{d.branch}[/{colour}]", d.evidence, d.next_command)
+    return table
+
+
+@click.command()
+@click.option("--port", default=8000, show_default=True, help="Router port of the local fleet (`corral up`).")
+@click.option(
+    "--router", default=None, help="Router URL (with --supervisor: a fleet not run by `corral up`)."
+)
+@click.option("--supervisor", "supervisors", multiple=True, help="Supervisor URL (repeatable).")
+@click.option(
+    "--probe-seconds",
+    default=3.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="How long a READY engine may take to stream one token before it counts as hung.",
+)
+@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@fleet_access_options()
+def doctor(
+    port: int,
+    router: str | None,
+    supervisors: tuple[str, ...],
+    probe_seconds: float,
+    token_file: Path | None,
+    access: FleetAccess,
+) -> None:
+    """Walk the diagnosis tree for every engine and the router; print each branch found."""
+    try:
+        token = read_token(token_file, os.environ.get("CORRAL_TOKEN"))
+        target = FleetTarget.resolve(port, router, supervisors, token, access)
+    except TargetError as exc:
+        raise click.ClickException(str(exc)) from None
+    view = run(look(target))
+    found = run(diagnose(view, probe_seconds))
+    Console(width=max(140, Console().width)).print(render(found))
+    for d in found:
+        click.echo(f"branch {d.engine}: {d.branch}")
+    if any(not d.healthy for d in found):
+        raise SystemExit(1)

@@ -1,0 +1,75 @@
+"""The `corral status` screen: one row per engine from a `FleetView` — lifecycle state and since-when
+from its supervisor, bundle fingerprint, in-flight and KV usage from the engine's `/metrics`,
+adapters from its `/v1/models` — beside the router's membership view of it."""
+
+from __future__ import annotations
+
+import time
+
+from rich.table import Table
+
+from corral.fleet.checks.probe import EngineView, FleetView
+
+
+def _since(epoch_seconds: object) -> str:
+    if not isinstance(epoch_seconds, int | float):
+        return "-"
+    ago = max(0.0, time.time() - float(epoch_seconds))
+    return f"{ago:.0f}s ago" if ago < 120 else f"{ago / 60:.0f}m ago"
+
+
+def _sum(e: EngineView, metric: str) -> float | None:
+    samples = e.metric(metric)
+    return sum(v for _, v in samples) if samples else None
+
+
+def in_flight(e: EngineView) -> str:
+    running, waiting = _sum(e, "vllm:num_requests_running"), _sum(e, "vllm:num_requests_waiting")
+    if running is None and waiting is None:
+        return "-"
+    return f"{running or 0:.0f} run / {waiting or 0:.0f} wait"
+
+
+def kv_usage(e: EngineView) -> str:
+    usage = _sum(e, "vllm:kv_cache_usage_perc")
+    if usage is None:
+        usage = _sum(e, "vllm:gpu_cache_usage_perc")  # vLLM before the rename
+    return "-" if usage is None else f"{usage * 100:.0f}%"
+
+
+def render_view(view: FleetView, title: str = "Corral fleet") -> Table:
+    routed = {str(ep.get("url")): ep for ep in view.router_endpoints or []}
+    table = Table(title=title, title_justify="left")
+    columns = ("engine", "state", "since", "reason", "restarts", "pid", "bundle", "in flight", "KV")
+    for column in (*columns, "adapters", "router view"):
+        table.add_column(column)
+    for e in view.engines:
+        if e.state is None and e.supervisor_url is not None:
+            table.add_row(e.name, "[red]?[/red]", "-", e.state_error, *["-"] * 7)
+            continue
+        s = e.state or {}
+        state = e.lifecycle if e.state is not None else ("answers" if e.health == 200 else "no answer")
+        sub = s.get("sub_state")
+        colour = "green" if state == "READY" else "red" if state in ("FAILED", "no answer") else "yellow"
+        ep = routed.get(str(e.engine_url))
+        if ep is None:
+            view_text = view.router_error or ("not listed" if view.router_endpoints is not None else "-")
+        else:
+            view_text = f"{ep.get('state')}, {'routable' if ep.get('routable') else 'not routable'}"
+            view_text += f", in flight {ep.get('in_flight', 0)}"
+        table.add_row(
+            e.name,
+            f"[{colour}]{state}[/{colour}]"
+            + (f" ({sub})" if sub else "")
+            + (" [sleeping]" if e.sleeping else ""),
+            _since(s.get("since")),
+            str(s.get("reason") or ""),
+            str(len(s.get("restarts") or [])) if e.state is not None else "-",
+            str((s.get("engine") or {}).get("pid") or "-"),
+            e.fingerprint or "-",
+            in_flight(e),
+            kv_usage(e),
+            ", ".join(e.adapters) or "-",
+            view_text,
+        )
+    return table

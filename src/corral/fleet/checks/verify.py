@@ -1,0 +1,313 @@
+"""The runbook's post-operation checklist as code: each check looks at a `FleetView` (and the smoke
+requests) and passes, fails, or only reports (`warn`), with the evidence in one line.
+
+Check names are stable; they are what the table, the change record and the tests name.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from corral.engine.evidence import KINDS
+from corral.fleet.checks.expected_sleep import ExpectedAsleep, asleep_problems
+from corral.fleet.checks.probe import EngineView, FleetView
+
+PASS, FAIL, WARN = "pass", "fail", "warn"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    verdict: str
+    detail: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"check": self.name, "verdict": self.verdict, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class Expectations:
+    model: str | None = None
+    adapters: tuple[str, ...] | None = None  # None: only that every engine of a group has the same
+    explained: dict[str, str] = field(default_factory=dict)  # evidence kind -> operator's explanation
+    asleep: tuple[ExpectedAsleep, ...] = ()  # engines a planned sleep should have put to sleep
+
+    def expected_asleep(self, engine: EngineView) -> ExpectedAsleep | None:
+        return next((a for a in self.asleep if a.matches(engine)), None)
+
+
+def _names(engines: list[EngineView]) -> str:
+    return ", ".join(e.name for e in engines)
+
+
+def check_processes(view: FleetView, expect: Expectations) -> Check:
+    supervised = [e for e in view.engines if e.supervisor_url is not None]
+    if not supervised:
+        return Check("processes", WARN, "no supervisors given: process and rank state not checked")
+    asleep = [e for e in supervised if expect.expected_asleep(e) is not None]
+    bad = [e for e in supervised if e.lifecycle != "READY" and e not in asleep]
+    if bad:
+        detail = "; ".join(
+            f"{e.name} {e.lifecycle}" + (f" ({e.state_error or (e.state or {}).get('reason')})") for e in bad
+        )
+        return Check("processes", FAIL, f"not READY: {detail}")
+    restarted = [e for e in supervised if (e.state or {}).get("restarts")]
+    note = f"; restarted before READY: {_names(restarted)}" if restarted else ""
+    if asleep:
+        note += f"; expected asleep (see sleep): {_names(asleep)}"
+    return Check("processes", PASS, f"{len(supervised) - len(asleep)} supervisors READY{note}")
+
+
+def check_model(view: FleetView, expect: Expectations) -> Check:
+    answering = [e for e in view.engines if e.models is not None]
+    if not answering:
+        if not view.engines and view.router_error:
+            return Check("model", FAIL, "no engine to ask: the router's list could not be read (membership)")
+        why = "; ".join(e.models_problem for e in view.engines if e.engine_url)
+        return Check("model", FAIL, "no engine answered /v1/models" + (f": {why}" if why else ""))
+    first = answering[0].base_models
+    wanted = expect.model or (first[0] if first else "?")
+    wrong = [e for e in answering if wanted not in e.base_models]
+    if wrong:
+        return Check(
+            "model",
+            FAIL,
+            "; ".join(f"{e.name} serves {e.base_models}, expected {wanted}" for e in wrong),
+        )
+    return Check("model", PASS, f"{len(answering)} engines serve {wanted}")
+
+
+def check_adapters(view: FleetView, expect: Expectations) -> Check:
+    answering = [e for e in view.engines if e.models is not None]
+    if expect.adapters is not None:
+        wanted = sorted(expect.adapters)
+        wrong = [e for e in answering if e.adapters != wanted]
+        if wrong:
+            detail = "; ".join(f"{e.name} has {e.adapters or 'none'}" for e in wrong)
+            return Check("adapters", FAIL, f"expected {wanted or 'none'}: {detail}")
+        return Check("adapters", PASS, f"every engine has {wanted or 'no adapters'}")
+    sets = {tuple(e.adapters) for e in answering}
+    if len(sets) > 1:
+        detail = "; ".join(f"{e.name} has {e.adapters or 'none'}" for e in answering)
+        return Check("adapters", FAIL, f"engines of the fleet differ: {detail}")
+    only = next(iter(sets), ())
+    return Check("adapters", PASS, f"every engine has {list(only) or 'no adapters'}")
+
+
+def check_bundle(view: FleetView) -> Check:
+    supervised = [e for e in view.engines if e.state is not None and e.lifecycle == "READY"]
+    if not supervised:
+        return Check("bundle", WARN, "no READY supervisor to report a bundle")
+    missing = [e for e in supervised if e.fingerprint is None]
+    if missing:
+        return Check("bundle", FAIL, f"READY without a bundle fingerprint: {_names(missing)}")
+    groups: dict[tuple[str, ...], dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for e in supervised:
+        groups[tuple(e.base_models)][str(e.fingerprint)].append(e.name)
+    mixed = {g: fps for g, fps in groups.items() if len(fps) > 1}
+    if mixed:
+        detail = "; ".join(f"group {list(g)}: {dict(fps)}" for g, fps in mixed.items())
+        return Check("bundle", FAIL, f"a serving group mixes fingerprints: {detail}")
+    detail = ", ".join(f"{list(g)} = {next(iter(fps))}" for g, fps in groups.items())
+    return Check("bundle", PASS, f"one fingerprint per serving group: {detail}")
+
+
+def check_health(view: FleetView, expect: Expectations) -> Check:
+    ready = [
+        e
+        for e in view.engines
+        if e.lifecycle == "READY" or e.supervisor_url is None or expect.expected_asleep(e) is not None
+    ]
+    bad = [e for e in ready if e.health != 200]
+    if bad:
+        return Check("health", FAIL, "; ".join(f"{e.name} /health {e.health or 'unreachable'}" for e in bad))
+    return Check("health", PASS, f"{len(ready)} engines answer /health 200")
+
+
+def check_sleep(view: FleetView, expect: Expectations) -> Check:
+    """Every engine awake, except those `--expect-asleep` names: each of those asleep as expected."""
+    problems = [
+        f"no engine {w.engine!r} to be asleep (engines: {_names(view.engines)})"
+        for w in expect.asleep
+        if not any(w.matches(e) for e in view.engines)
+    ]
+    expected: list[str] = []
+    awake: list[EngineView] = []
+    for e in view.engines:
+        wanted = expect.expected_asleep(e)
+        if wanted is None:
+            awake.append(e)
+            continue
+        expected.append(e.name + (f" level {wanted.level}" if wanted.level is not None else ""))
+        problems += [f"{e.name} (expected asleep): {p}" for p in asleep_problems(e, wanted)]
+    sleeping = [e for e in awake if e.sleeping]
+    if sleeping:
+        problems.append(f"sleeping (expected awake): {_names(sleeping)}")
+    if problems:
+        return Check("sleep", FAIL, "; ".join(problems))
+    unknown = [e for e in awake if e.sleeping is None and e.health == 200]
+    note = f" ({len(unknown)} without /is_sleeping: dev mode off)" if unknown else ""
+    if expected:
+        detail = f"asleep as expected: {', '.join(expected)}; no other engine sleeping"
+        return Check("sleep", PASS, detail + note)
+    return Check("sleep", PASS, "no engine sleeping" + note)
+
+
+def check_membership(view: FleetView) -> Check:
+    if view.router_endpoints is None:
+        verdict = FAIL if view.target.router else WARN
+        return Check("membership", verdict, view.router_error or "no router given")
+    by_url = view.by_engine_url()
+    problems: list[str] = []
+    for ep in view.router_endpoints:
+        url = str(ep.get("url"))
+        engine = by_url.get(url)
+        if not ep.get("routable") or engine is None:
+            continue
+        if engine.health != 200:
+            problems.append(f"router routes to {url}, which answers /health {engine.health or 'nothing'}")
+        elif engine.state is not None and engine.lifecycle != "READY":
+            problems.append(f"router routes to {url}, whose supervisor says {engine.lifecycle}")
+    routed = {str(ep.get("url")) for ep in view.router_endpoints if ep.get("routable")}
+    for e in view.engines:
+        if e.lifecycle == "READY" and e.engine_url not in routed:
+            problems.append(f"{e.name} is READY but the router does not route to it")
+    if problems:
+        return Check("membership", FAIL, "; ".join(problems))
+    return Check("membership", PASS, f"router routes to exactly the {len(routed)} ready engines")
+
+
+def check_evidence(view: FleetView, expect: Expectations) -> Check:
+    found: list[str] = []
+    explained: list[str] = []
+    for e in view.engines:
+        for kind, entry in e.evidence.items():
+            count = int((entry or {}).get("count", 0))
+            if count and kind in expect.explained:
+                explained.append(f"{e.name} {kind}×{count} ({expect.explained[kind]})")
+            elif count:
+                last = ((entry or {}).get("last") or [""])[-1]
+                found.append(f"{e.name} {kind}×{count}: {last[:160]}")
+    if found:
+        return Check("evidence", FAIL, "unexplained: " + "; ".join(found))
+    detail = f"no {'/'.join(KINDS)} events in the operation logs"
+    return Check("evidence", PASS, detail + (f"; explained: {'; '.join(explained)}" if explained else ""))
+
+
+@dataclass
+class SmokeSample:
+    check: Check
+    ttft_ms: float | None = None
+
+
+def _no_hint(status: int) -> str:
+    return ""
+
+
+async def smoke(
+    base_url: str,
+    model: str,
+    headers: dict[str, str] | None = None,
+    refused: Callable[[int], str] = _no_hint,
+) -> SmokeSample:
+    """One non-streamed and one streamed chat completion: usage and finish_reason on both (`headers`:
+    the engine's key, or a tenant key for a router with tenants; `refused(status)`: what to do when
+    `base_url` answers that status, put first in the check's detail)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": "corral verify"}],
+        "max_tokens": 4,
+        "temperature": 0,
+    }
+    limit = aiohttp.ClientTimeout(total=20)
+    url = base_url + "/v1/chat/completions"
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url, json=body, headers=headers or {}, timeout=limit) as resp:
+                if resp.status != 200:
+                    hint = refused(resp.status)
+                    said = hint or (await resp.text())[:200]
+                    return SmokeSample(Check("smoke", FAIL, f"non-streamed: {resp.status}: {said}"))
+                reply = await resp.json()
+            finish = (reply.get("choices") or [{}])[0].get("finish_reason")
+            if not finish or not (reply.get("usage") or {}).get("completion_tokens"):
+                return SmokeSample(
+                    Check("smoke", FAIL, f"non-streamed: finish {finish}, usage {reply.get('usage')}")
+                )
+            started = time.monotonic()
+            ttft: float | None = None
+            stream_finish, stream_usage = None, None
+            streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+            async with session.post(url, json=streamed, headers=headers or {}, timeout=limit) as resp:
+                if resp.status != 200:
+                    hint = refused(resp.status)
+                    return SmokeSample(
+                        Check("smoke", FAIL, f"streamed: {resp.status}" + (f": {hint}" if hint else ""))
+                    )
+                async for raw in resp.content:
+                    line = raw.decode().strip()
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = orjson.loads(line[6:])
+                    for choice in chunk.get("choices") or []:
+                        if ttft is None and (choice.get("delta") or {}).get("content"):
+                            ttft = (time.monotonic() - started) * 1000
+                        stream_finish = choice.get("finish_reason") or stream_finish
+                    stream_usage = chunk.get("usage") or stream_usage
+            if not stream_finish or not stream_usage:
+                detail = f"streamed: finish {stream_finish}, usage {stream_usage}"
+                return SmokeSample(Check("smoke", FAIL, detail), ttft)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        return SmokeSample(Check("smoke", FAIL, f"{url}: {type(exc).__name__} {exc}"))
+    return SmokeSample(
+        Check("smoke", PASS, f"via {base_url}: finish {finish}/{stream_finish}, usage on both"), ttft
+    )
+
+
+def check_latency(ttft_ms: float | None, previous: dict[str, Any] | None) -> Check:
+    """Reported, never failed on: one sample is noise; a trend needs the records side by side."""
+    if ttft_ms is None:
+        return Check("latency", WARN, "no TTFT sample (smoke did not stream a token)")
+    before = (previous or {}).get("ttft_ms")
+    if not isinstance(before, int | float):
+        return Check("latency", PASS, f"TTFT {ttft_ms:.1f} ms (no earlier record to compare)")
+    ratio = ttft_ms / before if before > 0 else 1.0
+    verdict = WARN if ratio > 2.0 and ttft_ms - before > 50 else PASS
+    return Check("latency", verdict, f"TTFT {ttft_ms:.1f} ms, last record {before:.1f} ms (×{ratio:.2f})")
+
+
+async def run_checks(
+    view: FleetView, expect: Expectations, previous: dict[str, Any] | None
+) -> tuple[list[Check], float | None]:
+    """Every check, in the checklist's order, and the TTFT sample for the change record."""
+    checks = [
+        check_processes(view, expect),
+        check_model(view, expect),
+        check_adapters(view, expect),
+        check_bundle(view),
+        check_health(view, expect),
+        check_sleep(view, expect),
+        check_membership(view),
+    ]
+    model = expect.model or next((m for e in view.engines for m in e.base_models), None)
+    ready = next(  # a sleeping engine answers /health 200 but would hold the smoke request
+        (e.engine_url for e in view.engines if e.health == 200 and not e.sleeping and e.engine_url), None
+    )
+    base = view.target.router or ready
+    sample = SmokeSample(Check("smoke", FAIL, "nowhere to send it: no router and no healthy engine"))
+    if model is None:
+        sample = SmokeSample(Check("smoke", FAIL, "no model to ask for: no engine answered /v1/models"))
+    elif view.target.router:  # a tenant key to the router; the engine's key to an engine only
+        access = view.target.access
+        sample = await smoke(view.target.router, model, access.router_headers(), access.router_refused)
+    elif base is not None:
+        sample = await smoke(base, model, view.target.access.engine_headers())
+    checks += [sample.check, check_latency(sample.ttft_ms, previous), check_evidence(view, expect)]
+    return checks, sample.ttft_ms

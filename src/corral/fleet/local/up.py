@@ -1,0 +1,250 @@
+"""`corral up`: a local fleet of simulated engines behind a router, started with one command.
+
+Before anything starts it checks the state dir and the router port, and claims the port's fleet
+files (`corral.fleet.local.ownership`), so a second `up` on a port in use changes nothing; every fleet
+gets its own supervisor management token (0600), which its supervisors want and its router sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import NoReturn
+
+import aiohttp
+import click
+import orjson
+from rich.console import Console
+
+from corral.aio import run
+from corral.bundle_spec import BundleError, load_bundle
+from corral.clients.access import RouterAdminError
+from corral.fleet.checks.status import fetch_fleet, summary_line
+from corral.fleet.local.control import FleetControl, write_token_file
+from corral.fleet.local.fleet import FleetSpec, LocalFleet, port_problem
+from corral.fleet.local.ownership import FleetFiles, FleetInUse
+from corral.state_home import corral_state_dir, state_dir_problem
+
+
+@click.command()
+@click.option(
+    "--engines",
+    "-n",
+    default=2,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Number of simulated engines.",
+)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535), help="Router port.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address everything binds.")
+@click.option("--model", default="sim-model", show_default=True, help="Model name the engines serve.")
+@click.option(
+    "--policy",
+    default="least_request",
+    show_default=True,
+    type=click.Choice(["round_robin", "least_request", "session"]),
+)
+@click.option(
+    "--startup-timeout",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=1),
+    help="Seconds each member may take to answer before `up` gives up.",
+)
+@click.option(
+    "--stop-grace",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds each member gets to exit after SIGTERM (a supervisor drains first) before it is killed.",
+)
+@click.option(
+    "--log-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where each member's log goes (default: a new temporary directory).",
+)
+@click.option(
+    "--group-size",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Engines per serving group: a group is started and retired whole (by `corral rollout`), "
+    "so it never mixes bundles. --engines must be a multiple of it.",
+)
+@click.option(
+    "--bundle",
+    "bundle_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Bundle file (name, engine_args, env) the engines start from; default: a bundle named "
+    "'initial' made of the --sim-arg's.",
+)
+@click.option("--verbose", "-v", is_flag=True, help="Also print every member's log lines.")
+@click.option(
+    "--sim-arg",
+    "sim_args",
+    multiple=True,
+    help="Extra argument passed to every `corral sim` (repeatable), e.g. --sim-arg=--itl-ms=5.",
+)
+def up(
+    engines: int,
+    port: int,
+    host: str,
+    model: str,
+    policy: str,
+    startup_timeout: float,
+    stop_grace: float,
+    log_dir: Path | None,
+    verbose: bool,
+    sim_args: tuple[str, ...],
+    group_size: int,
+    bundle_file: Path | None,
+) -> None:
+    """Start a local fleet: simulated engines and a router on loopback, until Ctrl-C."""
+    console = Console(highlight=False, soft_wrap=True)
+    if engines % group_size:
+        raise click.UsageError(
+            f"--engines {engines} is not a multiple of --group-size {group_size}; "
+            f"use e.g. --engines {engines - engines % group_size or group_size}"
+        )
+    bundle = None
+    if bundle_file is not None:
+        if sim_args:
+            raise click.UsageError("Use either --bundle or --sim-arg: a bundle names its engine_args.")
+        try:
+            bundle = load_bundle(bundle_file)
+        except BundleError as exc:
+            raise click.UsageError(str(exc)) from None
+    spec = FleetSpec(
+        engines=engines,
+        host=host,
+        router_port=port,
+        model=model,
+        policy=policy,
+        startup_timeout=startup_timeout,
+        stop_grace=stop_grace,
+        sim_args=sim_args,
+        group_size=group_size,
+        bundle=bundle,
+    )
+    files = _preflight(host, port)
+    try:
+        note = files.claim()
+    except FleetInUse as exc:
+        _bad_input(str(exc))
+    try:
+        if note is not None:
+            console.print(note, markup=False)
+        try:
+            write_token_file(files.supervisor_token_file)
+        except OSError as exc:
+            _bad_input(f"cannot write {files.supervisor_token_file}: {exc.strerror or exc}")
+        logs = log_dir or Path(tempfile.mkdtemp(prefix="corral-up-"))
+        echo = (lambda line: console.print(line, markup=False)) if verbose else None
+        fleet = LocalFleet(spec, logs, files.fleet_file, echo, files.supervisor_token_file)
+        code = run(_up(fleet, files.control_token_file, console))
+    finally:
+        files.release()  # ours: claimed above, so no other fleet's files
+    raise SystemExit(code)
+
+
+def _bad_input(message: str) -> NoReturn:
+    click.echo(f"corral up: {message}", err=True)
+    sys.exit(2)
+
+
+def _preflight(host: str, port: int) -> FleetFiles:
+    """Before anything starts: a state dir that can be used and a router port nobody holds; a
+    second fleet on a port in use is refused here, before it touches any file."""
+    state_dir = corral_state_dir()
+    if (problem := state_dir_problem(state_dir)) is not None:
+        _bad_input(
+            f"state dir {state_dir} cannot be used: {problem}; set XDG_STATE_HOME to a directory "
+            "this user can write"
+        )
+    if (problem := port_problem(host, port)) is not None:
+        _bad_input(problem)
+    return FleetFiles(state_dir, port)
+
+
+async def _up(fleet: LocalFleet, token_file: Path, console: Console) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    spec = fleet.spec
+    groups = f" in {spec.groups} serving groups" if spec.group_size > 1 else ""
+    console.print(f"starting {spec.engines} simulated engine(s){groups} and a router (logs: {fleet.log_dir})")
+    started = time.monotonic()
+    start_task = asyncio.create_task(fleet.start())
+    stop_task = asyncio.create_task(stop.wait())
+    await asyncio.wait({start_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+    if not start_task.done():
+        start_task.cancel()
+        console.print("interrupted while starting; stopping")
+        await _stop(fleet, console)
+        return 130
+    stop_task.cancel()
+    if (error := start_task.exception()) is not None:
+        console.print(f"[red]fleet failed to start:[/red] {error}", markup=True)
+        await _stop(fleet, console)
+        return 1
+    control = FleetControl(fleet, write_token_file(token_file))
+    fleet.set_control(
+        await control.start(spec.host if spec.host.startswith("127.") else "127.0.0.1"), token_file
+    )
+    url = fleet.router_url
+    console.print(f"[green]fleet ready[/green] in {time.monotonic() - started:.1f}s")
+    console.print(f"router: [bold]{url}[/bold]")
+    body = orjson.dumps({"model": spec.model, "messages": [{"role": "user", "content": "Hello"}]}).decode()
+    console.print(
+        f"try:    curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'",
+        markup=False,
+    )
+    console.print(f"status: corral status --port {spec.router_port}    Ctrl-C stops everything.")
+    try:
+        code = await _watch(fleet, console, stop)
+    finally:
+        await control.stop()
+        await _stop(fleet, console)
+    return code
+
+
+async def _watch(fleet: LocalFleet, console: Console, stop: asyncio.Event) -> int:
+    """Print the fleet's status when it changes (and every 30 s) until stopped or a member dies."""
+    last_line, last_print = "", 0.0
+    async with aiohttp.ClientSession() as session:
+        while not stop.is_set():
+            if dead := fleet.exited():
+                for m in dead:
+                    tail = "\n".join(list(m.process.last_lines)[-10:])
+                    console.print(
+                        f"[red]{m.name} exited with code {m.process.returncode}[/red] "
+                        f"(log: {m.log_path})\n{tail}",
+                        markup=True,
+                    )
+                return 1
+            try:
+                line = summary_line(await fetch_fleet(session, fleet.router_url))
+            except RouterAdminError as exc:
+                line = str(exc)
+            now = time.monotonic()
+            if line != last_line or now - last_print >= 30:
+                console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {line}", markup=True)
+                last_line, last_print = line, now
+            try:
+                await asyncio.wait_for(stop.wait(), 2.0)
+            except TimeoutError:
+                pass
+    return 0
+
+
+async def _stop(fleet: LocalFleet, console: Console) -> None:
+    console.print("stopping router, then engines …")
+    codes = await fleet.stop()
+    console.print("stopped: " + ", ".join(f"{name}={code}" for name, code in codes.items()))

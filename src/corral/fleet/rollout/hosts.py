@@ -1,0 +1,146 @@
+"""A rollout across hosts listed with their supervisor URLs, whose processes Corral does not start
+itself (systemd units, bare-metal nodes): each supervisor is one serving group (its engine with all its
+ranks), switched in place to a bundle declared on that host (`corral supervise --bundle FILE`).
+
+There is no spare host to surge into, so `max_unavailable` supervisors are switched at a time
+(`max_surge` does not apply). For each:
+
+    SWITCH    the supervisor's own runbook operation (POST /v1/bundle): out of routing (confirmed by
+              every router), in-flight finished, the engine restarted on the bundle, the full startup,
+              smoke and readiness; on any failure its RECOVER puts the old bundle back
+    VERIFY    READY on the target bundle, with a fingerprint
+    ROUTED    the router lists the engine behind that supervisor as routable again
+
+PRECHECK also refuses a rollout to a bundle some host has not declared, before anything moves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+
+from corral.bundle_spec import BundleSpec
+from corral.fleet.rollout.groups import (
+    Group,
+    RolloutBase,
+    RolloutJob,
+    Step,
+    StepFailed,
+    StepObserver,
+    message_of,
+)
+
+_POLL = 0.2
+
+
+class HostRollout(RolloutBase):
+    def __init__(
+        self,
+        supervisors: list[str],
+        session: aiohttp.ClientSession,
+        job: RolloutJob,
+        observer: StepObserver | None = None,
+    ) -> None:
+        super().__init__(session, job, observer)
+        self.supervisor_urls = [u.rstrip("/") for u in supervisors]
+
+    @property
+    def batch(self) -> int:
+        return self.settings.max_unavailable or 1
+
+    async def _groups(self) -> list[Group]:
+        states = await asyncio.gather(*(self._state(u) for u in self.supervisor_urls))
+        groups = []
+        for i, (url, state) in enumerate(zip(self.supervisor_urls, states, strict=True)):
+            name = f"host-{i}"
+            engine = str((state.get("engine") or {}).get("url") or "")
+            groups.append(
+                Group(
+                    name,
+                    BundleSpec(name=str(state.get("bundle_name") or "initial")),
+                    [{"name": name, "supervisor": url, "engine": engine, "state": state}],
+                )
+            )
+        return groups
+
+    async def _precheck(self, step: Step) -> list[Group]:
+        todo = await super()._precheck(step)
+        lacking = [
+            f"{g.name} ({g.supervisors[0]}: declares {self._declared(g)})"
+            for g in todo
+            if self.target.name not in self._declared(g)
+        ]
+        if lacking:
+            raise StepFailed(
+                f"bundle {self.target.name!r} is not declared on {', '.join(lacking)}; "
+                "add `--bundle FILE` to those supervisors first"
+            )
+        return todo
+
+    @staticmethod
+    def _declared(group: Group) -> list[str]:
+        state = group.members[0]["state"]
+        return [str(name) for name in state.get("bundles_declared") or []]
+
+    def _is_target(self, group: Group) -> bool:
+        return group.bundle is not None and group.bundle.name == self.target.name
+
+    async def _move(self, old: Group) -> None:
+        supervisor = old.supervisors[0]
+        await self._step("SWITCH", old.name, lambda s: self._switch(s, supervisor))
+        await self._step("VERIFY", old.name, lambda s: self._verify_switched(s, old))
+        await self._step("ROUTED", old.name, lambda s: self._wait_supervised_routed(s, supervisor))
+        self.replaced.append({"old": old.name, "new": old.name, "fingerprint": self.fingerprints[old.name]})
+
+    async def _switch(self, step: Step, supervisor: str) -> None:
+        op_id = f"{self.id}-switch"
+        body = {"name": self.target.name, "operation_id": op_id, "ready_timeout": self.settings.start_timeout}
+        async with self.session.post(supervisor + "/v1/bundle", json=body, headers=self._auth) as r:
+            answer = await r.json(content_type=None)
+            if r.status not in (200, 202):
+                raise StepFailed(f"{supervisor} refused the switch: {r.status} {message_of(answer)}")
+        deadline = time.monotonic() + self.settings.start_timeout + self.settings.drain_timeout
+        while answer.get("status") == "running":
+            if time.monotonic() >= deadline:
+                raise StepFailed(f"{supervisor}: the switch is still running; see its /v1/operations/{op_id}")
+            await asyncio.sleep(_POLL)
+            async with self.session.get(f"{supervisor}/v1/operations/{op_id}", headers=self._auth) as r:
+                answer = await r.json(content_type=None)
+        steps = (answer.get("result") or {}).get("steps") or []
+        step.data = {"operation": op_id, "steps": [(s["step"], s["status"], s["seconds"]) for s in steps]}
+        if answer.get("status") != "succeeded":
+            raise StepFailed(f"{supervisor}: {answer.get('error')}")
+        step.detail = f"{supervisor} switched: " + ", ".join(
+            f"{s['step']} {s['seconds']:.2f}s" for s in steps
+        )
+
+    async def _verify_switched(self, step: Step, group: Group) -> None:
+        state = await self._state(group.supervisors[0])
+        if state.get("bundle_name") != self.target.name:
+            raise StepFailed(
+                f"{group.name} runs bundle {state.get('bundle_name')!r}, not {self.target.name!r}"
+            )
+        fingerprint = await self._group_fingerprint(group, [state])
+        before = self.fingerprints.get(group.name)
+        self.fingerprints[group.name] = fingerprint
+        same = " (unchanged: this bundle starts the same engine)" if fingerprint == before else ""
+        step.detail = f"READY on {self.target.name}, fingerprint {fingerprint}{same}"
+        step.data = {"fingerprint": fingerprint, "before": before}
+
+    async def _wait_supervised_routed(self, step: Step, supervisor: str) -> None:
+        deadline = time.monotonic() + self.settings.routed_timeout
+        while True:
+            listed = await self._router_endpoints()
+            mine = [
+                e for e in listed.values() if ((e.get("supervisor") or {}).get("url") or "") == supervisor
+            ]
+            if mine and all(e.get("routable") for e in mine):
+                step.detail = f"router routes {', '.join(e['url'] for e in mine)}"
+                return
+            if time.monotonic() >= deadline:
+                why = "; ".join(f"{e['url']}: {e.get('why')}" for e in mine) or "not listed"
+                within = self.settings.routed_timeout
+                raise StepFailed(f"router did not route {supervisor}'s engine within {within:g}s: {why}")
+            await asyncio.sleep(0.1)

@@ -1,0 +1,1 @@
+"""Kubernetes: watching pods (`watch/`) and rendering manifests (`render/`)."""

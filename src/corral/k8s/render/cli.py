@@ -1,0 +1,70 @@
+"""`corral k8s render --config corral.yaml [--out DIR] [--explain]`. A bad config is a list of problems
+on stderr (field, value, what to do) and exit code 2; nothing is written."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from corral.k8s.render.budgets import Budgets, derive
+from corral.k8s.render.config import ConfigError, load_config
+from corral.k8s.render.manifests import render as render_manifests
+from corral.k8s.render.output import admin_secret_hint, secret_hint, stream, write_dir
+
+
+@click.group(name="k8s", context_settings={"help_option_names": ["-h", "--help"]})
+def k8s() -> None:
+    """Kubernetes manifests where Kubernetes schedules and Corral runs the lifecycle."""
+
+
+def _explain(budgets: Budgets) -> None:
+    width = max(len(s.name) for s in budgets.steps)
+    for step in budgets.steps:
+        value = f"{step.value:.1f}" if step.value != int(step.value) else str(int(step.value))
+        click.echo(f"  {step.name:<{width}}  {value:>8}  = {step.formula}", err=True)
+
+
+@k8s.command()
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The deployment's corral.yaml.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write one YAML file per object here (default: one stream on stdout).",
+)
+@click.option("--explain", is_flag=True, help="Show how every probe, drain and rollout number was computed.")
+def render(config_path: Path, out: Path | None, explain: bool) -> None:
+    """Render the engine Deployment (supervisor entrypoint, probes, preStop drain; engine on loopback
+    behind the admission gate; restricted securityContext; a token per pod), its Service,
+    PodDisruptionBudget and NetworkPolicy, and the router with its RBAC and Service."""
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        click.echo(f"corral k8s render: {exc}", err=True)
+        sys.exit(2)
+    budgets = derive(config)
+    manifests = render_manifests(config, budgets)
+    for warning in budgets.warnings:
+        click.echo(f"corral k8s render: warning: {warning}", err=True)
+    if explain:
+        click.echo(f"corral k8s render: numbers for {config.name}:", err=True)
+        _explain(budgets)
+    if out is None:
+        click.echo(stream(config, manifests), nl=False)
+        return
+    written = write_dir(out, config, manifests)
+    click.echo(f"corral k8s render: wrote {len(written)} objects to {out}", err=True)
+    click.echo(f"corral k8s render: create the fleet key Secret first: {secret_hint(config)}", err=True)
+    click.echo(
+        f"corral k8s render: and the router's admin key Secret (/metrics, /v1/fleet): "
+        f"{admin_secret_hint(config)}",
+        err=True,
+    )

@@ -1,0 +1,196 @@
+"""The command lines the rendered pods run: the init container deriving the pod's supervisor token,
+the supervisor wrapping the vLLM engine (on loopback, behind the supervisor's admission gate), the
+preStop drain, and the router with Kubernetes discovery. Every timing flag comes from `Budgets`, every
+name from the config, and no secret value appears: the fleet key and the tokens are only file paths.
+"""
+
+from __future__ import annotations
+
+from corral.k8s.render.budgets import Budgets
+from corral.k8s.render.config import CorralDeployment
+
+KEY_DIR = "/etc/corral/fleet-key"  # the fleet key Secret: the init container and the router only
+ADMIN_KEY_DIR = "/etc/corral/router-admin"  # the router's admin key Secret: the router only
+ENGINE_API_KEY_DIR = "/etc/corral/engine-api-key"  # the engines' vLLM API key: the router's copy
+# memory-backed emptyDir: this pod's token, written by the init container. Not under /run: images
+# often make /var/run a link to /run, and a volume mounted at /var/run would hide it.
+POD_TOKEN_DIR = "/etc/corral/pod-token"
+POD_TOKEN_FILE = f"{POD_TOKEN_DIR}/token"
+STATE_DIR = "/var/lib/corral"
+ENGINE_HOST = "127.0.0.1"
+DEPLOYMENT_LABEL = "corral.dev/deployment"
+ROLE_LABEL = "corral.dev/role"
+
+
+def _num(value: float) -> str:
+    return f"{value:g}"
+
+
+def key_file(config: CorralDeployment) -> str:
+    return f"{KEY_DIR}/{config.token.key}"
+
+
+def admin_key_file(config: CorralDeployment) -> str:
+    return f"{ADMIN_KEY_DIR}/{config.router.admin_key.key}"
+
+
+def engine_api_key_file(config: CorralDeployment) -> str | None:
+    ref = config.engine_api_key
+    return None if ref is None else f"{ENGINE_API_KEY_DIR}/{ref.key}"
+
+
+def engine_selector(config: CorralDeployment) -> dict[str, str]:
+    """The labels that select this deployment's engine pods (Deployment, Service, PDB and the router)."""
+    return {DEPLOYMENT_LABEL: config.name, ROLE_LABEL: "engine"}
+
+
+def router_selector(config: CorralDeployment) -> dict[str, str]:
+    return {DEPLOYMENT_LABEL: config.name, ROLE_LABEL: "router"}
+
+
+def engine_argv(config: CorralDeployment) -> list[str]:
+    """vLLM's OpenAI server on loopback only: the pod network reaches it through the admission gate,
+    never its development endpoints (/collective_rpc, /sleep... under VLLM_SERVER_DEV_MODE=1)."""
+    e = config.engine
+    if e.launcher == "vllm-serve":
+        head = ["vllm", "serve", config.model.path]
+    else:
+        head = ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", config.model.path]
+    return [
+        *head,
+        "--host",
+        ENGINE_HOST,
+        "--port",
+        str(e.port),
+        "--served-model-name",
+        config.model.served_name,
+        "--tensor-parallel-size",
+        str(e.tensor_parallel_size),
+        "--pipeline-parallel-size",
+        str(e.pipeline_parallel_size),
+        *e.args,
+    ]
+
+
+def supervisor_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
+    """`corral supervise run … -- ENGINE`: the container's entrypoint, with the gates and every deadline."""
+    gates = [arg for spec in config.dependencies.wait_for for arg in ("--wait-for", spec)]
+    return [
+        "corral",
+        "supervise",
+        "run",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(config.supervisor.port),
+        "--engine-url",
+        f"http://{ENGINE_HOST}:{config.engine.port}",
+        "--gate-port",
+        str(config.supervisor.gate_port),
+        "--gate-host",
+        "0.0.0.0",
+        "--model",
+        config.model.served_name,
+        *gates,
+        "--dependency-timeout",
+        _num(budgets.dependency_timeout),
+        "--startup-timeout",
+        str(budgets.startup_timeout),
+        "--startup-restarts",
+        str(budgets.startup_restarts),
+        "--restart-backoff",
+        _num(budgets.restart_backoff),
+        "--stall-seconds",
+        _num(config.supervisor.stall_seconds),
+        "--drain-policy",
+        config.drain.policy,
+        "--propagation-timeout",
+        _num(budgets.propagation_timeout),
+        "--quiet-period",
+        _num(budgets.quiet_period),
+        "--drain-timeout",
+        _num(budgets.drain_timeout),
+        "--shutdown-timeout",
+        _num(budgets.shutdown_timeout),
+        "--state-dir",
+        STATE_DIR,
+        "--token-file",
+        POD_TOKEN_FILE,
+        "--",
+        *engine_argv(config),
+    ]
+
+
+def prestop_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
+    """The preStop hook: drain through the supervisor and block until the engine has stopped."""
+    return [
+        "corral",
+        "supervise",
+        "prestop",
+        "--url",
+        f"http://127.0.0.1:{config.supervisor.port}",
+        "--token-file",
+        POD_TOKEN_FILE,
+        "--timeout",
+        str(budgets.prestop_timeout),
+    ]
+
+
+def derive_token_argv(config: CorralDeployment) -> list[str]:
+    """The init container: this pod's supervisor token from the fleet key and the pod's own name
+    (`$(POD_NAMESPACE)`, `$(POD_NAME)`: the downward API, expanded by the kubelet)."""
+    return [
+        "corral",
+        "supervise",
+        "derive-token",
+        "--key-file",
+        key_file(config),
+        "--namespace",
+        "$(POD_NAMESPACE)",
+        "--pod-name",
+        "$(POD_NAME)",
+        "--out",
+        POD_TOKEN_FILE,
+    ]
+
+
+def selector_text(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in labels.items())
+
+
+def router_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
+    """`corral router --discovery k8s` over exactly the pods `engine_selector` matches, sending the data
+    path to each pod's admission gate and following its supervisor state stream (acknowledging
+    removals to it) with that pod's token, derived from the fleet key. It listens on the pod network,
+    so its admin routes (/metrics, /v1/fleet) answer only a request bearing the admin key; when the
+    engines enforce vLLM's API key, the router's probes and requests carry it."""
+    engine_key = engine_api_key_file(config)
+    return [
+        "corral",
+        "router",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(config.router.port),
+        "--discovery",
+        "k8s",
+        "--namespace",
+        config.namespace,
+        "--selector",
+        selector_text(engine_selector(config)),
+        "--engine-port",
+        str(config.supervisor.gate_port),
+        "--supervisor-port",
+        str(config.supervisor.port),
+        "--supervisor-token-key-file",
+        key_file(config),
+        "--admin-key-file",
+        admin_key_file(config),
+        *(["--engine-api-key-file", engine_key] if engine_key is not None else []),
+        "--policy",
+        config.router.policy,
+        "--request-timeout",
+        _num(budgets.router_request_timeout),
+        "--shutdown-timeout",
+        _num(budgets.router_shutdown_timeout),
+    ]

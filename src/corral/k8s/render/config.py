@@ -1,0 +1,638 @@
+"""The `corral.yaml` of `corral k8s render`: one pydantic model of a deployment (model, engine, GPUs,
+dependencies, load-time and drain inputs, router), read from YAML and checked before anything is
+rendered. Every problem is reported as the field's path, the value found and what to do.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+
+from corral.router.routing.policies import POLICY_NAMES
+from corral.supervisor.lifecycle.dependencies import GateSpecError, parse_gate
+
+# Object names get suffixes up to "-router-pods" (12) and Service names must be DNS-1035 labels (63).
+_NAME = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+_NAME_MAX = 63 - len("-router-pods")
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SECRET_LIKE = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|ACCESS_KEY|API_KEY|PRIVATE_KEY|CREDENTIAL)", re.I)
+
+# Engine flags the renderer sets from other fields; a second copy in engine.args would silently win or lose.
+_OWNED_FLAGS: dict[str, str] = {
+    "--host": "the engine listens on 127.0.0.1, behind the supervisor's admission gate "
+    "(supervisor.gate_port), so its development endpoints never reach the pod network",
+    "--port": "set it with engine.port",
+    "--model": "set it with model.path",
+    "--served-model-name": "set it with model.served_name",
+    "--tensor-parallel-size": "set it with engine.tensor_parallel_size (it also sizes the GPU request)",
+    "-tp": "set it with engine.tensor_parallel_size (it also sizes the GPU request)",
+    "--pipeline-parallel-size": "set it with engine.pipeline_parallel_size (it also sizes the GPU request)",
+    "-pp": "set it with engine.pipeline_parallel_size (it also sizes the GPU request)",
+    "--api-key": "a key in args is readable by anyone who can read the Deployment; "
+    "put it in a Secret and pass it with engine.secret_env (VLLM_API_KEY)",
+}
+
+Seconds = Annotated[float, Field(ge=0)]
+PositiveSeconds = Annotated[float, Field(gt=0)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+def _check_labels(labels: dict[str, str]) -> dict[str, str]:
+    for key, value in labels.items():
+        name = key.rsplit("/", 1)[-1]
+        if not _LABEL_KEY.match(key) or len(name) > 63:
+            raise ValueError(f"{key!r} is not a label key (optional prefix/, then up to 63 of [-_.a-z0-9])")
+        if len(value) > 63 or not _LABEL_VALUE.match(value):
+            raise ValueError(f"{key}: {value!r} is not a label value (up to 63 of [-_.A-Za-z0-9])")
+    return labels
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Section):
+    path: str = Field(
+        min_length=1, description="what the engine loads: a directory inside the container or a model id"
+    )
+    served_name: str = Field(
+        min_length=1,
+        description="the model name clients send; the supervisor's smoke request and the router use it",
+    )
+    weights_gib: float = Field(
+        gt=0, description="size of the weight files in GiB (e.g. 15 for an 8B model in bf16)"
+    )
+
+
+class HostPathVolume(_Section):
+    name: str = Field(pattern=_DNS_LABEL, max_length=63, description="a DNS-1123 label, e.g. models")
+    host_path: str = Field(pattern=r"^/", description="an absolute path on the node")
+    mount_path: str = Field(pattern=r"^/", description="an absolute path in the engine container")
+    type: Literal["Directory", "DirectoryOrCreate", "Socket", "File", "FileOrCreate"] = "DirectoryOrCreate"
+    read_only: bool = Field(
+        default=True,
+        description="mounted read-only (the default: a model directory the engine could overwrite is a "
+        "node-wide risk); false for a directory the engine must write",
+    )
+
+
+class SecretRef(_Section):
+    secret_name: str = Field(pattern=_DNS_LABEL, description="name of an existing Secret in the namespace")
+    key: str = Field(min_length=1, description="the key inside that Secret")
+
+
+class EngineSpec(_Section):
+    launcher: Literal["vllm-serve", "api-server"] = Field(
+        default="vllm-serve",
+        description="`vllm-serve` runs `vllm serve MODEL`; `api-server` runs "
+        "`python3 -m vllm.entrypoints.openai.api_server --model MODEL`",
+    )
+    port: Port = Field(
+        default=8000,
+        description="the engine's OpenAI port, on the pod's loopback only; the pod network reaches it "
+        "through the supervisor's admission gate (supervisor.gate_port)",
+    )
+    tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs per pipeline stage")
+    pipeline_parallel_size: int = Field(default=1, ge=1, description="pipeline stages")
+    args: list[str] = Field(
+        default_factory=list, description="further vLLM flags, e.g. [--max-model-len, '15000']"
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="plain environment variables")
+    secret_env: dict[str, SecretRef] = Field(
+        default_factory=dict, description="environment variables read from Secrets (NAME: {secret_name, key})"
+    )
+    cpu: str | None = Field(default=None, description="CPU request and limit, e.g. '8'")
+    memory: str | None = Field(default=None, description="memory request and limit, e.g. 64Gi")
+    shm_size: str | None = Field(default="4Gi", description="size of /dev/shm (memory-backed); null for none")
+    volumes: list[HostPathVolume] = Field(default_factory=list, description="hostPath volumes to mount")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="node labels the pods need")
+
+    @property
+    def gpus(self) -> int:
+        """GPUs one engine needs: every rank of every pipeline stage holds one."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @field_validator("args")
+    @classmethod
+    def _no_owned_flags(cls, args: list[str]) -> list[str]:
+        for arg in args:
+            flag = arg.split("=", 1)[0]
+            if flag in _OWNED_FLAGS:
+                raise ValueError(f"{arg!r} is set by the renderer: {_OWNED_FLAGS[flag]}; remove it from args")
+        return args
+
+    @field_validator("env", "secret_env")
+    @classmethod
+    def _env_names(cls, env: dict[str, Any]) -> dict[str, Any]:
+        for name in env:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not an environment variable name (letters, digits, _)")
+        return env
+
+    @field_validator("env")
+    @classmethod
+    def _no_plain_secrets(cls, env: dict[str, str]) -> dict[str, str]:
+        for name, value in env.items():
+            if _SECRET_LIKE.search(name) and value:
+                raise ValueError(
+                    f"{name} looks like a secret and would be stored in the Deployment in plain text; "
+                    f"move it to engine.secret_env as {name}: {{secret_name: ..., key: ...}}"
+                )
+        return env
+
+
+class GpuSpec(_Section):
+    resource: str = Field(default="nvidia.com/gpu", description="the extended resource name of the GPUs")
+    capacity: int = Field(
+        ge=1,
+        description="GPUs this deployment may use in the cluster (or its node pool): replicas × GPUs per "
+        "engine must fit, and what is left over is the rolling update's surge room",
+    )
+
+
+class DependencySpec(_Section):
+    wait_for: list[str] = Field(
+        default_factory=list,
+        description="supervisor --wait-for gates: unix:PATH, tcp:HOST:PORT, http(s)://URL, file:PATH",
+    )
+    timeout_seconds: PositiveSeconds = Field(
+        default=600.0, description="the longest a dependency may take to come up (--dependency-timeout)"
+    )
+
+    @field_validator("wait_for")
+    @classmethod
+    def _gates_parse(cls, specs: list[str]) -> list[str]:
+        for i, spec in enumerate(specs):
+            try:
+                parse_gate(spec)
+            except GateSpecError as exc:
+                raise ValueError(f"[{i}] {exc}") from None
+        return specs
+
+
+class StartupSpec(_Section):
+    """What the longest legal load is made of; the startup budget is computed from these."""
+
+    download_gbps: float | None = Field(
+        default=None,
+        gt=0,
+        description="GB/s at which the engine downloads the weights when it starts; null when they are "
+        "already on a local disk or volume",
+    )
+    read_gbps: float = Field(gt=0, description="GB/s at which the weights are read from disk into memory")
+    process_start_seconds: Seconds = Field(
+        default=60.0, description="engine process start: imports, device init, tokenizer, KV profiling"
+    )
+    quantization_seconds: Seconds = Field(default=0.0, description="online quantization allowance")
+    compile_seconds: Seconds = Field(default=0.0, description="torch.compile allowance")
+    graph_capture_seconds: Seconds = Field(default=30.0, description="CUDA graph capture allowance")
+    warmup_seconds: Seconds = Field(default=30.0, description="warmup after the weights are loaded")
+    smoke_seconds: Seconds = Field(default=10.0, description="the supervisor's smoke completion")
+    margin: float = Field(
+        default=1.5, ge=1.0, description="safety factor on the computed load time (1.5 = 50% headroom)"
+    )
+    restarts: int = Field(
+        default=1,
+        ge=0,
+        le=10,
+        description="in-place engine restarts the supervisor allows during startup (--startup-restarts); "
+        "each gets a full load inside the startup budget",
+    )
+    restart_backoff_seconds: Seconds = Field(
+        default=1.0, description="first restart delay; doubles each time, capped at 30 s"
+    )
+
+
+class DrainSpec(_Section):
+    policy: Literal["wait", "abort"] = Field(
+        default="wait", description="`wait` lets accepted requests finish; `abort` cuts them"
+    )
+    longest_stream_seconds: PositiveSeconds = Field(
+        description="the longest request the service accepts, start to last token: a drain under policy "
+        "wait waits this long for in-flight requests (--drain-timeout)"
+    )
+    propagation_seconds: PositiveSeconds | None = Field(
+        default=None,
+        description="longest wait for routing to leave the engine (--propagation-timeout); null derives "
+        "it from the readiness probe",
+    )
+    quiet_period_seconds: Seconds = Field(
+        default=1.0, description="no request for this long means routing has left (--quiet-period)"
+    )
+    engine_shutdown_seconds: PositiveSeconds = Field(
+        default=30.0, description="SIGTERM to SIGKILL for the engine process (--shutdown-timeout)"
+    )
+
+
+class ProbeSpec(_Section):
+    startup_period_seconds: int = Field(default=10, ge=1, description="startupProbe periodSeconds")
+    readiness_period_seconds: int = Field(default=2, ge=1, description="readinessProbe periodSeconds")
+    readiness_failure_threshold: int = Field(default=1, ge=1, description="readinessProbe failureThreshold")
+    liveness_period_seconds: int = Field(default=10, ge=1, description="livenessProbe periodSeconds")
+    liveness_failure_threshold: int = Field(default=3, ge=1, description="livenessProbe failureThreshold")
+    timeout_seconds: int = Field(default=5, ge=1, description="timeoutSeconds of every probe")
+
+
+class RolloutSpec(_Section):
+    max_unavailable: int = Field(
+        default=1,
+        ge=1,
+        description="engines the service may lose at once: the PodDisruptionBudget, and the rolling "
+        "update's maxUnavailable when no spare GPUs allow a surge",
+    )
+    max_surge: int | None = Field(
+        default=None,
+        ge=0,
+        description="cap on extra engines during a rollout; null: as many as spare GPUs fit",
+    )
+
+
+class AdminKeySpec(_Section):
+    """The router's admin key: `/metrics` and `/v1/fleet` answer on the pod network only a request
+    bearing it (`Authorization: Bearer KEY`), e.g. Prometheus's scrape."""
+
+    secret_name: str | None = Field(
+        default=None,
+        pattern=_DNS_LABEL,
+        description="Secret holding the router's admin key, mounted in the router pods only; null means "
+        "NAME-corral-router-admin",
+    )
+    key: str = Field(default="key", min_length=1, description="key of the admin key inside the Secret")
+
+
+class RouterSpec(_Section):
+    replicas: int = Field(default=2, ge=1, description="router pods")
+    image: str | None = Field(default=None, description="router image; null uses the engine image")
+    port: Port = Field(default=8000, description="the router's port, in the pod and on its Service")
+    policy: str = Field(default="least_request", description=f"one of {', '.join(POLICY_NAMES)}")
+    cpu: str | None = Field(default=None, description="CPU request and limit")
+    memory: str | None = Field(default=None, description="memory request and limit")
+    admin_key: AdminKeySpec = Field(
+        default_factory=AdminKeySpec,
+        description="the Secret whose key opens the router's /metrics and /v1/fleet (--admin-key-file)",
+    )
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, policy: str) -> str:
+        if policy not in POLICY_NAMES:
+            raise ValueError(f"unknown routing policy; use one of {', '.join(POLICY_NAMES)}")
+        return policy
+
+
+class SupervisorSpec(_Section):
+    port: Port = Field(default=8081, description="the supervisor's probe and management port")
+    gate_port: Port = Field(
+        default=8080,
+        description="the pod's data port (the router's --engine-port): the supervisor's admission gate, "
+        "which forwards only inference paths to the engine and only while it is READY",
+    )
+    stall_seconds: float = Field(default=60.0, gt=0, description="--stall-seconds")
+
+
+class TokenSpec(_Section):
+    """The fleet key: each pod's supervisor token is derived from it and the pod's name, by an init
+    container in the pod and by the routers, the only places it is mounted."""
+
+    secret_name: str | None = Field(
+        default=None,
+        pattern=_DNS_LABEL,
+        description="Secret holding the fleet key (at least 32 bytes) from which every pod's supervisor "
+        "token is derived; null means NAME-corral-token",
+    )
+    key: str = Field(default="token", min_length=1, description="key of the fleet key inside the Secret")
+
+
+class SecuritySpec(_Section):
+    """The securityContext of every pod and container. vLLM's images run as root unless told
+    otherwise; the engine needs no root (the GPUs come from the device plugin), so pods run as
+    `run_as_user` by default, and the files they read (model weights, sockets) must be readable by it."""
+
+    run_as_non_root: bool = Field(
+        default=True,
+        description="runAsNonRoot with run_as_user; false runs as the image's user (root for vLLM images)",
+    )
+    run_as_user: int = Field(default=1000, ge=0, description="the user every container runs as")
+    run_as_group: int = Field(
+        default=1000, ge=0, description="its group, also the fsGroup that may read the mounted fleet key"
+    )
+    read_only_root_filesystem: bool = Field(
+        default=True,
+        description="the image is read-only; /tmp, HOME (with the Hugging Face and vLLM caches), the "
+        "state dir, the token dir and writable_paths are emptyDir volumes",
+    )
+    writable_paths: list[str] = Field(
+        default_factory=list,
+        description="further directories the engine writes, each an emptyDir volume, e.g. [/workspace]",
+    )
+
+    @field_validator("writable_paths")
+    @classmethod
+    def _absolute(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            if not path.startswith("/"):
+                raise ValueError(f"{path!r} is not an absolute path")
+        return paths
+
+
+class PeerSpec(_Section):
+    namespace_labels: dict[str, str] | None = Field(
+        default=None, description="namespaces with these labels (with pod_labels: those pods in them)"
+    )
+    pod_labels: dict[str, str] | None = Field(
+        default=None, description="pods with these labels (in this namespace unless namespace_labels)"
+    )
+
+    @field_validator("namespace_labels", "pod_labels")
+    @classmethod
+    def _label_syntax(cls, labels: dict[str, str] | None) -> dict[str, str] | None:
+        return None if labels is None else _check_labels(labels)
+
+
+class NetworkPolicySpec(_Section):
+    enabled: bool = Field(
+        default=True,
+        description="render a NetworkPolicy that lets only the routers reach the engine pods' gate and "
+        "supervisor ports (the kubelet's probes come from the node and are not affected)",
+    )
+    supervisor_from: list[PeerSpec] = Field(
+        default_factory=list,
+        description="further peers allowed to the supervisor port only, e.g. Prometheus for /metrics "
+        "(the management API still wants the pod's token)",
+    )
+
+    @field_validator("supervisor_from")
+    @classmethod
+    def _peer_named(cls, peers: list[PeerSpec]) -> list[PeerSpec]:
+        for i, peer in enumerate(peers):
+            if peer.namespace_labels is None and peer.pod_labels is None:
+                raise ValueError(f"[{i}] names no peer: give namespace_labels, pod_labels or both")
+        return peers
+
+
+class CorralDeployment(_Section):
+    name: str = Field(
+        pattern=_NAME,
+        max_length=_NAME_MAX,
+        description=f"lower-case letters, digits and '-', starting with a letter, at most {_NAME_MAX} "
+        "characters; it prefixes every object's name",
+    )
+    namespace: str = Field(default="default", pattern=_DNS_LABEL, max_length=63, description="a namespace")
+    labels: dict[str, str] = Field(default_factory=dict, description="extra labels on every object")
+    image: str = Field(min_length=1, description="engine image: vLLM with corral installed")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    replicas: int = Field(ge=1, description="engines")
+    model: ModelSpec
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    gpu: GpuSpec
+    dependencies: DependencySpec = Field(default_factory=DependencySpec)
+    startup: StartupSpec
+    drain: DrainSpec
+    probes: ProbeSpec = Field(default_factory=ProbeSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    router: RouterSpec = Field(default_factory=RouterSpec)
+    supervisor: SupervisorSpec = Field(default_factory=SupervisorSpec)
+    token: TokenSpec = Field(default_factory=TokenSpec)
+    security: SecuritySpec = Field(default_factory=SecuritySpec)
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
+
+    @field_validator("labels")
+    @classmethod
+    def _label_syntax(cls, labels: dict[str, str]) -> dict[str, str]:
+        return _check_labels(labels)
+
+    @property
+    def token_secret(self) -> str:
+        return self.token.secret_name or f"{self.name}-corral-token"
+
+    @property
+    def router_admin_secret(self) -> str:
+        return self.router.admin_key.secret_name or f"{self.name}-corral-router-admin"
+
+    @property
+    def engine_api_key(self) -> SecretRef | None:
+        """Where the engines' vLLM API key comes from, when they enforce one (VLLM_API_KEY)."""
+        return self.engine.secret_env.get("VLLM_API_KEY")
+
+
+# -- reading and reporting ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the config: where, what was there, and what to do."""
+
+    field: str
+    value: Any
+    message: str
+
+    def __str__(self) -> str:
+        shown = "(missing)" if self.value is _MISSING else repr(self.value)
+        return f"{self.field}: {shown}: {self.message}"
+
+
+_MISSING: Any = object()
+
+
+class ConfigError(Exception):
+    def __init__(self, source: str, problems: list[Problem]) -> None:
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  {p}" for p in problems)
+        super().__init__(f"{source}: {len(problems)} problem(s):\n{lines}")
+
+
+def load_config(path: Path) -> CorralDeployment:
+    """Read, parse and check `path`; raises ConfigError naming every problem found."""
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(source, [Problem("(file)", source, f"unreadable: {exc}")]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, [Problem("(file)", source, f"not valid YAML: {exc}")]) from None
+    return parse_config(data, source)
+
+
+def parse_config(data: Any, source: str = "corral.yaml") -> CorralDeployment:
+    """Check a parsed config: field types and ranges first, then the rules between fields."""
+    if not isinstance(data, dict):
+        raise ConfigError(
+            source, [Problem("(top level)", type(data).__name__, "expected a mapping of config fields")]
+        )
+    try:
+        config = CorralDeployment.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, [_problem(err) for err in exc.errors()]) from None
+    problems = cross_check(config)
+    if problems:
+        raise ConfigError(source, problems)
+    return config
+
+
+def cross_check(config: CorralDeployment) -> list[Problem]:
+    """The rules that span fields: GPUs that fit, ports that differ, gates that can open."""
+    problems: list[Problem] = []
+    needed = config.replicas * config.engine.gpus
+    if needed > config.gpu.capacity:
+        problems.append(
+            Problem(
+                "replicas",
+                config.replicas,
+                f"{config.replicas} engines × {config.engine.gpus} GPUs = {needed} GPUs, more than "
+                f"gpu.capacity {config.gpu.capacity}; lower replicas or raise gpu.capacity",
+            )
+        )
+    if config.engine.port == config.supervisor.port:
+        problems.append(
+            Problem(
+                "supervisor.port",
+                config.supervisor.port,
+                "the engine already uses this port (engine.port); pick another",
+            )
+        )
+    ports = {"engine.port": config.engine.port, "supervisor.port": config.supervisor.port}
+    for field_name, port in ports.items():
+        if config.supervisor.gate_port == port:
+            problems.append(
+                Problem(
+                    "supervisor.gate_port",
+                    port,
+                    f"{field_name} already uses this port; the gate needs its own (e.g. 8080)",
+                )
+            )
+    security = config.security
+    if security.run_as_non_root and security.run_as_user == 0:
+        problems.append(
+            Problem(
+                "security.run_as_user",
+                0,
+                "user 0 is root, which run_as_non_root forbids; pick another user (e.g. 1000) or set "
+                "security.run_as_non_root: false",
+            )
+        )
+    problems += _hidden_paths(config)
+    mounts = [PurePosixPath(v.mount_path) for v in config.engine.volumes]
+    for i, spec in enumerate(config.dependencies.wait_for):
+        gate = parse_gate(spec)
+        if gate.kind in ("unix", "file"):
+            path = PurePosixPath(gate.target)
+            if not any(path == m or m in path.parents for m in mounts):
+                problems.append(
+                    Problem(
+                        f"dependencies.wait_for[{i}]",
+                        spec,
+                        f"{path} is not under any engine.volumes mount_path, so it can never appear "
+                        "in the engine container; mount the directory that holds it",
+                    )
+                )
+    probes = config.probes
+    detection = probes.readiness_period_seconds * probes.readiness_failure_threshold
+    if config.drain.propagation_seconds is not None and config.drain.propagation_seconds < detection:
+        problems.append(
+            Problem(
+                "drain.propagation_seconds",
+                config.drain.propagation_seconds,
+                f"shorter than the {detection}s the kubelet needs to see readiness fall "
+                "(probes.readiness_period_seconds × readiness_failure_threshold); raise it or leave it "
+                "null to derive it",
+            )
+        )
+    return problems
+
+
+def _hidden_paths(config: CorralDeployment) -> list[Problem]:
+    """A hostPath volume mounted over a directory the renderer mounts would hide it (the pod's token,
+    the state dir, the writable paths of a read-only root filesystem)."""
+    from corral.k8s.render import commands, manifests  # they import this module
+
+    own = [commands.POD_TOKEN_DIR, commands.STATE_DIR, "/tmp", "/dev/shm", manifests.HOME]
+    own += config.security.writable_paths
+    problems = []
+    for i, volume in enumerate(config.engine.volumes):
+        mount = PurePosixPath(volume.mount_path)
+        for path in map(PurePosixPath, own):
+            if mount == path or mount in path.parents:
+                problems.append(
+                    Problem(
+                        f"engine.volumes[{i}].mount_path",
+                        volume.mount_path,
+                        f"would hide {path}, which corral mounts in the engine container; mount it elsewhere",
+                    )
+                )
+    return problems
+
+
+def _problem(err: Any) -> Problem:
+    loc: tuple[str | int, ...] = tuple(err["loc"])
+    where = _loc_text(loc)
+    kind = err["type"]
+    value = err.get("input", _MISSING)
+    info = _field_info(loc)
+    hint = f" ({info.description})" if info is not None and info.description else ""
+    if kind == "missing":
+        return Problem(where, _MISSING, f"required{hint}")
+    if kind == "extra_forbidden":
+        known = _known_fields(loc[:-1])
+        return Problem(where, value, f"not a config field; the fields here are: {', '.join(known)}")
+    message = str(err["msg"]).removeprefix("Value error, ")
+    return Problem(where, value, f"{message}{hint}")
+
+
+def _loc_text(loc: tuple[str | int, ...]) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+    return text or "(top level)"
+
+
+def _section_of(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is not None:
+        for arg in typing.get_args(annotation):
+            found = _section_of(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def _walk(loc: tuple[str | int, ...]) -> tuple[type[BaseModel] | None, FieldInfo | None]:
+    """The section and field that `loc` (a pydantic error location) points at, if it points at one."""
+    model: type[BaseModel] | None = CorralDeployment
+    info: FieldInfo | None = None
+    key_next = False
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if key_next:  # a key of a mapping field, e.g. the NAME in engine.secret_env.NAME
+            key_next = False
+            continue
+        if model is None or part not in model.model_fields:
+            return None, None
+        info = model.model_fields[part]
+        model = _section_of(info.annotation)
+        key_next = typing.get_origin(info.annotation) is dict
+    return model, info
+
+
+def _field_info(loc: tuple[str | int, ...]) -> FieldInfo | None:
+    return _walk(loc)[1]
+
+
+def _known_fields(loc: tuple[str | int, ...]) -> list[str]:
+    model = _walk(loc)[0] if loc else CorralDeployment
+    return list(model.model_fields) if model is not None else []

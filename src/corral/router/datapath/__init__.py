@@ -1,0 +1,2 @@
+"""The data path: forward one request to one endpoint over pooled HTTP/1.1, retry within a budget, relay
+the answer."""

@@ -1,0 +1,389 @@
+"""The data path: forward one OpenAI request to one eligible endpoint and relay the answer.
+
+The body is parsed once, only to read `model`; the original bytes go upstream. Answers are
+relayed as they come (SSE chunk by chunk, no buffering). A connection failure or a silent
+backend before any byte reached the client ejects that endpoint and retries on another, as long
+as the retry budget allows (retries at most a fraction of recent requests, plus a floor); after
+the first byte nothing is replayed and the client's stream ends with an SSE error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import uuid4
+
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+
+from corral.openai_errors import error_response, sse_error_event
+from corral.router.datapath.retry_budget import RetryBudget, RetryBudgetConfig
+from corral.router.datapath.stream_ending import StreamEnding
+from corral.router.datapath.upstream import UpstreamClient, UpstreamResponse
+from corral.router.datapath.wake_on_demand import WakeOnDemand
+from corral.router.edge.tenants import tenant_of
+from corral.router.membership.endpoint import Endpoint
+from corral.router.membership.membership import Membership
+from corral.router.routing.policies import Policy, RouteRequest
+from corral.router.telemetry.metrics import RouterMetrics
+
+log = logging.getLogger("corral.router.datapath.proxy")
+
+# Headers that describe one hop, not the message; never copied across the proxy (nor those the
+# message's own Connection header names). `Expect: 100-continue` is one: the router's server has
+# already answered the 100, and an engine's 100 must not be mistaken for its answer.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "expect",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+RESPONSE_SKIP = HOP_BY_HOP | {"server", "date", "x-request-id"}
+
+# Everything that means "this endpoint did not answer": refused, reset, timed out, cut off.
+UPSTREAM_FAILURES = (TimeoutError, ConnectionError)  # UpstreamError is a ConnectionError
+
+# An X-Request-Id the router forwards and echoes as the client sent it; any other gets the router's own.
+_SAFE_REQUEST_ID = re.compile(r"[!-~]{1,200}")
+
+CLIENT_CLOSED = 499  # nginx's code for "client closed the request", used only in metrics
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    max_retries: int = 2
+    eject_seconds: float = 5.0
+    retry_after_seconds: float = 5.0
+    retry_budget: RetryBudgetConfig = field(default_factory=RetryBudgetConfig)
+
+
+class Proxy:
+    wake_on_demand: WakeOnDemand | None = None  # set by the app with --wake-hold-seconds
+    # The client's Authorization goes upstream only on an open router with no engine key: a tenant's
+    # key (--api-keys-file) is the router's, and --engine-api-key-file sends the engine's own instead.
+    drop_client_authorization = False
+    engine_authorization: str | None = None  # "Bearer <engine key>"
+
+    def __init__(
+        self,
+        membership: Membership,
+        policy: Policy,
+        upstream: UpstreamClient,
+        metrics: RouterMetrics,
+        config: ProxyConfig,
+    ) -> None:
+        self._membership = membership
+        self._policy = policy
+        self._upstream = upstream
+        self._metrics = metrics
+        self._config = config
+        self._budget = RetryBudget(config.retry_budget)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        start = time.perf_counter()
+        body = await request.read()
+        request_id = request.headers.get("x-request-id", "")
+        own_id = _SAFE_REQUEST_ID.fullmatch(request_id) is not None
+        if not own_id:
+            request_id = uuid4().hex  # none, or one not fit to echo: the router names the request
+
+        upstream_headers, problem = _forwarded_headers(request)
+        model: str | None = None
+        payload: dict[str, Any] | None = None
+        if problem is None:
+            model, payload, problem = self._model_of(request, body)
+        if problem is not None:
+            return self._reject(problem, model or "", request_id, start)
+        assert model is not None
+        if self.wake_on_demand is not None:
+            await self.wake_on_demand.hold(model)
+
+        if not own_id:
+            upstream_headers["X-Request-Id"] = request_id
+        if self.drop_client_authorization:
+            upstream_headers.popall("Authorization", None)
+        if self.engine_authorization is not None:
+            upstream_headers["Authorization"] = self.engine_authorization
+        route = RouteRequest(model, request.headers, payload)
+        self._budget.record_request(time.monotonic())
+        try:
+            return await self._forward(request, body, upstream_headers, route, request_id, start)
+        except asyncio.CancelledError:
+            self._metrics.count_request(model, CLIENT_CLOSED)
+            raise
+
+    # -- request checks ---------------------------------------------------------------------
+
+    def _model_of(
+        self, request: web.Request, body: bytes
+    ) -> tuple[str | None, dict[str, Any] | None, web.Response | None]:
+        """The model to route by and the parsed body (policies read the prompt from it), or the error
+        answer that ends the request here."""
+        model: object = None
+        payload: dict[str, Any] | None = None
+        if not request.content_type.startswith("multipart/"):
+            if not body:
+                return None, payload, _bad_request("The request body is empty; send a JSON object.", "body")
+            try:
+                parsed = orjson.loads(body)
+            except orjson.JSONDecodeError as exc:
+                return None, payload, _bad_request(f"The request body is not valid JSON: {exc}", "body")
+            if not isinstance(parsed, dict):
+                return None, payload, _bad_request("The request body must be a JSON object.", "body")
+            payload = parsed
+            model = parsed.get("model")
+        membership = self._membership
+        tenant = tenant_of(request)  # a tenant sees only its `models`; any other is unknown to it
+        if model is None:
+            known = [m for m in membership.known_models() if tenant is None or tenant.serves(m)]
+            if len(known) == 1:
+                return known[0], payload, None  # vLLM serves its only model when none is named
+            if not known:
+                return None, payload, self._unavailable("", "no endpoint has answered yet")
+            return (
+                None,
+                payload,
+                _bad_request(
+                    f"The request names no `model` and the fleet serves {len(known)}: "
+                    f"{', '.join(sorted(known))}. Name one.",
+                    "model",
+                ),
+            )
+        if not isinstance(model, str):
+            return None, payload, _bad_request("`model` must be a string.", "model")
+        hidden = tenant is not None and not tenant.serves(model)
+        if hidden or not membership.knows(model):
+            if not membership.known_models():
+                return model, payload, self._unavailable(model, "no endpoint has answered yet")
+            if tenant is not None and hidden:
+                tenant.reject("model")
+            return (
+                model,
+                payload,
+                error_response(404, f"The model `{model}` does not exist.", "NotFoundError", "model"),
+            )
+        return model, payload, None
+
+    def _unavailable(self, model: str, why: str) -> web.Response:
+        retry_after = self._membership.retry_after(model, self._config.retry_after_seconds)
+        what = f"model `{model}`" if model else "this request"
+        return error_response(
+            503,
+            f"No endpoint can serve {what} right now ({why}); retry after {retry_after} s.",
+            "ServiceUnavailableError",
+            headers={"Retry-After": str(retry_after)},
+        )
+
+    def _reject(self, answer: web.Response, model: str, request_id: str, start: float) -> web.Response:
+        answer.headers["X-Request-Id"] = request_id
+        metrics = self._metrics
+        metrics.count_request(model if self._membership.knows(model) else "", answer.status)
+        if answer.status >= 500:
+            metrics.errors += 1
+        metrics.duration.observe(time.perf_counter() - start)
+        return answer
+
+    # -- forwarding -------------------------------------------------------------------------
+
+    async def _forward(
+        self,
+        request: web.Request,
+        body: bytes,
+        upstream_headers: CIMultiDict[str],
+        route: RouteRequest,
+        request_id: str,
+        start: float,
+    ) -> web.StreamResponse:
+        metrics = self._metrics
+        model = route.model
+        attempt = 0
+        last_failure = "no endpoint is READY"
+        while True:
+            candidates = self._membership.eligible(model)
+            if not candidates:
+                return self._reject(self._unavailable(model, last_failure), model, request_id, start)
+            endpoint = self._policy.pick(candidates, route)
+            endpoint.requests_sent += 1
+            endpoint.in_flight += 1
+            endpoint.dispatching += 1  # until the engine answers: a removal's ack waits for this
+            dispatching = True
+            upstream: UpstreamResponse | None = None
+            try:
+                # Everything up to the first byte for the client may be retried elsewhere.
+                try:
+                    upstream = await self._upstream.request(
+                        endpoint.url, request.method, request.raw_path, upstream_headers.items(), body
+                    )
+                    endpoint.dispatching -= 1
+                    dispatching = False
+                    streaming = upstream.content_type == "text/event-stream"
+                    first = await upstream.readany() if streaming else await upstream.read()
+                except UPSTREAM_FAILURES as exc:
+                    last_failure = f"{endpoint.url}: {_describe(exc)}"
+                    self._eject(endpoint, last_failure, request_id, attempt)
+                    if attempt < self._config.max_retries:
+                        if self._budget.try_spend(time.monotonic()):
+                            attempt += 1
+                            metrics.retries += 1
+                            continue
+                        metrics.retry_budget_exhausted += 1
+                        last_failure += "; retry budget spent, not retried"
+                        log.warning("request %s: %s", request_id, last_failure)
+                    return self._reject(self._unavailable(model, last_failure), model, request_id, start)
+                endpoint.record_success()
+                status = upstream.status
+                headers = _response_headers(upstream, request_id)
+                if not streaming:
+                    answer = web.Response(status=status, body=first, headers=headers)
+                    metrics.count_request(model, status)
+                    if status >= 500:
+                        metrics.errors += 1
+                    elapsed = time.perf_counter() - start
+                    metrics.ttft.observe(elapsed)
+                    metrics.duration.observe(elapsed)
+                    return answer
+                return await self._relay(
+                    request, upstream, first, status, headers, endpoint, route, request_id, attempt, start
+                )
+            finally:
+                endpoint.in_flight -= 1
+                if dispatching:
+                    endpoint.dispatching -= 1
+                if upstream is not None:
+                    upstream.close()
+
+    async def _relay(
+        self,
+        request: web.Request,
+        upstream: UpstreamResponse,
+        first: bytes,
+        status: int,
+        headers: CIMultiDict[str],
+        endpoint: Endpoint,
+        route: RouteRequest,
+        request_id: str,
+        attempt: int,
+        start: float,
+    ) -> web.StreamResponse:
+        """Relay an SSE answer chunk by chunk; a failure now can only end the client's stream."""
+        metrics = self._metrics
+        answer = web.StreamResponse(status=status, headers=headers)
+        await answer.prepare(request)
+        await answer.write(first)
+        metrics.ttft.observe(time.perf_counter() - start)
+        code = status
+        content = upstream
+        ending = StreamEnding()
+        ending.feed(first)
+        while True:
+            try:
+                chunk = await content.readany()
+            except UPSTREAM_FAILURES as exc:
+                why = f"{endpoint.url}: {_describe(exc)}"
+                log.warning(
+                    "request %s attempt %d: stream from %s cut after the first byte (%s); "
+                    "ending the client's stream with an error event, not replaying it",
+                    request_id,
+                    attempt,
+                    endpoint.url,
+                    why,
+                )
+                self._eject(endpoint, why, request_id, attempt)
+                metrics.errors += 1
+                ending.cut()
+                code = 502
+                await answer.write(
+                    sse_error_event(
+                        f"The engine serving this stream failed mid-stream ({why}); "
+                        f"request {request_id} was not replayed.",
+                        "BadGatewayError",
+                        502,
+                    )
+                )
+                break
+            if not chunk:
+                break
+            ending.feed(chunk)
+            await answer.write(chunk)
+        await answer.write_eof()
+        if ending.failure is not None:
+            metrics.count_stream_failure(route.model, ending.failure)
+        metrics.count_request(route.model, code)
+        metrics.duration.observe(time.perf_counter() - start)
+        return answer
+
+    def _eject(self, endpoint: Endpoint, why: str, request_id: str, attempt: int) -> None:
+        seconds = endpoint.eject(time.monotonic(), self._config.eject_seconds)
+        if seconds is not None:
+            self._metrics.ejections += 1
+            log.warning(
+                "ejected %s for %.1f s after request %s attempt %d failed: %s",
+                endpoint.url,
+                seconds,
+                request_id,
+                attempt,
+                why,
+            )
+
+
+def _forwarded_headers(request: web.Request) -> tuple[CIMultiDict[str], web.Response | None]:
+    """The client's headers less the hop-by-hop ones, or the 400 for one that cannot be forwarded.
+
+    The request head goes upstream as latin-1, and the client's bytes arrive here decoded as UTF-8:
+    a value outside ASCII would reach the engine as other bytes than the client sent, or not at all.
+    """
+    headers = request.headers
+    skip = HOP_BY_HOP
+    connection = headers.get("connection")
+    if connection and connection.lower() not in ("keep-alive", "close"):
+        skip = HOP_BY_HOP | {token.strip().lower() for token in connection.split(",")}
+    forwarded = CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in skip])
+    if not "".join(headers.values()).isascii():
+        name, value = next((k, v) for k, v in headers.items() if not v.isascii())
+        at = next(i for i, char in enumerate(value) if not char.isascii())
+        return forwarded, _bad_request(
+            f"The header `{name.lower()}` has a character outside ASCII at position {at} of its "
+            "value; HTTP header values must be ASCII (percent-encode or base64-encode the value).",
+            name.lower(),
+        )
+    target = request.raw_path
+    if not target.startswith("/") or not target.isascii():
+        # absolute-form (`POST http://host/v1/...`) would reach the engine naming another host
+        return forwarded, _bad_request(
+            "The request target must be a path starting with `/` (origin-form), in ASCII; "
+            "send `POST /v1/...` with a Host header.",
+            "path",
+        )
+    return forwarded, None
+
+
+def _response_headers(upstream: UpstreamResponse, request_id: str) -> CIMultiDict[str]:
+    headers = CIMultiDict([(k, v) for k, v in upstream.headers if k.lower() not in RESPONSE_SKIP])
+    headers["X-Request-Id"] = request_id
+    return headers
+
+
+def _bad_request(message: str, param: str | None) -> web.Response:
+    return error_response(400, message, "Bad Request", param)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "no answer before --request-timeout"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

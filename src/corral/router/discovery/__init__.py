@@ -1,0 +1,1 @@
+"""Where endpoints come from: backend URLs, a backends file, Kubernetes pods, supervisor state streams."""

@@ -1,0 +1,347 @@
+"""Pods become endpoints: a pod is routable only while it has an IP, is Ready and is not terminating,
+and its endpoint becomes READY only after its /v1/models answered.
+
+Intake (`apply`, `replace`) runs in the informer's order and never waits: anything that takes an
+endpoint out of routing — a DELETE, NotReady, a lost IP, a deletionTimestamp, absence from a
+re-list — is applied to membership right there. Only the slow part, asking a newly routable pod's
+/v1/models, goes through the keyed work queue to a pool of workers, each call with a timeout; a
+probe answer is applied only if the pod is still, by then, the same routable pod.
+
+A pod whose engine runs under `corral supervise` names the supervisor's port in the annotation
+`corral.dev/supervisor-port` (or every pod has one at `--supervisor-port`): its endpoint then also
+follows the supervisor's state stream on the pod IP and is routable only while the stream says READY.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from corral.engine_state import EngineState
+from corral.k8s.watch.client import PodApi, PodList, WatchEvent
+from corral.k8s.watch.informer import InformerConfig, PodInformer
+from corral.k8s.watch.workqueue import KeyedQueue, QueueShutDown
+from corral.router.discovery.static import ModelsProbeError, describe, parse_model_cards
+from corral.router.membership.endpoint import Endpoint, SupervisorView
+from corral.router.membership.membership import Membership
+from corral.router.telemetry.metrics import RouterMetrics
+
+log = logging.getLogger("corral.router.discovery.k8s_pods")
+
+SOURCE = "k8s"
+SUPERVISOR_PORT_ANNOTATION = "corral.dev/supervisor-port"
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    """What routing needs of one pod, at one resourceVersion."""
+
+    key: str  # namespace/name
+    uid: str
+    ip: str | None
+    ready: bool
+    terminating: bool
+    phase: str
+    status_reason: str
+    version: str
+    deleted: bool = False
+    gone_why: str = ""  # for a deletion: the DELETED event, or absence from a re-list
+    supervisor_port: int | None = None  # from the corral.dev/supervisor-port annotation
+
+    def blocker(self) -> tuple[str, str] | None:
+        """(cause, reason) that keeps this pod out of routing, or None when it is routable."""
+        if self.deleted:
+            why = self.gone_why or "DELETED event"
+            return (self.gone_why or "deleted", f"pod {self.key} deleted ({why})")
+        if self.terminating:
+            return ("terminating", f"pod {self.key} is terminating (deletionTimestamp set)")
+        if not self.ip:
+            why = f"phase {self.phase}" + (f", reason {self.status_reason}" if self.status_reason else "")
+            return ("no_ip", f"pod {self.key} has no IP ({why})")
+        if not self.ready:
+            return ("not_ready", f"pod {self.key} is not Ready (phase {self.phase})")
+        return None
+
+
+def pod_view(obj: dict[str, Any], deleted: bool = False, gone_why: str = "") -> PodView:
+    metadata = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    conditions = status.get("conditions") or []
+    ready = any(
+        isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
+    )
+    annotations = metadata.get("annotations") or {}
+    port_text = annotations.get(SUPERVISOR_PORT_ANNOTATION) if isinstance(annotations, dict) else None
+    supervisor_port: int | None = None
+    if port_text is not None:
+        try:
+            supervisor_port = int(port_text)
+        except (TypeError, ValueError):
+            log.warning("pod annotation %s=%r is not a port; ignored", SUPERVISOR_PORT_ANNOTATION, port_text)
+    return PodView(
+        supervisor_port=supervisor_port if supervisor_port and 0 < supervisor_port < 65536 else None,
+        key=f"{metadata.get('namespace', '')}/{metadata.get('name', '')}",
+        uid=str(metadata.get("uid", "")),
+        ip=status.get("podIP") or None,
+        ready=ready,
+        terminating=bool(metadata.get("deletionTimestamp")),
+        phase=str(status.get("phase", "Unknown")),
+        status_reason=str(status.get("reason", "")),
+        version=str(metadata.get("resourceVersion", "")),
+        deleted=deleted,
+        gone_why=gone_why,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PodSourceConfig:
+    engine_port: int = 8000
+    scheme: str = "http"
+    probe_timeout: float = 2.0
+    probe_retry_seconds: float = 1.0
+    workers: int = 16
+    informer: InformerConfig = field(default_factory=InformerConfig)
+    supervisor_port: int | None = None  # every pod's supervisor port, unless its annotation says
+    # sent with each /v1/models probe: the engine API key (--engine-api-key-file), when engines want one
+    probe_headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+
+class PodSource:
+    def __init__(
+        self, membership: Membership, metrics: RouterMetrics, api: PodApi, config: PodSourceConfig
+    ) -> None:
+        self._membership = membership
+        self._metrics = metrics
+        self._api = api
+        self._config = config
+        self._views: dict[str, PodView] = {}  # latest view of every pod still in the API server
+        self._urls: dict[str, str] = {}  # pod key -> its endpoint's url in membership
+        self._queue: KeyedQueue[str, PodView] = KeyedQueue()
+        self.informer = PodInformer(
+            api, self, config.informer, on_relist=metrics.count_relist, on_event=self._count_event
+        )
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._retries: set[asyncio.TimerHandle] = set()
+
+    def _count_event(self, kind: str) -> None:
+        self._metrics.count_event(SOURCE, kind)
+
+    def url_of(self, ip: str, port: int | None = None) -> str:
+        host = f"[{ip}]" if ":" in ip else ip
+        return f"{self._config.scheme}://{host}:{port or self._config.engine_port}"
+
+    def _supervisor_of(self, view: PodView) -> SupervisorView | None:
+        port = view.supervisor_port or self._config.supervisor_port
+        if port is None or not view.ip:
+            return None
+        return SupervisorView(self.url_of(view.ip, port))
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self._config.probe_timeout),
+            connector=aiohttp.TCPConnector(limit=0, force_close=True),
+        )
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._work(), name=f"corral-router-k8s-worker-{i}")
+            for i in range(self._config.workers)
+        ]
+        self._tasks.append(loop.create_task(self.informer.run(), name="corral-router-k8s-informer"))
+
+    async def stop(self) -> None:
+        self._queue.shut_down()
+        for handle in self._retries:
+            handle.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        await self._api.close()
+
+    # -- intake: in event order, never waits ---------------------------------------------------
+
+    def apply(self, event: WatchEvent) -> None:
+        deleted = event.type == "DELETED"
+        view = pod_view(event.obj, deleted=deleted)
+        self._intake(view, event.received)
+
+    def replace(self, listed: PodList) -> None:
+        seen: set[str] = set()
+        for obj in listed.items:
+            view = pod_view(obj)
+            seen.add(view.key)
+            self._intake(view, listed.received)
+        for key in [k for k in self._views if k not in seen]:
+            last = self._views[key]
+            gone = PodView(
+                key=key,
+                uid=last.uid,
+                ip=last.ip,
+                ready=False,
+                terminating=False,
+                phase=last.phase,
+                status_reason="",
+                version=listed.resource_version,
+                deleted=True,
+                gone_why="absent_on_relist",
+            )
+            log.warning(
+                "pod %s is absent from the list at resourceVersion %s: its DELETE was never seen",
+                key,
+                listed.resource_version,
+            )
+            self._intake(gone, listed.received)
+
+    def _intake(self, view: PodView, received: float) -> None:
+        key = view.key
+        if view.deleted:
+            self._views.pop(key, None)
+        else:
+            self._views[key] = view
+        blocker = view.blocker()
+        url = self.url_of(view.ip) if view.ip and not view.deleted else None
+        membership = self._membership
+
+        old_url = self._urls.get(key)
+        if old_url is not None and old_url != url:
+            cause, reason = blocker or ("ip_changed", f"pod {key} now has IP {view.ip}")
+            self._leave(old_url, reason, cause, view.version, received, remove=True)
+            del self._urls[key]
+        if url is None:
+            return
+
+        endpoint = membership.get(url)
+        if endpoint is not None and endpoint.name != key:
+            # The IP now belongs to another pod: the old owner is gone even if its DELETE is not here yet.
+            reason = f"IP {view.ip} now belongs to pod {key}"
+            self._leave(url, reason, "ip_reused", view.version, received, remove=True)
+            if endpoint.name is not None:
+                self._urls.pop(endpoint.name, None)
+            endpoint = None
+        if endpoint is None:
+            endpoint = Endpoint(
+                url,
+                reason="pod seen, not yet checked",
+                source=SOURCE,
+                name=key,
+                supervisor=self._supervisor_of(view),
+            )
+            endpoint.last_event_version = view.version
+            membership.add(endpoint, f"pod {key}")
+            self._urls[key] = url
+        endpoint.last_event_version = view.version
+
+        if blocker is not None:
+            cause, reason = blocker
+            state = EngineState.STOPPING if view.terminating else EngineState.STARTING
+            if endpoint.state is EngineState.READY:
+                self._leave(url, reason, cause, view.version, received, remove=False, state=state)
+            else:
+                membership.update(url, reason, state=state, cause=cause)
+            return
+        if endpoint.source_state is not EngineState.READY:
+            membership.update(
+                url, f"pod {key} Ready; waiting for /v1/models", state=EngineState.STARTING, cause="probe"
+            )
+            self._queue.put(key, view)
+
+    def _leave(
+        self,
+        url: str,
+        reason: str,
+        cause: str,
+        version: str,
+        received: float,
+        remove: bool,
+        state: EngineState = EngineState.STARTING,
+    ) -> None:
+        """Take `url` out of routing now, and time it from the arrival of what caused it."""
+        endpoint = self._membership.get(url)
+        if endpoint is None:
+            return
+        was_ready = endpoint.state is EngineState.READY
+        if remove:
+            self._membership.remove(url, reason, cause=cause, event_version=version)
+        else:
+            self._membership.update(url, reason, state=state, cause=cause, event_version=version)
+        if was_ready:
+            self._metrics.removal_latency.observe(time.monotonic() - received)
+
+    # -- slow work: /v1/models, concurrently, each with a timeout ------------------------------
+
+    def _current(self, key: str, view: PodView) -> bool:
+        """Whether `view` still describes the routable pod the API server has now."""
+        latest = self._views.get(key)
+        return (
+            latest is not None
+            and latest.blocker() is None
+            and latest.uid == view.uid
+            and latest.ip == view.ip
+            and self._urls.get(key) == self.url_of(view.ip or "")
+        )
+
+    async def _work(self) -> None:
+        while True:
+            try:
+                key, view = await self._queue.get()
+            except QueueShutDown:
+                return
+            try:
+                await self._enrich(key, view)
+            except Exception:
+                log.exception("enriching pod %s failed", key)
+            finally:
+                self._queue.done(key)
+
+    async def _enrich(self, key: str, view: PodView) -> None:
+        if not self._current(key, view) or self._session is None or view.ip is None:
+            return
+        url = self.url_of(view.ip)
+        try:
+            async with self._session.get(url + "/v1/models", headers=self._config.probe_headers) as resp:
+                body = await resp.read()
+                if resp.status != 200:
+                    raise ModelsProbeError(f"GET /v1/models answered {resp.status}")
+            cards = parse_model_cards(body)
+        except (aiohttp.ClientError, TimeoutError, ModelsProbeError) as exc:
+            if self._current(key, view):
+                self._membership.update(url, f"pod {key} Ready; /v1/models: {describe(exc)}")
+                self._retry_later(key)
+            return
+        if not self._current(key, view):
+            return  # deleted, unready or moved while the probe ran: the answer is stale
+        self._membership.update(
+            url,
+            f"pod {key} Ready and /v1/models answered",
+            state=EngineState.READY,
+            models=frozenset(c["id"] for c in cards),
+            model_cards=cards,
+        )
+
+    def _retry_later(self, key: str) -> None:
+        loop = asyncio.get_running_loop()
+
+        def again() -> None:
+            self._retries.discard(handle)
+            latest = self._views.get(key)
+            endpoint = self._membership.get(self._urls.get(key, ""))
+            if latest is not None and endpoint is not None and endpoint.source_state is not EngineState.READY:
+                self._queue.put(key, latest)
+
+        handle = loop.call_later(self._config.probe_retry_seconds, again)
+        self._retries.add(handle)

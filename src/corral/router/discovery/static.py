@@ -1,0 +1,186 @@
+"""Membership from a list of backend URLs (`--backend`, `--supervised`, or a backends file through
+`FileSource`): each becomes READY once its /v1/models answers (and, for an engine with a supervisor,
+once the supervisor's state stream says READY too).
+
+A background task asks every backend concurrently, with a timeout, at start and then every
+`refresh_seconds`; the answers update what each endpoint serves. Nothing here runs on the
+request path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import aiohttp
+import orjson
+
+from corral.engine_state import EngineState
+from corral.router.membership.endpoint import Endpoint, SupervisorView
+from corral.router.membership.membership import Membership
+from corral.router.telemetry.metrics import RouterMetrics
+
+log = logging.getLogger("corral.router.discovery.static")
+
+
+class ModelsProbeError(Exception):
+    """A backend's /v1/models did not give a usable answer."""
+
+
+def parse_model_cards(body: bytes) -> tuple[dict[str, Any], ...]:
+    """The `data` entries of a vLLM /v1/models answer; raises ModelsProbeError on any other shape."""
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ModelsProbeError(f"/v1/models answered non-JSON: {exc}") from None
+    data = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(data, list):
+        raise ModelsProbeError("/v1/models answered without a `data` list")
+    cards = tuple(c for c in data if isinstance(c, dict) and isinstance(c.get("id"), str))
+    if not cards:
+        raise ModelsProbeError("/v1/models lists no model")
+    return cards
+
+
+class StaticSource:
+    def __init__(
+        self,
+        membership: Membership,
+        urls: Sequence[str],
+        refresh_seconds: float,
+        probe_timeout: float = 2.0,
+        source: str = "static",
+        metrics: RouterMetrics | None = None,
+        supervisors: Mapping[str, str] | None = None,
+        probe_headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self._membership = membership
+        self._probe_headers = dict(probe_headers or {})  # the engine API key, when engines want one
+        # engine url -> its supervisor's url, for the engines that have one
+        self._supervisors = {k.rstrip("/"): v.rstrip("/") for k, v in (supervisors or {}).items()}
+        self._urls: list[str] = []
+        self._refresh_seconds = refresh_seconds
+        self._probe_timeout = probe_timeout
+        self._source = source
+        self._metrics = metrics
+        self._probes: set[asyncio.Task[None]] = set()
+        self._session: aiohttp.ClientSession | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.set_urls(urls)
+
+    def set_urls(self, urls: Sequence[str], supervisors: Mapping[str, str] | None = None) -> None:
+        """Make the list exactly `urls`: new ones are added (probed on the next round, or now when
+        running), dropped ones removed from membership at once. With `supervisors` (engine url ->
+        supervisor url) the supervised set is replaced too; an engine whose supervisor changed is
+        removed and added again, so that its routing follows the new supervisor's stream only."""
+        wanted = list(dict.fromkeys(u.rstrip("/") for u in urls))
+        if supervisors is not None:
+            new = {k.rstrip("/"): v.rstrip("/") for k, v in supervisors.items()}
+            moved = {u for u in self._urls if self._supervisors.get(u) != new.get(u)}
+            self._supervisors = new
+        else:
+            moved = set()
+        for url in self._urls:
+            if url not in wanted or url in moved:
+                self._count(url, "DELETED")
+                why = "its supervisor changed" if url in wanted else f"no longer in the {self._source} list"
+                self._membership.remove(url, why, cause=f"{self._source}_removed")
+        kept = [u for u in self._urls if u in wanted and u not in moved]
+        fresh = [u for u in wanted if u not in kept]
+        for url in fresh:
+            self._count(url, "ADDED")
+            supervisor = self._supervisors.get(url)
+            self._membership.add(
+                Endpoint(
+                    url,
+                    reason=f"{self._source} backend, waiting for /v1/models",
+                    source=self._source,
+                    supervisor=SupervisorView(supervisor) if supervisor else None,
+                ),
+                f"{self._source} list",
+            )
+        self._urls = wanted
+        if fresh and self._session is not None:
+            for url in fresh:
+                task = asyncio.create_task(self._probe(url), name=f"corral-router-probe-{url}")
+                self._probes.add(task)
+                task.add_done_callback(self._probes.discard)
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self._urls)
+
+    def _count(self, url: str, kind: str) -> None:
+        if self._metrics is not None:
+            self._metrics.count_event(self._source, kind)
+
+    async def start(self) -> None:
+        """Open the probe session and start refreshing; the first round runs in the background."""
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self._probe_timeout),
+            connector=aiohttp.TCPConnector(limit=0, force_close=True),
+        )
+        self._task = asyncio.create_task(self._run(), name="corral-router-static-source")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for task in list(self._probes):
+            task.cancel()
+        if self._probes:
+            await asyncio.gather(*self._probes, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _run(self) -> None:
+        while True:
+            await self.refresh()
+            await asyncio.sleep(self._refresh_seconds)
+
+    async def refresh(self) -> None:
+        """Ask every backend once, concurrently."""
+        await asyncio.gather(*(self._probe(url) for url in self._urls))
+
+    async def _probe(self, url: str) -> None:
+        if self._session is None:
+            return
+        try:
+            async with self._session.get(url + "/v1/models", headers=self._probe_headers) as resp:
+                body = await resp.read()
+                if resp.status != 200:
+                    raise ModelsProbeError(f"GET /v1/models answered {resp.status}")
+            cards = parse_model_cards(body)
+        except (aiohttp.ClientError, TimeoutError, ModelsProbeError) as exc:
+            self._probe_failed(url, describe(exc))
+            return
+        models = frozenset(c["id"] for c in cards)
+        if url not in self._urls:
+            return  # dropped from the list while the probe ran
+        self._membership.update(
+            url, "GET /v1/models answered", state=EngineState.READY, models=models, model_cards=cards
+        )
+
+    def _probe_failed(self, url: str, why: str) -> None:
+        endpoint = self._membership.get(url)
+        if endpoint is None:
+            return
+        if endpoint.source_state is EngineState.STARTING:
+            self._membership.update(url, f"waiting for /v1/models: {why}")
+        else:
+            self._membership.update(
+                url, f"/v1/models probe failed: {why}", state=EngineState.FAILED, cause="probe_failed"
+            )
+
+
+def describe(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

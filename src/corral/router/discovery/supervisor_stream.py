@@ -1,0 +1,339 @@
+"""Supervisor state streams: for every endpoint that has a supervisor, one task follows its
+`GET /v1/state/watch?router_id=…` stream, applies each state to membership the moment the line is
+read, and acknowledges each removal back to the supervisor (`POST /v1/acks`).
+
+The order is the contract: the endpoint leaves the routing table (synchronously, in `_apply`), then
+the acknowledgement waits until every request already picked for that engine has been answered by it
+(its upstream call returned: the engine has the request) or `dispatch_wait` passed, and only then is
+sent. A drain that has every subscribed router's acknowledgement therefore knows no router will send
+the engine anything new.
+
+A lost stream is treated as "not confirmed": the endpoint leaves routing at once (it keeps the last
+state the supervisor gave, never READY) and the task reconnects with backoff; on reconnect the first
+line is the supervisor's current state. A stream that is open but silent for `missed_heartbeats`
+heartbeat intervals counts as stale and is handled the same way (closed, reconnected). This is what
+lets a supervisor count a router whose stream closed as gone rather than wait for it.
+
+Each subscription has its own task, every network call has a timeout, and acknowledgements run in
+tasks of their own, so a slow or dead supervisor delays nothing but its own endpoint.
+
+Every call carries the token of the supervisor it goes to (`StreamSettings.token_for`): one token
+for all of them (`--supervisor-token-file`), or each pod's own, derived from the fleet key and the
+pod's name (`--supervisor-token-key-file`, `corral.supervisor_tokens`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+
+from corral.engine_state import EngineState
+from corral.router.membership.endpoint import Endpoint, SupervisorView
+from corral.router.membership.membership import Membership
+from corral.router.telemetry.metrics import RouterMetrics
+from corral.supervisor_tokens import endpoint_pod_token
+
+log = logging.getLogger("corral.router.discovery.supervisor_stream")
+
+SOURCE = "supervisor"
+LINE_LIMIT = 1 << 20  # a state event carries evidence (a drain report): allow long lines
+
+
+# The management token of an endpoint's supervisor (None: send none).
+TokenFor = Callable[[Endpoint], str | None]
+
+
+def default_router_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def per_pod_tokens(key: bytes) -> TokenFor:
+    """Each pod's own token, derived from the fleet key and the endpoint's pod ("namespace/name")."""
+    return lambda endpoint: endpoint_pod_token(key, endpoint.name)
+
+
+def bearer(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSettings:
+    router_id: str
+    token: str | None = None  # one token for every supervisor
+    tokens: TokenFor | None = None  # or each endpoint's own (wins over `token`)
+    heartbeat_seconds: float = 2.0  # asked of the supervisor with each subscription
+    missed_heartbeats: int = 3  # silent this many intervals: stale
+    connect_timeout: float = 2.0
+    ack_timeout: float = 2.0
+    ack_attempts: int = 3
+    dispatch_wait: float = 2.0
+    backoff_initial: float = 0.1
+    backoff_cap: float = 5.0
+
+    @property
+    def stale_after(self) -> float:
+        return self.heartbeat_seconds * self.missed_heartbeats
+
+    def token_for(self, endpoint: Endpoint) -> str | None:
+        return self.tokens(endpoint) if self.tokens is not None else self.token
+
+
+class StreamBroken(Exception):
+    """The stream ended, answered something other than a stream, or fell silent."""
+
+    def __init__(self, link: str, why: str) -> None:
+        super().__init__(why)
+        self.link = link
+        self.why = why
+
+
+class SupervisorStreams:
+    def __init__(self, membership: Membership, metrics: RouterMetrics, settings: StreamSettings) -> None:
+        self._membership = membership
+        self._metrics = metrics
+        self.settings = settings
+        self._wanted: dict[str, Endpoint] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._acks: set[asyncio.Task[None]] = set()
+        self._session: aiohttp.ClientSession | None = None
+        membership.supervisors = self
+
+    # -- SupervisorWatch: membership hands endpoints in and takes them back ---------------------
+
+    def watch(self, endpoint: Endpoint) -> None:
+        self._wanted[endpoint.url] = endpoint
+        if self._session is not None and endpoint.url not in self._tasks:
+            self._spawn(endpoint)
+
+    def unwatch(self, url: str) -> None:
+        self._wanted.pop(url, None)
+        task = self._tasks.pop(url, None)
+        if task is not None:
+            task.cancel()
+
+    def _spawn(self, endpoint: Endpoint) -> None:
+        task = asyncio.create_task(self._follow(endpoint), name=f"corral-router-supervisor-{endpoint.url}")
+        self._tasks[endpoint.url] = task
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, force_close=True),
+            read_bufsize=LINE_LIMIT,
+        )
+        for endpoint in self._wanted.values():
+            if endpoint.url not in self._tasks:
+                self._spawn(endpoint)
+
+    async def stop(self) -> None:
+        tasks = [*self._tasks.values(), *self._acks]
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # -- one subscription -------------------------------------------------------------------------
+
+    async def _follow(self, endpoint: Endpoint) -> None:
+        view = endpoint.supervisor
+        assert view is not None
+        backoff = self.settings.backoff_initial
+        while True:
+            heard_before = view.last_heard
+            try:
+                await self._read_stream(endpoint, view)
+                raise StreamBroken("lost", "closed by the supervisor")
+            except StreamBroken as exc:
+                self._lost(endpoint, view, exc.link, exc.why)
+            except (aiohttp.ClientError, OSError, ValueError, TimeoutError) as exc:
+                self._lost(endpoint, view, "lost", f"{type(exc).__name__}: {exc}".rstrip(": "))
+            except Exception as exc:  # a bug here must not leave the endpoint routable on a dead task
+                log.exception("following supervisor %s of %s failed", view.url, endpoint.url)
+                self._lost(endpoint, view, "lost", f"{type(exc).__name__}: {exc}")
+            if view.last_heard != heard_before:
+                backoff = self.settings.backoff_initial  # it was up: try again soon, then back off
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self.settings.backoff_cap)
+
+    async def _read_stream(self, endpoint: Endpoint, view: SupervisorView) -> None:
+        assert self._session is not None
+        s = self.settings
+        params = {"router_id": s.router_id, "heartbeat": f"{s.heartbeat_seconds:g}"}
+        timeout = aiohttp.ClientTimeout(total=None, connect=s.connect_timeout, sock_connect=s.connect_timeout)
+        headers = bearer(s.token_for(endpoint))
+        async with self._session.get(
+            view.url + "/v1/state/watch", params=params, timeout=timeout, headers=headers
+        ) as resp:
+            if resp.status != 200:
+                body = (await resp.read())[:200].decode(errors="replace")
+                raise StreamBroken("lost", f"HTTP {resp.status}: {body}")
+            first = True
+            while True:
+                try:
+                    async with asyncio.timeout(s.stale_after):
+                        raw = await resp.content.readline()
+                except TimeoutError:
+                    raise StreamBroken(
+                        "stale", f"no line for {s.stale_after:g}s ({s.missed_heartbeats} heartbeats missed)"
+                    ) from None
+                if not raw:
+                    return
+                received = time.monotonic()
+                view.last_heard = received
+                try:
+                    line = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    raise StreamBroken("lost", f"not a JSON line: {raw[:100]!r}") from None
+                if not isinstance(line, dict):
+                    continue
+                if line.get("type") == "state":
+                    self._apply(endpoint, view, line, received, first)
+                    first = False
+                elif first:
+                    continue  # a heartbeat before the first state: nothing to apply yet
+
+    def _apply(
+        self, endpoint: Endpoint, view: SupervisorView, line: dict[str, Any], received: float, first: bool
+    ) -> None:
+        """One state line: into membership now; a removal is acknowledged once it holds."""
+        try:
+            epoch = int(line["epoch"])
+            state = EngineState(line["state"])
+        except (KeyError, TypeError, ValueError):
+            log.warning("supervisor %s sent an unusable state line: %r", view.url, line)
+            return
+        if not first and view.epoch is not None and epoch <= view.epoch:
+            return  # epochs only grow within one stream
+        was_removed = view.state is not EngineState.READY or view.link != "connected"
+        view.link, view.link_reason = "connected", "state stream open"
+        view.state = state
+        view.sub_state = line.get("sub_state") if isinstance(line.get("sub_state"), str) else None
+        view.reason = str(line.get("reason", ""))
+        view.epoch = epoch
+        event_time = line.get("time")
+        view.event_time = float(event_time) if isinstance(event_time, int | float) else None
+        self._metrics.count_event(SOURCE, "STATE")
+        was_routable = endpoint.state is EngineState.READY
+        self._membership.supervisor_changed(endpoint.url, cause=f"supervisor_{state.value.lower()}")
+        if state is EngineState.READY:
+            self._apply_withdrawn(endpoint, view, line, epoch, received)
+            return
+        removal_latency = time.monotonic() - received
+        if was_routable:
+            self._metrics.supervisor_removal_latency.observe(removal_latency)
+        # Acknowledge the first non-READY epoch of a stream and each later fall from READY: the one
+        # a drain waits for (its removal epoch, or a later one for a router that joined mid-drain).
+        if first or not was_removed:
+            task = asyncio.create_task(
+                self._acknowledge(endpoint, view, epoch, state, removal_latency),
+                name=f"corral-router-ack-{endpoint.url}-{epoch}",
+            )
+            self._acks.add(task)
+            task.add_done_callback(self._acks.discard)
+
+    def _apply_withdrawn(
+        self, endpoint: Endpoint, view: SupervisorView, line: dict[str, Any], epoch: int, received: float
+    ) -> None:
+        """A READY line names the models withdrawn from routing here (none when it does not say): a
+        LoRA adapter about to be unloaded. A new withdrawal is acknowledged like a removal."""
+        evidence = line.get("evidence")
+        listed = evidence.get("withdrawn_adapters") if isinstance(evidence, dict) else None
+        withdrawn = (
+            frozenset(m for m in listed if isinstance(m, str)) if isinstance(listed, list) else frozenset()
+        )
+        newly = withdrawn - endpoint.withdrawn_models
+        self._membership.withdraw_models(endpoint.url, withdrawn)
+        if newly:
+            task = asyncio.create_task(
+                self._acknowledge(endpoint, view, epoch, EngineState.READY, time.monotonic() - received),
+                name=f"corral-router-ack-{endpoint.url}-{epoch}",
+            )
+            self._acks.add(task)
+            task.add_done_callback(self._acks.discard)
+
+    def _lost(self, endpoint: Endpoint, view: SupervisorView, link: str, why: str) -> None:
+        if view.link != link or view.link_reason != why:
+            log.warning("supervisor %s of %s: stream %s (%s)", view.url, endpoint.url, link, why)
+        if view.link == "connected":
+            self._metrics.count_event(SOURCE, link.upper())
+        view.link, view.link_reason = link, why
+        self._membership.supervisor_changed(endpoint.url, cause=f"supervisor_stream_{link}")
+
+    # -- acknowledgements -------------------------------------------------------------------------
+
+    async def _acknowledge(
+        self,
+        endpoint: Endpoint,
+        view: SupervisorView,
+        epoch: int,
+        state: EngineState,
+        removal_latency: float,
+    ) -> None:
+        s = self.settings
+        await _dispatched(endpoint, s.dispatch_wait)
+        body = {
+            "router_id": s.router_id,
+            "epoch": epoch,
+            "state": state.value,
+            "removal_latency_s": removal_latency,
+            "undispatched": endpoint.dispatching,
+        }
+        if endpoint.dispatching:
+            log.warning(
+                "acknowledging epoch %d of %s with %d requests not yet answered after %gs",
+                epoch,
+                endpoint.url,
+                endpoint.dispatching,
+                s.dispatch_wait,
+            )
+        assert self._session is not None
+        timeout = aiohttp.ClientTimeout(total=s.ack_timeout)
+        # the supervisor refuses a mutating call that is not JSON
+        headers = {"Content-Type": "application/json", **bearer(s.token_for(endpoint))}
+        why = ""
+        for attempt in range(s.ack_attempts):
+            if attempt:
+                await asyncio.sleep(0.1 * 3 ** (attempt - 1))
+            try:
+                async with self._session.post(
+                    view.url + "/v1/acks",
+                    data=orjson.dumps(body),
+                    headers=headers,
+                    timeout=timeout,
+                ) as resp:
+                    answer = await resp.read()
+                    if resp.status == 200:
+                        view.acked_epoch = max(epoch, view.acked_epoch or 0)
+                        view.acks_sent += 1
+                        self._metrics.count_ack("sent")
+                        return
+                    why = f"HTTP {resp.status}: {answer[:200].decode(errors='replace')}"
+                    if 400 <= resp.status < 500:
+                        break
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                why = f"{type(exc).__name__}: {exc}"
+        self._metrics.count_ack("failed")
+        log.warning("acknowledgement of epoch %d to %s failed: %s", epoch, view.url, why)
+
+
+async def _dispatched(endpoint: Endpoint, within: float) -> None:
+    """Return once every request picked for `endpoint` has had its answer start (so the engine has
+    it), or after `within` seconds. Polls: the data path keeps no waiters, only a counter."""
+    deadline = time.monotonic() + within
+    while True:
+        if endpoint.dispatching <= 0 or time.monotonic() >= deadline:
+            return
+        await asyncio.sleep(0.002)

@@ -1,0 +1,54 @@
+"""The router's answer to `Expect: 100-continue`: refuse before the client uploads, or invite the body.
+
+aiohttp runs a route's expect handler before any middleware, and by default it answers `100 Continue`
+to everyone — so a client without a tenant's key, or with a body over `--max-body-size`, would be
+invited to upload megabytes only to be refused once they arrived. Here the same checks the middlewares
+make run first: a missing or wrong key gets its 401, a declared length over the limit its 413, each
+counted as the middleware would; everyone else gets `100 Continue`. An expectation other than
+`100-continue` is a 417 (RFC 9110 §10.1.1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from corral.openai_errors import error_response
+from corral.router.edge.client_limits import ClientLimits, ClientLimitStats, body_too_large
+from corral.router.edge.tenants import TenantGate
+
+ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
+
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+def expect_handler(limits: ClientLimits, stats: ClientLimitStats, gate: TenantGate | None) -> ExpectHandler:
+    max_body = limits.max_body_bytes
+
+    async def decide(request: web.Request) -> web.StreamResponse | None:
+        expectation = request.headers.get("Expect", "").strip().lower()
+        if request.version < (1, 1):
+            return None  # HTTP/1.0 has no interim answers: ignore the expectation (RFC 9110 §10.1.1)
+        if expectation != "100-continue":
+            return error_response(
+                417,
+                f"The router meets only `Expect: 100-continue`, not {expectation[:40]!r}; "
+                "send the request without that Expect header.",
+                "ExpectationFailedError",
+                "Expect",
+            )
+        if gate is not None:
+            refused = gate.refuse_unauthenticated(request)
+            if refused is not None:
+                refused.force_close()  # the body the client may still send is not wanted
+                return refused
+        declared = request.content_length
+        if max_body and declared is not None and declared > max_body:
+            stats.rejected["body_too_large"] += 1
+            return body_too_large(max_body, declared)
+        await request.writer.write(CONTINUE)
+        request.writer.output_size = 0  # the answer proper has not started
+        return None
+
+    return decide

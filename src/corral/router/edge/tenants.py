@@ -1,0 +1,487 @@
+"""Who may use the router (`--api-keys-file`): the tenants, their keys and their limits.
+
+The file is a YAML list of `{name, key | key_sha256, max_in_flight?, requests_per_minute?, models?}`.
+Only SHA-256 digests of the keys are held: a plaintext `key` is hashed as it is read. Finding a
+request's tenant is one hash and one dict lookup. The file is read again whenever its modification
+time, size or inode changes; a bad edit keeps the previous tenants (logged and counted, never with a
+key in the message). Each tenant's state (requests in flight, its rate bucket, its counters) lives
+across re-reads under the tenant's name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import logging
+import math
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from corral.metric_families import labelled_counter
+from corral.openai_errors import error_response
+
+log = logging.getLogger("corral.router.edge.tenants")
+
+FIELDS = frozenset({"name", "key", "key_sha256", "max_in_flight", "requests_per_minute", "models"})
+_HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
+CLIENT_CLOSED = 499
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+class TenantsFileError(Exception):
+    """The API keys file cannot be read, or one of its entries is not a tenant."""
+
+
+@dataclass(frozen=True, slots=True)
+class TenantSpec:
+    """One entry of the file, as validated: the key only as its SHA-256 digest."""
+
+    name: str
+    key_sha256: bytes = b""
+    max_in_flight: int | None = None
+    requests_per_minute: int | None = None
+    models: frozenset[str] | None = None  # None: every model
+
+    def __repr__(self) -> str:  # the digest is not the key, but it has no business in logs either
+        return f"TenantSpec(name={self.name!r})"
+
+
+def key_digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8")).digest()
+
+
+def parse_tenants(text: str, path: Path | str) -> list[TenantSpec]:
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise TenantsFileError(f"{path}: not valid YAML{where}; write a list of tenants") from None
+    if document is None:
+        document = []
+    if not isinstance(document, list):
+        raise TenantsFileError(
+            f"{path}: the file must be a YAML list of tenants "
+            "(- name: team-a\\n  key_sha256: <64 hex digits>), not a {type(document).__name__}"
+        )
+    specs: list[TenantSpec] = []
+    names: set[str] = set()
+    digests: dict[bytes, str] = {}
+    for number, entry in enumerate(document, start=1):
+        spec = _parse_entry(entry, number, path)
+        where = f"{path}: entry {number} (name {spec.name!r})"
+        if spec.name in names:
+            raise TenantsFileError(
+                f"{where}: field `name`: another entry has this name; names must be unique"
+            )
+        other = digests.get(spec.key_sha256)
+        if other is not None:
+            raise TenantsFileError(
+                f"{where}: its key is also tenant {other!r}'s; give each tenant its own key"
+            )
+        names.add(spec.name)
+        digests[spec.key_sha256] = spec.name
+        specs.append(spec)
+    return specs
+
+
+def _parse_entry(entry: object, number: int, path: Path | str) -> TenantSpec:
+    where = f"{path}: entry {number}"
+    if not isinstance(entry, dict):
+        raise TenantsFileError(f"{where}: must be a mapping with `name` and `key` or `key_sha256`")
+    name = entry.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise TenantsFileError(
+            f"{where}: field `name` must be 1-63 letters, digits, '.', '_' or '-' "
+            f"(it labels metrics), got {name!r}"
+        )
+    where = f"{where} (name {name!r})"
+    unknown = sorted(str(k) for k in entry if k not in FIELDS)
+    if unknown:
+        raise TenantsFileError(
+            f"{where}: unknown field `{unknown[0]}`; the fields are {', '.join(sorted(FIELDS))}"
+        )
+    key, hashed = entry.get("key"), entry.get("key_sha256")
+    if (key is None) == (hashed is None):
+        raise TenantsFileError(f"{where}: give exactly one of the fields `key` and `key_sha256`")
+    if key is not None:
+        # never echo the value: it may be a real key with one character wrong
+        if not isinstance(key, str) or len(key) < 16:
+            raise TenantsFileError(f"{where}: field `key` must be a string of at least 16 characters")
+        digest = key_digest(key)
+    else:
+        if not isinstance(hashed, str) or not _HEX64.match(hashed):
+            raise TenantsFileError(
+                f"{where}: field `key_sha256` must be 64 hex digits, quoted (printf %s KEY | sha256sum)"
+            )
+        digest = bytes.fromhex(hashed)
+    return TenantSpec(
+        name=name,
+        key_sha256=digest,
+        max_in_flight=_positive(entry, "max_in_flight", where),
+        requests_per_minute=_positive(entry, "requests_per_minute", where),
+        models=_models(entry.get("models"), where),
+    )
+
+
+def _positive(entry: dict[Any, Any], field: str, where: str) -> int | None:
+    value = entry.get(field)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise TenantsFileError(f"{where}: field `{field}` must be a positive integer, got {value!r}")
+    return value
+
+
+def _models(value: object, where: str) -> frozenset[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(m, str) and m for m in value):
+        raise TenantsFileError(f"{where}: field `models` must be a list of model names, got {value!r}")
+    return frozenset(value)
+
+
+def read_tenants(path: Path) -> list[TenantSpec]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = getattr(exc, "strerror", None) or exc
+        raise TenantsFileError(f"cannot read the API keys file {path}: {why}") from None
+    return parse_tenants(text, path)
+
+
+class Tenant:
+    """One tenant's limits and live state: requests in flight, its rate bucket, its counters."""
+
+    __slots__ = (
+        "_tokens",
+        "_updated",
+        "in_flight",
+        "max_in_flight",
+        "models",
+        "name",
+        "rejected",
+        "requests",
+        "requests_per_minute",
+    )
+
+    def __init__(self, spec: TenantSpec) -> None:
+        self.name = spec.name
+        self.in_flight = 0
+        self.requests: dict[int, int] = {}  # status code -> count
+        self.rejected: dict[str, int] = {}  # reason (in_flight, rate, model) -> count
+        self._tokens = float(spec.requests_per_minute or 0)
+        self._updated = time.monotonic()
+        self.max_in_flight: int | None = None
+        self.requests_per_minute: int | None = None
+        self.models: frozenset[str] | None = None
+        self.apply(spec)
+
+    def apply(self, spec: TenantSpec) -> None:
+        """Take the limits of a (re-read) entry; what is in flight and the bucket's level carry over."""
+        if spec.requests_per_minute is not None:
+            if self.requests_per_minute is None:
+                self._tokens = float(spec.requests_per_minute)
+            self._tokens = min(self._tokens, float(spec.requests_per_minute))
+        self.max_in_flight = spec.max_in_flight
+        self.requests_per_minute = spec.requests_per_minute
+        self.models = spec.models
+
+    def serves(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+    def over_in_flight(self) -> bool:
+        return self.max_in_flight is not None and self.in_flight >= self.max_in_flight
+
+    def take_token(self, now: float) -> float:
+        """Spend one request of the rate bucket (a minute's worth, refilled continuously); 0 when
+        spent, else the seconds until one is there again."""
+        rate = self.requests_per_minute
+        if rate is None:
+            return 0.0
+        per_second = rate / 60.0
+        self._tokens = min(float(rate), self._tokens + (now - self._updated) * per_second)
+        self._updated = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return 0.0
+        return (1.0 - self._tokens) / per_second
+
+    def count(self, code: int) -> None:
+        self.requests[code] = self.requests.get(code, 0) + 1
+
+    def reject(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+
+def retry_after_seconds(seconds: float) -> int:
+    return max(1, math.ceil(seconds))
+
+
+class Tenants:
+    """The tenants of one API keys file: looked up by key digest, re-read when the file changes."""
+
+    def __init__(
+        self, specs: Sequence[TenantSpec], path: Path | None = None, poll_seconds: float = 0.5
+    ) -> None:
+        self._path = path
+        self._poll_seconds = poll_seconds
+        self._by_name: dict[str, Tenant] = {}
+        self._by_digest: dict[bytes, tuple[bytes, Tenant]] = {}
+        self._retired: dict[str, Tenant] = {}  # removed from the file: counters stay on /metrics
+        self.file_errors = 0
+        self._task: asyncio.Task[None] | None = None
+        self._stamp = self._file_stamp()
+        self._install(specs)
+
+    @classmethod
+    def from_file(cls, path: Path, poll_seconds: float = 0.5) -> Tenants:
+        """Read the file now (a bad file raises TenantsFileError: the user's to fix at start); later,
+        a bad edit keeps the last good tenants."""
+        stamp = _stamp_of(path)  # before reading: a change made while it is read is seen next poll
+        tenants = cls(read_tenants(path), path, poll_seconds)
+        tenants._stamp = stamp
+        _warn_if_readable(path)
+        return tenants
+
+    def __len__(self) -> int:
+        return len(self._by_digest)
+
+    def _install(self, specs: Sequence[TenantSpec]) -> None:
+        by_name: dict[str, Tenant] = {}
+        by_digest: dict[bytes, tuple[bytes, Tenant]] = {}
+        for spec in specs:
+            tenant = self._by_name.get(spec.name)
+            if tenant is None:
+                tenant = Tenant(spec)
+            else:
+                tenant.apply(spec)
+            by_name[spec.name] = tenant
+            by_digest[spec.key_sha256] = (spec.key_sha256, tenant)
+        for name, tenant in self._by_name.items():
+            if name not in by_name:
+                self._retired[name] = tenant
+        for name in by_name:
+            self._retired.pop(name, None)
+        self._by_name, self._by_digest = by_name, by_digest
+
+    def lookup(self, authorization: str | None) -> Tenant | None:
+        """The tenant whose key is the bearer token of this Authorization header, or None."""
+        if not authorization or authorization[:7].lower() != "bearer ":
+            return None
+        digest = key_digest(authorization[7:].strip())
+        found = self._by_digest.get(digest)
+        if found is None or not hmac.compare_digest(found[0], digest):
+            return None
+        return found[1]
+
+    def all(self) -> list[Tenant]:
+        return [*self._by_name.values(), *self._retired.values()]
+
+    # -- watching the file ----------------------------------------------------------------------
+
+    def _file_stamp(self) -> tuple[int, int, int] | None:
+        return None if self._path is None else _stamp_of(self._path)
+
+    async def start(self) -> None:
+        if self._path is None:
+            return
+        self._task = asyncio.create_task(self._watch(), name="corral-router-api-keys-file")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self._poll_seconds)
+            self.reload_if_changed()
+
+    def reload_if_changed(self) -> bool:
+        stamp = self._file_stamp()
+        if stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        if self._path is None:
+            return False
+        try:
+            specs = read_tenants(self._path)
+        except TenantsFileError as exc:
+            self.file_errors += 1
+            log.error("%s; keeping the previous %d tenants", exc, len(self._by_digest))
+            return False
+        self._install(specs)
+        log.info("API keys file %s changed: %d tenants", self._path, len(specs))
+        if not specs:
+            log.warning("the API keys file %s names no tenant: every request gets 401", self._path)
+        return True
+
+
+def _stamp_of(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def _warn_if_readable(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        if os.stat(path).st_mode & 0o077:
+            log.warning(
+                "the API keys file %s can be read by other users; chmod 600 it "
+                "(or keep only key_sha256 entries in it)",
+                path,
+            )
+
+
+TENANT_KEY = web.RequestKey("corral_tenant", Tenant)  # the Tenant a request was admitted as
+
+
+def tenant_of(request: web.Request) -> Tenant | None:
+    """The tenant this request was admitted as; None on an open router (no --api-keys-file)."""
+    return request.get(TENANT_KEY)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class TenantGate:
+    """Admits a request as one tenant or answers it: 401 without a valid key, 429 over a limit.
+
+    Limits apply to POSTs (the requests that reach an engine); the router's own GET /v1/models only
+    needs the key. A request holds its tenant's in-flight slot until its last byte is relayed."""
+
+    def __init__(self, tenants: Tenants) -> None:
+        self.tenants = tenants
+        self.auth_failures: dict[str, int] = {}
+
+    def refuse_unauthenticated(self, request: web.Request) -> web.Response | None:
+        """The 401 for a request without a valid key (counted), else None; for checks made before the
+        request reaches the middleware, such as the answer to `Expect: 100-continue`."""
+        header = request.headers.get("Authorization")
+        if self.tenants.lookup(header) is None:
+            return self._unauthenticated("invalid" if header else "missing")
+        return None
+
+    async def serve(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        header = request.headers.get("Authorization")
+        tenant = self.tenants.lookup(header)
+        if tenant is None:
+            return self._unauthenticated("invalid" if header else "missing")
+        request[TENANT_KEY] = tenant
+        if request.method != "POST":
+            return await handler(request)
+        if tenant.over_in_flight():
+            return self._limited(
+                tenant,
+                "in_flight",
+                f"Tenant `{tenant.name}` already has {tenant.in_flight} requests in flight, its "
+                "max_in_flight; retry after 1 s.",
+                1,
+            )
+        wait = tenant.take_token(time.monotonic())
+        if wait > 0:
+            seconds = retry_after_seconds(wait)
+            return self._limited(
+                tenant,
+                "rate",
+                f"Tenant `{tenant.name}` is over its requests_per_minute "
+                f"({tenant.requests_per_minute}); retry after {seconds} s.",
+                seconds,
+            )
+        tenant.in_flight += 1
+        code = 500
+        try:
+            response = await handler(request)
+            code = response.status
+            return response
+        except web.HTTPException as exc:
+            code = exc.status
+            raise
+        except asyncio.CancelledError:
+            code = CLIENT_CLOSED
+            raise
+        finally:
+            tenant.in_flight -= 1
+            tenant.count(code)
+
+    def _unauthenticated(self, reason: str) -> web.Response:
+        self.auth_failures[reason] = self.auth_failures.get(reason, 0) + 1
+        if reason == "missing":
+            message = (
+                "You didn't provide an API key. Send it in an Authorization header using Bearer auth "
+                "(Authorization: Bearer YOUR_KEY); this router's keys are in its --api-keys-file."
+            )
+        else:
+            message = (
+                "Incorrect API key provided. Use a key from this router's --api-keys-file, "
+                "sent as Authorization: Bearer YOUR_KEY."
+            )
+        return error_response(
+            401, message, "authentication_error", headers={"WWW-Authenticate": 'Bearer realm="corral-router"'}
+        )
+
+    @staticmethod
+    def _limited(tenant: Tenant, reason: str, message: str, retry_after: int) -> web.Response:
+        tenant.reject(reason)
+        tenant.count(429)
+        return error_response(429, message, "rate_limit_error", headers={"Retry-After": str(retry_after)})
+
+
+class TenantCollector:
+    """Per-tenant families for /metrics, labelled by the tenant's name (never its key)."""
+
+    def __init__(self, gate: TenantGate) -> None:
+        self._tenants = gate.tenants
+        self._auth_failures = gate.auth_failures
+
+    def collect(self) -> Iterator[Metric]:
+        tenants = self._tenants.all()
+        yield labelled_counter(
+            "corral_router_tenant_requests",
+            "Requests of each tenant answered, by tenant and status code (rejections included).",
+            ["tenant", "code"],
+            {(t.name, str(code)): n for t in tenants for code, n in t.requests.items()},
+        )
+        yield labelled_counter(
+            "corral_router_tenant_rejected",
+            "Requests of each tenant refused by its limits, by reason: in_flight (max_in_flight, 429), "
+            "rate (requests_per_minute, 429), model (outside its models, 404).",
+            ["tenant", "reason"],
+            {(t.name, reason): n for t in tenants for reason, n in t.rejected.items()},
+        )
+        in_flight = GaugeMetricFamily(
+            "corral_router_tenant_in_flight", "Requests of each tenant in flight.", labels=["tenant"]
+        )
+        for t in tenants:
+            in_flight.add_metric([t.name], t.in_flight)
+        yield in_flight
+        yield labelled_counter(
+            "corral_router_auth_failures",
+            "Requests answered 401 for want of a valid key, by reason (missing, invalid).",
+            ["reason"],
+            {(reason,): n for reason, n in self._auth_failures.items()},
+        )
+        yield GaugeMetricFamily(
+            "corral_router_tenants", "Tenants in the API keys file now in force.", value=len(self._tenants)
+        )
+        yield CounterMetricFamily(
+            "corral_router_api_keys_file_errors",
+            "Re-reads of the API keys file that failed (the previous tenants were kept).",
+            value=self._tenants.file_errors,
+        )

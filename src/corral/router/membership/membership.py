@@ -1,0 +1,223 @@
+"""The set of endpoints the router may send to, and the per-model index it routes from.
+
+Sources (static list, backends file, Kubernetes) change it only through `add`, `update` and
+`remove`; supervisor state streams through `supervisor_changed`; the data path only reads it through
+`eligible`. An endpoint added with a supervisor is handed to the `SupervisorWatch` (the streams), and
+taken back when it is removed. Every time an endpoint leaves routing
+(removed, or READY -> anything else) membership keeps a `RoutingExit` record: what left, why, and
+how many requests had been sent to it by then.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from corral.engine_state import EngineState
+from corral.router.membership.endpoint import Endpoint
+
+log = logging.getLogger("corral.router.membership.membership")
+
+EXITS_KEPT = 1024
+
+
+class SupervisorWatch(Protocol):
+    """Follows the state streams of supervised endpoints (`corral.router.discovery.supervisor_stream`)."""
+
+    def watch(self, endpoint: Endpoint) -> None: ...
+
+    def unwatch(self, url: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingExit:
+    """One endpoint leaving the routing table: removed, or no longer READY."""
+
+    url: str
+    source: str
+    name: str | None
+    kind: str  # "removed" | "unroutable"
+    cause: str  # low-cardinality label for metrics: deleted, not_ready, no_ip, ...
+    reason: str
+    event_version: str | None
+    at: float  # time.time()
+    at_monotonic: float  # time.monotonic(), comparable across processes on one Linux host
+    requests_sent: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "source": self.source,
+            "name": self.name,
+            "kind": self.kind,
+            "cause": self.cause,
+            "reason": self.reason,
+            "event_resource_version": self.event_version,
+            "at": self.at,
+            "at_monotonic": self.at_monotonic,
+            "requests_sent": self.requests_sent,
+        }
+
+
+class Membership:
+    def __init__(self, on_exit: Callable[[RoutingExit], None] | None = None) -> None:
+        self._endpoints: dict[str, Endpoint] = {}
+        # model -> endpoints that serve it, in any state; rebuilt on every change so that
+        # the hot path is one dict lookup and a short filter.
+        self._serving: dict[str, tuple[Endpoint, ...]] = {}
+        self.exits: deque[RoutingExit] = deque(maxlen=EXITS_KEPT)
+        self._on_exit = on_exit
+        self.supervisors: SupervisorWatch | None = None
+
+    # -- changes (from sources) -------------------------------------------------------------
+
+    def add(self, endpoint: Endpoint, reason: str) -> Endpoint:
+        existing = self._endpoints.get(endpoint.url)
+        if existing is not None:
+            return existing
+        self._endpoints[endpoint.url] = endpoint
+        log.info("endpoint %s added (%s): %s", endpoint.url, endpoint.state, reason)
+        self._reindex()
+        if endpoint.supervisor is not None and self.supervisors is not None:
+            self.supervisors.watch(endpoint)
+        return endpoint
+
+    def update(
+        self,
+        url: str,
+        reason: str,
+        *,
+        state: EngineState | None = None,
+        models: frozenset[str] | None = None,
+        model_cards: tuple[dict[str, Any], ...] | None = None,
+        cause: str = "state",
+        event_version: str | None = None,
+    ) -> Endpoint | None:
+        """Change the source's view of an endpoint (its state, what it serves); unknown urls are
+        ignored. The endpoint's routing state also heeds its supervisor (`Endpoint.effective`)."""
+        endpoint = self._endpoints.get(url)
+        if endpoint is None:
+            return None
+        if event_version is not None:
+            endpoint.last_event_version = event_version
+        if state is not None:
+            endpoint.source_state = state
+        endpoint.source_reason = reason
+        self._settle(endpoint, cause)
+        if model_cards is not None:
+            endpoint.model_cards = model_cards
+        if models is not None and models != endpoint.models:
+            log.info("endpoint %s serves %s", url, sorted(models))
+            endpoint.models = models
+            self._reindex()
+        return endpoint
+
+    def withdraw_models(self, url: str, models: frozenset[str]) -> Endpoint | None:
+        """The endpoint's supervisor says which of its models must not be routed to it (now)."""
+        endpoint = self._endpoints.get(url)
+        if endpoint is not None and endpoint.withdrawn_models != models:
+            log.info("endpoint %s: models withdrawn by its supervisor: %s", url, sorted(models))
+            endpoint.withdrawn_models = models
+            self._reindex()
+        return endpoint
+
+    def supervisor_changed(self, url: str, cause: str) -> Endpoint | None:
+        """The endpoint's `SupervisorView` changed: recompute its routing state."""
+        endpoint = self._endpoints.get(url)
+        if endpoint is not None:
+            self._settle(endpoint, cause)
+        return endpoint
+
+    def _settle(self, endpoint: Endpoint, cause: str) -> None:
+        before = endpoint.state
+        if endpoint.settle() and before is not endpoint.state:
+            log.info("endpoint %s %s -> %s: %s", endpoint.url, before, endpoint.state, endpoint.reason)
+            if before is EngineState.READY:
+                self._exit(endpoint, "unroutable", cause, endpoint.reason)
+
+    def remove(
+        self, url: str, reason: str, cause: str = "removed", event_version: str | None = None
+    ) -> Endpoint | None:
+        """Forget an endpoint; requests already in flight to it finish on their own."""
+        endpoint = self._endpoints.pop(url, None)
+        if endpoint is not None and self.supervisors is not None and endpoint.supervisor is not None:
+            self.supervisors.unwatch(url)
+        if endpoint is not None:
+            if event_version is not None:
+                endpoint.last_event_version = event_version
+            log.info("endpoint %s removed: %s", url, reason)
+            self._reindex()
+            self._exit(endpoint, "removed", cause, reason)
+        return endpoint
+
+    def _exit(self, endpoint: Endpoint, kind: str, cause: str, reason: str) -> None:
+        record = RoutingExit(
+            url=endpoint.url,
+            source=endpoint.source,
+            name=endpoint.name,
+            kind=kind,
+            cause=cause,
+            reason=reason,
+            event_version=endpoint.last_event_version,
+            at=time.time(),
+            at_monotonic=time.monotonic(),
+            requests_sent=endpoint.requests_sent,
+        )
+        self.exits.append(record)
+        if self._on_exit is not None:
+            self._on_exit(record)
+
+    def _reindex(self) -> None:
+        serving: dict[str, list[Endpoint]] = {}
+        for endpoint in self._endpoints.values():
+            for model in endpoint.models - endpoint.withdrawn_models:
+                serving.setdefault(model, []).append(endpoint)
+        self._serving = {model: tuple(eps) for model, eps in serving.items()}
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def get(self, url: str) -> Endpoint | None:
+        return self._endpoints.get(url)
+
+    def endpoints(self) -> list[Endpoint]:
+        return list(self._endpoints.values())
+
+    def eligible(self, model: str, now: float | None = None) -> list[Endpoint]:
+        """Endpoints that may take a request for `model` now: READY, serving it, not ejected."""
+        if now is None:
+            now = time.monotonic()
+        ready = EngineState.READY
+        return [e for e in self._serving.get(model, ()) if e.state is ready and e.ejected_until <= now]
+
+    def knows(self, model: str) -> bool:
+        """Whether any endpoint, in any state, has said it serves `model`."""
+        return model in self._serving
+
+    def known_models(self) -> list[str]:
+        return list(self._serving)
+
+    def ready_count(self) -> int:
+        return sum(1 for e in self._endpoints.values() if e.state is EngineState.READY)
+
+    def retry_after(self, model: str, default: float) -> int:
+        """Seconds a client should wait before retrying `model`: the soonest ejection end."""
+        now = time.monotonic()
+        waits = [e.ejected_until - now for e in self._serving.get(model, ()) if e.is_ejected(now)]
+        seconds = min(waits) if waits else default
+        return max(1, int(seconds + 0.999))
+
+    def model_cards(self) -> list[dict[str, Any]]:
+        """The union of what READY endpoints serve, one card per model id (first seen wins)."""
+        seen: dict[str, dict[str, Any]] = {}
+        for endpoint in self._endpoints.values():
+            if endpoint.state is not EngineState.READY:
+                continue
+            for card in endpoint.model_cards:
+                model_id = card.get("id")
+                if isinstance(model_id, str) and model_id not in seen:
+                    seen[model_id] = card
+        return list(seen.values())

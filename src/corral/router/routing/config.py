@@ -1,0 +1,102 @@
+"""The `--policy-config` file (YAML or JSON): the policy for each model, named scored policies with
+their weights, and the knobs of prefix hashing and metrics scraping.
+
+    policy: prefix                # for models not listed (default: the --policy flag)
+    eps: 1.0                      # load bound: no engine above ceil((1 + eps) * mean) in flight
+    block_chars: 128              # prefix key: whole blocks of this many prompt characters ...
+    key_blocks: 4                 # ... at most this many of them
+    scrape_interval: 0.1          # seconds between /metrics scrapes of each engine
+    stale_after: 0.5              # older metrics count as saturated (default: max(5 intervals, 0.5 s))
+    header: x-corral-policy       # a request may name its policy in this header
+    policies:                     # scored policies besides the built-in ones
+      cache-first: {weights: {prefix: 1.0, queue: 0.1}, eps: 0.5}
+    models:
+      llama-8b: cache-first
+      llama-8b-sql: prefix
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from corral.router.routing.pipeline import SCORER_NAMES
+
+
+class PolicyConfigError(ValueError):
+    pass
+
+
+class ScoredPolicySpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    weights: dict[str, float]
+    eps: float | None = Field(default=None, ge=0)
+
+    @field_validator("weights")
+    @classmethod
+    def _known_scorers(cls, weights: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(weights) - set(SCORER_NAMES))
+        if unknown:
+            raise ValueError(f"unknown scorer(s) {unknown}; choose among {', '.join(SCORER_NAMES)}")
+        if any(w < 0 for w in weights.values()):
+            raise ValueError("weights must be >= 0")
+        return weights
+
+
+class RoutingConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    policy: str | None = None
+    # At a few requests in flight the bound is coarse (ceil((1 + 0.25) * 2 / 4) = 1: a home with one
+    # request open already spills), and each spill is a full prefill elsewhere. benchmarks/bench_prefix.py:
+    # eps 0.25 -> hit rate 0.74, TTFT p90 305 ms; eps 1.0 -> 0.84, 43 ms (RESULTS.md).
+    eps: float = Field(default=1.0, ge=0)
+    block_chars: int = Field(default=128, ge=1)
+    key_blocks: int = Field(default=4, ge=1)
+    scrape_interval: float = Field(default=0.1, ge=0.02)
+    stale_after: float | None = Field(default=None, gt=0)
+    header: str = "x-corral-policy"
+    policies: dict[str, ScoredPolicySpec] = Field(default_factory=dict)
+    models: dict[str, str] = Field(default_factory=dict)
+
+    def stale_seconds(self) -> float:
+        return self.stale_after if self.stale_after is not None else max(5 * self.scrape_interval, 0.5)
+
+
+def check_policy_names(config: RoutingConfig, builtins: Iterable[str], source: str) -> None:
+    """Every policy the config routes by must exist: built in or defined under `policies:`."""
+    known = {*builtins, *config.policies}
+    named = [config.policy] if config.policy else []
+    for name in [*named, *config.models.values()]:
+        if name not in known:
+            raise PolicyConfigError(
+                f"{source}: policy {name!r} is neither built in nor under `policies:`; "
+                f"known: {', '.join(sorted(known))}"
+            )
+
+
+def load_routing_config(path: Path) -> RoutingConfig:
+    """Read and check the file; every problem is a `PolicyConfigError` naming the file and the field."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PolicyConfigError(
+            f"--policy-config {str(path)!r} is unreadable: {exc.strerror or exc}"
+        ) from None
+    except yaml.YAMLError as exc:
+        raise PolicyConfigError(f"--policy-config {str(path)!r} is not YAML or JSON: {exc}") from None
+    try:
+        config = RoutingConfig.model_validate(raw or {})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}" for err in exc.errors()
+        )
+        raise PolicyConfigError(f"--policy-config {str(path)!r}: {problems}") from None
+    from corral.router.routing.policies import POLICY_NAMES
+
+    check_policy_names(config, POLICY_NAMES, f"--policy-config {str(path)!r}")
+    return config

@@ -1,0 +1,140 @@
+"""Scrapes every READY engine's `/metrics` at a fixed interval, off the request path, into a
+`LoadBoard` that scorers read.
+
+Each engine has at most one scrape in flight: an engine slower than the interval is simply scraped less
+often (and goes stale, which scorers treat as saturated), it never piles up requests. Only the few
+gauges routing needs are read from the text: requests running and waiting (summed over data-parallel
+engines), KV-cache usage (the highest), and the LoRA adapters running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+from corral.engine_state import EngineState
+from corral.router.membership.endpoint import Endpoint
+from corral.router.routing.load_board import EngineLoad, LoadBoard
+
+log = logging.getLogger("corral.router.engine_metrics")
+
+RUNNING = b"vllm:num_requests_running"
+WAITING = b"vllm:num_requests_waiting"
+KV_USAGE = b"vllm:kv_cache_usage_perc"
+LORA_INFO = b"vllm:lora_requests_info"
+
+
+def parse_engine_metrics(text: bytes, now: float) -> EngineLoad:
+    load = EngineLoad(at=now)
+    adapters: frozenset[str] = frozenset()
+    latest_lora = -1.0
+    for line in text.split(b"\n"):
+        if not line.startswith(b"vllm:"):
+            continue
+        name_end = line.find(b"{")
+        if name_end < 0:
+            name_end = line.find(b" ")
+        name = line[:name_end]
+        if name not in (RUNNING, WAITING, KV_USAGE, LORA_INFO):
+            continue
+        try:
+            value = float(line[line.rindex(b" ") + 1 :])
+        except ValueError:
+            continue
+        if name == RUNNING:
+            load.running += value
+        elif name == WAITING:
+            load.waiting += value
+        elif name == KV_USAGE:
+            load.kv_usage = max(load.kv_usage, value)
+        elif value > latest_lora:  # the latest lora_requests_info sample is the current one
+            latest_lora = value
+            adapters = _label(line, b"running_lora_adapters")
+    load.running_adapters = adapters
+    return load
+
+
+def _label(line: bytes, label: bytes) -> frozenset[str]:
+    start = line.find(label + b'="')
+    if start < 0:
+        return frozenset()
+    start += len(label) + 2
+    end = line.find(b'"', start)
+    return frozenset(a for a in line[start:end].decode().split(",") if a)
+
+
+class EngineMetricsScraper:
+    def __init__(
+        self,
+        board: LoadBoard,
+        endpoints: Callable[[], list[Endpoint]],
+        interval: float,
+        timeout: float | None = None,
+    ) -> None:
+        self.board = board
+        self._endpoints = endpoints
+        self.interval = interval
+        self.timeout = timeout if timeout is not None else max(2 * interval, 0.5)
+        self._session: aiohttp.ClientSession | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._scrapes: dict[str, asyncio.Task[None]] = {}
+        self.scrapes = 0
+        self.failures = 0
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0),
+            timeout=aiohttp.ClientTimeout(total=self.timeout),
+            skip_auto_headers=("User-Agent",),
+        )
+        self._loop_task = asyncio.create_task(self._run(), name="engine-metrics-scraper")
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._loop_task, *self._scrapes.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._scrapes.clear()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _run(self) -> None:
+        while True:
+            endpoints = self._endpoints()
+            live = {e.url for e in endpoints}
+            for url in [u for u in self.board.loads if u not in live]:
+                del self.board.loads[url]
+            for endpoint in endpoints:
+                if endpoint.state is not EngineState.READY or endpoint.url in self._scrapes:
+                    continue
+                task = asyncio.create_task(self._scrape(endpoint.url))
+                self._scrapes[endpoint.url] = task
+                task.add_done_callback(self._forget(endpoint.url))
+            await asyncio.sleep(self.interval)
+
+    def _forget(self, url: str) -> Callable[[asyncio.Task[None]], None]:
+        def done(_task: asyncio.Task[None]) -> None:
+            self._scrapes.pop(url, None)
+
+        return done
+
+    async def _scrape(self, url: str) -> None:
+        assert self._session is not None
+        try:
+            async with self._session.get(url + "/metrics") as resp:
+                if resp.status != 200:
+                    raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status)
+                text = await resp.read()
+        except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
+            self.failures += 1
+            log.debug("metrics of %s not scraped: %s", url, exc)
+            return  # the old entry ages into staleness
+        self.board.loads[url] = parse_engine_metrics(text, time.monotonic())
+        self.scrapes += 1

@@ -1,0 +1,103 @@
+"""The policy each request is routed by: the one its header names, else its model's, else the
+default; and the background scraper that the scored policies read, started and stopped with the app."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from corral.router.membership.endpoint import Endpoint
+from corral.router.routing.config import PolicyConfigError, RoutingConfig, check_policy_names
+from corral.router.routing.load_board import LoadBoard
+from corral.router.routing.load_scraper import EngineMetricsScraper
+from corral.router.routing.pipeline import LOAD_WEIGHTS, PREFIX_WEIGHTS, ScoredPolicy
+from corral.router.routing.policies import Policy, RouteRequest
+
+log = logging.getLogger("corral.router.routing")
+
+SCORED_BUILTINS = {"prefix": PREFIX_WEIGHTS, "load": LOAD_WEIGHTS}
+
+
+class PolicySelector:
+    """A `Policy` that hands each pick to the policy chosen for that request."""
+
+    def __init__(
+        self, policies: dict[str, Policy], default: str, by_model: dict[str, str], header: str
+    ) -> None:
+        self.policies = policies
+        self.default = policies[default]
+        self.name = default
+        self.by_model = {model: policies[name] for model, name in by_model.items()}
+        self.header = header.lower()
+
+    def pick(self, candidates: Sequence[Endpoint], request: RouteRequest) -> Endpoint:
+        named = request.headers.get(self.header)
+        policy = self.policies.get(named) if named else None
+        if policy is None:
+            policy = self.by_model.get(request.model, self.default)
+        return policy.pick(candidates, request)
+
+
+def build_scored(
+    name: str, config: RoutingConfig, board: LoadBoard, session_header: str, seed: int | None = None
+) -> ScoredPolicy:
+    spec = config.policies.get(name)
+    weights = spec.weights if spec is not None else SCORED_BUILTINS[name]
+    eps = spec.eps if spec is not None and spec.eps is not None else config.eps
+    return ScoredPolicy(
+        name,
+        weights,
+        board,
+        eps=eps,
+        block_chars=config.block_chars,
+        key_blocks=config.key_blocks,
+        session_header=session_header,
+        seed=seed,
+    )
+
+
+class Routing:
+    """The router's policy (a `PolicySelector`) and the metrics scraper behind its scored policies."""
+
+    def __init__(
+        self,
+        default_policy: str,
+        config: RoutingConfig,
+        session_header: str,
+        endpoints: Callable[[], list[Endpoint]],
+        seed: int | None = None,
+    ) -> None:
+        from corral.router.routing.policies import build_policy
+
+        self.config = config
+        self.board = LoadBoard(stale_after=config.stale_seconds())
+        policies: dict[str, Policy] = {}
+        for name in ("round_robin", "least_request", "session"):
+            policies[name] = build_policy(name, session_header, seed=seed)
+        for name in (*SCORED_BUILTINS, *config.policies):
+            policies[name] = build_scored(name, config, self.board, session_header, seed)
+        default = config.policy or default_policy
+        check_policy_names(config, policies, "routing config")
+        if default not in policies:
+            raise PolicyConfigError(f"unknown policy {default!r}; known: {', '.join(sorted(policies))}")
+        self.policy = PolicySelector(policies, default, config.models, config.header)
+        in_use = {default, *config.models.values()}
+        # Scrape only when a configured policy reads engine metrics; a header naming a scored policy
+        # on a router that does not scrape still gets prefix affinity and the load bound.
+        needs = any(
+            isinstance(p, ScoredPolicy) and p.uses_metrics for n, p in policies.items() if n in in_use
+        )
+        self.scraper = EngineMetricsScraper(self.board, endpoints, config.scrape_interval) if needs else None
+
+    async def start(self) -> None:
+        if self.scraper is not None:
+            await self.scraper.start()
+            log.info(
+                "scraping engine /metrics every %.3f s (stale after %.3f s)",
+                self.config.scrape_interval,
+                self.board.stale_after,
+            )
+
+    async def stop(self) -> None:
+        if self.scraper is not None:
+            await self.scraper.stop()

@@ -1,0 +1,1 @@
+"""The router's own metrics in the Prometheus text format."""

@@ -1,0 +1,243 @@
+"""The router's metrics: plain counters bumped on the data path, rendered in the Prometheus text
+format only when scraped (a custom collector reads them; nothing Prometheus-side runs per request)."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from corral.metric_families import labelled_counter
+from corral.router.membership.endpoint import Endpoint
+
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+REMOVAL_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Histogram:
+    __slots__ = ("bounds", "buckets", "count", "total")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.buckets = [0] * (len(self.bounds) + 1)  # last one is +Inf; not cumulative
+        self.count = 0
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.buckets[bisect.bisect_left(self.bounds, value)] += 1
+        self.count += 1
+        self.total += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        out: list[tuple[str, float]] = []
+        running = 0
+        for bound, n in zip((*map(str, self.bounds), "+Inf"), self.buckets, strict=True):
+            running += n
+            out.append((bound, float(running)))
+        return out
+
+
+class RouterMetrics:
+    """Counters the proxy bumps directly."""
+
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, int], int] = {}
+        self.errors = 0
+        self.retries = 0
+        self.ejections = 0
+        self.retry_budget_exhausted = 0
+        self.duration = Histogram(DURATION_BUCKETS)
+        self.ttft = Histogram(TTFT_BUCKETS)
+        # Membership: events by source and type, removals by cause, relists by why.
+        self.membership_events: dict[tuple[str, str], int] = {}
+        self.removals: dict[str, int] = {}
+        self.relists: dict[str, int] = {}
+        # From a removal event's arrival at the router to the endpoint leaving the routing table.
+        self.removal_latency = Histogram(REMOVAL_BUCKETS)
+        # The same, for a supervisor state line; and the acknowledgements sent back, by result.
+        self.supervisor_removal_latency = Histogram(REMOVAL_BUCKETS)
+        self.supervisor_acks: dict[str, int] = {}
+        # Wake on demand: wakes asked of a supervisor and requests held, by model; holds ended, by
+        # model and outcome (served, timed_out).
+        self.wakes: dict[str, int] = {}
+        self.held: dict[str, int] = {}
+        self.hold_outcomes: dict[tuple[str, str], int] = {}
+        # Streams that did not end normally, by model and how (corral.router.datapath.stream_ending).
+        self.stream_failures: dict[tuple[str, str], int] = {}
+
+    def count_request(self, model: str, code: int) -> None:
+        key = (model, code)
+        self.requests[key] = self.requests.get(key, 0) + 1
+
+    def count_event(self, source: str, kind: str) -> None:
+        key = (source, kind)
+        self.membership_events[key] = self.membership_events.get(key, 0) + 1
+
+    def count_removal(self, cause: str) -> None:
+        self.removals[cause] = self.removals.get(cause, 0) + 1
+
+    def count_ack(self, result: str) -> None:
+        self.supervisor_acks[result] = self.supervisor_acks.get(result, 0) + 1
+
+    def count_relist(self, why: str) -> None:
+        self.relists[why] = self.relists.get(why, 0) + 1
+
+    def count_wake(self, model: str) -> None:
+        self.wakes[model] = self.wakes.get(model, 0) + 1
+
+    def count_held(self, model: str) -> None:
+        self.held[model] = self.held.get(model, 0) + 1
+
+    def count_stream_failure(self, model: str, how: str) -> None:
+        key = (model, how)
+        self.stream_failures[key] = self.stream_failures.get(key, 0) + 1
+
+    def count_hold_outcome(self, model: str, outcome: str) -> None:
+        key = (model, outcome)
+        self.hold_outcomes[key] = self.hold_outcomes.get(key, 0) + 1
+
+
+class RouterCollector:
+    """Turns RouterMetrics and the endpoints' in-flight counts into metric families at scrape time."""
+
+    def __init__(self, metrics: RouterMetrics, endpoints: Callable[[], Iterable[Endpoint]]) -> None:
+        self._metrics = metrics
+        self._endpoints = endpoints
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._metrics
+        requests = CounterMetricFamily(
+            "corral_router_requests",
+            "Requests answered by the router, by model and status code.",
+            labels=["model", "code"],
+        )
+        for (model, code), n in sorted(m.requests.items()):
+            requests.add_metric([model, str(code)], n)
+        yield requests
+        yield CounterMetricFamily(
+            "corral_router_errors",
+            "Requests that failed in the router or upstream (no endpoint, connection failure, stream cut).",
+            value=m.errors,
+        )
+        yield CounterMetricFamily(
+            "corral_router_retries",
+            "Attempts re-sent to another endpoint before any byte.",
+            value=m.retries,
+        )
+        yield CounterMetricFamily(
+            "corral_router_ejections",
+            "Endpoints ejected after a connection failure or timeout.",
+            value=m.ejections,
+        )
+        yield CounterMetricFamily(
+            "corral_router_retry_budget_exhausted",
+            "Retries not made because the retry budget was spent (the request got an error instead).",
+            value=m.retry_budget_exhausted,
+        )
+        yield labelled_counter(
+            "corral_router_membership_events",
+            "Membership events received, by source and type (ADDED, MODIFIED, DELETED, BOOKMARK, LISTED).",
+            ["source", "type"],
+            {(source, kind): n for (source, kind), n in m.membership_events.items()},
+        )
+        yield labelled_counter(
+            "corral_router_endpoint_removals",
+            "Endpoints that left the routing table, by cause.",
+            ["cause"],
+            {(cause,): n for cause, n in m.removals.items()},
+        )
+        yield labelled_counter(
+            "corral_router_k8s_relists",
+            "Full lists of pods, by why (initial, expired, broken, resync).",
+            ["why"],
+            {(why,): n for why, n in m.relists.items()},
+        )
+        yield _histogram(
+            "corral_router_removal_latency_seconds",
+            "Time from a removal event's arrival at the router to the endpoint leaving the routing table.",
+            m.removal_latency,
+        )
+        yield _histogram(
+            "corral_router_supervisor_removal_latency_seconds",
+            "Time from a supervisor state line's arrival at the router to the endpoint leaving the "
+            "routing table.",
+            m.supervisor_removal_latency,
+        )
+        yield labelled_counter(
+            "corral_router_supervisor_acks",
+            "Acknowledgements of removal sent to supervisors, by result (sent, failed).",
+            ["result"],
+            {(result,): n for result, n in m.supervisor_acks.items()},
+        )
+        yield labelled_counter(
+            "corral_router_stream_failures",
+            "Relayed streams that did not end normally, by model and how: engine_error (the engine's "
+            "error event), engine_abort (a choice finished with reason abort), cut (the upstream failed).",
+            ["model", "how"],
+            {key: n for key, n in m.stream_failures.items()},
+        )
+        yield labelled_counter(
+            "corral_router_wakes",
+            "Wakes asked of a supervisor because every engine of the model was SLEEPING, by model.",
+            ["model"],
+            {(model,): n for model, n in m.wakes.items()},
+        )
+        yield labelled_counter(
+            "corral_router_wake_held_requests",
+            "Requests held while their model's engine was woken (--wake-hold-seconds), by model.",
+            ["model"],
+            {(model,): n for model, n in m.held.items()},
+        )
+        yield labelled_counter(
+            "corral_router_wake_hold_outcomes",
+            "Held requests by how the hold ended: served (an engine became routable) or timed_out "
+            "(--wake-hold-seconds passed; the request was answered 503).",
+            ["model", "outcome"],
+            {(model, outcome): n for (model, outcome), n in m.hold_outcomes.items()},
+        )
+        streams = GaugeMetricFamily(
+            "corral_router_supervisor_stream_up",
+            "1 while the endpoint's supervisor state stream is connected and not stale.",
+            labels=["endpoint", "supervisor"],
+        )
+        for endpoint in self._endpoints():
+            if endpoint.supervisor is not None:
+                up = 1 if endpoint.supervisor.link == "connected" else 0
+                streams.add_metric([endpoint.url, endpoint.supervisor.url], up)
+        yield streams
+        in_flight = GaugeMetricFamily(
+            "corral_router_endpoint_in_flight",
+            "Requests this router has open to each endpoint.",
+            labels=["endpoint"],
+        )
+        for endpoint in self._endpoints():
+            in_flight.add_metric([endpoint.url], endpoint.in_flight)
+        yield in_flight
+        yield _histogram(
+            "corral_router_request_duration_seconds",
+            "Time from request arrival to its last byte.",
+            m.duration,
+        )
+        yield _histogram(
+            "corral_router_ttft_seconds",
+            "Time from request arrival to the first byte sent to the client.",
+            m.ttft,
+        )
+
+
+def _histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
+    return HistogramMetricFamily(name, doc, buckets=h.cumulative(), sum_value=h.total)
+
+
+def render(collector: RouterCollector) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return bytes(generate_latest(registry))

@@ -1,0 +1,77 @@
+"""The simulator's settings (`SimConfig`): one frozen value built by the CLI and handed to every part."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from corral.sim.http.auth import effective_keys
+
+KV_BYTES_PER_TOKEN = 128 * 1024
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str = "sim-model"
+    max_model_len: int = 2048
+    max_num_seqs: int = 64
+    block_size: int = 16
+    kv_cache_blocks: int = 4096
+    startup_seconds: float = 0.0
+    prefill_ms_per_token: float = 0.05
+    ttft_base_ms: float = 1.0
+    itl_ms: float = 2.0
+    default_max_tokens: int = 16
+    seed: int = 0
+    shutdown_timeout: float = 0.0
+    fail_rate: float = 0.0
+    crash_after: int | None = None
+    hang_after: int | None = None
+    fail_wake_tags: tuple[str, ...] = field(default_factory=tuple)
+    fail_sleep: bool = False
+    requires: tuple[str, ...] = field(default_factory=tuple)
+    version_string: str = "0.33.0"
+    # -- operational features (all off by default; none of them costs anything per request when off) --
+    enable_sleep_mode: bool = False
+    weights_gib: float = 1.0
+    kv_cache_gib: float | None = None
+    enable_lora: bool = False
+    max_loras: int = 1
+    lora_modules: tuple[str, ...] = field(default_factory=tuple)
+    load_format: str = "auto"
+    model_loader_extra_config: str | None = None
+    # From the environment (read by the CLI, never at import): VLLM_SERVER_DEV_MODE and
+    # VLLM_ALLOW_RUNTIME_LORA_UPDATING.
+    dev_mode: bool = False
+    runtime_lora_updating: bool = False
+    # `--api-key` (repeatable) and VLLM_API_KEY, as vLLM takes them (see `api_keys`). Kept out of repr so
+    # a printed config never shows them.
+    api_key: tuple[str, ...] = field(default_factory=tuple, repr=False)
+    env_api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def api_keys(self) -> tuple[str, ...]:
+        """The keys `/v1...` requests must carry: `--api-key` wins over VLLM_API_KEY; empty guards nothing."""
+        return effective_keys(self.api_key, self.env_api_key)
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        return self.kv_cache_blocks * self.block_size
+
+    @property
+    def max_prompt_chars(self) -> int:
+        """vLLM rejects a prompt before tokenizing when it is longer than this many characters."""
+        return self.max_model_len * 6
+
+    @property
+    def weights_bytes(self) -> int:
+        return int(self.weights_gib * GIB)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """`--kv-cache-gib`, or what the KV cache's token capacity would take on a mid-size model."""
+        if self.kv_cache_gib is not None:
+            return int(self.kv_cache_gib * GIB)
+        return self.kv_cache_tokens * KV_BYTES_PER_TOKEN

@@ -1,0 +1,337 @@
+"""The simulated engine: turns a checked request into a timed token stream through scheduler and prefix cache.
+
+`prepare` applies vLLM's length rules (max_tokens vs max_model_len, the character pre-check, the token
+check, clamping max_tokens to the context left) and decides the output. `stream` / `complete` then wait for
+admission, "prefill" the uncached part of the prompt, and pace the tokens, keeping the metrics up to date.
+After `abort_all` (shutdown) every request stops where it is and never answers, as vLLM's do.
+
+`EngineControl` (sleep, pause, abort) reaches a running request through its `EngineRequest.interrupt`:
+a stream looks at it once per token, a non-streamed request is woken from its single long sleep. A frozen
+request waits for `resumed`, prefilling again if its KV cache was dropped meanwhile; an aborted one ends
+early with `finish_reason: "abort"`. Nothing of this costs more than one attribute read per token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import NoReturn
+
+from corral.sim.core.config import SimConfig
+from corral.sim.core.faults import FaultInjector
+from corral.sim.core.generator import GenerationPlan, Generator, garbage
+from corral.sim.core.logs import EngineLog
+from corral.sim.core.lora import LoraAdapter, LoraRegistry
+from corral.sim.core.prefix_cache import PrefixCache, block_hashes
+from corral.sim.core.scheduler import EngineRequest, LatencyModel, Scheduler
+from corral.sim.core.tokenizer import ToyTokenizer
+from corral.sim.http.metrics import EngineStats
+from corral.sim.http.protocol import InferenceRequest, bad_request
+
+
+@dataclass(eq=False)
+class Job:
+    """A request accepted by the engine: its prompt tokens and its decided output."""
+
+    req: EngineRequest
+    prompt_ids: list[int]
+    plan: GenerationPlan
+    hang: bool = False
+    hashes: list[int] = field(default_factory=list)
+    adapter: str | None = None
+    aborted: bool = False  # ended early with finish_reason "abort"
+    emitted: int = 0  # tokens produced (set when it ends)
+    lora_running: bool = False
+
+    @property
+    def finish_reason(self) -> str:
+        return "abort" if self.aborted else self.plan.finish_reason
+
+    @property
+    def stop_reason(self) -> str | None:
+        return None if self.aborted else self.plan.stop_reason
+
+    @property
+    def text(self) -> str:
+        return "".join(self.plan.deltas[: self.emitted]) if self.aborted else self.plan.text
+
+
+class Engine:
+    def __init__(self, config: SimConfig, tokenizer: ToyTokenizer, log: EngineLog) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.log = log
+        self.cache = PrefixCache(config.block_size, config.kv_cache_blocks)
+        self.scheduler = Scheduler(config.max_num_seqs, config.kv_cache_blocks, config.block_size)
+        self.latency = LatencyModel(
+            config.ttft_base_ms, config.prefill_ms_per_token, config.itl_ms, config.max_num_seqs
+        )
+        self.generator = Generator(config.seed, config.default_max_tokens)
+        self.faults = FaultInjector(config.fail_rate, config.crash_after, config.hang_after, config.seed)
+        self.stats = EngineStats()
+        self.inflight = 0
+        self.aborted = False
+        self.garbage = False  # serving from memory that holds no model (set by EngineControl)
+        self.rejecting = False  # POST /pause: new requests get a retryable 503 (set by EngineControl)
+        self.lora: LoraRegistry | None = None
+
+    # -- admission -------------------------------------------------------------------------------------
+
+    def prepare(
+        self, r: InferenceRequest, request_id: str, now: float, adapter: LoraAdapter | None = None
+    ) -> Job:
+        """Check lengths as vLLM does and decide the output; raises `RequestError`."""
+        limit = self.config.max_model_len
+        if r.max_tokens is not None:
+            if r.max_tokens > limit:
+                raise bad_request(
+                    f"max_tokens={r.max_tokens} cannot be greater than max_model_len={limit}. "
+                    "Please request fewer output tokens.",
+                    "max_tokens",
+                    r.max_tokens,
+                )
+            if r.max_tokens < 1:
+                raise bad_request(
+                    f"max_tokens must be at least 1, got {r.max_tokens}.", "max_tokens", r.max_tokens
+                )
+        if r.prompt_ids is not None:
+            ids = r.prompt_ids
+            too_many = len(ids)
+        else:
+            text = r.prompt_text or ""
+            cap = self.config.max_prompt_chars
+            if len(text) > cap:
+                raise bad_request(
+                    f"This model's maximum context length is {limit} tokens. However, your prompt contains "
+                    f"{len(text)} characters (more than {cap} characters, which is the upper bound for "
+                    f"{limit} input tokens). Please reduce the length of the input prompt.",
+                    "input_text",
+                    len(text),
+                )
+            ids = self.tokenizer.encode(text)
+            too_many = limit + 1
+        if len(ids) > limit:
+            raise bad_request(
+                f"This model's maximum context length is {limit} tokens. However, your prompt contains at "
+                f"least {too_many} input tokens, which exceeds this limit even without any output tokens. "
+                "Please reduce the length of the input prompt.",
+                "input_tokens",
+                too_many,
+            )
+        generator = self.generator if adapter is None else adapter.generator
+        plan = generator.plan(ids, r.max_tokens, limit - len(ids), r.temperature, r.seed, r.stop)
+        req = EngineRequest(request_id, len(ids), plan.num_tokens, now)
+        job = Job(req, ids, plan)
+        if adapter is not None:
+            job.adapter = adapter.name
+        return job
+
+    async def _admit(self, job: Job) -> float | None:
+        """Wait for a slot, look the prompt up in the prefix cache; the prefill time, None if aborted."""
+        if job.adapter is not None and self.lora is not None:
+            self.lora.request_waiting(job.adapter)
+            admitted = await self.scheduler.admit(job.req)
+            if admitted:
+                self.lora.request_running(job.adapter)
+                job.lora_running = True
+        else:
+            admitted = await self.scheduler.admit(job.req)
+        if not admitted:
+            return None
+        loop = asyncio.get_running_loop()
+        if self.aborted or job.hang:
+            await self._hang()
+        if self.garbage:
+            job.plan = garbage(job.plan)
+        self.stats.queue_time.observe(loop.time() - job.req.arrival)
+        job.hashes = block_hashes(job.prompt_ids, self.config.block_size)
+        cached = self.cache.lookup(job.hashes, len(job.prompt_ids))
+        self.stats.prompt_tokens += len(job.prompt_ids)
+        return self.latency.prefill_seconds(len(job.prompt_ids) - cached)
+
+    def _prefilled(self, job: Job) -> None:
+        self.cache.insert(job.hashes)
+
+    async def _hang(self) -> NoReturn:
+        """Never answer; only the client closing the connection (task cancellation) ends this."""
+        await asyncio.get_running_loop().create_future()
+        raise AssertionError("unreachable")
+
+    def _finish(self, job: Job, reason: str, tokens: int, now: float) -> None:
+        self.stats.generation_tokens += tokens
+        self.stats.success[reason] += 1
+        self.stats.e2e.observe(now - job.req.arrival)
+
+    # -- generation ------------------------------------------------------------------------------------
+
+    def _end(self, job: Job, aborted: bool, emitted: int, now: float) -> None:
+        job.aborted, job.emitted = aborted, emitted
+        self._finish(job, "abort" if aborted else job.plan.finish_reason, emitted, now)
+
+    def _release(self, job: Job) -> None:
+        self.scheduler.release(job.req)
+        if job.adapter is not None and self.lora is not None:
+            self.lora.request_done(job.adapter, job.lora_running)
+
+    async def _interrupted(self, job: Job, emitted: int) -> bool:
+        """Handle what control asked of this request: False to abort it, True to go on (after a freeze)."""
+        req = job.req
+        loop = asyncio.get_running_loop()
+        while True:
+            kind = req.interrupt
+            if kind is None:
+                return True
+            if kind == "hang":
+                await self._hang()
+            if kind == "abort":
+                return False
+            fut: asyncio.Future[None] = loop.create_future()
+            req.resumed = fut
+            try:
+                await fut
+            finally:
+                req.resumed = None
+            if req.recompute and req.interrupt is None:
+                # Its KV cache was dropped while it was frozen (sleep level >= 1, release_kv_cache_memory).
+                req.recompute = False
+                self.stats.preemptions += 1
+                await asyncio.sleep(self.latency.prefill_seconds(len(job.prompt_ids) + emitted))
+
+    async def _pace(self, job: Job, seconds: float, itl: float) -> int | None:
+        """Sleep `seconds` of generation; frozen time does not count. None when done, else the tokens
+        generated (at `itl` each) before an abort."""
+        req = job.req
+        loop = asyncio.get_running_loop()
+        remaining = seconds
+        while True:
+            if req.interrupt is not None and not await self._interrupted(job, 0):
+                return int((seconds - remaining) / itl) if itl > 0 else 0
+            start = loop.time()
+            task = req.task = asyncio.current_task()
+            try:
+                await asyncio.sleep(remaining)
+                return None
+            except asyncio.CancelledError:
+                # EngineControl clears `task` before it cancels; anything else is the client going away.
+                if req.task is not None or task is None:
+                    raise
+                task.uncancel()
+                remaining = max(0.0, remaining - (loop.time() - start))
+            finally:
+                req.task = None
+
+    async def stream(self, job: Job) -> AsyncGenerator[str, None]:
+        """Yield the text of each output token at its time (fewer, and `job.aborted`, when aborted)."""
+        loop = asyncio.get_running_loop()
+        req = job.req
+        emitted = 0
+        finished = False
+        try:
+            prefill = await self._admit(job)
+            if prefill is None:
+                finished = True
+                self._end(job, True, 0, loop.time())
+                return
+            await asyncio.sleep(prefill)
+            if req.interrupt is not None and not await self._interrupted(job, 0):
+                finished = True
+                self._end(job, True, 0, loop.time())
+                return
+            self._prefilled(job)
+            last = loop.time()
+            self.stats.ttft.observe(last - req.arrival)
+            for i, delta in enumerate(job.plan.deltas):
+                if i:
+                    await asyncio.sleep(self.latency.itl_seconds(self.scheduler.num_running))
+                    now = loop.time()
+                    self.stats.itl.observe(now - last)
+                    last = now
+                if req.interrupt is not None and not await self._interrupted(job, emitted):
+                    finished = True
+                    self._end(job, True, emitted, loop.time())
+                    return
+                emitted += 1
+                yield delta
+            finished = True
+            self._end(job, False, emitted, loop.time())
+        finally:
+            if not finished and req.admitted_at is not None:
+                self._finish(job, "abort", emitted, loop.time())
+            self._release(job)
+
+    async def complete(self, job: Job) -> None:
+        """Wait as long as generating the whole output takes (less, and `job.aborted`, when aborted)."""
+        loop = asyncio.get_running_loop()
+        req = job.req
+        finished = False
+        try:
+            prefill = await self._admit(job)
+            if prefill is None:
+                finished = True
+                self._end(job, True, 0, loop.time())
+                return
+            n = job.plan.num_tokens
+            itl = self.latency.itl_seconds(self.scheduler.num_running)
+            if await self._pace(job, prefill, 0.0) is not None:
+                finished = True
+                self._end(job, True, 0, loop.time())
+                return
+            self._prefilled(job)
+            self.stats.ttft.observe(loop.time() - req.arrival)
+            if n > 1:
+                done = await self._pace(job, itl * (n - 1), itl)
+                if done is not None:
+                    finished = True
+                    self._end(job, True, min(n - 1, 1 + done), loop.time())
+                    return
+                self.stats.itl.observe(itl, n - 1)
+            if self.aborted:
+                await self._hang()
+            finished = True
+            self._end(job, False, n, loop.time())
+        finally:
+            if not finished and req.admitted_at is not None:
+                self._finish(job, "abort", 0, loop.time())
+            self._release(job)
+
+    # -- failure ---------------------------------------------------------------------------------------
+
+    def abort_all(self) -> None:
+        """Stop every request where it is (shutdown with nothing left to drain): none of them will answer."""
+        self.aborted = True
+        for req in self.scheduler.running:
+            req.interrupt = "hang"
+            if req.resumed is not None and not req.resumed.done():
+                req.resumed.set_result(None)
+
+    def crash(self) -> NoReturn:
+        """Die like an engine core crash: error lines, then exit 1 with requests still in flight."""
+        n = self.faults.seen - 1
+        self.log.error("EngineCore", "core.py:1036", "EngineCore encountered a fatal error.")
+        self.log.error(
+            "EngineCore",
+            "core.py:1036",
+            f"RuntimeError: simulated engine crash (--crash-after "
+            f"{self.config.crash_after}) after {n} requests, {self.inflight} in flight",
+        )
+        self.log.error("APIServer", "async_llm.py:566", "AsyncLLM output_handler failed.")
+        self.log.error(
+            "APIServer",
+            "async_llm.py:566",
+            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore "
+            "encountered an issue. See stack trace (above) for the root cause.",
+        )
+        sys.stdout.flush()
+        os._exit(1)
+
+    def throughput_line(self, prompt_tps: float, gen_tps: float) -> str:
+        q, h = self.cache.queries, self.cache.hits
+        return (
+            f"Engine 000: Avg prompt throughput: {prompt_tps:.1f} tokens/s, Avg generation throughput: "
+            f"{gen_tps:.1f} tokens/s, Running: {self.scheduler.num_running} reqs, Waiting: "
+            f"{self.scheduler.num_waiting} reqs, GPU KV cache usage: {self.scheduler.kv_usage * 100:.1f}%, "
+            f"Prefix cache hit rate: {(h / q * 100) if q else 0.0:.1f}%"
+        )

@@ -1,0 +1,262 @@
+"""The engine's Prometheus metrics under vLLM's names, labels, help texts and histogram buckets.
+
+Counters and histograms live in `EngineStats` (plain numbers, cheap to update per request); gauges are read
+from the scheduler and prefix cache at scrape time by `EngineCollector`, so nothing is updated per token.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    generate_latest,
+)
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from corral.sim.core.prefix_cache import PrefixCache
+from corral.sim.core.scheduler import Scheduler
+
+CONTENT_TYPE = "text/plain; version=1.0.0; charset=utf-8"
+
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+
+
+class Histogram:
+    """Bucket counts for one label set; `observe(v, n)` adds n equal observations at once."""
+
+    def __init__(self, buckets: Sequence[float]) -> None:
+        self.buckets = tuple(buckets)
+        self.counts = [0] * (len(self.buckets) + 1)
+        self.sum = 0.0
+        self.count = 0
+        self.created = time.time()
+
+    def observe(self, value: float, n: int = 1) -> None:
+        if n <= 0:
+            return
+        self.counts[bisect.bisect_left(self.buckets, value)] += n
+        self.sum += value * n
+        self.count += n
+
+
+@dataclass
+class EngineStats:
+    """Cumulative counters and latency histograms of one engine."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    preemptions: int = 0
+    success: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISHED_REASONS, 0))
+    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
+    e2e: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
+    queue_time: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
+    created: float = field(default_factory=time.time)
+
+
+def _fmt_le(bound: float) -> str:
+    return repr(float(bound))
+
+
+class EngineCollector(Collector):
+    """Yields the `vllm:` families for one engine (`engine="0"`) serving `model_name`."""
+
+    def __init__(
+        self,
+        model_name: str,
+        stats: EngineStats,
+        scheduler: Scheduler,
+        cache: PrefixCache,
+        sleep_state: Callable[[], str | None] = lambda: "awake",
+    ) -> None:
+        self._model = model_name
+        self._stats = stats
+        self._scheduler = scheduler
+        self._cache = cache
+        self._sleep_state = sleep_state
+
+    def _labels(self, **extra: str) -> dict[str, str]:
+        labels = {"engine": "0", "model_name": self._model, **extra}
+        return dict(sorted(labels.items()))
+
+    def _gauge(self, name: str, doc: str, value: float) -> Metric:
+        m = Metric(name, doc, "gauge")
+        m.add_sample(name, self._labels(), value)
+        return m
+
+    def _counter(self, name: str, doc: str, value: float) -> Metric:
+        m = Metric(name, doc, "counter")
+        m.add_sample(name + "_total", self._labels(), value)
+        m.add_sample(name + "_created", self._labels(), self._stats.created)
+        return m
+
+    def _histogram(self, name: str, doc: str, hist: Histogram) -> Metric:
+        m = Metric(name, doc, "histogram")
+        cumulative = 0
+        for bound, n in zip(hist.buckets, hist.counts, strict=False):
+            cumulative += n
+            m.add_sample(name + "_bucket", self._labels(le=_fmt_le(bound)), cumulative)
+        m.add_sample(name + "_bucket", self._labels(le="+Inf"), hist.count)
+        m.add_sample(name + "_count", self._labels(), hist.count)
+        m.add_sample(name + "_sum", self._labels(), hist.sum)
+        m.add_sample(name + "_created", self._labels(), hist.created)
+        return m
+
+    def collect(self) -> Iterator[Metric]:
+        s, sched, cache = self._stats, self._scheduler, self._cache
+        yield self._gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.", sched.num_running
+        )
+        yield self._gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", sched.num_waiting
+        )
+        by_reason = Metric(
+            "vllm:num_requests_waiting_by_reason",
+            "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling "
+            "capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked "
+            "status). Sum of all reasons equals vllm:num_requests_waiting.",
+            "gauge",
+        )
+        by_reason.add_sample(by_reason.name, self._labels(reason="capacity"), sched.num_waiting)
+        by_reason.add_sample(by_reason.name, self._labels(reason="deferred"), 0)
+        yield by_reason
+        sleep = Metric(
+            "vllm:engine_sleep_state",
+            "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
+            "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+            "gauge",
+        )
+        state = self._sleep_state()
+        for label in ("awake", "weights_offloaded", "discard_all"):
+            sleep.add_sample(sleep.name, self._labels(sleep_state=label), 1.0 if state == label else 0.0)
+        yield sleep
+        yield self._gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", sched.kv_usage
+        )
+        yield self._counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            cache.queries,
+        )
+        yield self._counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", cache.hits
+        )
+        yield self._counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", s.preemptions
+        )
+        yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens)
+        yield self._counter(
+            "vllm:generation_tokens", "Number of generation tokens processed.", s.generation_tokens
+        )
+        success = Metric("vllm:request_success", "Count of successfully processed requests.", "counter")
+        for reason in FINISHED_REASONS:
+            success.add_sample(
+                "vllm:request_success_total", self._labels(finished_reason=reason), s.success[reason]
+            )
+        for reason in FINISHED_REASONS:
+            success.add_sample(
+                "vllm:request_success_created", self._labels(finished_reason=reason), s.created
+            )
+        yield success
+        yield self._histogram(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", s.ttft
+        )
+        yield self._histogram(
+            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", s.itl
+        )
+        yield self._histogram(
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", s.e2e
+        )
+        yield self._histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            s.queue_time,
+        )
+
+
+class MetricsEndpoint:
+    """The `/metrics` registry: process and Python collectors plus the engine's."""
+
+    def __init__(self, engine_collector: EngineCollector, *extra: Collector) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, engine_collector, *extra):
+            self.registry.register(collector)
+
+    def render(self) -> bytes:
+        return bytes(generate_latest(self.registry))

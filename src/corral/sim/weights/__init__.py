@@ -1,0 +1,2 @@
+"""Where the simulator's weights come from: disk or the preload daemon, and the dependencies it needs at
+init."""

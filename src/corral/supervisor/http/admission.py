@@ -1,0 +1,149 @@
+"""The admission gate (`corral supervise --gate-port`): the supervisor's data port in front of an engine
+bound to loopback. It forwards only the OpenAI inference paths (plus `/v1/models`, `/health` and a
+GET of `/metrics`), so the development endpoints that `VLLM_SERVER_DEV_MODE=1` exposes are
+unreachable from the data port; it answers 503 with Retry-After unless the engine is READY, so
+nothing reaches an engine out of routing however late a client is; and it counts in-flight requests
+per model or adapter, which makes an adapter's drain exact, and admissions and refusals per model
+(`corral.supervisor.http.admission_metrics` shows them on the supervisor's `/metrics`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from corral.engine_state import EngineState
+from corral.openai_errors import error_response
+
+INFERENCE_PATHS = frozenset(
+    {
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/embeddings",
+        "/v1/responses",
+        "/v1/score",
+        "/v1/rerank",
+        "/v1/audio/transcriptions",
+        "/v1/audio/translations",
+        "/tokenize",
+        "/detokenize",
+    }
+)
+READ_PATHS = frozenset({"/v1/models", "/health", "/ping", "/version"})
+# GET only: the router's scored policies (prefix, load) scrape the engine's Prometheus metrics, and in
+# a rendered pod the gate is their only way in; vLLM's /metrics is read-only and no dev endpoint.
+SCRAPE_PATHS = frozenset({"/metrics"})
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "upgrade", "host", "content-length", "te", "trailer"}
+)
+# why a request was refused: the engine is not READY (503), or the path is not on the data port (404)
+NOT_READY = "not_ready"
+NOT_SERVED = "path_not_served"
+
+
+class AdmissionGate:
+    def __init__(self, engine_url: str, state: Callable[[], EngineState], retry_after: int = 2) -> None:
+        self.engine_url = engine_url.rstrip("/")
+        self._state = state
+        self.retry_after = retry_after
+        self.in_flight: Counter[str] = Counter()
+        self.admitted: Counter[str] = Counter()  # model -> requests forwarded
+        self.refused: Counter[tuple[str, str]] = Counter()  # (model, reason) -> requests refused
+        self._session: aiohttp.ClientSession | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 2**20)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        app.on_cleanup.append(self._close)
+        return app
+
+    async def _close(self, app: web.Application) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "in_flight": dict(self.in_flight),
+            "admitted": self.admitted.total(),
+            "refused_not_ready": self._refused_for(NOT_READY),
+            "refused_path": self._refused_for(NOT_SERVED),
+        }
+
+    def _refused_for(self, reason: str) -> int:
+        return sum(n for (_, why), n in self.refused.items() if why == reason)
+
+    async def wait_idle(self, model: str, within: float) -> bool:
+        """True once no request for `model` is in flight through the gate, False after `within` s."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while self.in_flight.get(model, 0) > 0:
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        scrape = path in SCRAPE_PATHS and request.method == "GET"
+        if path not in INFERENCE_PATHS and path not in READ_PATHS and not scrape:
+            self.refused[("", NOT_SERVED)] += 1  # no body read for a path nobody may reach
+            return error_response(404, f"{path} is not served on the data port", "NotFoundError")
+        body = await request.read()
+        model = _model_of(body) if path in INFERENCE_PATHS else None
+        if path in INFERENCE_PATHS and self._state() is not EngineState.READY:
+            self.refused[(model or "", NOT_READY)] += 1
+            answer = error_response(
+                503,
+                f"the engine is {self._state()}, not READY; retry after {self.retry_after} s",
+                "ServiceUnavailableError",
+            )
+            answer.headers["Retry-After"] = str(self.retry_after)
+            return answer
+        if model is not None:
+            self.in_flight[model] += 1
+            self.admitted[model] += 1
+        try:
+            return await self._forward(request, body)
+        finally:
+            if model is not None:
+                self.in_flight[model] -= 1
+                if self.in_flight[model] <= 0:
+                    del self.in_flight[model]
+
+    async def _forward(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=5), auto_decompress=False
+            )
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        try:
+            upstream = await self._session.request(
+                request.method, self.engine_url + request.path_qs, data=body or None, headers=headers
+            )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return error_response(502, f"engine not answering: {type(exc).__name__}: {exc}", "BadGateway")
+        async with upstream:
+            resp = web.StreamResponse(
+                status=upstream.status,
+                headers={k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP},
+            )
+            await resp.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await resp.write(chunk)
+            await resp.write_eof()
+            return resp
+
+
+def _model_of(body: bytes) -> str | None:
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    model = payload.get("model") if isinstance(payload, dict) else None
+    return model if isinstance(model, str) else "(default)"

@@ -1,0 +1,56 @@
+"""The supervisor's settings (`SupervisorConfig`): one frozen value built and checked by the CLI."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corral.bundle_spec import BundleSpec
+from corral.supervisor.lifecycle.dependencies import DependencyGate
+from corral.supervisor.lifecycle.drain import DrainSettings
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    engine_argv: tuple[str, ...]
+    engine_url: str = "http://127.0.0.1:8000"
+    host: str = "127.0.0.1"
+    port: int = 8081
+    model: str | None = None
+    gates: tuple[DependencyGate, ...] = ()
+    dependency_timeout: float = 600.0
+    startup_timeout: float = 1800.0
+    startup_restarts: int = 3
+    failure_restarts: int = 3
+    restart_backoff: float = 1.0
+    restart_backoff_cap: float = 30.0
+    stall_seconds: float = 60.0
+    drain: DrainSettings = field(default_factory=DrainSettings)
+    state_dir: Path = Path(".corral-supervisor")
+    oplog_max_bytes: int = 64 * 1024 * 1024  # rotated past this size
+    oplog_keep: int = 3  # rotated files kept (oplog.jsonl.1 … .N)
+    token: str | None = None
+    gate_host: str = "0.0.0.0"
+    gate_port: int | None = None  # the admission gate's data port (corral.supervisor.http.admission)
+    preload_argv: tuple[str, ...] = ()  # the weight-cache daemon, started before the engine
+    preload_health: str | None = None  # the daemon's health URL (a dependency gate too)
+    preload_restarts: int = 3  # restarts of a daemon that died, before the engine is FAILED for good
+    lora: tuple[tuple[str, str], ...] = ()  # desired LoRA adapters (name, path), loaded after every start
+    engine_env: tuple[tuple[str, str], ...] = ()  # set in the engine's environment (a bundle's env)
+    bundle_name: str = "initial"  # what the engine command as configured is called
+    bundles: tuple[BundleSpec, ...] = ()  # bundles this host may be switched to (POST /v1/bundle)
+
+    @property
+    def management_enabled(self) -> bool:
+        """Management needs a token unless only this machine can reach it."""
+        return self.token is not None or is_loopback(self.host)

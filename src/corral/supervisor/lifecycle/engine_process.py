@@ -1,0 +1,188 @@
+"""The engine process under supervision: started in its own process group with `[engine]`-prefixed
+output, its startup phase read from the lines vLLM logs, and the restart-in-place policy (capped
+exponential backoff, a budget, a `RestartRecord` with exit code and last lines for every restart).
+
+The engine's environment is the supervisor's minus Corral's own secrets (`engine_environment`): the
+management token, token files and keys are for Corral, never for a process that runs model code.
+Its API key (`corral.supervisor.lifecycle.engine_auth`) is masked in every output line the
+supervisor shows or keeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from corral.child_process import ChildProcess, LineSink
+from corral.supervisor.lifecycle.engine_auth import Redactor, engine_api_key
+from corral.supervisor.lifecycle.states import StartingPhase
+
+# Corral's own secrets by name (CORRAL_TOKEN, CORRAL_TOKEN_FILE, an admin or API key file, ...).
+_CORRAL_SECRET = re.compile(r"^CORRAL_.*(TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL)", re.IGNORECASE)
+
+
+def engine_environment(
+    extra: Mapping[str, str], inherited: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The engine's whole environment: the supervisor's (`inherited`, default os.environ) with `extra`
+    (a bundle's env) on top, and no Corral secret from either."""
+    merged = {**(os.environ if inherited is None else inherited), **extra}
+    return {k: v for k, v in merged.items() if not _CORRAL_SECRET.match(k)}
+
+
+# vLLM's startup log, in order (as in tests/data/vllm-samples/engine_startup_and_shutdown.log);
+# the first marker found in a line wins.
+_PHASE_MARKERS: tuple[tuple[str, StartingPhase], ...] = (
+    ("Starting vLLM server on", StartingPhase.SERVER_STARTING),
+    ("init engine (profile, create kv cache, warmup model) took", StartingPhase.SERVER_STARTING),
+    ("Graph capturing finished", StartingPhase.SERVER_STARTING),
+    ("Capturing CUDA graph", StartingPhase.CAPTURING_GRAPHS),
+    ("Capturing cudagraphs", StartingPhase.CAPTURING_GRAPHS),
+    ("Warming up model", StartingPhase.CAPTURING_GRAPHS),
+    ("KV cache size", StartingPhase.ALLOCATING_KV_CACHE),
+    ("Available KV cache memory", StartingPhase.ALLOCATING_KV_CACHE),
+    ("Model loading took", StartingPhase.ALLOCATING_KV_CACHE),
+    ("Loading weights took", StartingPhase.LOADING_MODEL),
+    ("Starting to load model", StartingPhase.LOADING_MODEL),
+)
+
+
+def detect_phase(line: str) -> StartingPhase | None:
+    """The startup phase a vLLM log line announces, or None for any other line."""
+    for marker, phase in _PHASE_MARKERS:
+        if marker in line:
+            return phase
+    return None
+
+
+PhaseListener = Callable[[StartingPhase, str], None]
+
+
+@dataclass(frozen=True)
+class RestartRecord:
+    attempt: int
+    exit_code: int | None
+    reason: str
+    last_lines: tuple[str, ...]
+    backoff_seconds: float
+    time: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "exit_code": self.exit_code,
+            "reason": self.reason,
+            "last_lines": list(self.last_lines),
+            "backoff_seconds": self.backoff_seconds,
+            "time": self.time,
+        }
+
+
+class RestartPolicy:
+    """Capped exponential backoff within a budget: `next_backoff()` is None once the budget is spent."""
+
+    def __init__(self, budget: int, initial: float = 1.0, cap: float = 30.0) -> None:
+        self.budget = budget
+        self.initial = initial
+        self.cap = cap
+        self.used = 0
+
+    def next_backoff(self) -> float | None:
+        if self.used >= self.budget:
+            return None
+        delay: float = min(self.cap, self.initial * 2.0**self.used)
+        self.used += 1
+        return delay
+
+    def reset(self) -> None:
+        self.used = 0
+
+
+@dataclass(frozen=True)
+class EngineIdentity:
+    """What identifies the engine's process across supervisor restarts (pid reuse included)."""
+
+    pid: int
+    create_time: float
+
+
+class EngineProcess:
+    """One run of the engine command. A new instance per (re)start keeps each run's lines apart."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        echo: LineSink,
+        on_phase: PhaseListener,
+        keep_lines: int = 200,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.argv = list(argv)
+        self._echo = echo
+        self._on_phase = on_phase
+        self.phase = StartingPhase.ENGINE_STARTING
+        environment = engine_environment(env or {})
+        self.api_key = engine_api_key(self.argv, environment)  # what the engine demands of callers
+        self._redact = Redactor([self.api_key])
+        self._last_lines: deque[str] = deque(maxlen=keep_lines)  # masked, as shown
+        self._child = ChildProcess(
+            "engine", self.argv, env=environment, sink=self._line, keep_lines=0, inherit_env=False
+        )
+        self.identity: EngineIdentity | None = None
+
+    def _line(self, line: str) -> None:
+        shown = self._redact(line)
+        self._last_lines.append(shown)
+        self._echo(shown)
+        phase = detect_phase(line)
+        if phase is not None and phase is not self.phase:
+            self.phase = phase
+            self._on_phase(phase, shown)
+
+    async def start(self) -> EngineIdentity:
+        await self._child.start()
+        pid = self._child.pid
+        assert pid is not None
+        try:
+            create_time = float(psutil.Process(pid).create_time())
+        except psutil.Error:  # exited already; the identity is still this run's
+            create_time = 0.0
+        self.identity = EngineIdentity(pid, create_time)
+        return self.identity
+
+    @property
+    def pid(self) -> int | None:
+        return self._child.pid
+
+    @property
+    def running(self) -> bool:
+        return self._child.running
+
+    @property
+    def returncode(self) -> int | None:
+        return self._child.returncode
+
+    def last_lines(self, n: int = 20) -> tuple[str, ...]:
+        return tuple(list(self._last_lines)[-n:])
+
+    async def wait_exit(self) -> int | None:
+        """Blocks until the engine exits (no deadline: the callers race it against other events)."""
+        code = None
+        while code is None and self._child.pid is not None:
+            code = await self._child.wait(None)
+        return code
+
+    async def stop(self, grace_seconds: float) -> int | None:
+        """SIGTERM to the engine's process group; SIGKILL after `grace_seconds`."""
+        return await self._child.stop(grace_seconds)
+
+    def exit_task(self) -> asyncio.Task[int | None]:
+        return asyncio.create_task(self.wait_exit(), name="engine-exit")

@@ -1,0 +1,693 @@
+"""`EngineSupervisor`: drives one engine through the lifecycle — gates, start, restart in place,
+earned readiness, stall watch, drain, stop — recording each step in the state machine and the
+operation log. The HTTP surface lives in `api.py`; this module owns what happens and in which order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+from corral.bundle_spec import BundleSpec
+from corral.child_process import LineSink
+from corral.engine.evidence import EvidenceBook, classify
+from corral.supervisor.http.admission import AdmissionGate
+from corral.supervisor.http.metrics import SupervisorMetrics
+from corral.supervisor.lifecycle.adapters import AdapterCallFailed, AdapterSet, EngineAdapters, reconcile
+from corral.supervisor.lifecycle.bundle import Bundle, read_bundle
+from corral.supervisor.lifecycle.config import SupervisorConfig
+from corral.supervisor.lifecycle.dependencies import GatesTimedOut, GateWaiter
+from corral.supervisor.lifecycle.drain import Drainer, DrainPolicy, DrainReport
+from corral.supervisor.lifecycle.engine_auth import EngineKey, redact_argv
+from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPolicy, RestartRecord
+from corral.supervisor.lifecycle.preload import PreloadDaemon
+from corral.supervisor.lifecycle.preload_recovery import PreloadKeeper
+from corral.supervisor.lifecycle.readiness import EngineNotAnswering, NotReady, ReadinessCheck, SmokeResult
+from corral.supervisor.lifecycle.routers import RouterSubscriptions
+from corral.supervisor.lifecycle.stall import Stall, StallWatch
+from corral.supervisor.lifecycle.states import (
+    DrainPhase,
+    EngineState,
+    StartingPhase,
+    StateEvent,
+    StateMachine,
+    StoppingPhase,
+)
+from corral.supervisor.runbook.operations import Operation, OperationLedger
+from corral.supervisor.state.oplog import EngineLeftover, OperationLog, last_epoch
+from corral.supervisor.state.runtime_adapters import RuntimeAdapterFile, restore_runtime_adapters
+from corral.supervisor.state.state_writes import StateWriteFailures
+
+S = EngineState
+_ENGINE_PHASES = frozenset(
+    {
+        StartingPhase.ENGINE_STARTING,
+        StartingPhase.LOADING_MODEL,
+        StartingPhase.ALLOCATING_KV_CACHE,
+        StartingPhase.CAPTURING_GRAPHS,
+        StartingPhase.SERVER_STARTING,
+    }
+)
+
+Log = Callable[[str], None]
+
+
+class ModelMismatch(Exception):
+    """The engine serves, but not the model it was expected to: no restart will fix that."""
+
+
+class EngineSupervisor:
+    def __init__(self, config: SupervisorConfig, log: Log, echo: LineSink) -> None:
+        self.config = config
+        self._log = log
+        self._echo = echo
+        self.metrics = SupervisorMetrics()
+        self.state_writes = StateWriteFailures(self.metrics.state_write_errors, log)
+        self.oplog = OperationLog(
+            config.state_dir, self.state_writes, config.oplog_max_bytes, config.oplog_keep
+        )
+        self.machine = StateMachine()  # replaced in open(), once the log gives the next epoch
+        self.gates = GateWaiter(config.gates, config.dependency_timeout, self._gate_log)
+        self.readiness = ReadinessCheck(config.engine_url, config.model)
+        self.operations = OperationLedger(self._record_operation)
+        self.routers = RouterSubscriptions(self.oplog.append, log)
+        self.engine: EngineProcess | None = None
+        self.restarts: list[RestartRecord] = []
+        self.served_model: str | None = None
+        self.last_smoke: SmokeResult | None = None
+        self.bundle: Bundle | None = None
+        self.evidence = EvidenceBook()
+        self.unrecoverable: str | None = None
+        self._base_argv = config.engine_argv  # the command as configured; a bundle adds to or replaces it
+        self.running_bundle = BundleSpec(name=config.bundle_name)
+        self.drain_report: DrainReport | None = None
+        # set by the runbook operations (corral.supervisor.runbook): what the engine's sleep is, and
+        # which operation holds the engine now (one at a time)
+        self.sleep_status: dict[str, Any] | None = None
+        self.adapters = AdapterSet(desired=dict(config.lora))
+        self.preload: PreloadDaemon | None = None  # set when --preload-command runs the daemon
+        self._preload: PreloadKeeper | None = None
+        self.gate: AdmissionGate | None = None  # set when --gate-port serves the data path
+        self.busy: str | None = None
+        self.stall_watch: StallWatch | None = None
+        self.exit_requested = asyncio.Event()
+        self._session: aiohttp.ClientSession | None = None
+        self.engine_key = EngineKey(config.engine_url)  # the running engine's --api-key, on our calls to it
+        self._lifecycle: asyncio.Task[None] | None = None
+        self._drain: asyncio.Task[DrainReport] | None = None
+
+    # -- set-up and tear-down -------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Lock the state dir, continue its epochs, and make sure no engine from before still runs."""
+        records = self.oplog.open()
+        self.machine = StateMachine(
+            first_epoch=last_epoch(records) + 1,
+            reason="supervisor started",
+            sub_state=StartingPhase.WAITING_DEPENDENCIES,
+        )
+        self.machine.subscribe(self._record_event)
+        self.machine.subscribe(self.routers.note_event)
+        self.oplog.append("supervisor_started", argv=redact_argv(self.config.engine_argv))
+        store = RuntimeAdapterFile(self.config.state_dir, self.state_writes)
+        runtime, unreadable = restore_runtime_adapters(store, dict(self.config.lora), self._log)
+        self.adapters.restore(runtime, store)
+        self.oplog.append("runtime_adapters_restored", adapters=runtime, error=unreadable)
+        leftover = EngineLeftover.from_records(records)
+        if leftover is not None:
+            pids = await leftover.kill(self.config.drain.shutdown_timeout)
+            verdict = "killed" if pids else "already gone"
+            self._log(
+                f"engine pid {leftover.pid} from a previous supervisor: {verdict}"
+                + (f" (processes {pids})" if pids else "")
+            )
+            self.oplog.append(
+                "engine_exited", pid=leftover.pid, exit_code=None, leftover=True, killed_pids=pids
+            )
+        # No keep-alive to the engine: an idle connection of ours must never be what keeps a
+        # shutting-down engine waiting "for connections to close".
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(force_close=True), middlewares=(self.engine_key,)
+        )
+
+    async def close(self) -> None:
+        if self._lifecycle is not None:
+            self._lifecycle.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lifecycle
+        if self.engine is not None and self.engine.running:
+            await self._stop_engine(self.config.drain.shutdown_timeout, "supervisor exiting")
+        if self.preload is not None:  # only after the engine, which may map the daemon's memory
+            await self.preload.stop(self.config.drain.shutdown_timeout, self.oplog.append)
+        if self._session is not None:
+            await self._session.close()
+        self.oplog.append("supervisor_exited")
+        self.oplog.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "open() first"
+        return self._session
+
+    def start(self) -> None:
+        self._lifecycle = asyncio.create_task(self._run_lifecycle(), name="lifecycle")
+        self._lifecycle.add_done_callback(self._lifecycle_ended)
+
+    def _lifecycle_ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            self._log(f"lifecycle crashed (a bug; /livez now fails): {type(exc).__name__}: {exc}")
+
+    @property
+    def live(self) -> tuple[bool, str]:
+        """Liveness: false only for a failure nothing here will recover from (never for slow loading)."""
+        if self._lifecycle is not None and self._lifecycle.done() and not self._lifecycle.cancelled():
+            exc = self._lifecycle.exception()
+            if exc is not None:
+                return False, f"supervisor lifecycle crashed: {type(exc).__name__}: {exc}"
+        if self.unrecoverable is not None:
+            return False, self.unrecoverable
+        if (unwritable := self.state_writes.problem) is not None:
+            return False, unwritable
+        return True, "supervisor loop alive; engine running or legitimately starting"
+
+    # -- recording ------------------------------------------------------------------------------
+
+    def _record_event(self, event: StateEvent) -> None:
+        self.metrics.observe(event)
+        self.oplog.append("transition", **{k: v for k, v in event.to_json().items() if k != "type"})
+        sub = f"/{event.sub_state}" if event.sub_state else ""
+        self._log(f"state {event.to_state}{sub} (epoch {event.epoch}): {event.reason}")
+
+    def _record_operation(self, op: Operation) -> None:
+        bundle = self.bundle.fingerprint if self.bundle is not None else None
+        self.oplog.append("operation", bundle=bundle, **op.to_json())
+
+    def _engine_line(self, line: str) -> None:
+        self._echo(line)
+        kind = classify(line)
+        if kind is not None:
+            self.evidence.note(kind, line)
+            self.oplog.append("engine_evidence", kind=kind, line=line[:500])
+            self.metrics.count_evidence(kind)
+
+    def refresh_gate_metrics(self) -> None:
+        for status in self.gates.status.values():
+            self.metrics.gate_wait.labels(gate=status.spec).set(status.waited_seconds)
+            self.metrics.gate_open.labels(gate=status.spec).set(1 if status.open else 0)
+
+    def _gate_log(self, message: str) -> None:
+        self.refresh_gate_metrics()
+        self._log(message)
+
+    # -- the preload daemon (what follows its death: corral.supervisor.lifecycle.preload_recovery) --------
+
+    async def start_preload(self, daemon: PreloadDaemon) -> None:
+        """Run the weight-cache daemon, before the lifecycle starts the engine, and hear of its death."""
+        self.preload = daemon
+        self._preload = PreloadKeeper(
+            daemon,
+            self.config,
+            self.metrics,
+            self.evidence,
+            self.oplog.append,
+            self._log,
+            lambda: self.machine.state.value,
+        )
+        await self._preload.start()
+
+    def _preload_lost(self) -> str | None:
+        return self._preload.lost if self._preload is not None else None
+
+    def _watch_preload(self, tasks: set[asyncio.Task[Any]]) -> None:
+        if self._preload is not None:
+            tasks.add(self._preload.death_task())
+
+    async def _revive_preload(self) -> bool:
+        """Before the engine (re)starts, a dead daemon runs again; False once it keeps dying."""
+        lost = self._preload_lost()
+        if self._preload is None or lost is None:
+            return True
+        self._to(S.STARTING, f"restarting the preload daemon: {lost}", StartingPhase.WAITING_DEPENDENCIES)
+        problem = await self._preload.revive(self.session)
+        if problem is not None:
+            self._fail_for_good(problem, preload=self.preload_json())
+            return False
+        return True
+
+    def _to(
+        self, state: EngineState, reason: str, sub_state: str | None = None, /, **evidence: Any
+    ) -> StateEvent:
+        return self.machine.transition(state, reason, sub_state, evidence)
+
+    # -- the lifecycle --------------------------------------------------------------------------
+
+    async def _run_lifecycle(self, serving: bool = False) -> None:
+        recovery = RestartPolicy(
+            self.config.failure_restarts, self.config.restart_backoff, self.config.restart_backoff_cap
+        )
+        while True:
+            if not serving and not await self._start_until_ready():
+                return
+            serving = False
+            failure = await self._serve()
+            self._to(S.FAILED, failure.reason, None, **failure.evidence)
+            await self._stop_engine(min(5.0, self.config.drain.shutdown_timeout), failure.reason)
+            backoff = recovery.next_backoff()
+            if backoff is None:
+                self._fail_for_good(
+                    f"{failure.reason}; restart budget spent "
+                    f"({self.config.failure_restarts} restarts after failures)"
+                )
+                return
+            cause = "preload_exit" if self._preload_lost() else "failure"
+            self._record_restart(
+                recovery.used, None, failure.reason, backoff, cause=cause, engine=self.engine
+            )
+            await asyncio.sleep(backoff)
+            self._to(
+                S.STARTING,
+                f"restarting in place after: {failure.reason}",
+                StartingPhase.RESTARTING,
+                attempt=recovery.used,
+            )
+
+    # -- what the runbook operations (corral.supervisor.runbook) drive ------------------------------
+
+    def transition(
+        self, state: EngineState, reason: str, sub_state: str | None = None, /, **evidence: Any
+    ) -> StateEvent:
+        return self._to(state, reason, sub_state, **evidence)
+
+    async def suspend_lifecycle(self) -> None:
+        """Stop the READY watch (stall detection) while an operation has the engine out of routing."""
+        if self._lifecycle is not None:
+            self._lifecycle.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lifecycle
+            self._lifecycle = None
+
+    def resume_serving(self) -> None:
+        """The engine is READY again after an operation: watch it as after startup."""
+        self._lifecycle = asyncio.create_task(self._run_lifecycle(serving=True), name="lifecycle")
+        self._lifecycle.add_done_callback(self._lifecycle_ended)
+
+    def use_bundle(self, bundle: BundleSpec) -> tuple[str, ...]:
+        """The engine's next start runs `bundle`: its command and environment (the switch_bundle op)."""
+        argv = bundle.argv(self._base_argv)
+        self.config = dataclasses.replace(self.config, engine_argv=argv, engine_env=tuple(bundle.env.items()))
+        self.running_bundle = bundle
+        self.unrecoverable = None  # a failure of the previous command says nothing of this one
+        self.oplog.append("bundle_selected", name=bundle.name, argv=redact_argv(argv), env=sorted(bundle.env))
+        return argv
+
+    async def restart_in_place(self, reason: str) -> None:
+        """RECOVER's last resort: stop the engine and start it afresh (weights from disk, a known state)."""
+        await self.suspend_lifecycle()
+        await self._stop_engine(min(5.0, self.config.drain.shutdown_timeout), reason)
+        self.sleep_status = None
+        self._to(S.STARTING, f"restarting in place after: {reason}", StartingPhase.RESTARTING)
+        self.start()
+
+    async def _reconcile_adapters(self) -> str | None:
+        """Load the desired LoRA adapters the (re)started engine lacks, before it is READY; the
+        failure's reason when one cannot be loaded (a path or name no restart will fix)."""
+        if not self.adapters.desired:
+            return None
+        try:
+            result = await reconcile(EngineAdapters(self.session, self.config.engine_url), self.adapters)
+        except AdapterCallFailed as exc:
+            self.oplog.append("adapters_reconciled", error=str(exc))
+            return f"desired LoRA adapters could not be loaded: {exc}"
+        self.oplog.append("adapters_reconciled", **result)
+        return None
+
+    def _fail_for_good(self, reason: str, **evidence: Any) -> None:
+        self.unrecoverable = reason
+        self._to(S.FAILED, reason, "gave_up", recoverable=False, **evidence)
+
+    async def _wait_gates(self) -> bool:
+        if not await self._revive_preload():
+            return False
+        if not self.config.gates:
+            return True
+        if self.machine.sub_state != StartingPhase.WAITING_DEPENDENCIES:
+            self._to(
+                S.STARTING,
+                f"waiting for {len(self.config.gates)} dependencies "
+                f"(deadline {self.config.dependency_timeout:g}s)",
+                StartingPhase.WAITING_DEPENDENCIES,
+                gates=[g.spec for g in self.config.gates],
+            )
+        try:
+            await self.gates.wait(self.session)
+        except GatesTimedOut as exc:
+            self._gate_log(str(exc))
+            self._fail_for_good(str(exc), gates=self.gates.to_json())
+            return False
+        self._gate_log("all dependencies are up")
+        return True
+
+    async def _start_until_ready(self) -> bool:
+        """STARTING until READY (True) or a FAILED that nothing here will fix (False)."""
+        if not await self._wait_gates():
+            return False
+        policy = RestartPolicy(
+            self.config.startup_restarts, self.config.restart_backoff, self.config.restart_backoff_cap
+        )
+        deadline = time.monotonic() + self.config.startup_timeout
+        while True:
+            engine = await self._launch_engine()
+            exit_task = engine.exit_task()
+            ready_task = asyncio.create_task(self._earn_readiness(), name="earn-readiness")
+            watched: set[asyncio.Task[Any]] = {exit_task, ready_task}
+            self._watch_preload(watched)
+            try:
+                await asyncio.wait(
+                    watched,
+                    timeout=max(0.0, deadline - time.monotonic()),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                for task in watched:
+                    task.cancel()
+            lost = self._preload_lost()
+            if lost is not None and engine.running:  # never READY on weights from a dead daemon
+                await engine.stop(min(5.0, self.config.drain.shutdown_timeout))
+            if ready_task.done() and not ready_task.cancelled() and engine.running:
+                exc = ready_task.exception()
+                if isinstance(exc, ModelMismatch):
+                    await self._stop_engine(self.config.drain.shutdown_timeout, str(exc))
+                    self._fail_for_good(str(exc))
+                    return False
+                if exc is not None:
+                    raise exc
+                smoke = ready_task.result()
+                adapters_failed = await self._reconcile_adapters()
+                if adapters_failed is not None:
+                    await self._stop_engine(self.config.drain.shutdown_timeout, adapters_failed)
+                    self._fail_for_good(adapters_failed)
+                    return False
+                self.bundle = await read_bundle(self.session, self.config.engine_url, self.config.engine_argv)
+                self.oplog.append("bundle", **self.bundle.to_json())
+                self._to(
+                    S.READY,
+                    "health 200, model listed, smoke completion answered",
+                    None,
+                    bundle=self.bundle.fingerprint,
+                    adapters=list(self.adapters.served),
+                    **smoke.to_json(),
+                )
+                return True
+            if engine.running:  # the startup deadline passed
+                phase = self.machine.sub_state
+                reason = (
+                    f"engine not ready within --startup-timeout {self.config.startup_timeout:g}s "
+                    f"(stuck in {phase})"
+                )
+                await self._stop_engine(self.config.drain.shutdown_timeout, reason)
+                self._fail_for_good(reason, last_lines=list(engine.last_lines()))
+                return False
+            code = engine.returncode
+            self._record_exit(engine)
+            backoff = policy.next_backoff()
+            reason = (
+                f"{lost}; engine stopped during startup ({self.machine.sub_state})"
+                if lost is not None
+                else f"engine exited with code {code} during startup ({self.machine.sub_state})"
+            )
+            if backoff is None:
+                self._fail_for_good(
+                    f"{reason}; --startup-restarts {self.config.startup_restarts} spent",
+                    exit_code=code,
+                    last_lines=list(engine.last_lines()),
+                )
+                return False
+            record = self._record_restart(
+                policy.used, code, reason, backoff, cause="startup_exit", engine=engine
+            )
+            self._to(
+                S.STARTING,
+                f"{reason}; restarting in {backoff:g}s",
+                StartingPhase.RESTARTING,
+                **record.to_json(),
+            )
+            await asyncio.sleep(backoff)
+            if not await self._wait_gates():
+                return False
+
+    async def _launch_engine(self) -> EngineProcess:
+        env = dict(self.config.engine_env) or None
+        engine = EngineProcess(self.config.engine_argv, self._engine_line, self._on_phase, env=env)
+        self.engine = engine
+        self.engine_key.key = engine.api_key
+        self._to(
+            S.STARTING,
+            f"starting engine: {' '.join(redact_argv(self.config.engine_argv))}",
+            StartingPhase.ENGINE_STARTING,
+        )
+        identity = await engine.start()
+        self.oplog.append(
+            "engine_started",
+            pid=identity.pid,
+            create_time=identity.create_time,
+            argv=redact_argv(self.config.engine_argv),
+        )
+        return engine
+
+    def _on_phase(self, phase: StartingPhase, line: str) -> None:
+        if self.machine.state is S.STARTING and self.machine.sub_state in _ENGINE_PHASES:
+            message = line.split("] ", 1)[-1].strip()  # drop vLLM's "(proc) LEVEL time [file]" prefix
+            self._to(S.STARTING, f"engine log: {message[:200]}", phase, line=line[:500])
+
+    async def _earn_readiness(self) -> SmokeResult:
+        """Health, then the model list, then the smoke request; retried until they pass."""
+        last_error = ""
+        while True:
+            try:
+                await self.readiness.health(self.session)
+                if self.machine.sub_state != StartingPhase.SMOKE_TESTING:
+                    self._to(S.STARTING, "engine answers /health 200", StartingPhase.SMOKE_TESTING)
+                model = await self.readiness.served_model(self.session)
+                smoke = await self.readiness.smoke(self.session, model)
+            except (EngineNotAnswering, aiohttp.ClientError):
+                await asyncio.sleep(0.2)  # still loading: vLLM answers nothing until it is
+                continue
+            except NotReady as exc:
+                if exc.check == "models" and "not the expected" in str(exc):
+                    raise ModelMismatch(str(exc)) from exc
+                if str(exc) != last_error:
+                    self._log(f"not ready yet: {exc}")
+                    last_error = str(exc)
+                    # in the probe's reason too: what an operator (or a rollout) waiting on it sees
+                    self._to(S.STARTING, f"not ready yet: {exc}"[:300], StartingPhase.SMOKE_TESTING)
+                await asyncio.sleep(1.0)
+                continue
+            self.served_model = model
+            self.last_smoke = smoke
+            return smoke
+
+    async def _serve(self) -> Stall:
+        """While READY: returns the first sign that the engine can no longer serve."""
+        engine = self.engine
+        assert engine is not None and self.served_model is not None
+        watch = StallWatch(
+            self.session, self.config.engine_url, self.readiness, self.served_model, self.config.stall_seconds
+        )
+        self.stall_watch = watch
+        exit_task = engine.exit_task()
+        stall_task = asyncio.create_task(watch.watch(), name="stall-watch")
+        watched: set[asyncio.Task[Any]] = {exit_task, stall_task}
+        self._watch_preload(watched)
+        try:
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in watched:
+                task.cancel()
+        lost = self._preload_lost()
+        if lost is not None and engine.running:  # its weights may be the dead daemon's memory
+            return Stall(f"{lost} while serving", {"preload": self.preload_json()})
+        if stall_task.done() and not stall_task.cancelled() and engine.running:
+            return stall_task.result()
+        self._record_exit(engine)
+        return Stall(
+            f"engine exited with code {engine.returncode} while serving",
+            {"exit_code": engine.returncode, "last_lines": list(engine.last_lines())},
+        )
+
+    def _record_exit(self, engine: EngineProcess) -> None:
+        if engine.identity is not None:
+            self.oplog.append(
+                "engine_exited",
+                pid=engine.identity.pid,
+                exit_code=engine.returncode,
+                last_lines=list(engine.last_lines()),
+            )
+
+    def _record_restart(
+        self,
+        attempt: int,
+        code: int | None,
+        reason: str,
+        backoff: float,
+        cause: str,
+        engine: EngineProcess | None = None,
+    ) -> RestartRecord:
+        last = engine.last_lines() if engine is not None else ()
+        record = RestartRecord(attempt, code, reason, last, backoff)
+        self.restarts.append(record)
+        self.metrics.restarts.labels(cause=cause).inc()
+        self.oplog.append("engine_restart", cause=cause, **record.to_json())
+        self._log(f"restart {attempt} in {backoff:g}s: {reason}")
+        return record
+
+    async def _stop_engine(self, grace: float, reason: str) -> int | None:
+        engine = self.engine
+        if engine is None or engine.pid is None:
+            return None
+        was_running = engine.running
+        code = await engine.stop(grace)
+        if was_running:
+            self._log(f"engine stopped (exit code {code}): {reason}")
+            self._record_exit(engine)
+        return code
+
+    # -- drain and shutdown ---------------------------------------------------------------------
+
+    def request_drain(self, op_id: str | None, policy: DrainPolicy | None = None) -> tuple[Operation, bool]:
+        return self.operations.start("drain", op_id, lambda op: self._drain_op(policy))
+
+    def request_shutdown(
+        self, op_id: str | None, reason: str = "shutdown requested"
+    ) -> tuple[Operation, bool]:
+        return self.operations.start("shutdown", op_id, lambda op: self._shutdown_op(reason))
+
+    async def _drain_op(self, policy: DrainPolicy | None) -> dict[str, Any]:
+        report = await self.drain(policy)
+        return report.to_json()
+
+    async def _shutdown_op(self, reason: str) -> dict[str, Any]:
+        self._log(f"shutdown: {reason}")
+        try:
+            report = await self.drain(None)
+        finally:  # whatever went wrong in the drain, a shutdown asked for is a shutdown done
+            self.exit_requested.set()
+        return report.to_json()
+
+    def on_signal(self, sig: signal.Signals) -> None:
+        self.request_shutdown(f"signal-{sig.name}", f"received {sig.name}")
+
+    async def drain(self, policy: DrainPolicy | None) -> DrainReport:
+        """One drain per supervisor life: later callers join the first."""
+        if self._drain is None:
+            self._drain = asyncio.create_task(self._run_drain(policy), name="drain")
+        return await asyncio.shield(self._drain)
+
+    async def _run_drain(self, policy: DrainPolicy | None) -> DrainReport:
+        settings = self.config.drain
+        policy = policy or settings.policy
+        report = DrainReport(policy=policy.value)
+        state_before = self.machine.state
+        removal_epoch: int | None = None
+        if state_before is S.READY:
+            removal = self._to(
+                S.DRAINING,
+                "drain: readiness withdrawn",
+                DrainPhase.LEAVING_ROUTING,
+                policy=policy.value,
+                routers=self.routers.subscribed(),
+            )
+            removal_epoch = removal.epoch
+        if self._lifecycle is not None:
+            self._lifecycle.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lifecycle
+        drainer = Drainer(
+            self.session, self.config.engine_url, settings, self._drain_phase, self._log, self.routers
+        )
+        engine = self.engine
+        if state_before is S.READY and engine is not None and engine.running:
+            await drainer.leave_routing(report, removal_epoch)
+            left = {
+                "quiet_reached": report.quiet_reached,
+                "arrivals": report.arrivals_while_leaving,
+                "routers_acknowledged": [a["router_id"] for a in report.routers_acknowledged],
+                "routers_missing": report.routers_missing,
+                "routers_gone": report.routers_gone,
+            }
+            if policy is DrainPolicy.WAIT:
+                self._to(
+                    S.DRAINING,
+                    f"drain: waiting for in-flight requests (up to {settings.drain_timeout:g}s)",
+                    DrainPhase.WAITING_IN_FLIGHT,
+                    **left,
+                )
+                await drainer.wait_in_flight(report)
+            else:
+                self._to(
+                    S.DRAINING,
+                    "drain: policy abort, in-flight requests will be cut",
+                    DrainPhase.ABORTING,
+                    **left,
+                )
+            await drainer.stop_engine(report, self._stop_for_drain, StoppingPhase.STOPPING_ENGINE)
+        else:
+            report.notes.append(f"drain in {state_before}: nothing was routed here")
+            self._to(
+                S.STOPPING,
+                f"drain in {state_before}: no traffic to drain, stopping the engine",
+                StoppingPhase.STOPPING_ENGINE,
+            )
+            report.engine_exit_code = await self._stop_engine(settings.shutdown_timeout, "drain")
+        self._to(
+            S.STOPPING,
+            "engine stopped" + (f"; {report.cut_short}" if report.cut_short else ""),
+            StoppingPhase.ENGINE_STOPPED,
+            **report.to_json(),
+        )
+        self.drain_report = report
+        return report
+
+    def _drain_phase(self, sub_state: str, reason: str, evidence: dict[str, Any]) -> None:
+        self._to(S.STOPPING, reason, sub_state, **evidence)
+
+    async def _stop_for_drain(self, grace: float) -> int | None:
+        return await self._stop_engine(grace, "drain")
+
+    # -- what the API shows ---------------------------------------------------------------------
+
+    def preload_json(self) -> dict[str, Any] | None:
+        return self.preload.to_json() if self.preload is not None else None
+
+    def state_body(self) -> dict[str, Any]:
+        engine = self.engine
+        return {
+            **self.machine.snapshot(),
+            "engine": {
+                "url": self.config.engine_url,
+                "pid": engine.pid if engine is not None and engine.running else None,
+                "model": self.served_model or self.config.model,
+                "argv": redact_argv(self.config.engine_argv),
+            },
+            "restarts": [r.to_json() for r in self.restarts],
+            "gates": self.gates.to_json(),
+            "drain": self.drain_report.to_json() if self.drain_report else None,
+            "routers": self.routers.to_json(),
+            "sleep": self.sleep_status,
+            "adapters": self.adapters.to_json(),
+            "gate": self.gate.to_json() if self.gate is not None else None,
+            "preload": self.preload_json(),
+            "busy": self.busy,
+            "bundle": self.bundle.to_json() if self.bundle is not None else None,
+            "bundle_name": self.running_bundle.name,
+            # what POST /v1/bundle accepts: the command as configured, and every --bundle
+            "bundles_declared": [self.config.bundle_name, *(b.name for b in self.config.bundles)],
+            "engine_evidence": self.evidence.to_json(),
+        }

@@ -1,0 +1,191 @@
+"""What the operations share: removing the engine from routing through the confirmed drain's first
+step, applying the drain policy, checking an awake engine (VERIFY), and RECOVER's two ways back to a
+known state (awake and READY again, or a restart in place)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from corral.engine.dev_api import AdminCallFailed, EngineAdmin, EngineFigures
+from corral.supervisor.lifecycle.drain import Drainer, DrainReport
+from corral.supervisor.lifecycle.readiness import NotReady
+from corral.supervisor.lifecycle.states import DrainPhase, EngineState
+from corral.supervisor.runbook.template import Evidence, Refused, StepFailed
+
+if TYPE_CHECKING:
+    from corral.supervisor.lifecycle.supervisor import EngineSupervisor
+
+S = EngineState
+SLEEP_MODES = ("wait", "abort", "keep")
+
+
+def admin_for(sup: EngineSupervisor) -> EngineAdmin:
+    return EngineAdmin(sup.session, sup.config.engine_url)
+
+
+def argv_value(argv: tuple[str, ...] | list[str], flag: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def zero_copy_preload(argv: tuple[str, ...] | list[str]) -> bool:
+    """`--load-format ipc_cache` in its default (or explicit) zero_copy mode: the weights belong to the
+    preload daemon and sleep must not offload or free them."""
+    if argv_value(argv, "--load-format") != "ipc_cache":
+        return False
+    extra = argv_value(argv, "--model-loader-extra-config") or ""
+    return '"copy"' not in extra.replace(" ", "")
+
+
+async def require_ready_and_dev(sup: EngineSupervisor, admin: EngineAdmin, kind: str) -> Evidence:
+    """Preconditions every operation on a serving engine shares."""
+    state = sup.machine.state
+    if state is not S.READY:
+        extra = f" ({sup.sleep_status})" if sup.sleep_status else ""
+        raise Refused(f"{kind} refused: the engine is {state}{extra}, not READY")
+    try:
+        dev = await admin.dev_mode()
+    except AdminCallFailed as exc:
+        raise Refused(f"{kind} refused: cannot ask the engine ({exc})") from exc
+    if not dev:
+        raise Refused(
+            f"{kind} refused: the engine has no development endpoints (GET /is_sleeping is 404); "
+            "start it with VLLM_SERVER_DEV_MODE=1 behind a trusted management plane"
+        )
+    if await admin.is_sleeping():
+        raise Refused(
+            f"{kind} refused: the engine reports is_sleeping true although the supervisor has it READY"
+        )
+    return {"state": state.value, "epoch": sup.machine.epoch, "dev_mode": True}
+
+
+def require_sleep_mode(sup: EngineSupervisor, kind: str) -> Evidence:
+    argv = sup.config.engine_argv
+    if "--enable-sleep-mode" not in argv:
+        raise Refused(f"{kind} refused: the engine was not started with --enable-sleep-mode")
+    if zero_copy_preload(argv):
+        raise Refused(
+            f"{kind} refused: the engine maps its weights zero-copy from a preload daemon "
+            "(--load-format ipc_cache); sleep cannot offload or free memory it does not own"
+        )
+    return {"enable_sleep_mode": True, "zero_copy_preload": False}
+
+
+def host_ram_for_backup(figures: EngineFigures) -> Evidence:
+    """A level-1 sleep copies the weights to host memory: refuse when it would not fit."""
+    available = psutil.virtual_memory().available
+    weights = figures.gpu_weights_bytes
+    if weights is None:
+        return {"host_available_bytes": available, "weights_bytes": None, "note": "weights size not reported"}
+    if weights > available:
+        raise Refused(
+            f"sleep level 1 refused: the weights' backup needs {weights / 2**30:.2f} GiB of host memory, "
+            f"{available / 2**30:.2f} GiB is available; use level 2 or free host memory"
+        )
+    return {"host_available_bytes": available, "weights_bytes": weights}
+
+
+async def leave_routing(sup: EngineSupervisor, reason: str, policy: str) -> tuple[Drainer, Evidence]:
+    """READY → DRAINING: readiness withdrawn, then the confirmed drain's first step (router acks and
+    a quiet period)."""
+    removal = sup.transition(
+        S.DRAINING, reason, DrainPhase.LEAVING_ROUTING, policy=policy, routers=sup.routers.subscribed()
+    )
+    await sup.suspend_lifecycle()
+    drainer = Drainer(sup.session, sup.config.engine_url, sup.config.drain, _no_phase, sup._log, sup.routers)
+    report = DrainReport(policy=policy)
+    await drainer.leave_routing(report, removal.epoch)
+    return drainer, {
+        "removal_epoch": removal.epoch,
+        "quiet_reached": report.quiet_reached,
+        "arrivals_while_leaving": report.arrivals_while_leaving,
+        "routers_acknowledged": [a["router_id"] for a in report.routers_acknowledged],
+        "routers_missing": report.routers_missing,
+        "routers_gone": report.routers_gone,
+        "seconds": round(report.propagation_seconds, 3),
+    }
+
+
+def _no_phase(sub_state: str, reason: str, evidence: dict[str, Any]) -> None:
+    """The drain's stop phases are not used: these operations never stop the engine."""
+
+
+async def apply_policy(sup: EngineSupervisor, drainer: Drainer, mode: str) -> Evidence:
+    if mode == "wait":
+        sup.transition(S.DRAINING, "waiting for in-flight requests", DrainPhase.WAITING_IN_FLIGHT)
+        report = DrainReport(policy=mode)
+        await drainer.wait_in_flight(report)
+        if not report.in_flight_drained:
+            raise StepFailed(
+                "in-flight requests did not finish within "
+                f"--drain-timeout {sup.config.drain.drain_timeout:g}s",
+                notes=report.notes,
+            )
+        return {"policy": "wait", "in_flight_drained": True, "seconds": round(report.drain_seconds, 3)}
+    sample = drainer.last_sample
+    in_flight = sample.in_flight if sample is not None else None
+    if mode == "abort":
+        sup.transition(S.DRAINING, "policy abort: in-flight requests will be aborted", DrainPhase.ABORTING)
+        return {"policy": "abort", "in_flight_at_abort": in_flight}
+    return {"policy": "keep", "in_flight_frozen": in_flight, "note": "frozen requests resume after the wake"}
+
+
+async def verify_awake(sup: EngineSupervisor, admin: EngineAdmin, before: EngineFigures | None) -> Evidence:
+    """VERIFY after a wake: not sleeping, sleep state awake, memory back, same model, smoke answered."""
+    if await admin.is_sleeping():
+        raise StepFailed("the engine still reports is_sleeping true")
+    figures = await admin.figures()
+    if figures.sleep_state not in (None, "awake"):
+        raise StepFailed(
+            f"vllm:engine_sleep_state is {figures.sleep_state}, not awake", figures=figures.to_json()
+        )
+    if figures.weights_valid is not None and figures.weights_valid < 1:
+        raise StepFailed(
+            "the engine's weights are not valid (weights woken without reload)", figures=figures.to_json()
+        )
+    if before is not None:
+        for name in ("gpu_weights_bytes", "gpu_kv_cache_bytes"):
+            want, got = getattr(before, name), getattr(figures, name)
+            if want is not None and got is not None and got < want:
+                raise StepFailed(
+                    f"{name} is {got:.0f}, below the {want:.0f} before the sleep", figures=figures.to_json()
+                )
+    try:
+        model = await sup.readiness.served_model(sup.session)
+        if sup.served_model is not None and model != sup.served_model:
+            raise StepFailed(f"the engine serves {model!r}, not {sup.served_model!r}")
+        smoke = await sup.readiness.smoke(sup.session, model)
+    except NotReady as exc:
+        raise StepFailed(f"readiness after wake: {exc}") from exc
+    sup.last_smoke = smoke
+    return {"is_sleeping": False, "figures": figures.to_json(), "model": model, "smoke": smoke.to_json()}
+
+
+async def back_to_ready(sup: EngineSupervisor, admin: EngineAdmin, reason: str, cause: str) -> Evidence:
+    """RECOVER for a failure before the engine slept for good: wake it fully, check it, READY again;
+    when that fails too, FAILED with the cause named and a restart in place."""
+    try:
+        if await admin.is_sleeping():
+            await admin.wake_up()
+        checked = await verify_awake(sup, admin, None)
+    except (StepFailed, AdminCallFailed) as exc:
+        return await fail_and_restart(sup, f"{cause}; recovery wake failed too: {exc}")
+    sup.sleep_status = None
+    sup.transition(S.READY, reason, None, recovered_from=cause, **checked["smoke"])
+    sup.resume_serving()
+    return {"outcome": "awake and READY again", **checked}
+
+
+async def fail_and_restart(sup: EngineSupervisor, cause: str) -> Evidence:
+    """RECOVER's last resort: unready (FAILED, the failure named), then a fresh engine from disk."""
+    with contextlib.suppress(Exception):
+        sup.transition(S.FAILED, cause, None, recoverable=True)
+    await sup.restart_in_place(cause)
+    return {"outcome": "FAILED, engine restarted in place (weights from disk)", "failure": cause}

@@ -1,0 +1,87 @@
+"""`POST /v1/reload`: reload the weights from their checkpoint without restarting the process, the
+runbook's level-2 path: out of routing, drain, sleep level 2, wake weights, `reload_weights`, wake the
+KV cache, then VERIFY as after startup. Any failure makes the engine FAILED and restarts it in place,
+so a serving engine never runs on weights that are not known to be whole.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from corral.engine.dev_api import EngineFigures
+from corral.supervisor.lifecycle.drain import Drainer
+from corral.supervisor.lifecycle.states import EngineState
+from corral.supervisor.runbook.common import (
+    SLEEP_MODES,
+    admin_for,
+    apply_policy,
+    fail_and_restart,
+    leave_routing,
+    require_ready_and_dev,
+    require_sleep_mode,
+    verify_awake,
+)
+from corral.supervisor.runbook.template import Evidence, Refused, Step, StepFailed
+
+if TYPE_CHECKING:
+    from corral.supervisor.lifecycle.supervisor import EngineSupervisor
+
+S = EngineState
+
+
+class ReloadPlan:
+    kind = "reload"
+
+    def __init__(self, sup: EngineSupervisor, mode: str = "wait") -> None:
+        if mode not in SLEEP_MODES:
+            raise Refused(f"mode {mode!r}: use wait, abort or keep")
+        self.sup = sup
+        self.mode = mode
+        self.admin = admin_for(sup)
+        self.before: EngineFigures | None = None
+        self._drainer: Drainer | None = None
+
+    async def precheck(self) -> Evidence:
+        evidence = await require_ready_and_dev(self.sup, self.admin, "reload")
+        evidence.update(require_sleep_mode(self.sup, "reload"))
+        self.before = await self.admin.figures()
+        evidence["before"] = self.before.to_json()
+        return evidence
+
+    async def remove_from_routing(self) -> Evidence:
+        self._drainer, evidence = await leave_routing(
+            self.sup, "weight reload: readiness withdrawn", self.mode
+        )
+        return evidence
+
+    async def drain(self) -> Evidence:
+        assert self._drainer is not None
+        return await apply_policy(self.sup, self._drainer, self.mode)
+
+    async def execute(self) -> Evidence:
+        calls: list[Evidence] = [{"sleep level 2": await self.admin.sleep(2, self.mode)}]
+        self.sup.sleep_status = {"level": 2, "mode": self.mode, "kv_released": False, "reloading": True}
+        self.sup.transition(S.SLEEPING, "weight reload: level-2 sleep, weights discarded", "level_2")
+        self.sup.transition(S.WAKING, "weight reload: weights → reload_weights → kv_cache", "reloading")
+        calls.append({"wake_up weights": await self.admin.wake_up(["weights"])})
+        calls.append({"reload_weights": await self.admin.reload_weights()})
+        calls.append({"wake_up kv_cache": await self.admin.wake_up(["kv_cache"])})
+        calls.append({"wake_up": await self.admin.wake_up()})
+        return {"calls": calls}
+
+    async def verify(self) -> Evidence:
+        checked = await verify_awake(self.sup, self.admin, self.before)
+        self.sup.sleep_status = None
+        self.sup.transition(
+            S.READY, "weights reloaded: model listed, smoke answered", None, **checked["smoke"]
+        )
+        self.sup.resume_serving()
+        return checked
+
+    async def recover(self, failed_step: Step, cause: str) -> Evidence:
+        return await fail_and_restart(self.sup, f"reload failed at {failed_step}: {cause}")
+
+    async def postcheck(self) -> Evidence:
+        if self.sup.machine.state is not S.READY:
+            raise StepFailed(f"state {self.sup.machine.state} after the reload")
+        return {"state": "READY"}

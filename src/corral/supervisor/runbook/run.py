@@ -1,0 +1,44 @@
+"""Starting a runbook operation: PRECHECK first (a refusal is a 409 with nothing changed), then the
+runbook under the operation ledger, so the same operation id returns the same run."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from corral.supervisor.runbook.operations import Operation
+from corral.supervisor.runbook.template import Refused, Runbook, RunbookPlan
+
+if TYPE_CHECKING:
+    from corral.supervisor.lifecycle.supervisor import EngineSupervisor
+
+
+async def start_operation(
+    sup: EngineSupervisor, plan: RunbookPlan, op_id: str | None
+) -> tuple[Operation, bool]:
+    """Raises `Refused` (PRECHECK) or `OperationConflict` (the id names another kind of operation)."""
+    if op_id is not None:
+        existing = sup.operations.get(op_id)
+        if existing is not None:
+            return sup.operations.start(plan.kind, op_id, _never)  # same run, or a conflict
+    if sup.busy is not None:
+        raise Refused(f"{plan.kind} refused: operation {sup.busy} holds the engine; wait for it to finish")
+    sup.busy = f"{plan.kind} (precheck)"
+    try:
+        evidence = await plan.precheck()
+    except BaseException:
+        sup.busy = None
+        raise
+
+    async def body(op: Operation) -> dict[str, Any]:
+        try:
+            return await Runbook(plan, op.id, sup.oplog.append, sup._log).run(evidence)
+        finally:
+            sup.busy = None
+
+    op, started = sup.operations.start(plan.kind, op_id, body)
+    sup.busy = f"{plan.kind} {op.id}"
+    return op, started
+
+
+async def _never(op: Operation) -> dict[str, Any]:
+    raise AssertionError("an operation id seen before is never run again")

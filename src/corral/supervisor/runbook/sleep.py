@@ -1,0 +1,137 @@
+"""`POST /v1/sleep {level, mode, release_kv}`: put a READY engine to sleep the runbook's way.
+
+Level 0 pauses scheduling with every allocation resident (with `release_kv`, the KV cache is then
+freed, which needs the level-0 keep pause); level 1 offloads the weights to host memory and drops the
+KV cache; level 2 drops both. VERIFY reads `/is_sleeping`, `vllm:engine_sleep_state` and the memory
+figures; a failure before the sleep holds wakes the engine and makes it READY again.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from corral.engine.dev_api import EngineFigures
+from corral.supervisor.lifecycle.drain import Drainer
+from corral.supervisor.lifecycle.states import EngineState
+from corral.supervisor.runbook.common import (
+    SLEEP_MODES,
+    admin_for,
+    apply_policy,
+    back_to_ready,
+    host_ram_for_backup,
+    leave_routing,
+    require_ready_and_dev,
+    require_sleep_mode,
+)
+from corral.supervisor.runbook.template import Evidence, Refused, Step, StepFailed
+
+if TYPE_CHECKING:
+    from corral.supervisor.lifecycle.supervisor import EngineSupervisor
+
+S = EngineState
+EXPECTED_SLEEP_STATE = {0: None, 1: "weights_offloaded", 2: "discard_all"}
+
+
+class SleepPlan:
+    kind = "sleep"
+
+    def __init__(self, sup: EngineSupervisor, level: int, mode: str, release_kv: bool = False) -> None:
+        if level not in (0, 1, 2):
+            raise Refused(f"sleep level {level!r}: use 0, 1 or 2")
+        if mode not in SLEEP_MODES:
+            raise Refused(f"sleep mode {mode!r}: use wait, abort or keep")
+        if release_kv and (level != 0 or mode != "keep"):
+            raise Refused(
+                "release_kv needs a level-0 keep pause (level 0, mode keep): it frees only the KV cache"
+            )
+        self.sup = sup
+        self.level = level
+        self.mode = mode
+        self.release_kv = release_kv
+        self.admin = admin_for(sup)
+        self.before: EngineFigures | None = None
+        self._drainer: Drainer | None = None
+
+    async def precheck(self) -> Evidence:
+        evidence = await require_ready_and_dev(self.sup, self.admin, "sleep")
+        if self.level >= 1 or self.release_kv:
+            evidence.update(require_sleep_mode(self.sup, "sleep"))
+        self.before = await self.admin.figures()
+        if self.level == 1:
+            evidence["host_ram"] = host_ram_for_backup(self.before)
+        evidence["before"] = self.before.to_json()
+        return evidence
+
+    async def remove_from_routing(self) -> Evidence:
+        what = f"sleep level {self.level}" + (" and KV release" if self.release_kv else "")
+        self._drainer, evidence = await leave_routing(self.sup, f"{what}: readiness withdrawn", self.mode)
+        return evidence
+
+    async def drain(self) -> Evidence:
+        assert self._drainer is not None
+        return await apply_policy(self.sup, self._drainer, self.mode)
+
+    async def execute(self) -> Evidence:
+        answer = await self.admin.sleep(self.level, self.mode)
+        evidence: Evidence = {"sleep": answer}
+        if self.release_kv:
+            evidence["release_kv_cache_memory"] = await self.admin.release_kv_cache()
+        return evidence
+
+    async def verify(self) -> Evidence:
+        if not await self.admin.is_sleeping():
+            raise StepFailed("/is_sleeping is false after /sleep")
+        after = await self.admin.figures()
+        want = EXPECTED_SLEEP_STATE[self.level]
+        if after.sleep_state != want and not (self.release_kv and after.sleep_state is None):
+            raise StepFailed(
+                f"vllm:engine_sleep_state is {after.sleep_state}, expected {want}", after=after.to_json()
+            )
+        before = self.before
+        moved: Evidence = {}
+        if (
+            before is not None
+            and after.gpu_weights_bytes is not None
+            and before.gpu_weights_bytes is not None
+        ):
+            moved = {
+                "gpu_weights_bytes": [before.gpu_weights_bytes, after.gpu_weights_bytes],
+                "gpu_kv_cache_bytes": [before.gpu_kv_cache_bytes, after.gpu_kv_cache_bytes],
+                "cpu_backup_bytes": [before.cpu_backup_bytes, after.cpu_backup_bytes],
+            }
+            if self.level >= 1 and (after.gpu_weights_bytes or after.gpu_kv_cache_bytes):
+                raise StepFailed("sleep did not free the weights' and KV cache's GPU memory", moved=moved)
+            if self.level == 1 and (after.cpu_backup_bytes or 0) < before.gpu_weights_bytes:
+                raise StepFailed("host memory did not take the weights' backup", moved=moved)
+            if self.release_kv and after.gpu_kv_cache_bytes:
+                raise StepFailed("the KV cache's GPU memory was not released", moved=moved)
+            if self.level == 0 and not self.release_kv and after.gpu_weights_bytes < before.gpu_weights_bytes:
+                raise StepFailed("a level-0 pause must keep the weights resident", moved=moved)
+        else:
+            moved = {"note": "the engine reports no memory figures; read GPU memory from the device"}
+        self.sup.sleep_status = {
+            "level": self.level,
+            "mode": self.mode,
+            "kv_released": self.release_kv,
+            "before": before.to_json() if before is not None else None,
+        }
+        self.sup.transition(
+            S.SLEEPING,
+            f"asleep at level {self.level} (mode {self.mode})"
+            + (", KV cache released" if self.release_kv else ""),
+            f"level_{self.level}",
+            sleep_state=after.sleep_state,
+            figures=after.to_json(),
+        )
+        return {"is_sleeping": True, "sleep_state": after.sleep_state, "memory": moved}
+
+    async def recover(self, failed_step: Step, cause: str) -> Evidence:
+        return await back_to_ready(
+            self.sup, self.admin, f"sleep abandoned at {failed_step}: awake again", cause
+        )
+
+    async def postcheck(self) -> Evidence:
+        engine = self.sup.engine
+        if engine is None or not engine.running:
+            raise StepFailed("the engine process is gone")
+        return {"state": self.sup.machine.state.value, "engine_pid": engine.pid}

@@ -1,0 +1,144 @@
+"""`POST /v1/wake {tags?, reload?}`: bring a sleeping engine back to READY the runbook's way, in one
+wake or in steps.
+
+A level-2 sleep discarded the weights, so waking them is weights → `reload_weights` and must be asked
+for with `reload: true`. With `tags`, a wake may be partial (`weights` now, `kv_cache` later): VERIFY
+then checks that the woken memory is back and the engine still sleeps, and the supervisor stays
+SLEEPING (out of routing) with the woken tags in its sleep status. The wake that wakes the last tags
+(or any wake without tags) completes it: VERIFY is the readiness check again (not sleeping, memory
+back, same model, smoke answered). A failed wake leaves the engine FAILED with the failed step named,
+then restarts it in place (weights from disk: a known state).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from corral.engine.dev_api import EngineFigures, parse_figures
+from corral.supervisor.lifecycle.states import EngineState
+from corral.supervisor.runbook.common import admin_for, fail_and_restart, verify_awake
+from corral.supervisor.runbook.template import Evidence, Refused, Step, StepFailed
+from corral.supervisor.runbook.wake_steps import (
+    WakeSteps,
+    asleep_tags,
+    check_tag_names,
+    plan_wake,
+    run_calls,
+    verify_partial,
+)
+
+if TYPE_CHECKING:
+    from corral.supervisor.lifecycle.supervisor import EngineSupervisor
+
+S = EngineState
+PARTIALLY_AWAKE = "partially_awake"
+
+
+def _before(status: dict[str, Any]) -> EngineFigures | None:
+    before = status.get("before")
+    if not isinstance(before, dict):
+        return None
+    return EngineFigures(**before)
+
+
+class WakePlan:
+    kind = "wake"
+
+    def __init__(self, sup: EngineSupervisor, tags: list[str] | None, reload: bool = False) -> None:
+        check_tag_names(tags)
+        self.sup = sup
+        self.tags = tags
+        self.reload = reload
+        self.admin = admin_for(sup)
+        self.status: dict[str, Any] = {}
+        self.steps: WakeSteps | None = None
+
+    @property
+    def _steps(self) -> WakeSteps:
+        assert self.steps is not None, "precheck first"
+        return self.steps
+
+    async def precheck(self) -> Evidence:
+        sup = self.sup
+        if sup.machine.state is not S.SLEEPING or sup.sleep_status is None:
+            raise Refused(f"wake refused: the engine is {sup.machine.state}, not SLEEPING")
+        self.status = dict(sup.sleep_status)
+        self.steps = plan_wake(self.status.get("level"), asleep_tags(self.status), self.tags, self.reload)
+        if not await self.admin.is_sleeping():
+            raise Refused(
+                "wake refused: the engine does not report is_sleeping; the supervisor's state is stale"
+            )
+        return {
+            "sleep": self.status,
+            "sequence": self._steps.sequence,
+            "waking": self._steps.waking,
+            "completes": self._steps.completes,
+        }
+
+    async def remove_from_routing(self) -> Evidence:
+        return {
+            "skipped": f"not routable since it left routing for the sleep (state {self.sup.machine.state})"
+        }
+
+    async def drain(self) -> Evidence:
+        return {"skipped": "nothing is routed to a sleeping engine"}
+
+    async def execute(self) -> Evidence:
+        steps = self._steps
+        if steps.completes:
+            self.sup.transition(S.WAKING, f"waking: {', '.join(steps.sequence)}", "waking")
+        else:
+            self.sup.transition(
+                S.SLEEPING,
+                f"partial wake: {', '.join(steps.sequence)}; {steps.still_asleep} stays asleep",
+                "partial_waking",
+            )
+        return {"calls": await run_calls(self.admin, steps)}
+
+    async def verify(self) -> Evidence:
+        steps = self._steps
+        if not steps.completes:
+            return self._partially_awake(
+                await verify_partial(self.admin, _before(self.status), self._woken(), steps.still_asleep)
+            )
+        checked = await verify_awake(self.sup, self.admin, _before(self.status))
+        self.sup.sleep_status = None
+        self.sup.transition(
+            S.READY, "awake: memory back, model listed, smoke answered", None, **checked["smoke"]
+        )
+        self.sup.resume_serving()
+        return checked
+
+    def _woken(self) -> list[str]:
+        before = self.status.get("woken_tags")
+        earlier = [str(t) for t in before] if isinstance(before, list) else []
+        return [t for t in ("weights", "kv_cache") if t in earlier or t in self._steps.waking]
+
+    def _partially_awake(self, checked: Evidence) -> Evidence:
+        woken, asleep = checked["woken_tags"], checked["asleep_tags"]
+        self.sup.sleep_status = {**self.status, "woken_tags": woken, "asleep_tags": asleep}
+        self.sup.transition(
+            S.SLEEPING,
+            f"partially awake: {woken} woken, {asleep} asleep; out of routing until a wake completes",
+            PARTIALLY_AWAKE,
+            woken_tags=woken,
+            asleep_tags=asleep,
+            figures=checked["figures"],
+        )
+        return checked
+
+    async def recover(self, failed_step: Step, cause: str) -> Evidence:
+        return await fail_and_restart(self.sup, f"wake failed at {failed_step}: {cause}")
+
+    async def postcheck(self) -> Evidence:
+        figures = await self.admin.figures()
+        if not self._steps.completes:
+            if not await self.admin.is_sleeping():
+                raise StepFailed("the engine reports is_sleeping false after a partial wake")
+            return {"state": self.sup.machine.state.value, "figures": figures.to_json()}
+        if figures.sleep_state not in (None, "awake"):
+            raise StepFailed(f"sleep state {figures.sleep_state} after the wake")
+        return {"state": self.sup.machine.state.value, "figures": figures.to_json()}
+
+
+__all__ = ["WakePlan", "parse_figures"]
