@@ -1,8 +1,10 @@
 """Router data-path benchmark: the same workloads, in one run, over the same two simulators, sent
 (1) straight to the simulators (the direct path, the baseline), (2) through `corral router` (with
 `--limits both`, also through one with every client limit off, to price the limits; `--tenants N`
-adds an API-keys file of N tenants to the limited one, so it prices limits and tenants together), and
-(3) through the Rust `vllm-router` from PyPI when it is installed (`benchmarks/setup.sh`).
+adds an API-keys file of N tenants to the limited one, so it prices limits and tenants together;
+`--baseline-src DIR` adds the same router imported from another checkout's `src/`, to price a change
+against its parent in the same run), and (3) through the Rust `vllm-router` from PyPI when it is
+installed (`benchmarks/setup.sh`).
 
 Workloads:
   overhead    open loop at a fixed rate (default 200 req/s), non-streaming: added p50/p99 latency
@@ -89,7 +91,14 @@ class Proc:
                 self.popen.wait(5)
 
 
-def spawn(name: str, argv: list[str], url: str, cpus: set[int] | None, log_dir: Path) -> Proc:
+def spawn(
+    name: str,
+    argv: list[str],
+    url: str,
+    cpus: set[int] | None,
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+) -> Proc:
     def pin() -> None:
         if cpus:
             os.sched_setaffinity(0, cpus)
@@ -102,6 +111,7 @@ def spawn(name: str, argv: list[str], url: str, cpus: set[int] | None, log_dir: 
         stdin=subprocess.DEVNULL,
         start_new_session=True,
         preexec_fn=pin,
+        env=env,
     )
     return Proc(name, popen, url)
 
@@ -222,6 +232,13 @@ def main() -> None:
         "max_in_flight and requests_per_minute set high enough never to refuse; the load sends one "
         "tenant's key (the `corral-nolimits` target stays open: no limits, no tenants)",
     )
+    parser.add_argument(
+        "--baseline-src",
+        default=None,
+        help="also run a `corral-baseline` target: the same router (limits on) imported from this "
+        "`src/` directory of another checkout (e.g. a `git worktree` of an older commit), so a change is "
+        "priced against its parent in the same run",
+    )
     parser.add_argument("--markdown", action="store_true", help="also print a Markdown table")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/out"))
     args = parser.parse_args()
@@ -248,7 +265,10 @@ def main() -> None:
             variants["on"] = [("corral", ["--api-keys-file", str(keys_file)])]
             variants["both"] = variants["off"] + variants["on"]
             tenant_headers["Authorization"] = f"Bearer {tenant_key}"
-        for name, limit_flags in variants[args.limits]:
+        chosen = list(variants[args.limits])
+        if args.baseline_src:
+            chosen.append(("corral-baseline", variants["on"][-1][1]))
+        for name, limit_flags in chosen:
             port = free_port()
             argv = [
                 sys.executable,
@@ -265,10 +285,13 @@ def main() -> None:
             ]
             for s in sims:
                 argv += ["--backend", s.url]
-            corral = spawn(f"{name}-router", argv, f"http://127.0.0.1:{port}", router_cpus, out)
+            env = None
+            if name == "corral-baseline":
+                env = {**os.environ, "PYTHONPATH": str(Path(args.baseline_src).resolve())}
+            corral = spawn(f"{name}-router", argv, f"http://127.0.0.1:{port}", router_cpus, out, env)
             procs.append(corral)
             wait_ready(corral, "/health")
-            headers = tenant_headers if name == "corral" else dict(JSON_HEADERS)
+            headers = tenant_headers if name in ("corral", "corral-baseline") else dict(JSON_HEADERS)
             targets.append(Target(name, [corral.url], corral, headers))
 
         vr = find_vllm_router(args.vllm_router)
@@ -390,6 +413,15 @@ def main() -> None:
                         f"{cpu_on / cpu_off:.3f}"
                     )
                     rows["corral"]["cpu_vs_nolimits"] = round(cpu_on / cpu_off, 3)
+            if "corral" in rows and "corral-baseline" in rows and rows["corral-baseline"]["rps"]:
+                ratio = rows["corral"]["rps"] / rows["corral-baseline"]["rps"]
+                print(f"{label}: corral / corral-baseline, requests/s = {ratio:.3f}")
+                rows["corral"]["rps_vs_baseline"] = round(ratio, 3)
+                cpu_new, cpu_old = (rows[n]["router_cpu_s_per_1000"] for n in ("corral", "corral-baseline"))
+                if cpu_new and cpu_old:
+                    ratio = cpu_new / cpu_old
+                    print(f"{label}: corral / corral-baseline, router CPU per request = {ratio:.3f}")
+                    rows["corral"]["cpu_vs_baseline"] = round(ratio, 3)
             if "corral" in rows and "vllm-router" in rows and rows["vllm-router"]["rps"]:
                 ratio = rows["corral"]["rps"] / rows["vllm-router"]["rps"]
                 print(f"{label}: corral/vllm-router requests/s = {ratio:.2f}")
@@ -420,6 +452,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
         "rps_vs_vllm_router",
         "rps_vs_nolimits",
         "cpu_vs_nolimits",
+        "rps_vs_baseline",
+        "cpu_vs_baseline",
     ]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in results:

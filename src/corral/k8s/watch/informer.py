@@ -17,7 +17,7 @@ from typing import Protocol
 
 from corral.k8s.watch.client import KubeApiError, PodApi, PodList, WatchEvent, WatchExpired
 
-log = logging.getLogger("corral.k8s.watch.informer")
+log = logging.getLogger("corral.router.k8s.informer")
 
 
 class PodHandler(Protocol):

@@ -32,7 +32,7 @@ from corral.router.membership.membership import Membership
 from corral.router.routing.policies import Policy, RouteRequest
 from corral.router.telemetry.metrics import RouterMetrics
 
-log = logging.getLogger("corral.router.datapath.proxy")
+log = logging.getLogger("corral.router.proxy")
 
 # Headers that describe one hop, not the message; never copied across the proxy (nor those the
 # message's own Connection header names). `Expect: 100-continue` is one: the router's server has

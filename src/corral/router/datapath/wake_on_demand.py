@@ -22,7 +22,7 @@ from corral.router.membership.endpoint import Endpoint
 from corral.router.membership.membership import Membership
 from corral.router.telemetry.metrics import RouterMetrics
 
-log = logging.getLogger("corral.router.datapath.wake_on_demand")
+log = logging.getLogger("corral.router.wake_on_demand")
 
 
 class WakeOnDemand:

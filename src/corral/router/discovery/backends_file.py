@@ -20,7 +20,7 @@ from corral.router.discovery.static import StaticSource
 from corral.router.membership.membership import Membership
 from corral.router.telemetry.metrics import RouterMetrics
 
-log = logging.getLogger("corral.router.discovery.backends_file")
+log = logging.getLogger("corral.router.file_source")
 
 
 class BackendsFileError(Exception):

@@ -33,7 +33,7 @@ from corral.router.membership.endpoint import Endpoint, SupervisorView
 from corral.router.membership.membership import Membership
 from corral.router.telemetry.metrics import RouterMetrics
 
-log = logging.getLogger("corral.router.discovery.k8s_pods")
+log = logging.getLogger("corral.router.k8s.pod_source")
 
 SOURCE = "k8s"
 SUPERVISOR_PORT_ANNOTATION = "corral.dev/supervisor-port"

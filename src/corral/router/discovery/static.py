@@ -23,7 +23,7 @@ from corral.router.membership.endpoint import Endpoint, SupervisorView
 from corral.router.membership.membership import Membership
 from corral.router.telemetry.metrics import RouterMetrics
 
-log = logging.getLogger("corral.router.discovery.static")
+log = logging.getLogger("corral.router.static_source")
 
 
 class ModelsProbeError(Exception):

@@ -42,7 +42,7 @@ from corral.router.membership.membership import Membership
 from corral.router.telemetry.metrics import RouterMetrics
 from corral.supervisor_tokens import endpoint_pod_token
 
-log = logging.getLogger("corral.router.discovery.supervisor_stream")
+log = logging.getLogger("corral.router.supervisor_stream")
 
 SOURCE = "supervisor"
 LINE_LIMIT = 1 << 20  # a state event carries evidence (a drain report): allow long lines

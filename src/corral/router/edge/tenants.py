@@ -31,7 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from corral.metric_families import labelled_counter
 from corral.openai_errors import error_response
 
-log = logging.getLogger("corral.router.edge.tenants")
+log = logging.getLogger("corral.router.tenants")
 
 FIELDS = frozenset({"name", "key", "key_sha256", "max_in_flight", "requests_per_minute", "models"})
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from corral.engine_state import EngineState
 from corral.router.membership.endpoint import Endpoint
 
-log = logging.getLogger("corral.router.membership.membership")
+log = logging.getLogger("corral.router.membership")
 
 EXITS_KEPT = 1024
 

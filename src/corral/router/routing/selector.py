@@ -13,7 +13,7 @@ from corral.router.routing.load_scraper import EngineMetricsScraper
 from corral.router.routing.pipeline import LOAD_WEIGHTS, PREFIX_WEIGHTS, ScoredPolicy
 from corral.router.routing.policies import Policy, RouteRequest
 
-log = logging.getLogger("corral.router.routing")
+log = logging.getLogger("corral.router.scoring")
 
 SCORED_BUILTINS = {"prefix": PREFIX_WEIGHTS, "load": LOAD_WEIGHTS}
 
