@@ -1,0 +1,98 @@
+"""vLLM's command line as vLLM reads it: the settings a bundle is fingerprinted by (`--flag value` and
+`--flag=value`, short aliases, `vllm serve MODEL`, the last occurrence wins) and the engine's API key
+(the last `--api-key`, else VLLM_API_KEY; a given flag wins even when empty)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+API_KEY_FLAG = "--api-key"
+API_KEY_ENV = "VLLM_API_KEY"
+
+# flag -> setting name, for the settings that pin what an engine serves (ports, hosts, seeds do not)
+VALUE_FLAGS: dict[str, str] = {
+    "--model": "model",
+    "--revision": "revision",
+    "--code-revision": "code_revision",
+    "--tokenizer": "tokenizer",
+    "--tokenizer-revision": "tokenizer_revision",
+    "--tokenizer-mode": "tokenizer_mode",
+    "--dtype": "dtype",
+    "--quantization": "quantization",
+    "-q": "quantization",
+    "--kv-cache-dtype": "kv_cache_dtype",
+    "--tensor-parallel-size": "tensor_parallel_size",
+    "-tp": "tensor_parallel_size",
+    "--pipeline-parallel-size": "pipeline_parallel_size",
+    "-pp": "pipeline_parallel_size",
+    "--data-parallel-size": "data_parallel_size",
+    "-dp": "data_parallel_size",
+    "--load-format": "load_format",
+    "--model-loader-extra-config": "model_loader_extra_config",
+    "--kv-transfer-config": "kv_transfer_config",
+    "--kv-connector": "kv_connector",
+    "--chat-template": "chat_template",
+    "--chat-template-content-format": "chat_template_content_format",
+    "--max-model-len": "max_model_len",
+    "--served-model-name": "served_model_name",
+}
+SWITCHES: dict[str, str] = {
+    "--enable-expert-parallel": "expert_parallel",
+    "--trust-remote-code": "trust_remote_code",
+    "--enable-sleep-mode": "sleep_mode",
+    "--enable-lora": "lora",
+}
+
+
+def serving_settings(argv: Sequence[str]) -> dict[str, str | bool]:
+    """The values of `VALUE_FLAGS` and `SWITCHES` in `argv` by setting name; `vllm serve MODEL` sets model."""
+    settings: dict[str, str | bool] = {}
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        flag, eq, inline = arg.partition("=")
+        if flag in VALUE_FLAGS:
+            if eq:
+                settings[VALUE_FLAGS[flag]] = inline
+            elif i + 1 < len(args):
+                settings[VALUE_FLAGS[flag]] = args[i + 1]
+                i += 1
+        elif arg in SWITCHES:
+            settings[SWITCHES[arg]] = True
+        elif arg == "serve" and i + 1 < len(args) and not args[i + 1].startswith("-"):
+            settings["model"] = args[i + 1]
+            i += 1
+        i += 1
+    return settings
+
+
+def _values_after(argv: Sequence[str], i: int) -> list[str]:
+    """The arguments that follow a bare `--api-key` at index `i`, up to the next option."""
+    values: list[str] = []
+    for arg in argv[i + 1 :]:
+        if arg.startswith("-") and values:
+            break
+        values.append(arg)
+        if arg.startswith("-"):  # a key may begin with "-" only as the flag's first value
+            break
+    return values
+
+
+def api_key_values(argv: Sequence[str]) -> list[str] | None:
+    """The values of the last `--api-key` (vLLM keeps the last occurrence); None when it is absent."""
+    found: list[str] | None = None
+    for i, arg in enumerate(argv):
+        if arg == API_KEY_FLAG:
+            found = _values_after(argv, i)
+        elif arg.startswith(API_KEY_FLAG + "="):
+            found = [arg.partition("=")[2]]
+    return found
+
+
+def engine_api_key(argv: Sequence[str], environ: Mapping[str, str]) -> str | None:
+    """The key the engine demands, or None when it demands none. As vLLM: a given `--api-key` wins over
+    VLLM_API_KEY even when empty, and an empty key guards nothing."""
+    values = api_key_values(argv)
+    chosen = values if values is not None else [environ.get(API_KEY_ENV, "")]
+    return next((key for key in chosen if key), None)

@@ -1,0 +1,52 @@
+"""Every vLLM metric name Corral reads or the simulator exposes, spelled once: the router's load board,
+the supervisor's stall and drain evidence, the runbook's sleep and adapter checks, `corral status` and
+`corral doctor` read them; `corral sim` declares them; the conformance tests hold both to this table.
+
+Sample names are given as they appear in the text (counters end in `_total`, histograms are families
+whose samples add `_bucket`, `_count`, `_sum`); labels are vLLM's `model_name` and `engine`.
+"""
+
+from __future__ import annotations
+
+PREFIX = "vllm:"
+
+# gauges
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"  # label `reason`: capacity | deferred
+KV_USAGE = "vllm:kv_cache_usage_perc"  # 0-1, the highest over data-parallel engines matters
+KV_USAGE_BEFORE_RENAME = "vllm:gpu_cache_usage_perc"  # vLLM before kv_cache_usage_perc; read as a fallback
+SLEEP_STATE = "vllm:engine_sleep_state"  # label `sleep_state`: awake | weights_offloaded | discard_all
+LORA_INFO = "vllm:lora_requests_info"  # labels running/waiting_lora_adapters, max_lora; value: a timestamp
+LORA_RUNNING_LABEL = "running_lora_adapters"
+LORA_WAITING_LABEL = "waiting_lora_adapters"
+
+# counters (sample names; the family is the name without `_total`)
+PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"
+PREEMPTIONS = "vllm:num_preemptions_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+FINISHED = "vllm:request_success_total"  # label `finished_reason`: stop | length | abort | error
+
+# histogram families
+TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds"
+INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"
+E2E_LATENCY = "vllm:e2e_request_latency_seconds"
+QUEUE_TIME = "vllm:request_queue_time_seconds"
+
+GAUGES = (RUNNING, WAITING, WAITING_BY_REASON, KV_USAGE, SLEEP_STATE, LORA_INFO)
+COUNTERS = (PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, PREEMPTIONS, PROMPT_TOKENS, GENERATION_TOKENS, FINISHED)
+HISTOGRAMS = (TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY, E2E_LATENCY, QUEUE_TIME)
+# What a current vLLM exposes and Corral relies on (the simulator exposes all of these too).
+EXPOSED = GAUGES + COUNTERS + HISTOGRAMS
+
+# Only `corral sim` exposes these: a real engine's GPU memory comes from the device.
+SIM_GPU_MEMORY = "corral_sim_gpu_memory_bytes"  # label `kind`: weights | kv_cache
+SIM_CPU_BACKUP = "corral_sim_cpu_backup_bytes"
+SIM_WEIGHTS_VALID = "corral_sim_weights_valid"
+
+
+def family(sample_name: str) -> str:
+    """The metric family a counter sample belongs to (`vllm:prompt_tokens_total` → `vllm:prompt_tokens`)."""
+    return sample_name.removesuffix("_total")

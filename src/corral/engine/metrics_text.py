@@ -1,0 +1,114 @@
+"""The one reader of Prometheus text exposition for engine (and router) `/metrics`: samples with their
+name, labels and value, optionally only the names asked for.
+
+Two modes, as the callers need them. Lenient (the router's scrape path): lines that are not samples of
+the names asked for are skipped before any parsing, and a malformed line is skipped, never fatal.
+Strict (the supervisor's evidence, the runbook's checks, doctor): every line is parsed and a
+malformed one raises ValueError, so "the engine answered something that is not Prometheus text" is
+seen. Labels are parsed only when read; escapes (\\\\, \\", \\n) are honoured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Iterator
+
+_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
+
+
+class Sample:
+    """One sample line: `name{labels} value [timestamp]`."""
+
+    __slots__ = ("_labels", "_raw", "name", "value")
+
+    def __init__(self, name: str, value: float, raw_labels: str = "") -> None:
+        self.name = name
+        self.value = value
+        self._raw = raw_labels
+        self._labels: dict[str, str] | None = None
+
+    @property
+    def labels(self) -> dict[str, str]:
+        if self._labels is None:
+            self._labels = parse_labels(self._raw)
+        return self._labels
+
+    def __repr__(self) -> str:
+        return f"Sample({self.name!r}, {self.value!r}, {self.labels!r})"
+
+
+def parse_labels(raw: str) -> dict[str, str]:
+    """`a="1",b="x\\"y"` → {"a": "1", "b": 'x"y'}; raises ValueError on anything else."""
+    labels: dict[str, str] = {}
+    i, n = 0, len(raw)
+    while i < n:
+        eq = raw.find("=", i)
+        if eq < 0:
+            if raw[i:].strip(" ,"):
+                raise ValueError(f"label without a value: {raw[i:]!r}")
+            break
+        key = raw[i:eq].strip(" ,")
+        if not key or raw[eq + 1 : eq + 2] != '"':
+            raise ValueError(f"malformed labels: {raw!r}")
+        j = eq + 2
+        end = raw.find('"', j)
+        if end >= 0 and raw.find("\\", j, end) < 0:
+            labels[key] = raw[j:end]
+            i = end + 1
+            continue
+        chars: list[str] = []
+        while True:
+            if j >= n:
+                raise ValueError(f"unterminated label value: {raw!r}")
+            c = raw[j]
+            if c == '"':
+                break
+            if c == "\\" and j + 1 < n:
+                j += 1
+                c = _ESCAPES.get(raw[j], "\\" + raw[j])
+            chars.append(c)
+            j += 1
+        labels[key] = "".join(chars)
+        i = j + 1
+    return labels
+
+
+def samples(text: str, names: Container[str] | None = None, strict: bool = False) -> Iterator[Sample]:
+    """The samples of `text` (only those named in `names`, when given), in order."""
+    for line in text.split("\n"):
+        if not line or line[0] == "#":
+            continue
+        brace = line.find("{")
+        space = line.find(" ")
+        if brace >= 0 and (space < 0 or brace < space):
+            name = line[:brace]
+            close = line.rfind("}")  # the value and timestamp after the labels never hold "}"
+            raw, rest = (line[brace + 1 : close], line[close + 1 :]) if close > brace else ("", "")
+        else:
+            name = line if space < 0 else line[:space]
+            raw, rest = "", line[len(name) :]
+        if names is not None and name not in names:
+            if strict:
+                _sample(line, name, raw, rest)  # still checked: the whole text must be valid
+            continue
+        sample = _sample(line, name, raw, rest) if strict else _lenient(name, raw, rest)
+        if sample is not None:
+            yield sample
+
+
+def _sample(line: str, name: str, raw: str, rest: str) -> Sample:
+    fields = rest.split()
+    if not name.strip() or not fields or len(fields) > 2:
+        raise ValueError(f"not a Prometheus sample line: {line!r}")
+    sample = Sample(name, float(fields[0]), raw)
+    sample.labels  # noqa: B018 - strict: parse the labels now, so a malformed set raises here
+    return sample
+
+
+def _lenient(name: str, raw: str, rest: str) -> Sample | None:
+    fields = rest.split(maxsplit=1)
+    if not fields:
+        return None
+    try:
+        return Sample(name, float(fields[0]), raw)
+    except ValueError:
+        return None
