@@ -61,3 +61,23 @@ def test_labels_with_escapes_commas_and_braces() -> None:
 def test_counter_family_names() -> None:
     assert m.family(m.PROMPT_TOKENS) == "vllm:prompt_tokens"
     assert m.family(m.KV_USAGE) == m.KV_USAGE
+
+
+def test_named_search_gives_what_a_full_read_filtered_gives_in_text_order() -> None:
+    names = {m.RUNNING, m.WAITING, m.KV_USAGE, m.FINISHED, m.TIME_TO_FIRST_TOKEN + "_bucket"}
+    for text in (REAL, REAL.replace('engine="0"', 'engine="1"') + REAL):
+        wanted = [(s.name, s.labels, s.value) for s in samples(text) if s.name in names]
+        assert [(s.name, s.labels, s.value) for s in samples(text, names)] == wanted
+        assert len(wanted) > 20
+
+
+def test_named_search_matches_whole_names_at_line_starts_only() -> None:
+    text = (
+        "# HELP vllm:num_requests_waiting waiting\n"
+        'vllm:num_requests_waiting_by_reason{reason="capacity"} 9\n'
+        "xvllm:num_requests_waiting 8\n"
+        "vllm:num_requests_waiting 3\n"
+        "vllm:num_requests_waiting not-a-number\n"
+        "vllm:num_requests_waiting"
+    )
+    assert [s.value for s in samples(text, names={m.WAITING})] == [3.0]

@@ -17,55 +17,42 @@ from collections.abc import Callable
 
 import aiohttp
 
+from corral.engine import metric_names as m
+from corral.engine.metrics_text import Sample, samples
 from corral.engine_state import EngineState
 from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.load_board import EngineLoad, LoadBoard
 
 log = logging.getLogger("corral.router.engine_metrics")
 
-RUNNING = b"vllm:num_requests_running"
-WAITING = b"vllm:num_requests_waiting"
-KV_USAGE = b"vllm:kv_cache_usage_perc"
-LORA_INFO = b"vllm:lora_requests_info"
+_ROUTING_GAUGES = frozenset({m.RUNNING, m.WAITING, m.KV_USAGE, m.LORA_INFO})
 
 
 def parse_engine_metrics(text: bytes, now: float) -> EngineLoad:
     load = EngineLoad(at=now)
     adapters: frozenset[str] = frozenset()
     latest_lora = -1.0
-    for line in text.split(b"\n"):
-        if not line.startswith(b"vllm:"):
-            continue
-        name_end = line.find(b"{")
-        if name_end < 0:
-            name_end = line.find(b" ")
-        name = line[:name_end]
-        if name not in (RUNNING, WAITING, KV_USAGE, LORA_INFO):
-            continue
-        try:
-            value = float(line[line.rindex(b" ") + 1 :])
-        except ValueError:
-            continue
-        if name == RUNNING:
+    for sample in samples(text.decode(errors="replace"), _ROUTING_GAUGES):
+        name, value = sample.name, sample.value
+        if name == m.RUNNING:
             load.running += value
-        elif name == WAITING:
+        elif name == m.WAITING:
             load.waiting += value
-        elif name == KV_USAGE:
+        elif name == m.KV_USAGE:
             load.kv_usage = max(load.kv_usage, value)
         elif value > latest_lora:  # the latest lora_requests_info sample is the current one
             latest_lora = value
-            adapters = _label(line, b"running_lora_adapters")
+            adapters = _running_adapters(sample)
     load.running_adapters = adapters
     return load
 
 
-def _label(line: bytes, label: bytes) -> frozenset[str]:
-    start = line.find(label + b'="')
-    if start < 0:
+def _running_adapters(sample: Sample) -> frozenset[str]:
+    try:
+        running = sample.labels.get(m.LORA_RUNNING_LABEL, "")
+    except ValueError:
         return frozenset()
-    start += len(label) + 2
-    end = line.find(b'"', start)
-    return frozenset(a for a in line[start:end].decode().split(",") if a)
+    return frozenset(a for a in running.split(",") if a)
 
 
 class EngineMetricsScraper:
