@@ -13,13 +13,11 @@ from typing import Any
 
 import aiohttp
 import orjson
-from prometheus_client.parser import text_string_to_metric_families
 
-SLEEP_STATE = "vllm:engine_sleep_state"
-# Memory figures: only `corral sim` exposes these; a real engine's GPU memory comes from the device.
-SIM_GPU_MEMORY = "corral_sim_gpu_memory_bytes"
-SIM_CPU_BACKUP = "corral_sim_cpu_backup_bytes"
-SIM_WEIGHTS_VALID = "corral_sim_weights_valid"
+from corral.engine.metric_names import SIM_CPU_BACKUP, SIM_GPU_MEMORY, SIM_WEIGHTS_VALID, SLEEP_STATE
+from corral.engine.metrics_text import samples
+
+_FIGURES = frozenset({SLEEP_STATE, SIM_GPU_MEMORY, SIM_CPU_BACKUP, SIM_WEIGHTS_VALID})
 WAKE_TAGS = ("weights", "kv_cache", "scheduling")
 
 
@@ -52,17 +50,16 @@ def parse_figures(text: str) -> EngineFigures:
     gpu: dict[str, float] = {}
     backup: float | None = None
     valid: float | None = None
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == SLEEP_STATE and sample.value == 1:
-                sleep_state = sample.labels.get("sleep_state")
-            elif sample.name == SIM_GPU_MEMORY:
-                kind = sample.labels.get("kind", "")
-                gpu[kind] = gpu.get(kind, 0.0) + float(sample.value)
-            elif sample.name == SIM_CPU_BACKUP:
-                backup = float(sample.value)
-            elif sample.name == SIM_WEIGHTS_VALID:
-                valid = float(sample.value)
+    for sample in samples(text, _FIGURES, strict=True):
+        if sample.name == SLEEP_STATE and sample.value == 1:
+            sleep_state = sample.labels.get("sleep_state")
+        elif sample.name == SIM_GPU_MEMORY:
+            kind = sample.labels.get("kind", "")
+            gpu[kind] = gpu.get(kind, 0.0) + sample.value
+        elif sample.name == SIM_CPU_BACKUP:
+            backup = sample.value
+        elif sample.name == SIM_WEIGHTS_VALID:
+            valid = sample.value
     return EngineFigures(sleep_state, gpu.get("weights"), gpu.get("kv_cache"), backup, valid)
 
 

@@ -12,12 +12,9 @@ import time
 from dataclasses import dataclass
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-GENERATION_TOKENS = "vllm:generation_tokens_total"
-FINISHED = "vllm:request_success_total"
+from corral.engine.metric_names import FINISHED, GENERATION_TOKENS, RUNNING, WAITING
+from corral.engine.metrics_text import samples
 
 
 @dataclass(frozen=True)
@@ -49,10 +46,8 @@ class LoadSample:
 def parse_load(text: str, at: float | None = None) -> LoadSample:
     """Sums each metric over its label sets (engines, models, finish reasons)."""
     totals = {RUNNING: 0.0, WAITING: 0.0, GENERATION_TOKENS: 0.0, FINISHED: 0.0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in totals:
-                totals[sample.name] += float(sample.value)
+    for sample in samples(text, totals.keys(), strict=True):
+        totals[sample.name] += sample.value
     return LoadSample(
         running=totals[RUNNING],
         waiting=totals[WAITING],

@@ -78,15 +78,15 @@ def samples(text: str, names: Collection[str] | None = None, strict: bool = Fals
         yield from _find(text, names)
         return
     for line in text.split("\n"):
+        line = line.strip()
         if not line or line[0] == "#":
             continue
         brace = line.find("{")
         space = line.find(" ", 0, brace) if brace >= 0 else line.find(" ")
         labelled = brace >= 0 and space < 0
         name = line[:brace] if labelled else line if space < 0 else line[:space]
-        if names is not None and name not in names:
-            if strict:
-                _sample(line, name, *_split(line, brace, labelled))  # the whole text must still be valid
+        if names is not None and name not in names:  # strict here: the whole text must still be valid
+            _sample(line, name, *_split(line, brace, labelled))
             continue
         raw, rest = _split(line, brace, labelled)
         sample = _sample(line, name, raw, rest) if strict else _lenient(name, raw, rest)
@@ -128,7 +128,7 @@ def _split(line: str, brace: int, labelled: bool) -> tuple[str, str]:
 
 def _sample(line: str, name: str, raw: str, rest: str) -> Sample:
     fields = rest.split()
-    if not name.strip() or not fields or len(fields) > 2:
+    if not name or not fields or len(fields) > 2 or "_" in fields[0]:
         raise ValueError(f"not a Prometheus sample line: {line!r}")
     sample = Sample(name, float(fields[0]), raw)
     sample.labels  # noqa: B018 - strict: parse the labels now, so a malformed set raises here

@@ -6,13 +6,13 @@ the command that finds the cause for the most frequent kind.
 
 from __future__ import annotations
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from corral.engine.metric_names import FINISHED
+from corral.engine.metrics_text import samples
 from corral.fleet.checks.probe import FleetView
 
 ABORTED_STREAMS = "requests-failing/aborted-streams"
 STREAM_FAILURES = "corral_router_stream_failures_total"
-ENGINE_FINISHED = "vllm:request_success_total"
+ENGINE_FINISHED = FINISHED
 
 _NEXT = {
     "engine_abort": (
@@ -35,14 +35,13 @@ def stream_failures(text: str) -> dict[tuple[str, str], float]:
     """(model, how) → streams, from the router's /metrics text."""
     found: dict[tuple[str, str], float] = {}
     try:
-        families = list(text_string_to_metric_families(text))
+        failures = list(samples(text, (STREAM_FAILURES,), strict=True))
     except ValueError:
         return found
-    for family in families:
-        for sample in family.samples:
-            if sample.name == STREAM_FAILURES and sample.value > 0:
-                key = (sample.labels.get("model", ""), sample.labels.get("how", ""))
-                found[key] = found.get(key, 0.0) + float(sample.value)
+    for sample in failures:
+        if sample.value > 0:
+            key = (sample.labels.get("model", ""), sample.labels.get("how", ""))
+            found[key] = found.get(key, 0.0) + sample.value
     return found
 
 
@@ -52,14 +51,13 @@ def engine_ended(text: str | None) -> dict[str, float]:
     if not text:
         return found
     try:
-        families = list(text_string_to_metric_families(text))
+        finished = list(samples(text, (ENGINE_FINISHED,), strict=True))
     except ValueError:
         return found
-    for family in families:
-        for sample in family.samples:
-            reason = sample.labels.get("finished_reason", "")
-            if sample.name == ENGINE_FINISHED and reason in ("abort", "error") and sample.value > 0:
-                found[reason] = found.get(reason, 0.0) + float(sample.value)
+    for sample in finished:
+        reason = sample.labels.get("finished_reason", "")
+        if reason in ("abort", "error") and sample.value > 0:
+            found[reason] = found.get(reason, 0.0) + sample.value
     return found
 
 

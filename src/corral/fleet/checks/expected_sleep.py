@@ -6,14 +6,12 @@ every other engine must be awake.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
+from corral.engine.metric_names import SLEEP_STATE
 from corral.fleet.checks.probe import EngineView
 
-SLEEP_STATE = "vllm:engine_sleep_state"
 STATE_OF_LEVEL = {1: "weights_offloaded", 2: "discard_all"}  # level 0 pauses; vLLM shows no level
-_LABEL = re.compile(r'sleep_state="([^"]*)"')
 
 
 class ExpectAsleepError(ValueError):
@@ -44,10 +42,13 @@ class ExpectedAsleep:
 
 def engine_sleep_state(engine: EngineView) -> str | None:
     """The `sleep_state` label whose `vllm:engine_sleep_state` sample is 1 (None: not reported)."""
-    for labels, value in engine.metric(SLEEP_STATE):
-        found = _LABEL.search(labels)
-        if found and value == 1:
-            return found.group(1)
+    for sample in engine.metric(SLEEP_STATE):
+        try:
+            found = sample.labels.get("sleep_state")
+        except ValueError:
+            continue
+        if found is not None and sample.value == 1:
+            return found
     return None
 
 

@@ -17,6 +17,7 @@ import aiohttp
 import orjson
 
 from corral.clients.access import ENGINE_KEY_ENV, ENGINE_KEY_FLAG, FleetAccess, RouterAdminError
+from corral.engine.metrics_text import Sample, samples
 from corral.fleet.local.ownership import read_supervisor_token
 from corral.state_home import local_fleet_file
 
@@ -116,17 +117,9 @@ class EngineView:
             )
         return f"{self.engine_url}/v1/models answered {self.models_status or 'nothing'}"
 
-    def metric(self, name: str) -> list[tuple[str, float]]:
-        """(labels, value) of every sample of `name` in the engine's /metrics text."""
-        found: list[tuple[str, float]] = []
-        for line in (self.metrics or "").splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                head, _, value = line.rpartition(" ")
-                try:
-                    found.append((head[len(name) :], float(value)))
-                except ValueError:
-                    continue
-        return found
+    def metric(self, name: str) -> list[Sample]:
+        """Every sample of `name` in the engine's /metrics text (odd lines skipped)."""
+        return list(samples(self.metrics or "", (name,)))
 
 
 @dataclass

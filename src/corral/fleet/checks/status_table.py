@@ -8,6 +8,7 @@ import time
 
 from rich.table import Table
 
+from corral.engine import metric_names as m
 from corral.fleet.checks.probe import EngineView, FleetView
 
 
@@ -20,20 +21,20 @@ def _since(epoch_seconds: object) -> str:
 
 def _sum(e: EngineView, metric: str) -> float | None:
     samples = e.metric(metric)
-    return sum(v for _, v in samples) if samples else None
+    return sum(s.value for s in samples) if samples else None
 
 
 def in_flight(e: EngineView) -> str:
-    running, waiting = _sum(e, "vllm:num_requests_running"), _sum(e, "vllm:num_requests_waiting")
+    running, waiting = _sum(e, m.RUNNING), _sum(e, m.WAITING)
     if running is None and waiting is None:
         return "-"
     return f"{running or 0:.0f} run / {waiting or 0:.0f} wait"
 
 
 def kv_usage(e: EngineView) -> str:
-    usage = _sum(e, "vllm:kv_cache_usage_perc")
+    usage = _sum(e, m.KV_USAGE)
     if usage is None:
-        usage = _sum(e, "vllm:gpu_cache_usage_perc")  # vLLM before the rename
+        usage = _sum(e, m.KV_USAGE_BEFORE_RENAME)
     return "-" if usage is None else f"{usage * 100:.0f}%"
 
 
