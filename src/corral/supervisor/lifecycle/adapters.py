@@ -11,11 +11,10 @@ from typing import Any
 
 import aiohttp
 import orjson
-from prometheus_client.parser import text_string_to_metric_families
 
+from corral.engine.metric_names import LORA_INFO, LORA_RUNNING_LABEL, LORA_WAITING_LABEL
+from corral.engine.metrics_text import samples
 from corral.supervisor.state.runtime_adapters import RuntimeAdapterFile
-
-LORA_INFO = "vllm:lora_requests_info"
 
 
 class AdapterSpecError(ValueError):
@@ -136,14 +135,13 @@ class EngineAdapters:
 def lora_in_flight(text: str) -> set[str] | None:
     """From `vllm:lora_requests_info`, whose current series is the one with the latest timestamp value."""
     latest: tuple[float, dict[str, str]] | None = None
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == LORA_INFO and (latest is None or sample.value >= latest[0]):
-                latest = (float(sample.value), dict(sample.labels))
+    for sample in samples(text, (LORA_INFO,), strict=True):
+        if latest is None or sample.value >= latest[0]:
+            latest = (sample.value, sample.labels)
     if latest is None:
         return None
     names: set[str] = set()
-    for key in ("running_lora_adapters", "waiting_lora_adapters"):
+    for key in (LORA_RUNNING_LABEL, LORA_WAITING_LABEL):
         names |= {n for n in latest[1].get(key, "").split(",") if n}
     return names
 

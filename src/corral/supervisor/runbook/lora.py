@@ -13,6 +13,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
+from corral.engine.metric_names import LORA_INFO
 from corral.supervisor.lifecycle.adapters import EngineAdapters
 from corral.supervisor.lifecycle.readiness import NotReady
 from corral.supervisor.lifecycle.states import EngineState
@@ -170,13 +171,11 @@ class UnloadAdapterPlan:
         while True:
             busy = await self.engine.in_flight()
             if busy is None:
-                raise StepFailed(
-                    "the engine does not report vllm:lora_requests_info; adapter in-flight unknown"
-                )
+                raise StepFailed(f"the engine does not report {LORA_INFO}; adapter in-flight unknown")
             if self.name not in busy:
                 return {
                     "adapter_in_flight": 0,
-                    "source": "vllm:lora_requests_info",
+                    "source": LORA_INFO,
                     "seconds": round(time.monotonic() - started, 3),
                 }
             if time.monotonic() - started > self.drain_timeout:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from corral.engine.dev_api import WAKE_TAGS, EngineAdmin, EngineFigures
+from corral.engine.metric_names import SLEEP_STATE
 from corral.supervisor.runbook.template import Evidence, Refused, StepFailed
 
 MEMORY_TAGS = ("weights", "kv_cache")
@@ -114,7 +115,7 @@ async def verify_partial(
         )
     figures = await admin.figures()
     if figures.sleep_state == "awake":
-        raise StepFailed("vllm:engine_sleep_state is awake after a partial wake", figures=figures.to_json())
+        raise StepFailed(f"{SLEEP_STATE} is awake after a partial wake", figures=figures.to_json())
     memory: Evidence = {}
     if before is not None:
         for tag in MEMORY_TAGS:
