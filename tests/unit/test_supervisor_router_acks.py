@@ -43,7 +43,7 @@ class QuietEngine(Drainer):
 
 def drainer(routers: RouterSubscriptions, propagation: float = 5.0) -> QuietEngine:
     settings = DrainSettings(propagation_timeout=propagation, quiet_period=0.05, poll_seconds=0.02)
-    return QuietEngine(None, "http://engine", settings, lambda *a: None, lambda m: None, routers)  # type: ignore[arg-type]
+    return QuietEngine(None, "http://engine", settings, lambda m: None, routers)  # type: ignore[arg-type]
 
 
 @pytest.fixture

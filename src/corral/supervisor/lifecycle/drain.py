@@ -1,11 +1,15 @@
-"""The drain: leave routing, apply the policy to in-flight requests, then stop the engine.
+"""The one drain sequence — readiness withdrawn (READY → DRAINING), leave routing, policy, then stop the
+engine or hand it over — that shutdown, prestop (`/v1/drain`) and every runbook operation run.
 
-Order (readiness is already false when this starts): (1) wait until routing has left: every router
+Order: (1) wait until routing has left: every router
 subscribed to the state stream has acknowledged the removal epoch, and no request has arrived at the
 engine for a quiet period (traffic from outside Corral has no one to acknowledge), both bounded by the
 propagation timeout; (2) policy
 `wait` lets in-flight requests finish (bounded by the drain timeout), `abort` does not wait; (3)
-SIGTERM to the engine's process group, SIGKILL only after the shutdown timeout.
+SIGTERM to the engine's process group, SIGKILL only after the shutdown timeout. The operations stop
+after (2) and hand the engine over (`leave` + `apply_policy`); shutdown runs all three (`drain_and_stop`).
+`DrainSequence` makes every state transition on the supervisor's state machine itself; `Drainer` only
+measures and returns what it saw.
 
 Without an admission gate in front of the engine, the only evidence is the engine's own metrics:
 arrivals are the increase of running + waiting + finished, and requests cut short are known by count,
@@ -20,12 +24,13 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
 from corral.engine.load_sample import LoadSample, MetricsUnavailable, fetch_load
 from corral.supervisor.lifecycle.routers import RouterSubscriptions
+from corral.supervisor.lifecycle.states import DrainPhase, EngineState, StateMachine, StoppingPhase
 
 
 class DrainPolicy(StrEnum):
@@ -91,27 +96,24 @@ class DrainReport:
         return {k: v for k, v in self.__dict__.items()}
 
 
-PhaseCallback = Callable[[str, str, dict[str, Any]], None]
 EngineStopper = Callable[[float], Awaitable[int | None]]
 Log = Callable[[str], None]
 
 
 class Drainer:
-    """Runs the three steps against one engine; `phase(sub_state, reason, evidence)` reports progress."""
+    """Measures the three steps against one engine and writes what it saw into a `DrainReport`."""
 
     def __init__(
         self,
         session: aiohttp.ClientSession,
         engine_url: str,
         settings: DrainSettings,
-        phase: PhaseCallback,
         log: Log,
         routers: RouterSubscriptions | None = None,
     ) -> None:
         self._session = session
         self._engine_url = engine_url
         self.settings = settings
-        self._phase = phase
         self._log = log
         self._routers = routers
         self.last_sample: LoadSample | None = None
@@ -213,16 +215,16 @@ class Drainer:
             await asyncio.sleep(s.poll_seconds)
         report.drain_seconds = time.monotonic() - started
 
-    async def stop_engine(self, report: DrainReport, stop: EngineStopper, phase_sub_state: str) -> None:
-        s = self.settings
+    async def sample_at_stop(self, report: DrainReport) -> LoadSample | None:
+        """The engine's load just before SIGTERM, kept in the report."""
         sample = await self._sample()
         if sample is not None:
             report.at_stop = sample.to_json()
-        self._phase(
-            phase_sub_state,
-            f"SIGTERM to the engine, SIGKILL after {s.shutdown_timeout:g}s",
-            {"at_stop": report.at_stop},
-        )
+        return sample
+
+    async def stop_engine(self, report: DrainReport, stop: EngineStopper, sample: LoadSample | None) -> None:
+        """Step 3: `stop` (SIGTERM, SIGKILL after the shutdown timeout); what was cut short, from `sample`."""
+        s = self.settings
         started = time.monotonic()
         code = await stop(s.shutdown_timeout)
         report.stop_seconds = time.monotonic() - started
@@ -254,3 +256,158 @@ class Drainer:
             f"{counts}; the engine exited by itself (code {report.engine_exit_code}) after its own "
             f"drain: any it did not finish were cut short ({unknown})"
         )
+
+
+S = EngineState
+
+
+class DrainHost(Protocol):
+    """What the sequence needs of the supervisor: its state machine, its engine, its READY watch."""
+
+    routers: RouterSubscriptions
+
+    @property
+    def machine(self) -> StateMachine: ...
+
+    @property
+    def session(self) -> aiohttp.ClientSession: ...
+
+    @property
+    def engine_url(self) -> str: ...
+
+    @property
+    def drain_settings(self) -> DrainSettings: ...
+
+    @property
+    def engine_running(self) -> bool: ...
+
+    async def suspend_lifecycle(self) -> None: ...
+
+    async def stop_engine(self, grace: float, reason: str) -> int | None: ...
+
+
+@dataclass
+class Leaving:
+    """The outcome of leaving routing: what the policy step and the operation's evidence go on."""
+
+    drainer: Drainer
+    report: DrainReport
+
+    def evidence(self) -> dict[str, Any]:
+        r = self.report
+        return {
+            "removal_epoch": r.removal_epoch,
+            "quiet_reached": r.quiet_reached,
+            "arrivals_while_leaving": r.arrivals_while_leaving,
+            "routers_acknowledged": [a["router_id"] for a in r.routers_acknowledged],
+            "routers_missing": r.routers_missing,
+            "routers_gone": r.routers_gone,
+            "seconds": round(r.propagation_seconds, 3),
+        }
+
+
+class DrainSequence:
+    """The one drain: each step makes its own transition on the host's state machine."""
+
+    def __init__(self, host: DrainHost, log: Log) -> None:
+        self._host = host
+        self._log = log
+
+    def _transition(self, state: EngineState, reason: str, sub_state: str, **evidence: Any) -> int:
+        return self._host.machine.transition(state, reason, sub_state, evidence).epoch
+
+    async def _withdraw(self, reason: str, policy: str) -> int:
+        """READY → DRAINING (readiness withdrawn), and the READY watch stopped; the removal epoch."""
+        epoch = self._transition(
+            S.DRAINING,
+            reason,
+            DrainPhase.LEAVING_ROUTING,
+            policy=policy,
+            routers=self._host.routers.subscribed(),
+        )
+        await self._host.suspend_lifecycle()
+        return epoch
+
+    async def _leave_routing(self, report: DrainReport, removal_epoch: int) -> Leaving:
+        host = self._host
+        drainer = Drainer(host.session, host.engine_url, host.drain_settings, self._log, host.routers)
+        await drainer.leave_routing(report, removal_epoch)
+        return Leaving(drainer, report)
+
+    async def leave(self, reason: str, policy: str) -> Leaving:
+        """Steps up to (1) for an operation: withdraw readiness, then wait for acks and a quiet period."""
+        removal_epoch = await self._withdraw(reason, policy)
+        return await self._leave_routing(DrainReport(policy=policy), removal_epoch)
+
+    async def apply_policy(self, leaving: Leaving, policy: str) -> dict[str, Any]:
+        """Step (2): `wait` for in-flight requests (`leaving.report.in_flight_drained` says whether they
+        finished), `abort` or `keep` them; the step's evidence."""
+        report = leaving.report
+        left = leaving.evidence()
+        if policy == DrainPolicy.WAIT:
+            timeout = self._host.drain_settings.drain_timeout
+            self._transition(
+                S.DRAINING,
+                f"waiting for in-flight requests (up to {timeout:g}s)",
+                DrainPhase.WAITING_IN_FLIGHT,
+                **left,
+            )
+            await leaving.drainer.wait_in_flight(report)
+            return {
+                "policy": "wait",
+                "in_flight_drained": report.in_flight_drained,
+                "seconds": round(report.drain_seconds, 3),
+            }
+        sample = leaving.drainer.last_sample
+        in_flight = sample.in_flight if sample is not None else None
+        if policy == DrainPolicy.ABORT:
+            self._transition(
+                S.DRAINING, "policy abort: in-flight requests will be cut", DrainPhase.ABORTING, **left
+            )
+            return {"policy": "abort", "in_flight_at_abort": in_flight}
+        return {
+            "policy": "keep",
+            "in_flight_frozen": in_flight,
+            "note": "frozen requests resume after the wake",
+        }
+
+    async def drain_and_stop(self, policy: DrainPolicy) -> DrainReport:
+        """Shutdown and prestop: all three steps, then STOPPING/engine_stopped with the report."""
+        host = self._host
+        settings = host.drain_settings
+        report = DrainReport(policy=policy.value)
+        state_before = host.machine.state
+        removal_epoch: int | None = None
+        if state_before is S.READY:
+            removal_epoch = await self._withdraw("drain: readiness withdrawn", policy.value)
+        else:
+            await host.suspend_lifecycle()
+        if removal_epoch is not None and host.engine_running:
+            leaving = await self._leave_routing(report, removal_epoch)
+            await self.apply_policy(leaving, policy.value)
+            sample = await leaving.drainer.sample_at_stop(report)
+            self._transition(
+                S.STOPPING,
+                f"SIGTERM to the engine, SIGKILL after {settings.shutdown_timeout:g}s",
+                StoppingPhase.STOPPING_ENGINE,
+                at_stop=report.at_stop,
+            )
+            await leaving.drainer.stop_engine(report, self._stop_for_drain, sample)
+        else:
+            report.notes.append(f"drain in {state_before}: nothing was routed here")
+            self._transition(
+                S.STOPPING,
+                f"drain in {state_before}: no traffic to drain, stopping the engine",
+                StoppingPhase.STOPPING_ENGINE,
+            )
+            report.engine_exit_code = await host.stop_engine(settings.shutdown_timeout, "drain")
+        self._transition(
+            S.STOPPING,
+            "engine stopped" + (f"; {report.cut_short}" if report.cut_short else ""),
+            StoppingPhase.ENGINE_STOPPED,
+            **report.to_json(),
+        )
+        return report
+
+    async def _stop_for_drain(self, grace: float) -> int | None:
+        return await self._host.stop_engine(grace, "drain")

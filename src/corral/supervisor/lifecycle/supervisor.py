@@ -24,7 +24,7 @@ from corral.supervisor.lifecycle.adapters import AdapterCallFailed, AdapterSet, 
 from corral.supervisor.lifecycle.bundle import Bundle, read_bundle
 from corral.supervisor.lifecycle.config import SupervisorConfig
 from corral.supervisor.lifecycle.dependencies import GatesTimedOut, GateWaiter
-from corral.supervisor.lifecycle.drain import Drainer, DrainPolicy, DrainReport
+from corral.supervisor.lifecycle.drain import DrainPolicy, DrainReport, DrainSequence, DrainSettings
 from corral.supervisor.lifecycle.engine_auth import EngineKey, redact_argv
 from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPolicy, RestartRecord
 from corral.supervisor.lifecycle.preload import PreloadDaemon
@@ -33,12 +33,10 @@ from corral.supervisor.lifecycle.readiness import EngineNotAnswering, NotReady, 
 from corral.supervisor.lifecycle.routers import RouterSubscriptions
 from corral.supervisor.lifecycle.stall import Stall, StallWatch
 from corral.supervisor.lifecycle.states import (
-    DrainPhase,
     EngineState,
     StartingPhase,
     StateEvent,
     StateMachine,
-    StoppingPhase,
 )
 from corral.supervisor.runbook.operations import Operation, OperationLedger
 from corral.supervisor.state.oplog import EngineLeftover, OperationLog, last_epoch
@@ -102,6 +100,7 @@ class EngineSupervisor:
         self.engine_key = EngineKey(config.engine_url)  # the running engine's --api-key, on our calls to it
         self._lifecycle: asyncio.Task[None] | None = None
         self._drain: asyncio.Task[DrainReport] | None = None
+        self.drain_sequence = DrainSequence(self, log)
 
     # -- set-up and tear-down -------------------------------------------------------------------
 
@@ -143,7 +142,7 @@ class EngineSupervisor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._lifecycle
         if self.engine is not None and self.engine.running:
-            await self._stop_engine(self.config.drain.shutdown_timeout, "supervisor exiting")
+            await self.stop_engine(self.config.drain.shutdown_timeout, "supervisor exiting")
         if self.preload is not None:  # only after the engine, which may map the daemon's memory
             await self.preload.stop(self.config.drain.shutdown_timeout, self.oplog.append)
         if self._session is not None:
@@ -155,6 +154,18 @@ class EngineSupervisor:
     def session(self) -> aiohttp.ClientSession:
         assert self._session is not None, "open() first"
         return self._session
+
+    @property
+    def engine_url(self) -> str:
+        return self.config.engine_url
+
+    @property
+    def drain_settings(self) -> DrainSettings:
+        return self.config.drain
+
+    @property
+    def engine_running(self) -> bool:
+        return self.engine is not None and self.engine.running
 
     def start(self) -> None:
         self._lifecycle = asyncio.create_task(self._run_lifecycle(), name="lifecycle")
@@ -259,7 +270,7 @@ class EngineSupervisor:
             serving = False
             failure = await self._serve()
             self._to(S.FAILED, failure.reason, None, **failure.evidence)
-            await self._stop_engine(min(5.0, self.config.drain.shutdown_timeout), failure.reason)
+            await self.stop_engine(min(5.0, self.config.drain.shutdown_timeout), failure.reason)
             backoff = recovery.next_backoff()
             if backoff is None:
                 self._fail_for_good(
@@ -311,7 +322,7 @@ class EngineSupervisor:
     async def restart_in_place(self, reason: str) -> None:
         """RECOVER's last resort: stop the engine and start it afresh (weights from disk, a known state)."""
         await self.suspend_lifecycle()
-        await self._stop_engine(min(5.0, self.config.drain.shutdown_timeout), reason)
+        await self.stop_engine(min(5.0, self.config.drain.shutdown_timeout), reason)
         self.sleep_status = None
         self._to(S.STARTING, f"restarting in place after: {reason}", StartingPhase.RESTARTING)
         self.start()
@@ -384,7 +395,7 @@ class EngineSupervisor:
             if ready_task.done() and not ready_task.cancelled() and engine.running:
                 exc = ready_task.exception()
                 if isinstance(exc, ModelMismatch):
-                    await self._stop_engine(self.config.drain.shutdown_timeout, str(exc))
+                    await self.stop_engine(self.config.drain.shutdown_timeout, str(exc))
                     self._fail_for_good(str(exc))
                     return False
                 if exc is not None:
@@ -392,7 +403,7 @@ class EngineSupervisor:
                 smoke = ready_task.result()
                 adapters_failed = await self._reconcile_adapters()
                 if adapters_failed is not None:
-                    await self._stop_engine(self.config.drain.shutdown_timeout, adapters_failed)
+                    await self.stop_engine(self.config.drain.shutdown_timeout, adapters_failed)
                     self._fail_for_good(adapters_failed)
                     return False
                 self.bundle = await read_bundle(self.session, self.config.engine_url, self.config.engine_argv)
@@ -412,7 +423,7 @@ class EngineSupervisor:
                     f"engine not ready within --startup-timeout {self.config.startup_timeout:g}s "
                     f"(stuck in {phase})"
                 )
-                await self._stop_engine(self.config.drain.shutdown_timeout, reason)
+                await self.stop_engine(self.config.drain.shutdown_timeout, reason)
                 self._fail_for_good(reason, last_lines=list(engine.last_lines()))
                 return False
             code = engine.returncode
@@ -548,7 +559,7 @@ class EngineSupervisor:
         self._log(f"restart {attempt} in {backoff:g}s: {reason}")
         return record
 
-    async def _stop_engine(self, grace: float, reason: str) -> int | None:
+    async def stop_engine(self, grace: float, reason: str) -> int | None:
         engine = self.engine
         if engine is None or engine.pid is None:
             return None
@@ -591,75 +602,9 @@ class EngineSupervisor:
         return await asyncio.shield(self._drain)
 
     async def _run_drain(self, policy: DrainPolicy | None) -> DrainReport:
-        settings = self.config.drain
-        policy = policy or settings.policy
-        report = DrainReport(policy=policy.value)
-        state_before = self.machine.state
-        removal_epoch: int | None = None
-        if state_before is S.READY:
-            removal = self._to(
-                S.DRAINING,
-                "drain: readiness withdrawn",
-                DrainPhase.LEAVING_ROUTING,
-                policy=policy.value,
-                routers=self.routers.subscribed(),
-            )
-            removal_epoch = removal.epoch
-        if self._lifecycle is not None:
-            self._lifecycle.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._lifecycle
-        drainer = Drainer(
-            self.session, self.config.engine_url, settings, self._drain_phase, self._log, self.routers
-        )
-        engine = self.engine
-        if state_before is S.READY and engine is not None and engine.running:
-            await drainer.leave_routing(report, removal_epoch)
-            left = {
-                "quiet_reached": report.quiet_reached,
-                "arrivals": report.arrivals_while_leaving,
-                "routers_acknowledged": [a["router_id"] for a in report.routers_acknowledged],
-                "routers_missing": report.routers_missing,
-                "routers_gone": report.routers_gone,
-            }
-            if policy is DrainPolicy.WAIT:
-                self._to(
-                    S.DRAINING,
-                    f"drain: waiting for in-flight requests (up to {settings.drain_timeout:g}s)",
-                    DrainPhase.WAITING_IN_FLIGHT,
-                    **left,
-                )
-                await drainer.wait_in_flight(report)
-            else:
-                self._to(
-                    S.DRAINING,
-                    "drain: policy abort, in-flight requests will be cut",
-                    DrainPhase.ABORTING,
-                    **left,
-                )
-            await drainer.stop_engine(report, self._stop_for_drain, StoppingPhase.STOPPING_ENGINE)
-        else:
-            report.notes.append(f"drain in {state_before}: nothing was routed here")
-            self._to(
-                S.STOPPING,
-                f"drain in {state_before}: no traffic to drain, stopping the engine",
-                StoppingPhase.STOPPING_ENGINE,
-            )
-            report.engine_exit_code = await self._stop_engine(settings.shutdown_timeout, "drain")
-        self._to(
-            S.STOPPING,
-            "engine stopped" + (f"; {report.cut_short}" if report.cut_short else ""),
-            StoppingPhase.ENGINE_STOPPED,
-            **report.to_json(),
-        )
+        report = await self.drain_sequence.drain_and_stop(policy or self.config.drain.policy)
         self.drain_report = report
         return report
-
-    def _drain_phase(self, sub_state: str, reason: str, evidence: dict[str, Any]) -> None:
-        self._to(S.STOPPING, reason, sub_state, **evidence)
-
-    async def _stop_for_drain(self, grace: float) -> int | None:
-        return await self._stop_engine(grace, "drain")
 
     # -- what the API shows ---------------------------------------------------------------------
 

@@ -1,18 +1,18 @@
-"""What the operations share: removing the engine from routing through the confirmed drain's first
-step, applying the drain policy, checking an awake engine (VERIFY), and RECOVER's two ways back to a
+"""What the operations share: the drain sequence's first two steps (leave routing, the policy) as
+the operations' evidence, checking an awake engine (VERIFY), and RECOVER's two ways back to a
 known state (awake and READY again, or a restart in place)."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import psutil
 
 from corral.engine.dev_api import AdminCallFailed, EngineAdmin, EngineFigures
-from corral.supervisor.lifecycle.drain import Drainer, DrainReport
+from corral.supervisor.lifecycle.drain import Leaving
 from corral.supervisor.lifecycle.readiness import NotReady
-from corral.supervisor.lifecycle.states import DrainPhase, EngineState
+from corral.supervisor.lifecycle.states import EngineState
 from corral.supervisor.runbook.template import Evidence, Refused, StepFailed
 
 if TYPE_CHECKING:
@@ -92,49 +92,21 @@ def host_ram_for_backup(figures: EngineFigures) -> Evidence:
     return {"host_available_bytes": available, "weights_bytes": weights}
 
 
-async def leave_routing(sup: EngineSupervisor, reason: str, policy: str) -> tuple[Drainer, Evidence]:
-    """READY → DRAINING: readiness withdrawn, then the confirmed drain's first step (router acks and
-    a quiet period)."""
-    removal = sup.transition(
-        S.DRAINING, reason, DrainPhase.LEAVING_ROUTING, policy=policy, routers=sup.routers.subscribed()
-    )
-    await sup.suspend_lifecycle()
-    drainer = Drainer(sup.session, sup.config.engine_url, sup.config.drain, _no_phase, sup._log, sup.routers)
-    report = DrainReport(policy=policy)
-    await drainer.leave_routing(report, removal.epoch)
-    return drainer, {
-        "removal_epoch": removal.epoch,
-        "quiet_reached": report.quiet_reached,
-        "arrivals_while_leaving": report.arrivals_while_leaving,
-        "routers_acknowledged": [a["router_id"] for a in report.routers_acknowledged],
-        "routers_missing": report.routers_missing,
-        "routers_gone": report.routers_gone,
-        "seconds": round(report.propagation_seconds, 3),
-    }
+async def leave_routing(sup: EngineSupervisor, reason: str, policy: str) -> tuple[Leaving, Evidence]:
+    """READY → DRAINING and routing left: the drain sequence's first step (`lifecycle/drain.py`)."""
+    leaving = await sup.drain_sequence.leave(reason, policy)
+    return leaving, leaving.evidence()
 
 
-def _no_phase(sub_state: str, reason: str, evidence: dict[str, Any]) -> None:
-    """The drain's stop phases are not used: these operations never stop the engine."""
-
-
-async def apply_policy(sup: EngineSupervisor, drainer: Drainer, mode: str) -> Evidence:
-    if mode == "wait":
-        sup.transition(S.DRAINING, "waiting for in-flight requests", DrainPhase.WAITING_IN_FLIGHT)
-        report = DrainReport(policy=mode)
-        await drainer.wait_in_flight(report)
-        if not report.in_flight_drained:
-            raise StepFailed(
-                "in-flight requests did not finish within "
-                f"--drain-timeout {sup.config.drain.drain_timeout:g}s",
-                notes=report.notes,
-            )
-        return {"policy": "wait", "in_flight_drained": True, "seconds": round(report.drain_seconds, 3)}
-    sample = drainer.last_sample
-    in_flight = sample.in_flight if sample is not None else None
-    if mode == "abort":
-        sup.transition(S.DRAINING, "policy abort: in-flight requests will be aborted", DrainPhase.ABORTING)
-        return {"policy": "abort", "in_flight_at_abort": in_flight}
-    return {"policy": "keep", "in_flight_frozen": in_flight, "note": "frozen requests resume after the wake"}
+async def apply_policy(sup: EngineSupervisor, leaving: Leaving, mode: str) -> Evidence:
+    """The drain sequence's policy step; a `wait` whose requests did not finish fails the operation."""
+    evidence = await sup.drain_sequence.apply_policy(leaving, mode)
+    if mode == "wait" and not leaving.report.in_flight_drained:
+        raise StepFailed(
+            f"in-flight requests did not finish within --drain-timeout {sup.config.drain.drain_timeout:g}s",
+            notes=leaving.report.notes,
+        )
+    return evidence
 
 
 async def verify_awake(sup: EngineSupervisor, admin: EngineAdmin, before: EngineFigures | None) -> Evidence:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from corral.engine.dev_api import EngineFigures
-from corral.supervisor.lifecycle.drain import Drainer
+from corral.supervisor.lifecycle.drain import Leaving
 from corral.supervisor.lifecycle.states import EngineState
 from corral.supervisor.runbook.common import (
     SLEEP_MODES,
@@ -50,7 +50,7 @@ class SleepPlan:
         self.release_kv = release_kv
         self.admin = admin_for(sup)
         self.before: EngineFigures | None = None
-        self._drainer: Drainer | None = None
+        self._drainer: Leaving | None = None
 
     async def precheck(self) -> Evidence:
         evidence = await require_ready_and_dev(self.sup, self.admin, "sleep")

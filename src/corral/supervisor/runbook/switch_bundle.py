@@ -21,7 +21,7 @@ import time
 from typing import TYPE_CHECKING
 
 from corral.bundle_spec import BundleSpec
-from corral.supervisor.lifecycle.drain import Drainer
+from corral.supervisor.lifecycle.drain import Leaving
 from corral.supervisor.lifecycle.engine_auth import redact_argv
 from corral.supervisor.lifecycle.readiness import NotReady
 from corral.supervisor.lifecycle.states import EngineState, StateEvent
@@ -51,7 +51,7 @@ class SwitchBundlePlan:
         self.target: BundleSpec = declared[name]
         self.previous = sup.running_bundle
         self.ready_timeout = ready_timeout or sup.config.startup_timeout
-        self._drainer: Drainer | None = None
+        self._drainer: Leaving | None = None
         self._executed = False
 
     async def precheck(self) -> Evidence:
