@@ -7,7 +7,8 @@ import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from corral.supervisor.lifecycle.engine_auth import MASK, EngineKey, Redactor, engine_api_key, redact_argv
+from corral.engine.flags import engine_api_key
+from corral.supervisor.lifecycle.engine_auth import MASK, EngineKey, Redactor, redact_argv
 from corral.supervisor.lifecycle.engine_process import engine_environment
 
 

@@ -22,39 +22,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-# flag -> part name; both `--flag value` and `--flag=value` are read, the last one wins
-_VALUE_FLAGS: dict[str, str] = {
-    "--model": "model",
-    "--revision": "revision",
-    "--code-revision": "code_revision",
-    "--tokenizer": "tokenizer",
-    "--tokenizer-revision": "tokenizer_revision",
-    "--tokenizer-mode": "tokenizer_mode",
-    "--dtype": "dtype",
-    "--quantization": "quantization",
-    "-q": "quantization",
-    "--kv-cache-dtype": "kv_cache_dtype",
-    "--tensor-parallel-size": "tensor_parallel_size",
-    "-tp": "tensor_parallel_size",
-    "--pipeline-parallel-size": "pipeline_parallel_size",
-    "-pp": "pipeline_parallel_size",
-    "--data-parallel-size": "data_parallel_size",
-    "-dp": "data_parallel_size",
-    "--load-format": "load_format",
-    "--model-loader-extra-config": "model_loader_extra_config",
-    "--kv-transfer-config": "kv_transfer_config",
-    "--kv-connector": "kv_connector",
-    "--chat-template": "chat_template",
-    "--chat-template-content-format": "chat_template_content_format",
-    "--max-model-len": "max_model_len",
-    "--served-model-name": "served_model_name",
-}
-_BOOL_FLAGS: dict[str, str] = {
-    "--enable-expert-parallel": "expert_parallel",
-    "--trust-remote-code": "trust_remote_code",
-    "--enable-sleep-mode": "sleep_mode",
-    "--enable-lora": "lora",
-}
+from corral.engine.flags import serving_settings
+
 WHOLE_FILE_LIMIT = 16 * 1024 * 1024
 SAMPLE_BYTES = 1024 * 1024
 FILE_DIGEST_METHOD = "files <=16MiB: sha256 of content; larger: name+size+sha256(first and last MiB)"
@@ -62,24 +31,7 @@ FILE_DIGEST_METHOD = "files <=16MiB: sha256 of content; larger: name+size+sha256
 
 def command_parts(argv: Sequence[str]) -> dict[str, Any]:
     """The bundle-relevant settings of an engine command line (ports, hosts and seeds are not)."""
-    parts: dict[str, Any] = {}
-    args = list(argv)
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        flag, eq, inline = arg.partition("=")
-        if flag in _VALUE_FLAGS:
-            if eq:
-                parts[_VALUE_FLAGS[flag]] = inline
-            elif i + 1 < len(args):
-                parts[_VALUE_FLAGS[flag]] = args[i + 1]
-                i += 1
-        elif arg in _BOOL_FLAGS:
-            parts[_BOOL_FLAGS[arg]] = True
-        elif arg == "serve" and i + 1 < len(args) and not args[i + 1].startswith("-"):
-            parts["model"] = args[i + 1]  # `vllm serve MODEL`
-            i += 1
-        i += 1
+    parts: dict[str, Any] = dict(serving_settings(argv))
     template = parts.get("chat_template")
     if isinstance(template, str):
         path = Path(template)

@@ -6,45 +6,14 @@ daemon), and masked wherever the command or the engine's own output is shown or 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 
 from aiohttp import ClientHandlerType, ClientRequest, ClientResponse
 from yarl import URL
 
-API_KEY_FLAG = "--api-key"
-API_KEY_ENV = "VLLM_API_KEY"
+from corral.engine.flags import API_KEY_FLAG
+
 MASK = "<redacted>"
-
-
-def _values_after(argv: Sequence[str], i: int) -> list[str]:
-    """The arguments that follow a bare `--api-key` at index `i`, up to the next option."""
-    values: list[str] = []
-    for arg in argv[i + 1 :]:
-        if arg.startswith("-") and values:
-            break
-        values.append(arg)
-        if arg.startswith("-"):  # a key may begin with "-" only as the flag's first value
-            break
-    return values
-
-
-def _flag_values(argv: Sequence[str]) -> list[str] | None:
-    """The values of the last `--api-key` (vLLM keeps the last occurrence); None when it is absent."""
-    found: list[str] | None = None
-    for i, arg in enumerate(argv):
-        if arg == API_KEY_FLAG:
-            found = _values_after(argv, i)
-        elif arg.startswith(API_KEY_FLAG + "="):
-            found = [arg.partition("=")[2]]
-    return found
-
-
-def engine_api_key(argv: Sequence[str], environ: Mapping[str, str]) -> str | None:
-    """The key the engine demands, or None when it demands none. As vLLM: a given `--api-key` wins over
-    VLLM_API_KEY even when empty, and an empty key guards nothing."""
-    values = _flag_values(argv)
-    chosen = values if values is not None else [environ.get(API_KEY_ENV, "")]
-    return next((key for key in chosen if key), None)
 
 
 def redact_argv(argv: Iterable[str]) -> list[str]:

@@ -22,7 +22,8 @@ from typing import Any
 import psutil
 
 from corral.child_process import ChildProcess, LineSink
-from corral.supervisor.lifecycle.engine_auth import Redactor, engine_api_key
+from corral.engine.flags import engine_api_key
+from corral.supervisor.lifecycle.engine_auth import Redactor
 from corral.supervisor.lifecycle.states import StartingPhase
 
 # Corral's own secrets by name (CORRAL_TOKEN, CORRAL_TOKEN_FILE, an admin or API key file, ...).
