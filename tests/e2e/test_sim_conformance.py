@@ -16,6 +16,7 @@ import httpx
 import orjson
 import pytest
 
+from corral.engine import metric_names as vllm
 from tests.e2e.conftest import MAX_MODEL_LEN, SERVED_NAME
 from tests.support.procs import CorralProcess, start_sim
 
@@ -192,20 +193,7 @@ def test_health_matches(vllm_engine: str, sim_url: str) -> None:
     assert (sim.status_code, sim.content) == (real.status_code, real.content) == (200, b"")
 
 
-METRICS = [
-    "vllm:num_requests_running",
-    "vllm:num_requests_waiting",
-    "vllm:kv_cache_usage_perc",
-    "vllm:prefix_cache_queries_total",
-    "vllm:prefix_cache_hits_total",
-    "vllm:time_to_first_token_seconds_bucket",
-    "vllm:request_success_total",
-    "vllm:generation_tokens_total",
-    "vllm:prompt_tokens_total",
-    "vllm:engine_sleep_state",
-    "vllm:e2e_request_latency_seconds_bucket",
-    "vllm:inter_token_latency_seconds_bucket",
-]
+METRICS = list(vllm.ALWAYS_EXPOSED_SAMPLES)  # the names Corral reads, from its one table
 
 
 def metric_labels(text: str) -> dict[str, set[frozenset[str]]]:

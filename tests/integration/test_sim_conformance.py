@@ -16,6 +16,7 @@ import aiohttp
 import orjson
 import pytest
 
+from corral.engine import metric_names as vllm
 from tests.support.procs import CorralProcess, start_sim
 
 # In the repository, so a plain clone runs these checks rather than skipping them (provenance: its README.md)
@@ -193,25 +194,7 @@ def _metric_index(text: str) -> dict[str, set[frozenset[str]]]:
     return index
 
 
-REQUIRED_METRICS = [
-    "vllm:num_requests_running",
-    "vllm:num_requests_waiting",
-    "vllm:kv_cache_usage_perc",
-    "vllm:prefix_cache_queries_total",
-    "vllm:prefix_cache_hits_total",
-    "vllm:time_to_first_token_seconds_bucket",
-    "vllm:time_to_first_token_seconds_count",
-    "vllm:time_to_first_token_seconds_sum",
-    "vllm:inter_token_latency_seconds_bucket",
-    "vllm:e2e_request_latency_seconds_bucket",
-    "vllm:request_success_total",
-    "vllm:generation_tokens_total",
-    "vllm:prompt_tokens_total",
-    "vllm:engine_sleep_state",
-    "vllm:num_requests_waiting_by_reason",
-    "vllm:num_preemptions_total",
-    "vllm:request_queue_time_seconds_bucket",
-]
+REQUIRED_METRICS = list(vllm.ALWAYS_EXPOSED_SAMPLES)  # the names Corral reads, from its one table
 
 
 async def test_metrics_have_vllm_names_labels_help_and_buckets(sim: str) -> None:

@@ -40,6 +40,13 @@ COUNTERS = (PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, PREEMPTIONS, PROMPT_TOKENS,
 HISTOGRAMS = (TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY, E2E_LATENCY, QUEUE_TIME)
 # What a current vLLM exposes and Corral relies on (the simulator exposes all of these too).
 EXPOSED = GAUGES + COUNTERS + HISTOGRAMS
+# The sample names of those that every engine shows (lora_requests_info needs --enable-lora), as the
+# conformance tests compare them between a real engine and `corral sim`.
+ALWAYS_EXPOSED_SAMPLES = (
+    tuple(g for g in GAUGES if g != LORA_INFO)
+    + COUNTERS
+    + tuple(h + suffix for h in HISTOGRAMS for suffix in ("_bucket", "_count", "_sum"))
+)
 
 # Only `corral sim` exposes these: a real engine's GPU memory comes from the device.
 SIM_GPU_MEMORY = "corral_sim_gpu_memory_bytes"  # label `kind`: weights | kv_cache

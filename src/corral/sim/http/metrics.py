@@ -21,6 +21,7 @@ from prometheus_client import (
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from corral.engine import metric_names as vllm
 from corral.sim.core.prefix_cache import PrefixCache
 from corral.sim.core.scheduler import Scheduler
 
@@ -180,14 +181,10 @@ class EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s, sched, cache = self._stats, self._scheduler, self._cache
-        yield self._gauge(
-            "vllm:num_requests_running", "Number of requests in model execution batches.", sched.num_running
-        )
-        yield self._gauge(
-            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", sched.num_waiting
-        )
+        yield self._gauge(vllm.RUNNING, "Number of requests in model execution batches.", sched.num_running)
+        yield self._gauge(vllm.WAITING, "Number of requests waiting to be processed.", sched.num_waiting)
         by_reason = Metric(
-            "vllm:num_requests_waiting_by_reason",
+            vllm.WAITING_BY_REASON,
             "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling "
             "capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked "
             "status). Sum of all reasons equals vllm:num_requests_waiting.",
@@ -197,7 +194,7 @@ class EngineCollector(Collector):
         by_reason.add_sample(by_reason.name, self._labels(reason="deferred"), 0)
         yield by_reason
         sleep = Metric(
-            "vllm:engine_sleep_state",
+            vllm.SLEEP_STATE,
             "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
             "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
             "gauge",
@@ -206,45 +203,39 @@ class EngineCollector(Collector):
         for label in ("awake", "weights_offloaded", "discard_all"):
             sleep.add_sample(sleep.name, self._labels(sleep_state=label), 1.0 if state == label else 0.0)
         yield sleep
-        yield self._gauge(
-            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", sched.kv_usage
-        )
+        yield self._gauge(vllm.KV_USAGE, "KV-cache usage. 1 means 100 percent usage.", sched.kv_usage)
         yield self._counter(
-            "vllm:prefix_cache_queries",
+            vllm.family(vllm.PREFIX_CACHE_QUERIES),
             "Prefix cache queries, in terms of number of queried tokens.",
             cache.queries,
         )
         yield self._counter(
-            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", cache.hits
+            vllm.family(vllm.PREFIX_CACHE_HITS),
+            "Prefix cache hits, in terms of number of cached tokens.",
+            cache.hits,
         )
         yield self._counter(
-            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", s.preemptions
+            vllm.family(vllm.PREEMPTIONS), "Cumulative number of preemption from the engine.", s.preemptions
         )
-        yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens)
         yield self._counter(
-            "vllm:generation_tokens", "Number of generation tokens processed.", s.generation_tokens
+            vllm.family(vllm.PROMPT_TOKENS), "Number of prefill tokens processed.", s.prompt_tokens
         )
-        success = Metric("vllm:request_success", "Count of successfully processed requests.", "counter")
+        yield self._counter(
+            vllm.family(vllm.GENERATION_TOKENS), "Number of generation tokens processed.", s.generation_tokens
+        )
+        success = Metric(vllm.family(vllm.FINISHED), "Count of successfully processed requests.", "counter")
         for reason in FINISHED_REASONS:
-            success.add_sample(
-                "vllm:request_success_total", self._labels(finished_reason=reason), s.success[reason]
-            )
+            success.add_sample(vllm.FINISHED, self._labels(finished_reason=reason), s.success[reason])
         for reason in FINISHED_REASONS:
-            success.add_sample(
-                "vllm:request_success_created", self._labels(finished_reason=reason), s.created
-            )
+            success.add_sample(success.name + "_created", self._labels(finished_reason=reason), s.created)
         yield success
         yield self._histogram(
-            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", s.ttft
+            vllm.TIME_TO_FIRST_TOKEN, "Histogram of time to first token in seconds.", s.ttft
         )
+        yield self._histogram(vllm.INTER_TOKEN_LATENCY, "Histogram of inter-token latency in seconds.", s.itl)
+        yield self._histogram(vllm.E2E_LATENCY, "Histogram of e2e request latency in seconds.", s.e2e)
         yield self._histogram(
-            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", s.itl
-        )
-        yield self._histogram(
-            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", s.e2e
-        )
-        yield self._histogram(
-            "vllm:request_queue_time_seconds",
+            vllm.QUEUE_TIME,
             "Histogram of time spent in WAITING phase for request.",
             s.queue_time,
         )

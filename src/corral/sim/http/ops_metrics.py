@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from corral.engine.metric_names import LORA_INFO, LORA_RUNNING_LABEL, LORA_WAITING_LABEL
 from corral.sim.core.lifecycle import EngineLifecycle
 from corral.sim.core.lora import LoraRegistry
 from corral.sim.weights.weight_loader import LoadOutcome
@@ -75,14 +76,14 @@ class LoraCollector(Collector):
         reg = self._registry
         current = (",".join(reg.running_names()), ",".join(reg.waiting_names()))
         self._seen[current] = time.time()
-        m = Metric("vllm:lora_requests_info", "Running stats on lora requests.", "gauge")
+        m = Metric(LORA_INFO, "Running stats on lora requests.", "gauge")
         for (running, waiting), stamp in self._seen.items():
             m.add_sample(
                 m.name,
                 {
                     "max_lora": str(reg.max_loras),
-                    "running_lora_adapters": running,
-                    "waiting_lora_adapters": waiting,
+                    LORA_RUNNING_LABEL: running,
+                    LORA_WAITING_LABEL: waiting,
                 },
                 stamp,
             )
