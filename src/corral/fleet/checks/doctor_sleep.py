@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from corral.engine.dev_api import EngineFigures, parse_figures
+from corral.engine.metric_names import SLEEP_STATE
 from corral.fleet.checks.probe import EngineView
 
 PARTIAL_WAKE = "not-ready/partial-wake"
@@ -63,7 +64,7 @@ def partial_wake(e: EngineView) -> tuple[str, str, str] | None:
         return None
     asleep = ["kv_cache"] if weights else ["weights"]
     evidence = (
-        f"/is_sleeping true, vllm:engine_sleep_state {figures.sleep_state}, but GPU weights "
+        f"/is_sleeping true, {SLEEP_STATE} {figures.sleep_state}, but GPU weights "
         f"{_gib(weights)} and KV cache {_gib(kv)}: {asleep[0]} still asleep, the rest woken "
         "(a wake_up with tags, not through the supervisor)"
     )
@@ -97,7 +98,7 @@ def memory_not_released(e: EngineView) -> tuple[str, str, str] | None:
         else ""
     )
     evidence = (
-        f"asleep at level {level} (vllm:engine_sleep_state {figures.sleep_state}) but still holding "
+        f"asleep at level {level} ({SLEEP_STATE} {figures.sleep_state}) but still holding "
         + ", ".join(f"{name} {_gib(value)}" for name, value in held)
         + was
     )

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from corral.engine.dev_api import AdminCallFailed, EngineAdmin, EngineFigures
+from corral.engine.metric_names import SLEEP_STATE
 from corral.supervisor.lifecycle.drain import Leaving
 from corral.supervisor.lifecycle.readiness import NotReady
 from corral.supervisor.lifecycle.states import EngineState
@@ -115,9 +116,7 @@ async def verify_awake(sup: EngineSupervisor, admin: EngineAdmin, before: Engine
         raise StepFailed("the engine still reports is_sleeping true")
     figures = await admin.figures()
     if figures.sleep_state not in (None, "awake"):
-        raise StepFailed(
-            f"vllm:engine_sleep_state is {figures.sleep_state}, not awake", figures=figures.to_json()
-        )
+        raise StepFailed(f"{SLEEP_STATE} is {figures.sleep_state}, not awake", figures=figures.to_json())
     if figures.weights_valid is not None and figures.weights_valid < 1:
         raise StepFailed(
             "the engine's weights are not valid (weights woken without reload)", figures=figures.to_json()

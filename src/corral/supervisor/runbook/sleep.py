@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from corral.engine.dev_api import EngineFigures
+from corral.engine.metric_names import SLEEP_STATE
 from corral.supervisor.lifecycle.drain import Leaving
 from corral.supervisor.lifecycle.states import EngineState
 from corral.supervisor.runbook.common import (
@@ -84,9 +85,7 @@ class SleepPlan:
         after = await self.admin.figures()
         want = EXPECTED_SLEEP_STATE[self.level]
         if after.sleep_state != want and not (self.release_kv and after.sleep_state is None):
-            raise StepFailed(
-                f"vllm:engine_sleep_state is {after.sleep_state}, expected {want}", after=after.to_json()
-            )
+            raise StepFailed(f"{SLEEP_STATE} is {after.sleep_state}, expected {want}", after=after.to_json())
         before = self.before
         moved: Evidence = {}
         if (
