@@ -12,10 +12,8 @@ import contextlib
 import ctypes
 import os
 import signal
-import sys
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TextIO
 
 _PR_SET_PDEATHSIG = 1
 
@@ -126,11 +124,3 @@ class ChildProcess:
                 return code
         self.send_signal(signal.SIGKILL)
         return await self.wait(10.0)
-
-
-def prefixed_printer(prefix: str, out: TextIO = sys.stdout) -> LineSink:
-    def sink(line: str) -> None:
-        out.write(f"{prefix} {line}\n")
-        out.flush()
-
-    return sink

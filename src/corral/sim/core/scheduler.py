@@ -115,9 +115,6 @@ class Scheduler:
             self._idle.append(fut)
             await fut
 
-    def waiting_requests(self) -> list[EngineRequest]:
-        return [req for req, _ in self._waiting]
-
     def pause(self) -> None:
         self.paused = True
 

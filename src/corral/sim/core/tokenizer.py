@@ -73,10 +73,6 @@ class ToyTokenizer:
     def vocab_size(self) -> int:
         return len(self._pieces)
 
-    def id_of(self, piece: str) -> int:
-        """The id of a piece in the vocabulary (the generator emits only such pieces)."""
-        return self._ids[piece]
-
     def encode(self, text: str) -> list[int]:
         ids: list[int] = []
         vocab, memo = self._ids, self._memo

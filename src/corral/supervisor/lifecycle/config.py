@@ -49,8 +49,3 @@ class SupervisorConfig:
     engine_env: tuple[tuple[str, str], ...] = ()  # set in the engine's environment (a bundle's env)
     bundle_name: str = "initial"  # what the engine command as configured is called
     bundles: tuple[BundleSpec, ...] = ()  # bundles this host may be switched to (POST /v1/bundle)
-
-    @property
-    def management_enabled(self) -> bool:
-        """Management needs a token unless only this machine can reach it."""
-        return self.token is not None or is_loopback(self.host)
