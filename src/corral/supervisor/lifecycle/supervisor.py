@@ -9,62 +9,52 @@ import asyncio
 import contextlib
 import dataclasses
 import signal
-import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from corral.bundle_spec import BundleSpec
 from corral.child_process import LineSink
-from corral.engine.evidence import EvidenceBook, classify
-from corral.supervisor.http.admission import AdmissionGate
-from corral.supervisor.http.metrics import SupervisorMetrics
-from corral.supervisor.lifecycle.adapters import AdapterCallFailed, AdapterSet, EngineAdapters, reconcile
-from corral.supervisor.lifecycle.bundle import Bundle, read_bundle
+from corral.engine.evidence import EvidenceBook
+from corral.supervisor.lifecycle.adapters import AdapterSet
+from corral.supervisor.lifecycle.bundle import Bundle
 from corral.supervisor.lifecycle.config import SupervisorConfig
-from corral.supervisor.lifecycle.dependencies import GatesTimedOut, GateWaiter
+from corral.supervisor.lifecycle.dependencies import GateWaiter
 from corral.supervisor.lifecycle.drain import DrainPolicy, DrainReport, DrainSequence, DrainSettings
 from corral.supervisor.lifecycle.engine_auth import EngineKey, redact_argv
 from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPolicy, RestartRecord
+from corral.supervisor.lifecycle.metrics import SupervisorMetrics
+from corral.supervisor.lifecycle.operations import Operation, OperationLedger
 from corral.supervisor.lifecycle.preload import PreloadDaemon
 from corral.supervisor.lifecycle.preload_recovery import PreloadKeeper
-from corral.supervisor.lifecycle.readiness import EngineNotAnswering, NotReady, ReadinessCheck, SmokeResult
+from corral.supervisor.lifecycle.publication import Publication
+from corral.supervisor.lifecycle.readiness import ReadinessCheck, SmokeResult
 from corral.supervisor.lifecycle.routers import RouterSubscriptions
 from corral.supervisor.lifecycle.stall import Stall, StallWatch
+from corral.supervisor.lifecycle.startup import EngineStartup
 from corral.supervisor.lifecycle.states import (
     EngineState,
     StartingPhase,
     StateEvent,
     StateMachine,
 )
-from corral.supervisor.runbook.operations import Operation, OperationLedger
 from corral.supervisor.state.oplog import EngineLeftover, OperationLog, last_epoch
 from corral.supervisor.state.runtime_adapters import RuntimeAdapterFile, restore_runtime_adapters
 from corral.supervisor.state.state_writes import StateWriteFailures
 
+if TYPE_CHECKING:
+    from corral.supervisor.http.admission import AdmissionGate  # set by the CLI; lifecycle never builds one
+
 S = EngineState
-_ENGINE_PHASES = frozenset(
-    {
-        StartingPhase.ENGINE_STARTING,
-        StartingPhase.LOADING_MODEL,
-        StartingPhase.ALLOCATING_KV_CACHE,
-        StartingPhase.CAPTURING_GRAPHS,
-        StartingPhase.SERVER_STARTING,
-    }
-)
-
 Log = Callable[[str], None]
-
-
-class ModelMismatch(Exception):
-    """The engine serves, but not the model it was expected to: no restart will fix that."""
 
 
 class EngineSupervisor:
     def __init__(self, config: SupervisorConfig, log: Log, echo: LineSink) -> None:
         self.config = config
         self._log = log
+        self.log = log
         self._echo = echo
         self.metrics = SupervisorMetrics()
         self.state_writes = StateWriteFailures(self.metrics.state_write_errors, log)
@@ -72,9 +62,10 @@ class EngineSupervisor:
             config.state_dir, self.state_writes, config.oplog_max_bytes, config.oplog_keep
         )
         self.machine = StateMachine()  # replaced in open(), once the log gives the next epoch
-        self.gates = GateWaiter(config.gates, config.dependency_timeout, self._gate_log)
+        self.gates = GateWaiter(config.gates, config.dependency_timeout, self.gate_log)
         self.readiness = ReadinessCheck(config.engine_url, config.model)
-        self.operations = OperationLedger(self._record_operation)
+        self.publication = Publication(self, log, echo)
+        self.operations = OperationLedger(self.publication.operation)
         self.routers = RouterSubscriptions(self.oplog.append, log)
         self.engine: EngineProcess | None = None
         self.restarts: list[RestartRecord] = []
@@ -101,6 +92,7 @@ class EngineSupervisor:
         self._lifecycle: asyncio.Task[None] | None = None
         self._drain: asyncio.Task[DrainReport] | None = None
         self.drain_sequence = DrainSequence(self, log)
+        self.startup = EngineStartup(self)
 
     # -- set-up and tear-down -------------------------------------------------------------------
 
@@ -112,7 +104,7 @@ class EngineSupervisor:
             reason="supervisor started",
             sub_state=StartingPhase.WAITING_DEPENDENCIES,
         )
-        self.machine.subscribe(self._record_event)
+        self.machine.subscribe(self.publication.event)
         self.machine.subscribe(self.routers.note_event)
         self.oplog.append("supervisor_started", argv=redact_argv(self.config.engine_argv))
         store = RuntimeAdapterFile(self.config.state_dir, self.state_writes)
@@ -191,30 +183,12 @@ class EngineSupervisor:
 
     # -- recording ------------------------------------------------------------------------------
 
-    def _record_event(self, event: StateEvent) -> None:
-        self.metrics.observe(event)
-        self.oplog.append("transition", **{k: v for k, v in event.to_json().items() if k != "type"})
-        sub = f"/{event.sub_state}" if event.sub_state else ""
-        self._log(f"state {event.to_state}{sub} (epoch {event.epoch}): {event.reason}")
-
-    def _record_operation(self, op: Operation) -> None:
-        bundle = self.bundle.fingerprint if self.bundle is not None else None
-        self.oplog.append("operation", bundle=bundle, **op.to_json())
-
-    def _engine_line(self, line: str) -> None:
-        self._echo(line)
-        kind = classify(line)
-        if kind is not None:
-            self.evidence.note(kind, line)
-            self.oplog.append("engine_evidence", kind=kind, line=line[:500])
-            self.metrics.count_evidence(kind)
-
     def refresh_gate_metrics(self) -> None:
         for status in self.gates.status.values():
             self.metrics.gate_wait.labels(gate=status.spec).set(status.waited_seconds)
             self.metrics.gate_open.labels(gate=status.spec).set(1 if status.open else 0)
 
-    def _gate_log(self, message: str) -> None:
+    def gate_log(self, message: str) -> None:
         self.refresh_gate_metrics()
         self._log(message)
 
@@ -234,22 +208,22 @@ class EngineSupervisor:
         )
         await self._preload.start()
 
-    def _preload_lost(self) -> str | None:
+    def preload_lost(self) -> str | None:
         return self._preload.lost if self._preload is not None else None
 
-    def _watch_preload(self, tasks: set[asyncio.Task[Any]]) -> None:
+    def watch_preload(self, tasks: set[asyncio.Task[Any]]) -> None:
         if self._preload is not None:
             tasks.add(self._preload.death_task())
 
-    async def _revive_preload(self) -> bool:
+    async def revive_preload(self) -> bool:
         """Before the engine (re)starts, a dead daemon runs again; False once it keeps dying."""
-        lost = self._preload_lost()
+        lost = self.preload_lost()
         if self._preload is None or lost is None:
             return True
         self._to(S.STARTING, f"restarting the preload daemon: {lost}", StartingPhase.WAITING_DEPENDENCIES)
         problem = await self._preload.revive(self.session)
         if problem is not None:
-            self._fail_for_good(problem, preload=self.preload_json())
+            self.fail_for_good(problem, preload=self.preload_json())
             return False
         return True
 
@@ -265,7 +239,7 @@ class EngineSupervisor:
             self.config.failure_restarts, self.config.restart_backoff, self.config.restart_backoff_cap
         )
         while True:
-            if not serving and not await self._start_until_ready():
+            if not serving and not await self.startup.until_ready():
                 return
             serving = False
             failure = await self._serve()
@@ -273,15 +247,13 @@ class EngineSupervisor:
             await self.stop_engine(min(5.0, self.config.drain.shutdown_timeout), failure.reason)
             backoff = recovery.next_backoff()
             if backoff is None:
-                self._fail_for_good(
+                self.fail_for_good(
                     f"{failure.reason}; restart budget spent "
                     f"({self.config.failure_restarts} restarts after failures)"
                 )
                 return
-            cause = "preload_exit" if self._preload_lost() else "failure"
-            self._record_restart(
-                recovery.used, None, failure.reason, backoff, cause=cause, engine=self.engine
-            )
+            cause = "preload_exit" if self.preload_lost() else "failure"
+            self.record_restart(recovery.used, None, failure.reason, backoff, cause=cause, engine=self.engine)
             await asyncio.sleep(backoff)
             self._to(
                 S.STARTING,
@@ -327,183 +299,9 @@ class EngineSupervisor:
         self._to(S.STARTING, f"restarting in place after: {reason}", StartingPhase.RESTARTING)
         self.start()
 
-    async def _reconcile_adapters(self) -> str | None:
-        """Load the desired LoRA adapters the (re)started engine lacks, before it is READY; the
-        failure's reason when one cannot be loaded (a path or name no restart will fix)."""
-        if not self.adapters.desired:
-            return None
-        try:
-            result = await reconcile(EngineAdapters(self.session, self.config.engine_url), self.adapters)
-        except AdapterCallFailed as exc:
-            self.oplog.append("adapters_reconciled", error=str(exc))
-            return f"desired LoRA adapters could not be loaded: {exc}"
-        self.oplog.append("adapters_reconciled", **result)
-        return None
-
-    def _fail_for_good(self, reason: str, **evidence: Any) -> None:
+    def fail_for_good(self, reason: str, **evidence: Any) -> None:
         self.unrecoverable = reason
         self._to(S.FAILED, reason, "gave_up", recoverable=False, **evidence)
-
-    async def _wait_gates(self) -> bool:
-        if not await self._revive_preload():
-            return False
-        if not self.config.gates:
-            return True
-        if self.machine.sub_state != StartingPhase.WAITING_DEPENDENCIES:
-            self._to(
-                S.STARTING,
-                f"waiting for {len(self.config.gates)} dependencies "
-                f"(deadline {self.config.dependency_timeout:g}s)",
-                StartingPhase.WAITING_DEPENDENCIES,
-                gates=[g.spec for g in self.config.gates],
-            )
-        try:
-            await self.gates.wait(self.session)
-        except GatesTimedOut as exc:
-            self._gate_log(str(exc))
-            self._fail_for_good(str(exc), gates=self.gates.to_json())
-            return False
-        self._gate_log("all dependencies are up")
-        return True
-
-    async def _start_until_ready(self) -> bool:
-        """STARTING until READY (True) or a FAILED that nothing here will fix (False)."""
-        if not await self._wait_gates():
-            return False
-        policy = RestartPolicy(
-            self.config.startup_restarts, self.config.restart_backoff, self.config.restart_backoff_cap
-        )
-        deadline = time.monotonic() + self.config.startup_timeout
-        while True:
-            engine = await self._launch_engine()
-            exit_task = engine.exit_task()
-            ready_task = asyncio.create_task(self._earn_readiness(), name="earn-readiness")
-            watched: set[asyncio.Task[Any]] = {exit_task, ready_task}
-            self._watch_preload(watched)
-            try:
-                await asyncio.wait(
-                    watched,
-                    timeout=max(0.0, deadline - time.monotonic()),
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-            finally:
-                for task in watched:
-                    task.cancel()
-            lost = self._preload_lost()
-            if lost is not None and engine.running:  # never READY on weights from a dead daemon
-                await engine.stop(min(5.0, self.config.drain.shutdown_timeout))
-            if ready_task.done() and not ready_task.cancelled() and engine.running:
-                exc = ready_task.exception()
-                if isinstance(exc, ModelMismatch):
-                    await self.stop_engine(self.config.drain.shutdown_timeout, str(exc))
-                    self._fail_for_good(str(exc))
-                    return False
-                if exc is not None:
-                    raise exc
-                smoke = ready_task.result()
-                adapters_failed = await self._reconcile_adapters()
-                if adapters_failed is not None:
-                    await self.stop_engine(self.config.drain.shutdown_timeout, adapters_failed)
-                    self._fail_for_good(adapters_failed)
-                    return False
-                self.bundle = await read_bundle(self.session, self.config.engine_url, self.config.engine_argv)
-                self.oplog.append("bundle", **self.bundle.to_json())
-                self._to(
-                    S.READY,
-                    "health 200, model listed, smoke completion answered",
-                    None,
-                    bundle=self.bundle.fingerprint,
-                    adapters=list(self.adapters.served),
-                    **smoke.to_json(),
-                )
-                return True
-            if engine.running:  # the startup deadline passed
-                phase = self.machine.sub_state
-                reason = (
-                    f"engine not ready within --startup-timeout {self.config.startup_timeout:g}s "
-                    f"(stuck in {phase})"
-                )
-                await self.stop_engine(self.config.drain.shutdown_timeout, reason)
-                self._fail_for_good(reason, last_lines=list(engine.last_lines()))
-                return False
-            code = engine.returncode
-            self._record_exit(engine)
-            backoff = policy.next_backoff()
-            reason = (
-                f"{lost}; engine stopped during startup ({self.machine.sub_state})"
-                if lost is not None
-                else f"engine exited with code {code} during startup ({self.machine.sub_state})"
-            )
-            if backoff is None:
-                self._fail_for_good(
-                    f"{reason}; --startup-restarts {self.config.startup_restarts} spent",
-                    exit_code=code,
-                    last_lines=list(engine.last_lines()),
-                )
-                return False
-            record = self._record_restart(
-                policy.used, code, reason, backoff, cause="startup_exit", engine=engine
-            )
-            self._to(
-                S.STARTING,
-                f"{reason}; restarting in {backoff:g}s",
-                StartingPhase.RESTARTING,
-                **record.to_json(),
-            )
-            await asyncio.sleep(backoff)
-            if not await self._wait_gates():
-                return False
-
-    async def _launch_engine(self) -> EngineProcess:
-        env = dict(self.config.engine_env) or None
-        engine = EngineProcess(self.config.engine_argv, self._engine_line, self._on_phase, env=env)
-        self.engine = engine
-        self.engine_key.key = engine.api_key
-        self._to(
-            S.STARTING,
-            f"starting engine: {' '.join(redact_argv(self.config.engine_argv))}",
-            StartingPhase.ENGINE_STARTING,
-        )
-        identity = await engine.start()
-        self.oplog.append(
-            "engine_started",
-            pid=identity.pid,
-            create_time=identity.create_time,
-            argv=redact_argv(self.config.engine_argv),
-        )
-        return engine
-
-    def _on_phase(self, phase: StartingPhase, line: str) -> None:
-        if self.machine.state is S.STARTING and self.machine.sub_state in _ENGINE_PHASES:
-            message = line.split("] ", 1)[-1].strip()  # drop vLLM's "(proc) LEVEL time [file]" prefix
-            self._to(S.STARTING, f"engine log: {message[:200]}", phase, line=line[:500])
-
-    async def _earn_readiness(self) -> SmokeResult:
-        """Health, then the model list, then the smoke request; retried until they pass."""
-        last_error = ""
-        while True:
-            try:
-                await self.readiness.health(self.session)
-                if self.machine.sub_state != StartingPhase.SMOKE_TESTING:
-                    self._to(S.STARTING, "engine answers /health 200", StartingPhase.SMOKE_TESTING)
-                model = await self.readiness.served_model(self.session)
-                smoke = await self.readiness.smoke(self.session, model)
-            except (EngineNotAnswering, aiohttp.ClientError):
-                await asyncio.sleep(0.2)  # still loading: vLLM answers nothing until it is
-                continue
-            except NotReady as exc:
-                if exc.check == "models" and "not the expected" in str(exc):
-                    raise ModelMismatch(str(exc)) from exc
-                if str(exc) != last_error:
-                    self._log(f"not ready yet: {exc}")
-                    last_error = str(exc)
-                    # in the probe's reason too: what an operator (or a rollout) waiting on it sees
-                    self._to(S.STARTING, f"not ready yet: {exc}"[:300], StartingPhase.SMOKE_TESTING)
-                await asyncio.sleep(1.0)
-                continue
-            self.served_model = model
-            self.last_smoke = smoke
-            return smoke
 
     async def _serve(self) -> Stall:
         """While READY: returns the first sign that the engine can no longer serve."""
@@ -516,24 +314,24 @@ class EngineSupervisor:
         exit_task = engine.exit_task()
         stall_task = asyncio.create_task(watch.watch(), name="stall-watch")
         watched: set[asyncio.Task[Any]] = {exit_task, stall_task}
-        self._watch_preload(watched)
+        self.watch_preload(watched)
         try:
             await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in watched:
                 task.cancel()
-        lost = self._preload_lost()
+        lost = self.preload_lost()
         if lost is not None and engine.running:  # its weights may be the dead daemon's memory
             return Stall(f"{lost} while serving", {"preload": self.preload_json()})
         if stall_task.done() and not stall_task.cancelled() and engine.running:
             return stall_task.result()
-        self._record_exit(engine)
+        self.record_exit(engine)
         return Stall(
             f"engine exited with code {engine.returncode} while serving",
             {"exit_code": engine.returncode, "last_lines": list(engine.last_lines())},
         )
 
-    def _record_exit(self, engine: EngineProcess) -> None:
+    def record_exit(self, engine: EngineProcess) -> None:
         if engine.identity is not None:
             self.oplog.append(
                 "engine_exited",
@@ -542,7 +340,7 @@ class EngineSupervisor:
                 last_lines=list(engine.last_lines()),
             )
 
-    def _record_restart(
+    def record_restart(
         self,
         attempt: int,
         code: int | None,
@@ -567,7 +365,7 @@ class EngineSupervisor:
         code = await engine.stop(grace)
         if was_running:
             self._log(f"engine stopped (exit code {code}): {reason}")
-            self._record_exit(engine)
+            self.record_exit(engine)
         return code
 
     # -- drain and shutdown ---------------------------------------------------------------------
@@ -612,27 +410,4 @@ class EngineSupervisor:
         return self.preload.to_json() if self.preload is not None else None
 
     def state_body(self) -> dict[str, Any]:
-        engine = self.engine
-        return {
-            **self.machine.snapshot(),
-            "engine": {
-                "url": self.config.engine_url,
-                "pid": engine.pid if engine is not None and engine.running else None,
-                "model": self.served_model or self.config.model,
-                "argv": redact_argv(self.config.engine_argv),
-            },
-            "restarts": [r.to_json() for r in self.restarts],
-            "gates": self.gates.to_json(),
-            "drain": self.drain_report.to_json() if self.drain_report else None,
-            "routers": self.routers.to_json(),
-            "sleep": self.sleep_status,
-            "adapters": self.adapters.to_json(),
-            "gate": self.gate.to_json() if self.gate is not None else None,
-            "preload": self.preload_json(),
-            "busy": self.busy,
-            "bundle": self.bundle.to_json() if self.bundle is not None else None,
-            "bundle_name": self.running_bundle.name,
-            # what POST /v1/bundle accepts: the command as configured, and every --bundle
-            "bundles_declared": [self.config.bundle_name, *(b.name for b in self.config.bundles)],
-            "engine_evidence": self.evidence.to_json(),
-        }
+        return self.publication.state_body()

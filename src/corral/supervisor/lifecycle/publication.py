@@ -1,0 +1,72 @@
+"""What the supervisor makes known: each transition, operation and engine log line recorded (operation
+log, metrics, its own log), and the `/v1/state` body that shows the whole supervisor at once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from corral.child_process import LineSink
+from corral.engine.evidence import classify
+from corral.supervisor.lifecycle.engine_auth import redact_argv
+from corral.supervisor.lifecycle.states import StateEvent
+
+if TYPE_CHECKING:
+    from corral.supervisor.lifecycle.operations import Operation
+    from corral.supervisor.lifecycle.supervisor import EngineSupervisor
+
+
+class Publication:
+    """Records and shows one supervisor's state; it changes nothing."""
+
+    def __init__(self, sup: EngineSupervisor, log: Callable[[str], None], echo: LineSink) -> None:
+        self._sup = sup
+        self._log = log
+        self._echo = echo
+
+    def event(self, event: StateEvent) -> None:
+        sup = self._sup
+        sup.metrics.observe(event)
+        sup.oplog.append("transition", **{k: v for k, v in event.to_json().items() if k != "type"})
+        sub = f"/{event.sub_state}" if event.sub_state else ""
+        self._log(f"state {event.to_state}{sub} (epoch {event.epoch}): {event.reason}")
+
+    def operation(self, op: Operation) -> None:
+        bundle = self._sup.bundle.fingerprint if self._sup.bundle is not None else None
+        self._sup.oplog.append("operation", bundle=bundle, **op.to_json())
+
+    def engine_line(self, line: str) -> None:
+        self._echo(line)
+        kind = classify(line)
+        if kind is not None:
+            sup = self._sup
+            sup.evidence.note(kind, line)
+            sup.oplog.append("engine_evidence", kind=kind, line=line[:500])
+            sup.metrics.count_evidence(kind)
+
+    def state_body(self) -> dict[str, Any]:
+        sup = self._sup
+        engine = sup.engine
+        return {
+            **sup.machine.snapshot(),
+            "engine": {
+                "url": sup.config.engine_url,
+                "pid": engine.pid if engine is not None and engine.running else None,
+                "model": sup.served_model or sup.config.model,
+                "argv": redact_argv(sup.config.engine_argv),
+            },
+            "restarts": [r.to_json() for r in sup.restarts],
+            "gates": sup.gates.to_json(),
+            "drain": sup.drain_report.to_json() if sup.drain_report else None,
+            "routers": sup.routers.to_json(),
+            "sleep": sup.sleep_status,
+            "adapters": sup.adapters.to_json(),
+            "gate": sup.gate.to_json() if sup.gate is not None else None,
+            "preload": sup.preload_json(),
+            "busy": sup.busy,
+            "bundle": sup.bundle.to_json() if sup.bundle is not None else None,
+            "bundle_name": sup.running_bundle.name,
+            # what POST /v1/bundle accepts: the command as configured, and every --bundle
+            "bundles_declared": [sup.config.bundle_name, *(b.name for b in sup.config.bundles)],
+            "engine_evidence": sup.evidence.to_json(),
+        }

@@ -1,0 +1,230 @@
+"""Startup: from dependency gates to an earned READY — launch the engine, follow its loading phases,
+health, model list and smoke request, desired LoRA adapters — restarting a startup failure within its
+budget; anything nothing here will fix ends FAILED for good."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from corral.supervisor.lifecycle.adapters import AdapterCallFailed, EngineAdapters, reconcile
+from corral.supervisor.lifecycle.bundle import read_bundle
+from corral.supervisor.lifecycle.dependencies import GatesTimedOut
+from corral.supervisor.lifecycle.engine_auth import redact_argv
+from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPolicy
+from corral.supervisor.lifecycle.readiness import EngineNotAnswering, NotReady, SmokeResult
+from corral.supervisor.lifecycle.states import EngineState, StartingPhase
+
+if TYPE_CHECKING:
+    from corral.supervisor.lifecycle.supervisor import EngineSupervisor
+
+S = EngineState
+_ENGINE_PHASES = frozenset(
+    {
+        StartingPhase.ENGINE_STARTING,
+        StartingPhase.LOADING_MODEL,
+        StartingPhase.ALLOCATING_KV_CACHE,
+        StartingPhase.CAPTURING_GRAPHS,
+        StartingPhase.SERVER_STARTING,
+    }
+)
+
+
+class ModelMismatch(Exception):
+    """The engine serves, but not the model it was expected to: no restart will fix that."""
+
+
+class EngineStartup:
+    """STARTING until READY for one supervisor; every transition on its state machine."""
+
+    def __init__(self, sup: EngineSupervisor) -> None:
+        self._sup = sup
+
+    async def _reconcile_adapters(self) -> str | None:
+        """Load the desired LoRA adapters the (re)started engine lacks, before it is READY; the
+        failure's reason when one cannot be loaded (a path or name no restart will fix)."""
+        if not self._sup.adapters.desired:
+            return None
+        try:
+            result = await reconcile(
+                EngineAdapters(self._sup.session, self._sup.config.engine_url), self._sup.adapters
+            )
+        except AdapterCallFailed as exc:
+            self._sup.oplog.append("adapters_reconciled", error=str(exc))
+            return f"desired LoRA adapters could not be loaded: {exc}"
+        self._sup.oplog.append("adapters_reconciled", **result)
+        return None
+
+    async def wait_gates(self) -> bool:
+        if not await self._sup.revive_preload():
+            return False
+        if not self._sup.config.gates:
+            return True
+        if self._sup.machine.sub_state != StartingPhase.WAITING_DEPENDENCIES:
+            self._sup.transition(
+                S.STARTING,
+                f"waiting for {len(self._sup.config.gates)} dependencies "
+                f"(deadline {self._sup.config.dependency_timeout:g}s)",
+                StartingPhase.WAITING_DEPENDENCIES,
+                gates=[g.spec for g in self._sup.config.gates],
+            )
+        try:
+            await self._sup.gates.wait(self._sup.session)
+        except GatesTimedOut as exc:
+            self._sup.gate_log(str(exc))
+            self._sup.fail_for_good(str(exc), gates=self._sup.gates.to_json())
+            return False
+        self._sup.gate_log("all dependencies are up")
+        return True
+
+    async def until_ready(self) -> bool:
+        """STARTING until READY (True) or a FAILED that nothing here will fix (False)."""
+        if not await self.wait_gates():
+            return False
+        policy = RestartPolicy(
+            self._sup.config.startup_restarts,
+            self._sup.config.restart_backoff,
+            self._sup.config.restart_backoff_cap,
+        )
+        deadline = time.monotonic() + self._sup.config.startup_timeout
+        while True:
+            engine = await self._launch_engine()
+            exit_task = engine.exit_task()
+            ready_task = asyncio.create_task(self._earn_readiness(), name="earn-readiness")
+            watched: set[asyncio.Task[Any]] = {exit_task, ready_task}
+            self._sup.watch_preload(watched)
+            try:
+                await asyncio.wait(
+                    watched,
+                    timeout=max(0.0, deadline - time.monotonic()),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                for task in watched:
+                    task.cancel()
+            lost = self._sup.preload_lost()
+            if lost is not None and engine.running:  # never READY on weights from a dead daemon
+                await engine.stop(min(5.0, self._sup.config.drain.shutdown_timeout))
+            if ready_task.done() and not ready_task.cancelled() and engine.running:
+                exc = ready_task.exception()
+                if isinstance(exc, ModelMismatch):
+                    await self._sup.stop_engine(self._sup.config.drain.shutdown_timeout, str(exc))
+                    self._sup.fail_for_good(str(exc))
+                    return False
+                if exc is not None:
+                    raise exc
+                smoke = ready_task.result()
+                adapters_failed = await self._reconcile_adapters()
+                if adapters_failed is not None:
+                    await self._sup.stop_engine(self._sup.config.drain.shutdown_timeout, adapters_failed)
+                    self._sup.fail_for_good(adapters_failed)
+                    return False
+                self._sup.bundle = await read_bundle(
+                    self._sup.session, self._sup.config.engine_url, self._sup.config.engine_argv
+                )
+                self._sup.oplog.append("bundle", **self._sup.bundle.to_json())
+                self._sup.transition(
+                    S.READY,
+                    "health 200, model listed, smoke completion answered",
+                    None,
+                    bundle=self._sup.bundle.fingerprint,
+                    adapters=list(self._sup.adapters.served),
+                    **smoke.to_json(),
+                )
+                return True
+            if engine.running:  # the startup deadline passed
+                phase = self._sup.machine.sub_state
+                reason = (
+                    f"engine not ready within --startup-timeout {self._sup.config.startup_timeout:g}s "
+                    f"(stuck in {phase})"
+                )
+                await self._sup.stop_engine(self._sup.config.drain.shutdown_timeout, reason)
+                self._sup.fail_for_good(reason, last_lines=list(engine.last_lines()))
+                return False
+            code = engine.returncode
+            self._sup.record_exit(engine)
+            backoff = policy.next_backoff()
+            reason = (
+                f"{lost}; engine stopped during startup ({self._sup.machine.sub_state})"
+                if lost is not None
+                else f"engine exited with code {code} during startup ({self._sup.machine.sub_state})"
+            )
+            if backoff is None:
+                self._sup.fail_for_good(
+                    f"{reason}; --startup-restarts {self._sup.config.startup_restarts} spent",
+                    exit_code=code,
+                    last_lines=list(engine.last_lines()),
+                )
+                return False
+            record = self._sup.record_restart(
+                policy.used, code, reason, backoff, cause="startup_exit", engine=engine
+            )
+            self._sup.transition(
+                S.STARTING,
+                f"{reason}; restarting in {backoff:g}s",
+                StartingPhase.RESTARTING,
+                **record.to_json(),
+            )
+            await asyncio.sleep(backoff)
+            if not await self.wait_gates():
+                return False
+
+    async def _launch_engine(self) -> EngineProcess:
+        env = dict(self._sup.config.engine_env) or None
+        engine = EngineProcess(
+            self._sup.config.engine_argv, self._sup.publication.engine_line, self._on_phase, env=env
+        )
+        self._sup.engine = engine
+        self._sup.engine_key.key = engine.api_key
+        self._sup.transition(
+            S.STARTING,
+            f"starting engine: {' '.join(redact_argv(self._sup.config.engine_argv))}",
+            StartingPhase.ENGINE_STARTING,
+        )
+        identity = await engine.start()
+        self._sup.oplog.append(
+            "engine_started",
+            pid=identity.pid,
+            create_time=identity.create_time,
+            argv=redact_argv(self._sup.config.engine_argv),
+        )
+        return engine
+
+    def _on_phase(self, phase: StartingPhase, line: str) -> None:
+        if self._sup.machine.state is S.STARTING and self._sup.machine.sub_state in _ENGINE_PHASES:
+            message = line.split("] ", 1)[-1].strip()  # drop vLLM's "(proc) LEVEL time [file]" prefix
+            self._sup.transition(S.STARTING, f"engine log: {message[:200]}", phase, line=line[:500])
+
+    async def _earn_readiness(self) -> SmokeResult:
+        """Health, then the model list, then the smoke request; retried until they pass."""
+        last_error = ""
+        while True:
+            try:
+                await self._sup.readiness.health(self._sup.session)
+                if self._sup.machine.sub_state != StartingPhase.SMOKE_TESTING:
+                    self._sup.transition(
+                        S.STARTING, "engine answers /health 200", StartingPhase.SMOKE_TESTING
+                    )
+                model = await self._sup.readiness.served_model(self._sup.session)
+                smoke = await self._sup.readiness.smoke(self._sup.session, model)
+            except (EngineNotAnswering, aiohttp.ClientError):
+                await asyncio.sleep(0.2)  # still loading: vLLM answers nothing until it is
+                continue
+            except NotReady as exc:
+                if exc.check == "models" and "not the expected" in str(exc):
+                    raise ModelMismatch(str(exc)) from exc
+                if str(exc) != last_error:
+                    self._sup.log(f"not ready yet: {exc}")
+                    last_error = str(exc)
+                    # in the probe's reason too: what an operator (or a rollout) waiting on it sees
+                    self._sup.transition(
+                        S.STARTING, f"not ready yet: {exc}"[:300], StartingPhase.SMOKE_TESTING
+                    )
+                await asyncio.sleep(1.0)
+                continue
+            self._sup.served_model = model
+            self._sup.last_smoke = smoke
+            return smoke
