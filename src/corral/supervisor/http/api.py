@@ -30,10 +30,10 @@ from aiohttp import web
 from corral.openai_errors import error_response
 from corral.supervisor.http.api_guard import ManagementGuard
 from corral.supervisor.lifecycle.drain import DrainPolicy
+from corral.supervisor.lifecycle.operations import Operation, OperationConflict
 from corral.supervisor.lifecycle.states import EngineState, StateEvent
 from corral.supervisor.lifecycle.supervisor import EngineSupervisor
 from corral.supervisor.runbook.lora import LoadAdapterPlan, UnloadAdapterPlan
-from corral.supervisor.runbook.operations import Operation, OperationConflict
 from corral.supervisor.runbook.reload import ReloadPlan
 from corral.supervisor.runbook.run import start_operation
 from corral.supervisor.runbook.sleep import SleepPlan

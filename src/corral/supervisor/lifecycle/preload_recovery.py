@@ -29,9 +29,9 @@ from typing import Any
 import aiohttp
 
 from corral.engine.evidence import PRELOAD_EXIT, EvidenceBook
-from corral.supervisor.http.metrics import SupervisorMetrics
 from corral.supervisor.lifecycle.config import SupervisorConfig
 from corral.supervisor.lifecycle.engine_process import RestartPolicy
+from corral.supervisor.lifecycle.metrics import SupervisorMetrics
 from corral.supervisor.lifecycle.preload import PreloadDaemon, Record
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from corral.supervisor.runbook.operations import Operation
+from corral.supervisor.lifecycle.operations import Operation
 from corral.supervisor.runbook.template import Refused, Runbook, RunbookPlan
 
 if TYPE_CHECKING:
