@@ -393,3 +393,17 @@ async def test_session_policy_keeps_a_session_on_one_engine() -> None:
                 orjson.loads((await f.post(CHAT, headers={"x-session-id": f"user-{i}"}))[2])["served_by"]
             )
         assert homes == {"e0", "e1"}
+
+
+async def test_retry_after_with_nothing_ejected_is_the_proxy_default_not_the_models_refresh() -> None:
+    # ProxyConfig was built positionally and --models-refresh-seconds landed in retry_after_seconds.
+    router = TestServer(build_app(RouterConfig(backends=["http://127.0.0.1:9"], models_refresh_seconds=0.1)))
+    await router.start_server()
+    try:
+        async with aiohttp.ClientSession() as client:
+            async with client.post(
+                f"http://127.0.0.1:{router.port}/v1/completions", data=b'{"model":"m"}'
+            ) as resp:
+                assert resp.status == 503 and resp.headers["Retry-After"] == "5"
+    finally:
+        await router.close()

@@ -218,7 +218,9 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             session,
             metrics,
             ProxyConfig(
-                config.max_retries, config.eject_seconds, config.models_refresh_seconds, config.retry_budget
+                max_retries=config.max_retries,
+                eject_seconds=config.eject_seconds,
+                retry_budget=config.retry_budget,
             ),
         )
         if config.wake_hold_seconds > 0:

@@ -64,7 +64,7 @@ _SAFE_REQUEST_ID = re.compile(r"[!-~]{1,200}")
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request", used only in metrics
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ProxyConfig:
     max_retries: int = 2
     eject_seconds: float = 5.0
