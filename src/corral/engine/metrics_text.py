@@ -16,7 +16,8 @@ _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 
 
 class Sample:
-    """One sample line: `name{labels} value [timestamp]`."""
+    """One sample line: `name{labels} value [timestamp]`. `labels` is parsed on first read; from a lenient
+    read, a malformed label set raises ValueError there."""
 
     __slots__ = ("_labels", "_raw", "name", "value")
 
