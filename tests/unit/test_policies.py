@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 
 from corral.engine_state import EngineState
 from corral.router.membership.endpoint import Endpoint
-from corral.router.routing.policies import POLICY_NAMES, RouteRequest, build_policy
-from corral.router.routing.policies.least_request import LeastRequest
-from corral.router.routing.policies.round_robin import RoundRobin
-from corral.router.routing.policies.session import SessionAffinity, load_bound
+from corral.router.routing.filters import load_bound
+from corral.router.routing.policies import LeastRequest, RoundRobin, SessionAffinity
+from corral.router.routing.request import POLICY_NAMES, RouteRequest
+from corral.router.routing.selector import build_policy
 
 EPS = 0.25
 

@@ -19,8 +19,8 @@ from corral.router.routing.filters import load_bound
 from corral.router.routing.load_board import EngineLoad, LoadBoard
 from corral.router.routing.load_scraper import parse_engine_metrics
 from corral.router.routing.pipeline import LOAD_WEIGHTS, PREFIX_WEIGHTS, ScoredPolicy
-from corral.router.routing.policies import RouteRequest
 from corral.router.routing.prompt import leading_text, prefix_key
+from corral.router.routing.request import RouteRequest
 from corral.router.routing.selector import Routing
 
 EPS = 0.25

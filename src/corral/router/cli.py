@@ -27,7 +27,7 @@ from corral.router.edge.access_options import EdgeAccess, access_options
 from corral.router.edge.client_limits import ClientLimits, client_limit_options
 from corral.router.edge.parse_errors import ParseErrorLog
 from corral.router.routing.config import PolicyConfigError, RoutingConfig, load_routing_config
-from corral.router.routing.policies import POLICY_NAMES
+from corral.router.routing.request import POLICY_NAMES
 from corral.supervisor_tokens import FleetKeyError, read_fleet_key
 
 log = logging.getLogger("corral.router")

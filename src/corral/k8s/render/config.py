@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 
-from corral.router.routing.policies import POLICY_NAMES
+from corral.router.routing.request import POLICY_NAMES
 from corral.supervisor.lifecycle.dependencies import GateSpecError, parse_gate
 
 # Object names get suffixes up to "-router-pods" (12) and Service names must be DNS-1035 labels (63).

@@ -29,7 +29,7 @@ from corral.router.datapath.wake_on_demand import WakeOnDemand
 from corral.router.edge.tenants import tenant_of
 from corral.router.membership.endpoint import Endpoint
 from corral.router.membership.membership import Membership
-from corral.router.routing.policies import Policy, RouteRequest
+from corral.router.routing.request import Policy, RouteRequest
 from corral.router.telemetry.metrics import RouterMetrics
 
 log = logging.getLogger("corral.router.proxy")

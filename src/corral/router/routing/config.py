@@ -23,7 +23,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from corral.router.routing.pipeline import SCORER_NAMES
+from corral.router.routing.request import POLICY_NAMES
+from corral.router.routing.scorers import SCORER_NAMES
 
 
 class PolicyConfigError(ValueError):
@@ -96,7 +97,5 @@ def load_routing_config(path: Path) -> RoutingConfig:
             f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}" for err in exc.errors()
         )
         raise PolicyConfigError(f"--policy-config {str(path)!r}: {problems}") from None
-    from corral.router.routing.policies import POLICY_NAMES
-
     check_policy_names(config, POLICY_NAMES, f"--policy-config {str(path)!r}")
     return config

@@ -10,16 +10,14 @@ from collections.abc import Mapping, Sequence
 from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.filters import within_load_bound
 from corral.router.routing.load_board import LoadBoard
-from corral.router.routing.policies import RouteRequest
-from corral.router.routing.scorers import PickContext, Scorer
-from corral.router.routing.scorers.in_flight import InFlightScorer
-from corral.router.routing.scorers.kv_usage import KvUsageScorer
-from corral.router.routing.scorers.lora import LoraScorer
-from corral.router.routing.scorers.prefix import DEFAULT_BLOCK_CHARS, DEFAULT_KEY_BLOCKS, PrefixScorer
-from corral.router.routing.scorers.queue import QueueScorer
-from corral.router.routing.scorers.session import SessionScorer
-
-SCORER_NAMES = ("prefix", "queue", "kv_usage", "in_flight", "lora", "session")
+from corral.router.routing.request import RouteRequest
+from corral.router.routing.scorers import (
+    DEFAULT_BLOCK_CHARS,
+    DEFAULT_KEY_BLOCKS,
+    PickContext,
+    Scorer,
+    build_scorer,
+)
 
 # Prefix weight 1 and the load scorers summing to less than 1/2 (the gap between the home's prefix
 # score and the next endpoint's): the home within the load bound always wins, so replicas agree; the
@@ -27,22 +25,6 @@ SCORER_NAMES = ("prefix", "queue", "kv_usage", "in_flight", "lora", "session")
 PREFIX_WEIGHTS: Mapping[str, float] = {"prefix": 1.0, "queue": 0.2, "in_flight": 0.15, "kv_usage": 0.1}
 LOAD_WEIGHTS: Mapping[str, float] = {"queue": 0.5, "in_flight": 0.35, "kv_usage": 0.15}
 TIE = 1e-9
-
-
-def build_scorer(name: str, *, block_chars: int, key_blocks: int, session_header: str) -> Scorer:
-    if name == "prefix":
-        return PrefixScorer(block_chars, key_blocks)
-    if name == "queue":
-        return QueueScorer()
-    if name == "kv_usage":
-        return KvUsageScorer()
-    if name == "in_flight":
-        return InFlightScorer()
-    if name == "lora":
-        return LoraScorer()
-    if name == "session":
-        return SessionScorer(session_header)
-    raise ValueError(f"unknown scorer {name!r}; choose among {', '.join(SCORER_NAMES)}")
 
 
 class ScoredPolicy:

@@ -1,5 +1,6 @@
-"""The policy each request is routed by: the one its header names, else its model's, else the
-default; and the background scraper that the scored policies read, started and stopped with the app."""
+"""Choosing a policy, in one place: building any policy by name, the policy each request is routed by
+(the one its header names, else its model's, else the default), and the background scraper that feeds
+the load board the scored policies read, started and stopped with the app."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from corral.router.routing.config import PolicyConfigError, RoutingConfig, check
 from corral.router.routing.load_board import LoadBoard
 from corral.router.routing.load_scraper import EngineMetricsScraper
 from corral.router.routing.pipeline import LOAD_WEIGHTS, PREFIX_WEIGHTS, ScoredPolicy
-from corral.router.routing.policies import Policy, RouteRequest
+from corral.router.routing.policies import LeastRequest, RoundRobin, SessionAffinity
+from corral.router.routing.request import POLICY_NAMES, Policy, RouteRequest
 
 log = logging.getLogger("corral.router.scoring")
 
@@ -56,6 +58,19 @@ def build_scored(
     )
 
 
+def build_policy(name: str, session_header: str = "x-session-id", seed: int | None = None) -> Policy:
+    if name == "round_robin":
+        return RoundRobin()
+    if name == "least_request":
+        return LeastRequest(seed=seed)
+    if name == "session":
+        return SessionAffinity(header=session_header, fallback=LeastRequest(seed=seed))
+    if name in SCORED_BUILTINS:
+        # Alone, without a scraper: prefix affinity and the load bound work, metrics scorers are neutral.
+        return build_scored(name, RoutingConfig(), LoadBoard(), session_header, seed)
+    raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
+
+
 class Routing:
     """The router's policy (a `PolicySelector`) and the metrics scraper behind its scored policies."""
 
@@ -67,8 +82,6 @@ class Routing:
         endpoints: Callable[[], list[Endpoint]],
         seed: int | None = None,
     ) -> None:
-        from corral.router.routing.policies import build_policy
-
         self.config = config
         self.board = LoadBoard(stale_after=config.stale_seconds())
         policies: dict[str, Policy] = {}

@@ -1,0 +1,35 @@
+"""What routing decides on and how: the request a policy looks at, the `Policy` protocol every
+policy and the selector meet, and the names of the built-in policies (a leaf: it imports no other
+routing module, so every one of them can import it)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from corral.router.membership.endpoint import Endpoint
+
+
+@dataclass(slots=True)
+class RouteRequest:
+    """What a policy may look at: the model asked for, the request's headers, and the body the proxy
+    already parsed (None for multipart), never parsed again."""
+
+    model: str
+    headers: Mapping[str, str]
+    payload: Mapping[str, Any] | None = None
+
+
+class Policy(Protocol):
+    """Given the eligible endpoints and a request, pick one: only among the candidates it is handed
+    (never an endpoint outside them), never waiting or doing I/O; eligibility is membership's job."""
+
+    name: str
+
+    def pick(self, candidates: Sequence[Endpoint], request: RouteRequest) -> Endpoint:
+        """Choose one of `candidates` (never empty)."""
+        ...
+
+
+POLICY_NAMES = ("round_robin", "least_request", "session", "prefix", "load")

@@ -1,0 +1,179 @@
+"""Scorers: each rates every candidate in [0, 1] (higher is better) from one signal; a scored policy
+adds them up with per-model weights. A scorer never does I/O and never removes a candidate; the load
+signals come from the `LoadBoard` the scraper fills, stale or missing entries scoring as saturated."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from corral.router.membership.endpoint import Endpoint
+from corral.router.routing.load_board import LoadBoard
+from corral.router.routing.prompt import prefix_key
+from corral.router.routing.request import RouteRequest
+from corral.router.routing.rings import RingCache, stable_hash
+
+SCORER_NAMES = ("prefix", "queue", "kv_usage", "in_flight", "lora", "session")
+DEFAULT_BLOCK_CHARS = 128
+DEFAULT_KEY_BLOCKS = 4
+
+
+@dataclass(slots=True)
+class PickContext:
+    """One pick: the request, every eligible endpoint (rings are built over these, so that the order
+    of a key's homes does not change with load), the scraped loads and the time."""
+
+    request: RouteRequest
+    eligible: Sequence[Endpoint]
+    board: LoadBoard
+    now: float = field(default_factory=time.monotonic)
+
+
+class Scorer(Protocol):
+    name: str
+
+    def score(self, pool: Sequence[Endpoint], ctx: PickContext) -> list[float]:
+        """One score in [0, 1] per endpoint of `pool`, in order."""
+        ...
+
+
+class PrefixScorer:
+    """Prefix affinity: the prompt's leading blocks have a home, found by consistent hashing over the
+    eligible endpoints, so every router replica with the same membership names the same home without
+    talking to the others, and an engine joining or leaving moves only the keys next to it on the ring.
+
+    The home scores 1, the next endpoint clockwise 1/2, the next 1/4, ...; endpoints the load-bound
+    filter removed are skipped, so an overloaded home spills to the same second endpoint on every
+    replica (which then caches the prefix too). A prompt shorter than one block has no home: every
+    endpoint scores 0."""
+
+    name = "prefix"
+
+    def __init__(self, block_chars: int = DEFAULT_BLOCK_CHARS, key_blocks: int = DEFAULT_KEY_BLOCKS) -> None:
+        self.block_chars = block_chars
+        self.key_blocks = key_blocks
+        self._rings = RingCache()
+
+    def home_order(self, pool: Sequence[Endpoint], ctx: PickContext) -> list[Endpoint] | None:
+        """`pool` in the ring order of the request's prefix key; None when the prompt has no key."""
+        key = prefix_key(ctx.request.payload, self.block_chars, self.key_blocks)
+        if key is None:
+            return None
+        allowed = {id(e) for e in pool}
+        return [e for e in self._rings.ring(ctx.eligible).walk(key) if id(e) in allowed]
+
+    def score(self, pool: Sequence[Endpoint], ctx: PickContext) -> list[float]:
+        order = self.home_order(pool, ctx)
+        if order is None:
+            return [0.0] * len(pool)
+        rank = {id(e): 0.5**i for i, e in enumerate(order)}
+        return [rank.get(id(e), 0.0) for e in pool]
+
+
+class QueueScorer:
+    """Fewer requests running plus waiting on the engine (its own `/metrics`) is better; an engine
+    whose metrics are stale or missing scores as the most loaded."""
+
+    name = "queue"
+
+    def score(self, pool: Sequence[Endpoint], ctx: PickContext) -> list[float]:
+        board, now = ctx.board, ctx.now
+        queues: list[float | None] = []
+        for e in pool:
+            load = board.fresh(e.url, now)
+            # A waiting request costs more than a running one: it has not even started prefill.
+            queues.append(None if load is None else load.running + 2.0 * load.waiting)
+        worst = max((q for q in queues if q is not None), default=0.0) + 1.0
+        return [0.0 if q is None else 1.0 - q / worst for q in queues]
+
+
+class KvUsageScorer:
+    """More free KV cache is better (room for this prompt without evicting others' prefixes); stale
+    or missing metrics score as full."""
+
+    name = "kv_usage"
+
+    def score(self, pool: Sequence[Endpoint], ctx: PickContext) -> list[float]:
+        board, now = ctx.board, ctx.now
+        out: list[float] = []
+        for e in pool:
+            load = board.fresh(e.url, now)
+            out.append(0.0 if load is None else max(0.0, 1.0 - load.kv_usage))
+        return out
+
+
+class InFlightScorer:
+    """Fewer of this router's own requests open at the engine is better. Always current (no scrape),
+    but blind to other router replicas' traffic; the queue scorer sees that, a scrape late."""
+
+    name = "in_flight"
+
+    def score(self, pool: Sequence[Endpoint], ctx: PickContext) -> list[float]:
+        worst = max(e.in_flight for e in pool) + 1
+        return [1.0 - e.in_flight / worst for e in pool]
+
+
+class LoraScorer:
+    """An engine already running the requested adapter (its `vllm:lora_requests_info`) scores 1, one
+    that has it registered (it serves the name in /v1/models) 1/2, any other 0. Requests for a base
+    model are not scored."""
+
+    name = "lora"
+
+    def __init__(self, base_models: frozenset[str] = frozenset()) -> None:
+        self.base_models = base_models
+
+    def score(self, pool: Sequence[Endpoint], ctx: PickContext) -> list[float]:
+        model = ctx.request.model
+        if model in self.base_models:
+            return [0.0] * len(pool)
+        board, now = ctx.board, ctx.now
+        out: list[float] = []
+        for e in pool:
+            load = board.fresh(e.url, now)
+            if load is not None and model in load.running_adapters:
+                out.append(1.0)
+            elif model in e.models:
+                out.append(0.5)
+            else:
+                out.append(0.0)
+        return out
+
+
+class SessionScorer:
+    """The endpoint that a session header's value hashes to on the ring scores 1, the others 0;
+    requests without the header are not scored."""
+
+    name = "session"
+
+    def __init__(self, header: str = "x-session-id") -> None:
+        self.header = header
+        self._rings = RingCache()
+
+    def score(self, pool: Sequence[Endpoint], ctx: PickContext) -> list[float]:
+        session = ctx.request.headers.get(self.header)
+        if not session:
+            return [0.0] * len(pool)
+        allowed = {id(e) for e in pool}
+        for e in self._rings.ring(ctx.eligible).walk(stable_hash(session)):
+            if id(e) in allowed:
+                return [1.0 if x is e else 0.0 for x in pool]
+        return [0.0] * len(pool)
+
+
+def build_scorer(name: str, *, block_chars: int, key_blocks: int, session_header: str) -> Scorer:
+    if name == "prefix":
+        return PrefixScorer(block_chars, key_blocks)
+    if name == "queue":
+        return QueueScorer()
+    if name == "kv_usage":
+        return KvUsageScorer()
+    if name == "in_flight":
+        return InFlightScorer()
+    if name == "lora":
+        return LoraScorer()
+    if name == "session":
+        return SessionScorer(session_header)
+    raise ValueError(f"unknown scorer {name!r}; choose among {', '.join(SCORER_NAMES)}")
