@@ -18,6 +18,24 @@ def local_fleet_file(router_port: int) -> Path:
     return corral_state_dir() / f"up-{router_port}.json"
 
 
+def read_supervisor_token(fleet: object, where: Path) -> str | None:
+    """The supervisors' token a fleet file names (`supervisor_token_file`), or None when it names
+    none. Raises ValueError saying which file cannot be read."""
+    if not isinstance(fleet, dict) or not fleet.get("supervisor_token_file"):
+        return None
+    path = Path(str(fleet["supervisor_token_file"]))
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(
+            f"the supervisor token file {path} named by {where} is unreadable: "
+            f"{getattr(exc, 'strerror', None) or exc}"
+        ) from None
+    if not token:
+        raise ValueError(f"the supervisor token file {path} named by {where} is empty")
+    return token
+
+
 def state_dir_problem(path: Path) -> str | None:
     """Why `path` cannot hold state (it is created, owner-only, when missing), or None when a file
     can be created, read back and removed there."""

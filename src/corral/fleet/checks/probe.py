@@ -18,8 +18,8 @@ import orjson
 
 from corral.clients.access import ENGINE_KEY_ENV, ENGINE_KEY_FLAG, FleetAccess, RouterAdminError
 from corral.engine.metrics_text import Sample, samples
-from corral.fleet.local.ownership import read_supervisor_token
-from corral.state_home import local_fleet_file
+from corral.state_home import local_fleet_file, read_supervisor_token
+from corral.supervisor_tokens import TokenFileError, read_management_token
 
 _TIMEOUT = aiohttp.ClientTimeout(total=3)
 
@@ -215,7 +215,10 @@ async def look(target: FleetTarget) -> FleetView:
     return view
 
 
-def read_token(token_file: Path | None, environ_token: str | None) -> str | None:
-    if token_file is None:
-        return environ_token
-    return token_file.read_text().strip()
+def read_token(token_file: Path | None) -> str | None:
+    """The token --token-file names, else $CORRAL_TOKEN (corral.supervisor_tokens); TargetError when
+    the file is unreadable or empty."""
+    try:
+        return read_management_token(token_file)
+    except TokenFileError as exc:
+        raise TargetError(exc.naming("--token-file")) from None

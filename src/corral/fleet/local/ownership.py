@@ -20,6 +20,8 @@ from typing import IO, Any
 import orjson
 import psutil
 
+from corral.state_home import read_supervisor_token
+
 
 class FleetInUse(Exception):
     """Another `corral up` owns the files of this port; the message says what to do."""
@@ -160,24 +162,6 @@ def _read_json(path: Path) -> Any:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None  # half a file from a crash: nothing in it can be alive
-
-
-def read_supervisor_token(fleet: Any, where: Path) -> str | None:
-    """The supervisors' token a fleet file names (`supervisor_token_file`), or None when it names
-    none. Raises ValueError saying which file cannot be read."""
-    if not isinstance(fleet, dict) or not fleet.get("supervisor_token_file"):
-        return None
-    path = Path(str(fleet["supervisor_token_file"]))
-    try:
-        token = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(
-            f"the supervisor token file {path} named by {where} is unreadable: "
-            f"{getattr(exc, 'strerror', None) or exc}"
-        ) from None
-    if not token:
-        raise ValueError(f"the supervisor token file {path} named by {where} is empty")
-    return token
 
 
 def supervisor_token_for(supervisor_url: str, state_dir: Path) -> str | None:

@@ -22,7 +22,6 @@ from corral.aio import run
 from corral.bundle_spec import BundleError, BundleSpec, bundle_from_json, load_bundle
 from corral.clients.access import FleetAccess, fleet_access_options
 from corral.fleet.checks.change_record import default_record_path, read_record, write_record
-from corral.fleet.local.ownership import read_supervisor_token
 from corral.fleet.rollout.groups import (
     FleetControlClient,
     LocalRollout,
@@ -32,7 +31,7 @@ from corral.fleet.rollout.groups import (
     Step,
 )
 from corral.fleet.rollout.hosts import HostRollout
-from corral.state_home import local_fleet_file
+from corral.state_home import local_fleet_file, read_supervisor_token
 
 
 class FleetRef:
