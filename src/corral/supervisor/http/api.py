@@ -22,11 +22,24 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
+from pydantic import ValidationError
 
+from corral.contracts.operations import (
+    DrainRequest,
+    LoadAdapterRequest,
+    OperationRequest,
+    ReloadRequest,
+    SleepRequest,
+    SwitchBundleRequest,
+    UnloadAdapterRequest,
+    WakeRequest,
+)
+from corral.contracts.supervisor import ROUTER_ID_MAX, AckRequest
+from corral.contracts.wire import first_message
 from corral.openai_errors import error_response
 from corral.supervisor.http.api_guard import ManagementGuard
 from corral.supervisor.lifecycle.drain import DrainPolicy
@@ -42,7 +55,7 @@ from corral.supervisor.runbook.template import Refused
 from corral.supervisor.runbook.wake import WakePlan
 
 HEARTBEAT_LIMITS = (0.2, 60.0)
-ROUTER_ID_MAX = 200
+R = TypeVar("R", bound=OperationRequest)
 _STARTED_STATES = frozenset(
     {EngineState.READY, EngineState.DRAINING, EngineState.PAUSED, EngineState.SLEEPING, EngineState.WAKING}
 )
@@ -204,24 +217,20 @@ class SupervisorAPI:
             return _error(400, f"body is not JSON: {exc}")
         if not isinstance(body, dict):
             return _error(400, 'body must be a JSON object: {"router_id": "...", "epoch": N}')
-        router_id, epoch = body.get("router_id"), body.get("epoch")
-        if not isinstance(router_id, str) or not router_id or len(router_id) > ROUTER_ID_MAX:
-            return _error(400, f"router_id must be a non-empty string of at most {ROUTER_ID_MAX} characters")
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            return _error(400, f"epoch must be a non-negative integer, not {epoch!r}")
-        state = body.get("state")
-        latency = body.get("removal_latency_s")
-        undispatched = body.get("undispatched", 0)
-        if epoch > self.supervisor.machine.epoch:
+        try:
+            asked = AckRequest.model_validate(body)
+        except ValidationError as exc:
+            return _error(400, first_message(exc))
+        if asked.epoch > self.supervisor.machine.epoch:
             return _error(
-                400, f"epoch {epoch} is ahead of this supervisor's ({self.supervisor.machine.epoch})"
+                400, f"epoch {asked.epoch} is ahead of this supervisor's ({self.supervisor.machine.epoch})"
             )
         ack = self.supervisor.routers.acknowledge(
-            router_id,
-            epoch,
-            state=state if isinstance(state, str) else None,
-            removal_latency_s=float(latency) if isinstance(latency, int | float) else None,
-            undispatched=undispatched if isinstance(undispatched, int) else 0,
+            asked.router_id,
+            asked.epoch,
+            state=asked.state,
+            removal_latency_s=asked.removal_latency_s,
+            undispatched=asked.undispatched,
         )
         return _json(ack.to_json())
 
@@ -250,12 +259,11 @@ class SupervisorAPI:
         if isinstance(parsed, web.Response):
             return parsed
         op_id, body = parsed
-        policy: DrainPolicy | None = None
-        if "policy" in body:
-            try:
-                policy = DrainPolicy(body["policy"])
-            except ValueError:
-                return _error(400, f"policy {body['policy']!r}: use wait or abort")
+        try:
+            asked = DrainRequest.model_validate(body)
+        except ValidationError as exc:
+            return _error(400, first_message(exc))
+        policy = DrainPolicy(asked.policy) if asked.policy is not None else None
         try:
             op, started = self.supervisor.request_drain(op_id, policy)
         except OperationConflict as exc:
@@ -276,79 +284,59 @@ class SupervisorAPI:
     # -- runbook operations (corral.supervisor.runbook) ----------------------------------------------
 
     async def _runbook_op(
-        self, request: web.Request, make_plan: Callable[[dict[str, Any]], Any]
+        self, request: web.Request, asked: type[R], make_plan: Callable[[R], Any]
     ) -> web.Response:
         parsed = await self._op_request(request)
         if isinstance(parsed, web.Response):
             return parsed
         op_id, body = parsed
         try:
-            plan = make_plan(body)
+            plan = make_plan(asked.model_validate(body))
             op, started = await start_operation(self.supervisor, plan, op_id)
         except Refused as exc:
             return _error(409, str(exc), "conflict_error")
         except OperationConflict as exc:
             return _error(409, str(exc))
+        except ValidationError as exc:
+            return _error(400, f"bad operation body: {first_message(exc)}")
         except (TypeError, ValueError) as exc:
             return _error(400, f"bad operation body: {exc}")
         return self._op_response(op, started)
 
     async def sleep(self, request: web.Request) -> web.Response:
-        def plan(body: dict[str, Any]) -> SleepPlan:
-            level, mode, release = (
-                body.get("level", 1),
-                body.get("mode", "wait"),
-                body.get("release_kv", False),
-            )
-            if isinstance(level, bool) or not isinstance(level, int):
-                raise ValueError(f"level must be 0, 1 or 2, not {level!r}")
-            if not isinstance(mode, str) or not isinstance(release, bool):
-                raise ValueError("mode must be a string and release_kv a boolean")
-            return SleepPlan(self.supervisor, level, mode, release)
-
-        return await self._runbook_op(request, plan)
+        return await self._runbook_op(
+            request,
+            SleepRequest,
+            lambda asked: SleepPlan(self.supervisor, asked.level, asked.mode, asked.release_kv),
+        )
 
     async def wake(self, request: web.Request) -> web.Response:
-        def plan(body: dict[str, Any]) -> WakePlan:
-            tags, reload = body.get("tags"), body.get("reload", False)
-            if tags is not None and not (isinstance(tags, list) and all(isinstance(t, str) for t in tags)):
-                raise ValueError(f"tags must be a list of strings, not {tags!r}")
-            if not isinstance(reload, bool):
-                raise ValueError("reload must be a boolean")
-            return WakePlan(self.supervisor, tags or None, reload)
-
-        return await self._runbook_op(request, plan)
+        return await self._runbook_op(
+            request, WakeRequest, lambda asked: WakePlan(self.supervisor, asked.tags, asked.reload)
+        )
 
     async def reload(self, request: web.Request) -> web.Response:
-        def plan(body: dict[str, Any]) -> ReloadPlan:
-            mode = body.get("mode", "wait")
-            if not isinstance(mode, str):
-                raise ValueError("mode must be a string")
-            return ReloadPlan(self.supervisor, mode)
-
-        return await self._runbook_op(request, plan)
+        return await self._runbook_op(
+            request, ReloadRequest, lambda asked: ReloadPlan(self.supervisor, asked.mode)
+        )
 
     async def switch_bundle(self, request: web.Request) -> web.Response:
-        def plan(body: dict[str, Any]) -> SwitchBundlePlan:
-            name, within = body.get("name"), body.get("ready_timeout")
-            if not isinstance(name, str) or not name:
-                raise ValueError(f"name must name a bundle declared on this host, not {name!r}")
-            if within is not None and (isinstance(within, bool) or not isinstance(within, int | float)):
-                raise ValueError(f"ready_timeout must be seconds, not {within!r}")
-            if within is not None and within <= 0:
-                raise ValueError(f"ready_timeout must be above 0, not {within!r}")
-            return SwitchBundlePlan(self.supervisor, name, within)
-
-        return await self._runbook_op(request, plan)
+        return await self._runbook_op(
+            request,
+            SwitchBundleRequest,
+            lambda asked: SwitchBundlePlan(self.supervisor, asked.name, asked.ready_timeout),
+        )
 
     async def lora_load(self, request: web.Request) -> web.Response:
         return await self._runbook_op(
-            request, lambda body: LoadAdapterPlan(self.supervisor, body.get("name"), body.get("path"))
+            request,
+            LoadAdapterRequest,
+            lambda asked: LoadAdapterPlan(self.supervisor, asked.name, asked.adapter_path),
         )
 
     async def lora_unload(self, request: web.Request) -> web.Response:
         return await self._runbook_op(
-            request, lambda body: UnloadAdapterPlan(self.supervisor, body.get("name"))
+            request, UnloadAdapterRequest, lambda asked: UnloadAdapterPlan(self.supervisor, asked.name)
         )
 
     async def operation(self, request: web.Request) -> web.Response:
