@@ -59,7 +59,7 @@ class Publication:
             "gates": sup.gates.to_json(),
             "drain": sup.drain_report.to_json() if sup.drain_report else None,
             "routers": sup.routers.to_json(),
-            "sleep": sup.sleep_status,
+            "sleep": sup.sleep_status.to_json() if sup.sleep_status is not None else None,
             "adapters": sup.adapters.to_json(),
             "gate": sup.gate.to_json() if sup.gate is not None else None,
             "preload": sup.preload_json(),

@@ -25,12 +25,14 @@ from corral.supervisor.lifecycle.drain import DrainPolicy, DrainReport, DrainSeq
 from corral.supervisor.lifecycle.engine_auth import EngineKey, redact_argv
 from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPolicy, RestartRecord
 from corral.supervisor.lifecycle.metrics import SupervisorMetrics
+from corral.supervisor.lifecycle.operation_lock import OperationLock
 from corral.supervisor.lifecycle.operations import Operation, OperationLedger
 from corral.supervisor.lifecycle.preload import PreloadDaemon
 from corral.supervisor.lifecycle.preload_recovery import PreloadKeeper
 from corral.supervisor.lifecycle.publication import Publication
 from corral.supervisor.lifecycle.readiness import ReadinessCheck, SmokeResult
 from corral.supervisor.lifecycle.routers import RouterSubscriptions
+from corral.supervisor.lifecycle.sleep_status import SleepStatus
 from corral.supervisor.lifecycle.stall import Stall, StallWatch
 from corral.supervisor.lifecycle.startup import EngineStartup
 from corral.supervisor.lifecycle.states import (
@@ -77,14 +79,14 @@ class EngineSupervisor:
         self._base_argv = config.engine_argv  # the command as configured; a bundle adds to or replaces it
         self.running_bundle = BundleSpec(name=config.bundle_name)
         self.drain_report: DrainReport | None = None
-        # set by the runbook operations (corral.supervisor.runbook): what the engine's sleep is, and
-        # which operation holds the engine now (one at a time)
-        self.sleep_status: dict[str, Any] | None = None
+        # what the engine's sleep is (set through note_sleep), and which runbook operation holds the
+        # engine now (one at a time); the operations reach both through runbook/engine_access.py
+        self.sleep_status: SleepStatus | None = None
+        self.operation_lock = OperationLock()
         self.adapters = AdapterSet(desired=dict(config.lora))
         self.preload: PreloadDaemon | None = None  # set when --preload-command runs the daemon
         self._preload: PreloadKeeper | None = None
         self.gate: AdmissionGate | None = None  # set when --gate-port serves the data path
-        self.busy: str | None = None
         self.stall_watch: StallWatch | None = None
         self.exit_requested = asyncio.Event()
         self._session: aiohttp.ClientSession | None = None
@@ -268,6 +270,17 @@ class EngineSupervisor:
         self, state: EngineState, reason: str, sub_state: str | None = None, /, **evidence: Any
     ) -> StateEvent:
         return self._to(state, reason, sub_state, **evidence)
+
+    @property
+    def busy(self) -> str | None:
+        return self.operation_lock.holder
+
+    def note_sleep(self, status: SleepStatus | None) -> None:
+        """What the engine's sleep is now; None once it is awake (or restarted)."""
+        self.sleep_status = status
+
+    def note_smoke(self, smoke: SmokeResult) -> None:
+        self.last_smoke = smoke
 
     async def suspend_lifecycle(self) -> None:
         """Stop the READY watch (stall detection) while an operation has the engine out of routing."""

@@ -17,13 +17,13 @@ from corral.supervisor.lifecycle.states import EngineState
 from corral.supervisor.runbook.template import Evidence, Refused, StepFailed
 
 if TYPE_CHECKING:
-    from corral.supervisor.lifecycle.supervisor import EngineSupervisor
+    from corral.supervisor.runbook.engine_access import EngineAccess
 
 S = EngineState
 SLEEP_MODES = ("wait", "abort", "keep")
 
 
-def admin_for(sup: EngineSupervisor) -> EngineAdmin:
+def admin_for(sup: EngineAccess) -> EngineAdmin:
     return EngineAdmin(sup.session, sup.config.engine_url)
 
 
@@ -45,11 +45,11 @@ def zero_copy_preload(argv: tuple[str, ...] | list[str]) -> bool:
     return '"copy"' not in extra.replace(" ", "")
 
 
-async def require_ready_and_dev(sup: EngineSupervisor, admin: EngineAdmin, kind: str) -> Evidence:
+async def require_ready_and_dev(sup: EngineAccess, admin: EngineAdmin, kind: str) -> Evidence:
     """Preconditions every operation on a serving engine shares."""
     state = sup.machine.state
     if state is not S.READY:
-        extra = f" ({sup.sleep_status})" if sup.sleep_status else ""
+        extra = f" ({sup.sleep_status.to_json()})" if sup.sleep_status else ""
         raise Refused(f"{kind} refused: the engine is {state}{extra}, not READY")
     try:
         dev = await admin.dev_mode()
@@ -67,7 +67,7 @@ async def require_ready_and_dev(sup: EngineSupervisor, admin: EngineAdmin, kind:
     return {"state": state.value, "epoch": sup.machine.epoch, "dev_mode": True}
 
 
-def require_sleep_mode(sup: EngineSupervisor, kind: str) -> Evidence:
+def require_sleep_mode(sup: EngineAccess, kind: str) -> Evidence:
     argv = sup.config.engine_argv
     if "--enable-sleep-mode" not in argv:
         raise Refused(f"{kind} refused: the engine was not started with --enable-sleep-mode")
@@ -93,13 +93,13 @@ def host_ram_for_backup(figures: EngineFigures) -> Evidence:
     return {"host_available_bytes": available, "weights_bytes": weights}
 
 
-async def leave_routing(sup: EngineSupervisor, reason: str, policy: str) -> tuple[Leaving, Evidence]:
+async def leave_routing(sup: EngineAccess, reason: str, policy: str) -> tuple[Leaving, Evidence]:
     """READY → DRAINING and routing left: the drain sequence's first step (`lifecycle/drain.py`)."""
     leaving = await sup.drain_sequence.leave(reason, policy)
     return leaving, leaving.evidence()
 
 
-async def apply_policy(sup: EngineSupervisor, leaving: Leaving, mode: str) -> Evidence:
+async def apply_policy(sup: EngineAccess, leaving: Leaving, mode: str) -> Evidence:
     """The drain sequence's policy step; a `wait` whose requests did not finish fails the operation."""
     evidence = await sup.drain_sequence.apply_policy(leaving, mode)
     if mode == "wait" and not leaving.report.in_flight_drained:
@@ -110,7 +110,7 @@ async def apply_policy(sup: EngineSupervisor, leaving: Leaving, mode: str) -> Ev
     return evidence
 
 
-async def verify_awake(sup: EngineSupervisor, admin: EngineAdmin, before: EngineFigures | None) -> Evidence:
+async def verify_awake(sup: EngineAccess, admin: EngineAdmin, before: EngineFigures | None) -> Evidence:
     """VERIFY after a wake: not sleeping, sleep state awake, memory back, same model, smoke answered."""
     if await admin.is_sleeping():
         raise StepFailed("the engine still reports is_sleeping true")
@@ -135,11 +135,11 @@ async def verify_awake(sup: EngineSupervisor, admin: EngineAdmin, before: Engine
         smoke = await sup.readiness.smoke(sup.session, model)
     except NotReady as exc:
         raise StepFailed(f"readiness after wake: {exc}") from exc
-    sup.last_smoke = smoke
+    sup.note_smoke(smoke)
     return {"is_sleeping": False, "figures": figures.to_json(), "model": model, "smoke": smoke.to_json()}
 
 
-async def back_to_ready(sup: EngineSupervisor, admin: EngineAdmin, reason: str, cause: str) -> Evidence:
+async def back_to_ready(sup: EngineAccess, admin: EngineAdmin, reason: str, cause: str) -> Evidence:
     """RECOVER for a failure before the engine slept for good: wake it fully, check it, READY again;
     when that fails too, FAILED with the cause named and a restart in place."""
     try:
@@ -148,13 +148,13 @@ async def back_to_ready(sup: EngineSupervisor, admin: EngineAdmin, reason: str, 
         checked = await verify_awake(sup, admin, None)
     except (StepFailed, AdminCallFailed) as exc:
         return await fail_and_restart(sup, f"{cause}; recovery wake failed too: {exc}")
-    sup.sleep_status = None
+    sup.note_sleep(None)
     sup.transition(S.READY, reason, None, recovered_from=cause, **checked["smoke"])
     sup.resume_serving()
     return {"outcome": "awake and READY again", **checked}
 
 
-async def fail_and_restart(sup: EngineSupervisor, cause: str) -> Evidence:
+async def fail_and_restart(sup: EngineAccess, cause: str) -> Evidence:
     """RECOVER's last resort: unready (FAILED, the failure named), then a fresh engine from disk."""
     with contextlib.suppress(Exception):
         sup.transition(S.FAILED, cause, None, recoverable=True)

@@ -20,7 +20,7 @@ from corral.supervisor.lifecycle.states import EngineState
 from corral.supervisor.runbook.template import Evidence, Refused, Step, StepFailed
 
 if TYPE_CHECKING:
-    from corral.supervisor.lifecycle.supervisor import EngineSupervisor
+    from corral.supervisor.runbook.engine_access import EngineAccess
 
 S = EngineState
 NAME_MAX = 200
@@ -34,7 +34,7 @@ def _check_name(name: object) -> str:
     return name
 
 
-def _require_ready(sup: EngineSupervisor, kind: str) -> None:
+def _require_ready(sup: EngineAccess, kind: str) -> None:
     if sup.machine.state is not S.READY:
         raise Refused(f"{kind} refused: the engine is {sup.machine.state}, not READY")
 
@@ -42,7 +42,7 @@ def _require_ready(sup: EngineSupervisor, kind: str) -> None:
 class LoadAdapterPlan:
     kind = "lora_load"
 
-    def __init__(self, sup: EngineSupervisor, name: object, path: object) -> None:
+    def __init__(self, sup: EngineAccess, name: object, path: object) -> None:
         self.sup = sup
         self.name = _check_name(name)
         if not isinstance(path, str) or not path:
@@ -107,7 +107,7 @@ class LoadAdapterPlan:
 class UnloadAdapterPlan:
     kind = "lora_unload"
 
-    def __init__(self, sup: EngineSupervisor, name: object, drain_timeout: float | None = None) -> None:
+    def __init__(self, sup: EngineAccess, name: object, drain_timeout: float | None = None) -> None:
         self.sup = sup
         self.name = _check_name(name)
         self.engine = EngineAdapters(sup.session, sup.config.engine_url)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from corral.engine.dev_api import EngineFigures
 from corral.supervisor.lifecycle.drain import Leaving
+from corral.supervisor.lifecycle.sleep_status import SleepStatus
 from corral.supervisor.lifecycle.states import EngineState
 from corral.supervisor.runbook.common import (
     SLEEP_MODES,
@@ -24,7 +25,7 @@ from corral.supervisor.runbook.common import (
 from corral.supervisor.runbook.template import Evidence, Refused, Step, StepFailed
 
 if TYPE_CHECKING:
-    from corral.supervisor.lifecycle.supervisor import EngineSupervisor
+    from corral.supervisor.runbook.engine_access import EngineAccess
 
 S = EngineState
 
@@ -32,7 +33,7 @@ S = EngineState
 class ReloadPlan:
     kind = "reload"
 
-    def __init__(self, sup: EngineSupervisor, mode: str = "wait") -> None:
+    def __init__(self, sup: EngineAccess, mode: str = "wait") -> None:
         if mode not in SLEEP_MODES:
             raise Refused(f"mode {mode!r}: use wait, abort or keep")
         self.sup = sup
@@ -60,7 +61,7 @@ class ReloadPlan:
 
     async def execute(self) -> Evidence:
         calls: list[Evidence] = [{"sleep level 2": await self.admin.sleep(2, self.mode)}]
-        self.sup.sleep_status = {"level": 2, "mode": self.mode, "kv_released": False, "reloading": True}
+        self.sup.note_sleep(SleepStatus(level=2, mode=self.mode, kv_released=False, reloading=True))
         self.sup.transition(S.SLEEPING, "weight reload: level-2 sleep, weights discarded", "level_2")
         self.sup.transition(S.WAKING, "weight reload: weights → reload_weights → kv_cache", "reloading")
         calls.append({"wake_up weights": await self.admin.wake_up(["weights"])})
@@ -71,7 +72,7 @@ class ReloadPlan:
 
     async def verify(self) -> Evidence:
         checked = await verify_awake(self.sup, self.admin, self.before)
-        self.sup.sleep_status = None
+        self.sup.note_sleep(None)
         self.sup.transition(
             S.READY, "weights reloaded: model listed, smoke answered", None, **checked["smoke"]
         )

@@ -5,38 +5,39 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from corral.supervisor.lifecycle.operation_lock import EngineHeld
 from corral.supervisor.lifecycle.operations import Operation
 from corral.supervisor.runbook.template import Refused, Runbook, RunbookPlan
 
 if TYPE_CHECKING:
-    from corral.supervisor.lifecycle.supervisor import EngineSupervisor
+    from corral.supervisor.runbook.engine_access import EngineAccess
 
 
-async def start_operation(
-    sup: EngineSupervisor, plan: RunbookPlan, op_id: str | None
-) -> tuple[Operation, bool]:
+async def start_operation(sup: EngineAccess, plan: RunbookPlan, op_id: str | None) -> tuple[Operation, bool]:
     """Raises `Refused` (PRECHECK) or `OperationConflict` (the id names another kind of operation)."""
     if op_id is not None:
         existing = sup.operations.get(op_id)
         if existing is not None:
             return sup.operations.start(plan.kind, op_id, _never)  # same run, or a conflict
-    if sup.busy is not None:
-        raise Refused(f"{plan.kind} refused: operation {sup.busy} holds the engine; wait for it to finish")
-    sup.busy = f"{plan.kind} (precheck)"
+    lock = sup.operation_lock
+    try:
+        lock.take(f"{plan.kind} (precheck)")
+    except EngineHeld as exc:
+        raise Refused(f"{plan.kind} refused: {exc}") from None
     try:
         evidence = await plan.precheck()
     except BaseException:
-        sup.busy = None
+        lock.release()
         raise
 
     async def body(op: Operation) -> dict[str, Any]:
         try:
-            return await Runbook(plan, op.id, sup.oplog.append, sup._log).run(evidence)
+            return await Runbook(plan, op.id, sup.oplog.append, sup.log).run(evidence)
         finally:
-            sup.busy = None
+            lock.release()
 
     op, started = sup.operations.start(plan.kind, op_id, body)
-    sup.busy = f"{plan.kind} {op.id}"
+    lock.hand_over(f"{plan.kind} {op.id}")
     return op, started
 
 

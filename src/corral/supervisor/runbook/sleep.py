@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from corral.engine.dev_api import EngineFigures
 from corral.engine.metric_names import SLEEP_STATE
 from corral.supervisor.lifecycle.drain import Leaving
+from corral.supervisor.lifecycle.sleep_status import SleepStatus
 from corral.supervisor.lifecycle.states import EngineState
 from corral.supervisor.runbook.common import (
     SLEEP_MODES,
@@ -27,7 +28,7 @@ from corral.supervisor.runbook.common import (
 from corral.supervisor.runbook.template import Evidence, Refused, Step, StepFailed
 
 if TYPE_CHECKING:
-    from corral.supervisor.lifecycle.supervisor import EngineSupervisor
+    from corral.supervisor.runbook.engine_access import EngineAccess
 
 S = EngineState
 EXPECTED_SLEEP_STATE = {0: None, 1: "weights_offloaded", 2: "discard_all"}
@@ -36,7 +37,7 @@ EXPECTED_SLEEP_STATE = {0: None, 1: "weights_offloaded", 2: "discard_all"}
 class SleepPlan:
     kind = "sleep"
 
-    def __init__(self, sup: EngineSupervisor, level: int, mode: str, release_kv: bool = False) -> None:
+    def __init__(self, sup: EngineAccess, level: int, mode: str, release_kv: bool = False) -> None:
         if level not in (0, 1, 2):
             raise Refused(f"sleep level {level!r}: use 0, 1 or 2")
         if mode not in SLEEP_MODES:
@@ -108,12 +109,14 @@ class SleepPlan:
                 raise StepFailed("a level-0 pause must keep the weights resident", moved=moved)
         else:
             moved = {"note": "the engine reports no memory figures; read GPU memory from the device"}
-        self.sup.sleep_status = {
-            "level": self.level,
-            "mode": self.mode,
-            "kv_released": self.release_kv,
-            "before": before.to_json() if before is not None else None,
-        }
+        self.sup.note_sleep(
+            SleepStatus(
+                level=self.level,
+                mode=self.mode,
+                kv_released=self.release_kv,
+                before=before.to_json() if before is not None else None,
+            )
+        )
         self.sup.transition(
             S.SLEEPING,
             f"asleep at level {self.level} (mode {self.mode})"

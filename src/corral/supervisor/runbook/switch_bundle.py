@@ -29,7 +29,7 @@ from corral.supervisor.runbook.common import apply_policy, leave_routing
 from corral.supervisor.runbook.template import Evidence, Refused, Step, StepFailed
 
 if TYPE_CHECKING:
-    from corral.supervisor.lifecycle.supervisor import EngineSupervisor
+    from corral.supervisor.runbook.engine_access import EngineAccess
 
 S = EngineState
 
@@ -37,7 +37,7 @@ S = EngineState
 class SwitchBundlePlan:
     kind = "switch_bundle"
 
-    def __init__(self, sup: EngineSupervisor, name: str, ready_timeout: float | None = None) -> None:
+    def __init__(self, sup: EngineAccess, name: str, ready_timeout: float | None = None) -> None:
         # the command as configured is a bundle too (by its --bundle-name): what a rollback goes back to
         initial = BundleSpec(name=sup.config.bundle_name)
         declared = {b.name: b for b in (initial, *sup.config.bundles)}

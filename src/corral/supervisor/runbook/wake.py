@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from corral.engine.dev_api import EngineFigures, parse_figures
+from corral.supervisor.lifecycle.sleep_status import SleepStatus
 from corral.supervisor.lifecycle.states import EngineState
 from corral.supervisor.runbook.common import admin_for, fail_and_restart, verify_awake
 from corral.supervisor.runbook.template import Evidence, Refused, Step, StepFailed
@@ -28,7 +29,7 @@ from corral.supervisor.runbook.wake_steps import (
 )
 
 if TYPE_CHECKING:
-    from corral.supervisor.lifecycle.supervisor import EngineSupervisor
+    from corral.supervisor.runbook.engine_access import EngineAccess
 
 S = EngineState
 PARTIALLY_AWAKE = "partially_awake"
@@ -44,13 +45,14 @@ def _before(status: dict[str, Any]) -> EngineFigures | None:
 class WakePlan:
     kind = "wake"
 
-    def __init__(self, sup: EngineSupervisor, tags: list[str] | None, reload: bool = False) -> None:
+    def __init__(self, sup: EngineAccess, tags: list[str] | None, reload: bool = False) -> None:
         check_tag_names(tags)
         self.sup = sup
         self.tags = tags
         self.reload = reload
         self.admin = admin_for(sup)
-        self.status: dict[str, Any] = {}
+        self.sleeping: SleepStatus | None = None  # as PRECHECK found it
+        self.status: dict[str, Any] = {}  # the same, as the evidence shows it
         self.steps: WakeSteps | None = None
 
     @property
@@ -62,7 +64,8 @@ class WakePlan:
         sup = self.sup
         if sup.machine.state is not S.SLEEPING or sup.sleep_status is None:
             raise Refused(f"wake refused: the engine is {sup.machine.state}, not SLEEPING")
-        self.status = dict(sup.sleep_status)
+        self.sleeping = sup.sleep_status
+        self.status = sup.sleep_status.to_json()
         self.steps = plan_wake(self.status.get("level"), asleep_tags(self.status), self.tags, self.reload)
         if not await self.admin.is_sleeping():
             raise Refused(
@@ -102,7 +105,7 @@ class WakePlan:
                 await verify_partial(self.admin, _before(self.status), self._woken(), steps.still_asleep)
             )
         checked = await verify_awake(self.sup, self.admin, _before(self.status))
-        self.sup.sleep_status = None
+        self.sup.note_sleep(None)
         self.sup.transition(
             S.READY, "awake: memory back, model listed, smoke answered", None, **checked["smoke"]
         )
@@ -116,7 +119,8 @@ class WakePlan:
 
     def _partially_awake(self, checked: Evidence) -> Evidence:
         woken, asleep = checked["woken_tags"], checked["asleep_tags"]
-        self.sup.sleep_status = {**self.status, "woken_tags": woken, "asleep_tags": asleep}
+        assert self.sleeping is not None, "precheck first"
+        self.sup.note_sleep(self.sleeping.partially_awake(woken, asleep))
         self.sup.transition(
             S.SLEEPING,
             f"partially awake: {woken} woken, {asleep} asleep; out of routing until a wake completes",
