@@ -6,8 +6,8 @@ import time
 
 import pytest
 
+from corral.engine.models_probe import ModelsProbeError, parse_model_cards
 from corral.engine_state import EngineState
-from corral.router.discovery.static import ModelsProbeError, parse_model_cards
 from corral.router.membership.endpoint import Endpoint
 from corral.router.membership.membership import Membership
 

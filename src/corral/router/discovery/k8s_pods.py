@@ -24,11 +24,11 @@ from typing import Any
 
 import aiohttp
 
+from corral.engine.models_probe import PROBE_FAILURES, describe, probe_models
 from corral.engine_state import EngineState
 from corral.k8s.watch.client import PodApi, PodList, WatchEvent
 from corral.k8s.watch.informer import InformerConfig, PodInformer
 from corral.k8s.watch.workqueue import KeyedQueue, QueueShutDown
-from corral.router.discovery.static import ModelsProbeError, describe, parse_model_cards
 from corral.router.membership.endpoint import Endpoint, SupervisorView
 from corral.router.membership.membership import Membership
 from corral.router.telemetry.metrics import RouterMetrics
@@ -313,12 +313,8 @@ class PodSource:
             return
         url = self.url_of(view.ip)
         try:
-            async with self._session.get(url + "/v1/models", headers=self._config.probe_headers) as resp:
-                body = await resp.read()
-                if resp.status != 200:
-                    raise ModelsProbeError(f"GET /v1/models answered {resp.status}")
-            cards = parse_model_cards(body)
-        except (aiohttp.ClientError, TimeoutError, ModelsProbeError) as exc:
+            cards = await probe_models(self._session, url, self._config.probe_headers)
+        except PROBE_FAILURES as exc:
             if self._current(key, view):
                 self._membership.update(url, f"pod {key} Ready; /v1/models: {describe(exc)}")
                 self._retry_later(key)

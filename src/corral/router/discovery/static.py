@@ -13,36 +13,16 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import aiohttp
-import orjson
 
+from corral.engine.models_probe import PROBE_FAILURES, describe, probe_models
 from corral.engine_state import EngineState
 from corral.router.membership.endpoint import Endpoint, SupervisorView
 from corral.router.membership.membership import Membership
 from corral.router.telemetry.metrics import RouterMetrics
 
 log = logging.getLogger("corral.router.static_source")
-
-
-class ModelsProbeError(Exception):
-    """A backend's /v1/models did not give a usable answer."""
-
-
-def parse_model_cards(body: bytes) -> tuple[dict[str, Any], ...]:
-    """The `data` entries of a vLLM /v1/models answer; raises ModelsProbeError on any other shape."""
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise ModelsProbeError(f"/v1/models answered non-JSON: {exc}") from None
-    data = payload.get("data") if isinstance(payload, dict) else None
-    if not isinstance(data, list):
-        raise ModelsProbeError("/v1/models answered without a `data` list")
-    cards = tuple(c for c in data if isinstance(c, dict) and isinstance(c.get("id"), str))
-    if not cards:
-        raise ModelsProbeError("/v1/models lists no model")
-    return cards
 
 
 class StaticSource:
@@ -152,12 +132,8 @@ class StaticSource:
         if self._session is None:
             return
         try:
-            async with self._session.get(url + "/v1/models", headers=self._probe_headers) as resp:
-                body = await resp.read()
-                if resp.status != 200:
-                    raise ModelsProbeError(f"GET /v1/models answered {resp.status}")
-            cards = parse_model_cards(body)
-        except (aiohttp.ClientError, TimeoutError, ModelsProbeError) as exc:
+            cards = await probe_models(self._session, url, self._probe_headers)
+        except PROBE_FAILURES as exc:
             self._probe_failed(url, describe(exc))
             return
         models = frozenset(c["id"] for c in cards)
@@ -177,10 +153,3 @@ class StaticSource:
             self._membership.update(
                 url, f"/v1/models probe failed: {why}", state=EngineState.FAILED, cause="probe_failed"
             )
-
-
-def describe(exc: BaseException) -> str:
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
