@@ -1,18 +1,50 @@
 """Per-pod supervisor tokens: a pod's management token is HMAC-SHA256(fleet key,
 "corral-supervisor:NAMESPACE/POD") in hex, so a token read out of one pod opens that pod's supervisor
 and no other, while whoever holds the fleet key (the router, an operator) derives any pod's token from
-the pod's name. The key itself stays in one Secret, mounted only where tokens are derived.
+the pod's name. The key itself stays in one Secret, mounted only where tokens are derived. Every CLI
+reads a supervisor's management token here: from its token file, else from $CORRAL_TOKEN.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 CONTEXT = b"corral-supervisor:"
 MIN_KEY_BYTES = 32
 MAKE_ONE = "make one with `openssl rand -hex 32`"
+TOKEN_ENV = "CORRAL_TOKEN"
+
+
+class TokenFileError(ValueError):
+    """A management token file is unreadable or empty; `why` finishes "<flag> 'path' ..." and never
+    holds the token."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(f"token file {str(path)!r} {why}")
+        self.path = path
+        self.why = why
+
+    def naming(self, flag: str) -> str:
+        """The message with the file named by the flag that gave it."""
+        return f"{flag} {str(self.path)!r} {self.why}"
+
+
+def read_management_token(token_file: Path | None, environ: Mapping[str, str] = os.environ) -> str | None:
+    """A supervisor's management token: the file's content without surrounding whitespace, else
+    $CORRAL_TOKEN, else None (an empty variable counts as unset)."""
+    if token_file is None:
+        return environ.get(TOKEN_ENV) or None
+    try:
+        token = token_file.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TokenFileError(token_file, f"is unreadable: {getattr(exc, 'strerror', None) or exc}") from None
+    if not token:
+        raise TokenFileError(token_file, "is empty")
+    return token
 
 
 class FleetKeyError(ValueError):

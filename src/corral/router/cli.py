@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import signal
 from pathlib import Path
@@ -28,7 +27,7 @@ from corral.router.edge.client_limits import ClientLimits, client_limit_options
 from corral.router.edge.parse_errors import ParseErrorLog
 from corral.router.routing.config import PolicyConfigError, RoutingConfig, load_routing_config
 from corral.router.routing.request import POLICY_NAMES
-from corral.supervisor_tokens import FleetKeyError, read_fleet_key
+from corral.supervisor_tokens import FleetKeyError, TokenFileError, read_fleet_key, read_management_token
 
 log = logging.getLogger("corral.router")
 
@@ -51,17 +50,10 @@ def parse_supervised(specs: tuple[str, ...]) -> dict[str, str]:
 
 def read_supervisor_token(path: Path | None) -> str | None:
     """The supervisors' management token: from the file, else $CORRAL_TOKEN, else none."""
-    if path is None:
-        return os.environ.get("CORRAL_TOKEN") or None
     try:
-        token = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise click.UsageError(
-            f"--supervisor-token-file {str(path)!r} is unreadable: {getattr(exc, 'strerror', None) or exc}"
-        ) from None
-    if not token:
-        raise click.UsageError(f"--supervisor-token-file {str(path)!r} is empty")
-    return token
+        return read_management_token(path)
+    except TokenFileError as exc:
+        raise click.UsageError(exc.naming("--supervisor-token-file")) from None
 
 
 @click.command()

@@ -28,6 +28,7 @@ from corral.supervisor.lifecycle.config import SupervisorConfig, is_loopback
 from corral.supervisor.lifecycle.dependencies import DependencyGate, GateSpecError, parse_gate
 from corral.supervisor.lifecycle.drain import DrainPolicy, DrainSettings
 from corral.supervisor.state.oplog import StateDirLocked
+from corral.supervisor_tokens import TokenFileError, read_management_token
 
 
 class _RunByDefault(click.Group):
@@ -67,17 +68,10 @@ def _check_engine_command(argv: tuple[str, ...]) -> None:
 
 def read_token(token_file: Path | None) -> str | None:
     """The management token from `token_file`, else from $CORRAL_TOKEN; exits 2 if the file is unusable."""
-    if token_file is not None:
-        try:
-            token = token_file.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            _bad_input(
-                f"token file {str(token_file)!r} is unreadable: {getattr(exc, 'strerror', None) or exc}"
-            )
-        if not token:
-            _bad_input(f"token file {str(token_file)!r} is empty")
-        return token
-    return os.environ.get("CORRAL_TOKEN") or None
+    try:
+        return read_management_token(token_file)
+    except TokenFileError as exc:
+        _bad_input(str(exc))
 
 
 def _parse_gates(specs: tuple[str, ...]) -> tuple[DependencyGate, ...]:

@@ -3,7 +3,6 @@ tree, with the evidence and the command to run next. Exits 1 when anything is wr
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
@@ -51,7 +50,7 @@ def doctor(
 ) -> None:
     """Walk the diagnosis tree for every engine and the router; print each branch found."""
     try:
-        token = read_token(token_file, os.environ.get("CORRAL_TOKEN"))
+        token = read_token(token_file)
         target = FleetTarget.resolve(port, router, supervisors, token, access)
     except TargetError as exc:
         raise click.ClickException(str(exc)) from None

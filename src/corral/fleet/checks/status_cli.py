@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from rich.live import Live
 
 from corral.aio import run
 from corral.clients.access import FleetAccess, fleet_access_options
-from corral.fleet.checks.probe import FleetTarget, FleetView, TargetError, look
+from corral.fleet.checks.probe import FleetTarget, FleetView, TargetError, look, read_token
 from corral.fleet.checks.status_table import render_view
 from corral.state_home import local_fleet_file
 
@@ -69,15 +68,8 @@ def status(
     interval: float,
 ) -> None:
     """Show every engine's lifecycle state, bundle, load and adapters, and the router's view of it."""
-    token = os.environ.get("CORRAL_TOKEN")
-    if token_file is not None:
-        try:
-            token = token_file.read_text().strip()
-        except OSError as exc:
-            raise click.BadParameter(
-                f"cannot read {token_file}: {exc.strerror}", param_hint="--token-file"
-            ) from None
     try:
+        token = read_token(token_file)
         # without --supervisor, the local fleet's file names the engines; --router only replaces its router
         if router is not None and not supervisors and not local_fleet_file(port).exists():
             target = FleetTarget(None, [], token, access)  # no local fleet: the router's engines only

@@ -3,7 +3,6 @@ and exit 1 when any check fails (warnings are printed, never fatal)."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -97,9 +96,7 @@ def verify(
     """Check a fleet against the post-operation checklist; exit 1 when any check fails."""
     started = time.time()
     try:
-        target = FleetTarget.resolve(
-            port, router, supervisors, read_token(token_file, os.environ.get("CORRAL_TOKEN")), access
-        )
+        target = FleetTarget.resolve(port, router, supervisors, read_token(token_file), access)
     except TargetError as exc:
         raise click.ClickException(str(exc)) from None
     expected_adapters = () if expect_no_adapters else (adapters or None)
