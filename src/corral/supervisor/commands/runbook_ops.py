@@ -18,7 +18,7 @@ import orjson
 from corral.aio import run as run_on_uvloop
 from corral.fleet.local.ownership import supervisor_token_for
 from corral.state_home import corral_state_dir
-from corral.supervisor.cli import read_token
+from corral.supervisor_tokens import TokenFileError, read_management_token
 
 _supervisor = click.option(
     "--supervisor",
@@ -86,7 +86,11 @@ async def follow_operation(
 
 
 def _run(url: str, path: str, body: dict[str, Any], token_file: Path | None, limit_s: float) -> None:
-    token = read_token(token_file)
+    try:
+        token = read_management_token(token_file)
+    except TokenFileError as exc:
+        click.echo(f"corral: {exc}", err=True)
+        sys.exit(2)
     if token is None:  # a supervisor of a local fleet: the token `corral up` made for it
         try:
             token = supervisor_token_for(url, corral_state_dir())
