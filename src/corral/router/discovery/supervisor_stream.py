@@ -31,11 +31,10 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
-import orjson
 
+from corral.contracts.supervisor import AckRequest, NotJSON, StateLine, UnusableLine, decode_watch_line
 from corral.engine_state import EngineState
 from corral.router.membership.endpoint import Endpoint, SupervisorView
 from corral.router.membership.membership import Membership
@@ -194,37 +193,33 @@ class SupervisorStreams:
                 received = time.monotonic()
                 view.last_heard = received
                 try:
-                    line = orjson.loads(raw)
-                except orjson.JSONDecodeError:
-                    raise StreamBroken("lost", f"not a JSON line: {raw[:100]!r}") from None
-                if not isinstance(line, dict):
+                    line = decode_watch_line(raw)
+                except NotJSON as exc:
+                    raise StreamBroken("lost", str(exc)) from None
+                except UnusableLine as exc:
+                    if isinstance(exc.line, dict) and exc.line.get("type") == "state":
+                        log.warning("supervisor %s sent an unusable state line: %r", view.url, exc.line)
+                        first = False
                     continue
-                if line.get("type") == "state":
+                if isinstance(line, StateLine):
                     self._apply(endpoint, view, line, received, first)
                     first = False
-                elif first:
-                    continue  # a heartbeat before the first state: nothing to apply yet
+                # a heartbeat (or a line of a kind this version does not know): nothing to apply
 
     def _apply(
-        self, endpoint: Endpoint, view: SupervisorView, line: dict[str, Any], received: float, first: bool
+        self, endpoint: Endpoint, view: SupervisorView, line: StateLine, received: float, first: bool
     ) -> None:
         """One state line: into membership now; a removal is acknowledged once it holds."""
-        try:
-            epoch = int(line["epoch"])
-            state = EngineState(line["state"])
-        except (KeyError, TypeError, ValueError):
-            log.warning("supervisor %s sent an unusable state line: %r", view.url, line)
-            return
+        epoch, state = line.epoch, line.state
         if not first and view.epoch is not None and epoch <= view.epoch:
             return  # epochs only grow within one stream
         was_removed = view.state is not EngineState.READY or view.link != "connected"
         view.link, view.link_reason = "connected", "state stream open"
         view.state = state
-        view.sub_state = line.get("sub_state") if isinstance(line.get("sub_state"), str) else None
-        view.reason = str(line.get("reason", ""))
+        view.sub_state = line.sub_state
+        view.reason = line.reason
         view.epoch = epoch
-        event_time = line.get("time")
-        view.event_time = float(event_time) if isinstance(event_time, int | float) else None
+        view.event_time = line.time
         self._metrics.count_event(SOURCE, "STATE")
         was_routable = endpoint.state is EngineState.READY
         self._membership.supervisor_changed(endpoint.url, cause=f"supervisor_{state.value.lower()}")
@@ -245,15 +240,11 @@ class SupervisorStreams:
             task.add_done_callback(self._acks.discard)
 
     def _apply_withdrawn(
-        self, endpoint: Endpoint, view: SupervisorView, line: dict[str, Any], epoch: int, received: float
+        self, endpoint: Endpoint, view: SupervisorView, line: StateLine, epoch: int, received: float
     ) -> None:
         """A READY line names the models withdrawn from routing here (none when it does not say): a
         LoRA adapter about to be unloaded. A new withdrawal is acknowledged like a removal."""
-        evidence = line.get("evidence")
-        listed = evidence.get("withdrawn_adapters") if isinstance(evidence, dict) else None
-        withdrawn = (
-            frozenset(m for m in listed if isinstance(m, str)) if isinstance(listed, list) else frozenset()
-        )
+        withdrawn = line.withdrawn_adapters
         newly = withdrawn - endpoint.withdrawn_models
         self._membership.withdraw_models(endpoint.url, withdrawn)
         if newly:
@@ -284,13 +275,13 @@ class SupervisorStreams:
     ) -> None:
         s = self.settings
         await _dispatched(endpoint, s.dispatch_wait)
-        body = {
-            "router_id": s.router_id,
-            "epoch": epoch,
-            "state": state.value,
-            "removal_latency_s": removal_latency,
-            "undispatched": endpoint.dispatching,
-        }
+        body = AckRequest(
+            router_id=s.router_id,
+            epoch=epoch,
+            state=state,
+            removal_latency_s=removal_latency,
+            undispatched=endpoint.dispatching,
+        ).encode()
         if endpoint.dispatching:
             log.warning(
                 "acknowledging epoch %d of %s with %d requests not yet answered after %gs",
@@ -310,7 +301,7 @@ class SupervisorStreams:
             try:
                 async with self._session.post(
                     view.url + "/v1/acks",
-                    data=orjson.dumps(body),
+                    data=body,
                     headers=headers,
                     timeout=timeout,
                 ) as resp:
