@@ -11,8 +11,8 @@ from aiohttp.test_utils import TestServer
 from click.testing import CliRunner
 
 from corral.sim import cli as sim_cli
-from corral.sim.core.config import SimConfig
-from corral.sim.http.auth import ApiKeyGuard, effective_keys
+from corral.sim.core.config import SimConfig, effective_keys
+from corral.sim.http.auth import ApiKeyGuard
 from corral.sim.server import SimServer
 
 KEY = "sk-sim-7f3a9c"

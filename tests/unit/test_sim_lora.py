@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from corral.sim.core.lora import LoraRegistry, parse_lora_module
-from corral.sim.http.protocol import RequestError
+from corral.sim.core.requests import RequestError
 
 
 def _reg(enabled: bool = True) -> LoraRegistry:

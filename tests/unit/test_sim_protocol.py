@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.sim.http.protocol import RequestError, parse_chat, parse_completion, parse_json
+from corral.sim.core.requests import RequestError
+from corral.sim.http.protocol import parse_chat, parse_completion, parse_json
 from corral.sim.weights.requires import Requirement
 
 

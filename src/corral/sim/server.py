@@ -27,12 +27,12 @@ from corral.sim.core.engine import Engine
 from corral.sim.core.lifecycle import EngineLifecycle
 from corral.sim.core.logs import EngineLog
 from corral.sim.core.lora import LoraRegistry, parse_lora_module
+from corral.sim.core.requests import RequestError
 from corral.sim.core.tokenizer import ToyTokenizer
 from corral.sim.http import dev_api, lora_api
 from corral.sim.http.app import RouteSet, SimApi
 from corral.sim.http.metrics import EngineCollector, MetricsEndpoint
 from corral.sim.http.ops_metrics import LifecycleCollector, LoraCollector
-from corral.sim.http.protocol import RequestError
 from corral.sim.weights.requires import Requirement
 from corral.sim.weights.weight_cache import cache_key, default_fingerprint
 from corral.sim.weights.weight_loader import IpcLoadConfig, LoadOutcome, WeightLoader

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-from corral.sim.http.auth import effective_keys
 
 KV_BYTES_PER_TOKEN = 128 * 1024
 GIB = 2**30
+
+
+def effective_keys(cli_keys: Sequence[str], environ_key: str | None) -> tuple[str, ...]:
+    """vLLM's rule: `--api-key` wins over VLLM_API_KEY; empty values guard nothing."""
+    chosen = list(cli_keys) if cli_keys else [environ_key or ""]
+    return tuple(k for k in chosen if k)
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,10 @@ from corral.sim.core.generator import GenerationPlan, Generator, garbage
 from corral.sim.core.logs import EngineLog
 from corral.sim.core.lora import LoraAdapter, LoraRegistry
 from corral.sim.core.prefix_cache import PrefixCache, block_hashes
+from corral.sim.core.requests import InferenceRequest, bad_request
 from corral.sim.core.scheduler import EngineRequest, LatencyModel, Scheduler
+from corral.sim.core.stats import EngineStats
 from corral.sim.core.tokenizer import ToyTokenizer
-from corral.sim.http.metrics import EngineStats
-from corral.sim.http.protocol import InferenceRequest, bad_request
 
 
 @dataclass(eq=False)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from corral.sim.core.generator import Generator
 from corral.sim.core.lifecycle import worker_failure
-from corral.sim.http.protocol import RequestError
+from corral.sim.core.requests import RequestError
 
 # vLLM strips file paths from error messages before answering (sanitize_message); so does the simulator.
 _PATH_RE = re.compile(r"/(?:home|usr|opt|var|tmp|root|lib|mnt|srv)(?:/[\w.\-]+)+")

@@ -25,9 +25,10 @@ from corral.sim.core.config import SimConfig
 from corral.sim.core.engine import Engine, Job
 from corral.sim.core.faults import Fault
 from corral.sim.core.lora import LoraAdapter, LoraRegistry
+from corral.sim.core.requests import InferenceRequest, RequestError
 from corral.sim.http.auth import ApiKeyGuard
 from corral.sim.http.metrics import CONTENT_TYPE, MetricsEndpoint
-from corral.sim.http.protocol import InferenceRequest, RequestError, parse_chat, parse_completion, parse_json
+from corral.sim.http.protocol import parse_chat, parse_completion, parse_json
 from corral.sim.http.responses import DONE, StreamEncoder, chat_completion, model_list, text_completion
 
 _JSON = "application/json"

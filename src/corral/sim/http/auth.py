@@ -19,12 +19,6 @@ _GUARDED_PREFIX = "/v1"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def effective_keys(cli_keys: Sequence[str], environ_key: str | None) -> tuple[str, ...]:
-    """vLLM's rule: `--api-key` wins over VLLM_API_KEY; empty values guard nothing."""
-    chosen = list(cli_keys) if cli_keys else [environ_key or ""]
-    return tuple(k for k in chosen if k)
-
-
 class ApiKeyGuard:
     """An aiohttp middleware that answers 401 to unauthenticated `/v1...` requests."""
 

@@ -22,7 +22,8 @@ from corral.sim.core.config import SimConfig
 from corral.sim.core.control import EngineControl
 from corral.sim.core.lifecycle import LifecycleError, worker_failure
 from corral.sim.core.logs import EngineLog
-from corral.sim.http.protocol import RequestError, validation_error
+from corral.sim.core.requests import RequestError
+from corral.sim.http.protocol import validation_error
 
 _JSON = "application/json"
 PAUSE_MODES = ("abort", "wait", "keep")

@@ -13,7 +13,8 @@ from aiohttp import web
 from corral.openai_errors import error_response
 from corral.sim.core.logs import EngineLog
 from corral.sim.core.lora import LoraRegistry
-from corral.sim.http.protocol import FieldChecker, RequestError, parse_json
+from corral.sim.core.requests import RequestError
+from corral.sim.http.protocol import FieldChecker, parse_json
 
 ROUTES: dict[str, tuple[str, ...]] = {
     "/v1/load_lora_adapter": ("POST",),

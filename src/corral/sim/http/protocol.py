@@ -8,27 +8,12 @@ with `(parameter=..., value=...)` in the message, as in the captured samples.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from corral.sim.core.chat import render_chat
-
-
-class RequestError(Exception):
-    """An error answer: HTTP status, message, OpenAI error type and the offending parameter."""
-
-    def __init__(self, status: int, message: str, err_type: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.err_type = err_type
-        self.param = param
-
-
-def bad_request(message: str, param: str, value: Any) -> RequestError:
-    return RequestError(400, f"{message} (parameter={param}, value={value})", "BadRequestError", param)
+from corral.sim.core.requests import InferenceRequest, RequestError
 
 
 def _shown(value: Any) -> Any:
@@ -189,22 +174,6 @@ class _Fields:
     def raise_if_any(self) -> None:
         if self.errors:
             raise _validation_error(self.errors)
-
-
-@dataclass(frozen=True)
-class InferenceRequest:
-    """What the engine needs from a chat or text completion request."""
-
-    chat: bool
-    model: str | None
-    prompt_text: str | None
-    prompt_ids: list[int] | None
-    max_tokens: int | None
-    temperature: float
-    seed: int | None
-    stop: tuple[str, ...]
-    stream: bool
-    include_usage: bool
 
 
 def _sampling(
