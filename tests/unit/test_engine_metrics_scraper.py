@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestServer
 from corral.engine_state import EngineState
 from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.load_board import LoadBoard
-from corral.router.routing.load_scraper import EngineMetricsScraper
+from corral.router.routing.load_scraper import LoadScraper
 
 METRICS = b'vllm:num_requests_running{model_name="m"} 2.0\nvllm:num_requests_waiting{model_name="m"} 1.0\n'
 
@@ -29,7 +29,7 @@ async def test_scraper_fills_the_board_and_failures_age_into_staleness() -> None
     ready = Endpoint(f"http://127.0.0.1:{server.port}", frozenset({"m"}), EngineState.READY)
     starting = Endpoint("http://127.0.0.1:1", frozenset({"m"}), EngineState.STARTING)
     board = LoadBoard(stale_after=0.3)
-    scraper = EngineMetricsScraper(board, lambda: [ready, starting], interval=0.05)
+    scraper = LoadScraper(board, lambda: [ready, starting], interval=0.05)
     await scraper.start()
     try:
         for _ in range(100):

@@ -1,6 +1,6 @@
 """What the engines last said about their own load, scraped from their `/metrics`, and how old it is.
 
-Scorers read it on the request path without any I/O; `EngineMetricsScraper` fills it in the background.
+Scorers read it on the request path without any I/O; `LoadScraper` fills it in the background.
 An entry older than `stale_after` (or none at all) counts as saturated: a router must not prefer an
 engine because it stopped answering its metrics.
 """

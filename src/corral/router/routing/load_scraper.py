@@ -55,7 +55,7 @@ def _running_adapters(sample: Sample) -> frozenset[str]:
     return frozenset(a for a in running.split(",") if a)
 
 
-class EngineMetricsScraper:
+class LoadScraper:
     def __init__(
         self,
         board: LoadBoard,

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.config import PolicyConfigError, RoutingConfig, check_policy_names
 from corral.router.routing.load_board import LoadBoard
-from corral.router.routing.load_scraper import EngineMetricsScraper
+from corral.router.routing.load_scraper import LoadScraper
 from corral.router.routing.pipeline import LOAD_WEIGHTS, PREFIX_WEIGHTS, ScoredPolicy
 from corral.router.routing.policies import LeastRequest, RoundRobin, SessionAffinity
 from corral.router.routing.request import POLICY_NAMES, Policy, RouteRequest
@@ -100,7 +100,7 @@ class Routing:
         needs = any(
             isinstance(p, ScoredPolicy) and p.uses_metrics for n, p in policies.items() if n in in_use
         )
-        self.scraper = EngineMetricsScraper(self.board, endpoints, config.scrape_interval) if needs else None
+        self.scraper = LoadScraper(self.board, endpoints, config.scrape_interval) if needs else None
 
     async def start(self) -> None:
         if self.scraper is not None:
