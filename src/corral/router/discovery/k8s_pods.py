@@ -209,6 +209,7 @@ class PodSource:
 
     def _intake(self, view: PodView, received: float) -> None:
         key = view.key
+        previous = self._views.get(key)
         if view.deleted:
             self._views.pop(key, None)
         else:
@@ -218,8 +219,14 @@ class PodSource:
         membership = self._membership
 
         old_url = self._urls.get(key)
-        if old_url is not None and old_url != url:
-            cause, reason = blocker or ("ip_changed", f"pod {key} now has IP {view.ip}")
+        # An endpoint is the pod it runs in: a pod recreated under the same name (a new UID, say a
+        # StatefulSet pod whose DELETE was missed) is a new endpoint, even at the same IP.
+        replaced = previous is not None and not view.deleted and previous.uid != view.uid
+        if old_url is not None and (old_url != url or replaced):
+            if replaced and previous is not None:
+                cause, reason = "pod_replaced", f"pod {key} was recreated (uid {previous.uid} -> {view.uid})"
+            else:
+                cause, reason = blocker or ("ip_changed", f"pod {key} now has IP {view.ip}")
             self._leave(old_url, reason, cause, view.version, received, remove=True)
             del self._urls[key]
         if url is None:
