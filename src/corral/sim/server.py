@@ -31,6 +31,7 @@ from corral.sim.core.requests import RequestError
 from corral.sim.core.tokenizer import ToyTokenizer
 from corral.sim.http import dev_api, lora_api
 from corral.sim.http.app import RouteSet, SimApi
+from corral.sim.http.connections import BusyConnections
 from corral.sim.http.metrics import EngineCollector, MetricsEndpoint
 from corral.sim.http.ops_metrics import LifecycleCollector, LoraCollector
 from corral.sim.weights.requires import Requirement
@@ -376,7 +377,7 @@ class SimServer:
         log.info("APIServer", "launcher.py:304", "[shutdown] API server: shutting down FastAPI HTTP server")
         log.plain("INFO:     Shutting down")
         server.pre_shutdown()
-        _close_idle_connections(server)
+        _close_idle_connections(server, self.api.connections)
         if server.connections:
             log.plain("INFO:     Waiting for connections to close. (CTRL+C to force quit)")
             if not await self._until(lambda: not server.connections, self._force.wait):
@@ -416,7 +417,7 @@ class SimServer:
             stopper.cancel()
 
 
-def _close_idle_connections(server: web.Server) -> None:
+def _close_idle_connections(server: web.Server, busy: BusyConnections) -> None:
     """Close keep-alive connections that carry no request, as uvicorn does at shutdown.
 
     aiohttp's pre_shutdown() leaves idle keep-alive connections open, and a router's pooled
@@ -424,5 +425,5 @@ def _close_idle_connections(server: web.Server) -> None:
     open, unanswered, which is what the real engine does (see vllm-samples/README.md).
     """
     for conn in list(server.connections):
-        if not getattr(conn, "_request_in_progress", False):
+        if not busy.carries_request(conn):
             conn.force_close()

@@ -27,6 +27,7 @@ from corral.sim.core.faults import Fault
 from corral.sim.core.lora import LoraAdapter, LoraRegistry
 from corral.sim.core.requests import InferenceRequest, RequestError
 from corral.sim.http.auth import ApiKeyGuard
+from corral.sim.http.connections import BusyConnections
 from corral.sim.http.metrics import CONTENT_TYPE, MetricsEndpoint
 from corral.sim.http.protocol import parse_chat, parse_completion, parse_json
 from corral.sim.http.responses import DONE, StreamEncoder, chat_completion, model_list, text_completion
@@ -82,10 +83,12 @@ class SimApi:
         )
         self._models_version = -1
         self._models_body = b""
+        self.connections = BusyConnections()
 
     def build(self) -> web.Application:
         guards = [ApiKeyGuard(self.config.api_keys).middleware] if self.config.api_keys else []
-        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=guards)
+        middlewares = [self.connections.middleware, *guards]
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
         r = app.router
         r.add_post("/v1/chat/completions", self.chat_completions)
         r.add_post("/v1/completions", self.completions)
