@@ -21,16 +21,12 @@ from rich.table import Table
 from corral.aio import run
 from corral.bundle_spec import BundleError, BundleSpec, bundle_from_json, load_bundle
 from corral.clients.access import FleetAccess, fleet_access_options
+from corral.clients.up import UpControlClient
 from corral.fleet.checks.change_record import default_record_path, read_record, write_record
-from corral.fleet.rollout.groups import (
-    FleetControlClient,
-    LocalRollout,
-    RolloutBase,
-    RolloutJob,
-    RolloutSettings,
-    Step,
-)
+from corral.fleet.rollout.base import RolloutBase
+from corral.fleet.rollout.groups import LocalRollout
 from corral.fleet.rollout.hosts import HostRollout
+from corral.fleet.rollout.steps import RolloutJob, RolloutSettings, Step
 from corral.state_home import local_fleet_file, read_supervisor_token
 
 
@@ -204,7 +200,7 @@ def _execute(
         async with aiohttp.ClientSession() as session:
             rollout: RolloutBase
             if ref.control is not None and ref.control_token is not None:
-                control = FleetControlClient(session, ref.control, ref.control_token)
+                control = UpControlClient(session, ref.control, ref.control_token)
                 rollout = LocalRollout(control, session, job, observer)
             else:
                 rollout = HostRollout(ref.supervisors, session, job, observer)

@@ -22,17 +22,13 @@ import time
 import aiohttp
 
 from corral.bundle_spec import BundleSpec
-from corral.fleet.rollout.groups import (
-    Group,
-    RolloutBase,
-    RolloutJob,
-    Step,
-    StepFailed,
-    StepObserver,
-    message_of,
-)
-
-_POLL = 0.2
+from corral.clients.calls import APIError
+from corral.clients.supervisor import OperationStillRunning
+from corral.contracts.operations import SwitchBundleRequest
+from corral.contracts.supervisor import SupervisorState
+from corral.contracts.up import GroupMember
+from corral.fleet.rollout.base import RolloutBase
+from corral.fleet.rollout.steps import Group, RolloutJob, Step, StepFailed, StepObserver
 
 
 class HostRollout(RolloutBase):
@@ -45,6 +41,7 @@ class HostRollout(RolloutBase):
     ) -> None:
         super().__init__(session, job, observer)
         self.supervisor_urls = [u.rstrip("/") for u in supervisors]
+        self._declared_by: dict[str, list[str]] = {}  # host group -> the bundles its supervisor declares
 
     @property
     def batch(self) -> int:
@@ -55,14 +52,9 @@ class HostRollout(RolloutBase):
         groups = []
         for i, (url, state) in enumerate(zip(self.supervisor_urls, states, strict=True)):
             name = f"host-{i}"
-            engine = str((state.get("engine") or {}).get("url") or "")
-            groups.append(
-                Group(
-                    name,
-                    BundleSpec(name=str(state.get("bundle_name") or "initial")),
-                    [{"name": name, "supervisor": url, "engine": engine, "state": state}],
-                )
-            )
+            self._declared_by[name] = list(state.bundles_declared)
+            member = GroupMember(name=name, group=name, supervisor=url, engine=state.engine.url or "")
+            groups.append(Group(name, BundleSpec(name=state.bundle_name or "initial"), [member]))
         return groups
 
     async def _precheck(self, step: Step) -> list[Group]:
@@ -79,10 +71,8 @@ class HostRollout(RolloutBase):
             )
         return todo
 
-    @staticmethod
-    def _declared(group: Group) -> list[str]:
-        state = group.members[0]["state"]
-        return [str(name) for name in state.get("bundles_declared") or []]
+    def _declared(self, group: Group) -> list[str]:
+        return self._declared_by.get(group.name, [])
 
     def _is_target(self, group: Group) -> bool:
         return group.bundle is not None and group.bundle.name == self.target.name
@@ -95,33 +85,34 @@ class HostRollout(RolloutBase):
         self.replaced.append({"old": old.name, "new": old.name, "fingerprint": self.fingerprints[old.name]})
 
     async def _switch(self, step: Step, supervisor: str) -> None:
-        op_id = f"{self.id}-switch"
-        body = {"name": self.target.name, "operation_id": op_id, "ready_timeout": self.settings.start_timeout}
-        async with self.session.post(supervisor + "/v1/bundle", json=body, headers=self._auth) as r:
-            answer = await r.json(content_type=None)
-            if r.status not in (200, 202):
-                raise StepFailed(f"{supervisor} refused the switch: {r.status} {message_of(answer)}")
-        deadline = time.monotonic() + self.settings.start_timeout + self.settings.drain_timeout
-        while answer.get("status") == "running":
-            if time.monotonic() >= deadline:
-                raise StepFailed(f"{supervisor}: the switch is still running; see its /v1/operations/{op_id}")
-            await asyncio.sleep(_POLL)
-            async with self.session.get(f"{supervisor}/v1/operations/{op_id}", headers=self._auth) as r:
-                answer = await r.json(content_type=None)
-        steps = (answer.get("result") or {}).get("steps") or []
-        step.data = {"operation": op_id, "steps": [(s["step"], s["status"], s["seconds"]) for s in steps]}
-        if answer.get("status") != "succeeded":
-            raise StepFailed(f"{supervisor}: {answer.get('error')}")
-        step.detail = f"{supervisor} switched: " + ", ".join(
-            f"{s['step']} {s['seconds']:.2f}s" for s in steps
+        client, op_id = self.supervisor(supervisor), f"{self.id}-switch"
+        request = SwitchBundleRequest(
+            name=self.target.name, operation_id=op_id, ready_timeout=self.settings.start_timeout
         )
+        try:
+            record, _ = await client.start(request)
+        except APIError as exc:
+            if exc.unreachable:
+                raise
+            raise StepFailed(f"{supervisor} refused the switch: {exc.status} {exc.message}") from None
+        within = self.settings.start_timeout + self.settings.drain_timeout
+        try:
+            if not record.done:
+                record = await client.wait_for_operation(op_id, within=within)
+        except OperationStillRunning:
+            raise StepFailed(
+                f"{supervisor}: the switch is still running; see its /v1/operations/{op_id}"
+            ) from None
+        steps = record.steps
+        step.data = {"operation": op_id, "steps": [(s.step, s.status, s.seconds) for s in steps]}
+        if not record.succeeded:
+            raise StepFailed(f"{supervisor}: {record.error}")
+        step.detail = f"{supervisor} switched: " + ", ".join(f"{s.step} {s.seconds:.2f}s" for s in steps)
 
     async def _verify_switched(self, step: Step, group: Group) -> None:
-        state = await self._state(group.supervisors[0])
-        if state.get("bundle_name") != self.target.name:
-            raise StepFailed(
-                f"{group.name} runs bundle {state.get('bundle_name')!r}, not {self.target.name!r}"
-            )
+        state: SupervisorState = await self._state(group.supervisors[0])
+        if state.bundle_name != self.target.name:
+            raise StepFailed(f"{group.name} runs bundle {state.bundle_name!r}, not {self.target.name!r}")
         fingerprint = await self._group_fingerprint(group, [state])
         before = self.fingerprints.get(group.name)
         self.fingerprints[group.name] = fingerprint
@@ -133,14 +124,12 @@ class HostRollout(RolloutBase):
         deadline = time.monotonic() + self.settings.routed_timeout
         while True:
             listed = await self._router_endpoints()
-            mine = [
-                e for e in listed.values() if ((e.get("supervisor") or {}).get("url") or "") == supervisor
-            ]
-            if mine and all(e.get("routable") for e in mine):
-                step.detail = f"router routes {', '.join(e['url'] for e in mine)}"
+            mine = [e for e in listed.values() if e.supervisor_url == supervisor]
+            if mine and all(e.routable for e in mine):
+                step.detail = f"router routes {', '.join(e.url for e in mine)}"
                 return
             if time.monotonic() >= deadline:
-                why = "; ".join(f"{e['url']}: {e.get('why')}" for e in mine) or "not listed"
+                why = "; ".join(f"{e.url}: {e.why}" for e in mine) or "not listed"
                 within = self.settings.routed_timeout
                 raise StepFailed(f"router did not route {supervisor}'s engine within {within:g}s: {why}")
             await asyncio.sleep(0.1)
