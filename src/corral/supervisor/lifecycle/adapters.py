@@ -59,6 +59,10 @@ class AdapterSet:
         self.runtime[name] = path
         self.desired[name] = path
 
+    def note_served(self, served: list[str]) -> None:
+        """What the engine was just seen serving (a LoRA operation's own check)."""
+        self.served = served
+
     def remove(self, name: str) -> None:
         """No longer desired; raises OSError when a runtime adapter's removal could not be persisted
         (it is then out of this life's desired set, but a restart would load it again)."""

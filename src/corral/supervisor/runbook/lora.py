@@ -83,7 +83,7 @@ class LoadAdapterPlan:
                 f"adapter {self.name!r} loaded but not recorded in the state dir, so a restart would "
                 f"lose it: {exc}; fix the state dir ({self.sup.config.state_dir}) and load it again"
             ) from exc
-        self.sup.adapters.served = served
+        self.sup.adapters.note_served(served)
         self.sup.transition(
             S.READY,
             f"adapter {self.name!r} loaded",
@@ -191,7 +191,7 @@ class UnloadAdapterPlan:
         served = await self.engine.served()
         if self.name in served:
             raise StepFailed(f"adapter {self.name!r} still listed after unloading", served=served)
-        self.sup.adapters.served = served
+        self.sup.adapters.note_served(served)
         self._forget()
         return {"served": served}
 
@@ -208,10 +208,10 @@ class UnloadAdapterPlan:
     async def recover(self, failed_step: Step, cause: str) -> Evidence:
         served = await self.engine.served()
         if self.name in served:  # still loaded: offer it to routing again
-            self.sup.adapters.served = served
+            self.sup.adapters.note_served(served)
             self._publish([], f"adapter {self.name!r} back in routing: its unload failed at {failed_step}")
             return {"outcome": f"adapter {self.name!r} still loaded and routed again", "served": served}
-        self.sup.adapters.served = served
+        self.sup.adapters.note_served(served)
         try:
             self.sup.adapters.remove(self.name)
         except OSError as exc:
