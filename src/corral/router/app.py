@@ -34,6 +34,7 @@ from corral.router.edge.client_limits import (
 )
 from corral.router.edge.expect_continue import expect_handler
 from corral.router.edge.tenants import TenantCollector, TenantGate, Tenants, tenant_of
+from corral.router.membership.consumer import MembershipConsumer
 from corral.router.membership.membership import Membership
 from corral.router.routing.config import RoutingConfig
 from corral.router.routing.selector import Routing
@@ -152,7 +153,7 @@ async def build_source(
         )
     if config.backends_file is not None:
         return FileSource(
-            membership,
+            MembershipConsumer(membership),
             config.backends_file,
             config.models_refresh_seconds,
             config.probe_timeout,
@@ -160,7 +161,7 @@ async def build_source(
             probe_headers=config.engine_headers(),
         )
     return StaticSource(
-        membership,
+        MembershipConsumer(membership),
         config.backends,
         config.models_refresh_seconds,
         config.probe_timeout,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.router.discovery.static import StaticSource
-from corral.router.membership.membership import Membership
+from corral.router.membership.events import MembershipSink
 from corral.router.telemetry.metrics import RouterMetrics
 
 log = logging.getLogger("corral.router.file_source")
@@ -68,7 +68,7 @@ def read_backends(path: Path) -> Backends:
 class FileSource:
     def __init__(
         self,
-        membership: Membership,
+        sink: MembershipSink,
         path: Path,
         refresh_seconds: float,
         probe_timeout: float,
@@ -82,7 +82,7 @@ class FileSource:
         # A bad file at start is the user's to fix now; later, a bad edit keeps the last good list.
         first = read_backends(path)
         self._static = StaticSource(
-            membership,
+            sink,
             first.urls,
             refresh_seconds,
             probe_timeout,

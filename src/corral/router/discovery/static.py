@@ -18,8 +18,7 @@ import aiohttp
 
 from corral.engine.models_probe import PROBE_FAILURES, describe, probe_models
 from corral.engine_state import EngineState
-from corral.router.membership.endpoint import Endpoint, SupervisorView
-from corral.router.membership.membership import Membership
+from corral.router.membership.events import EndpointAdded, EndpointRemoved, EndpointUpdated, MembershipSink
 from corral.router.telemetry.metrics import RouterMetrics
 
 log = logging.getLogger("corral.router.static_source")
@@ -28,7 +27,7 @@ log = logging.getLogger("corral.router.static_source")
 class StaticSource:
     def __init__(
         self,
-        membership: Membership,
+        sink: MembershipSink,
         urls: Sequence[str],
         refresh_seconds: float,
         probe_timeout: float = 2.0,
@@ -37,7 +36,8 @@ class StaticSource:
         supervisors: Mapping[str, str] | None = None,
         probe_headers: Mapping[str, str] | None = None,
     ) -> None:
-        self._membership = membership
+        self._sink = sink
+        self._answered: set[str] = set()  # urls whose /v1/models answered since they were added
         self._probe_headers = dict(probe_headers or {})  # the engine API key, when engines want one
         # engine url -> its supervisor's url, for the engines that have one
         self._supervisors = {k.rstrip("/"): v.rstrip("/") for k, v in (supervisors or {}).items()}
@@ -67,20 +67,22 @@ class StaticSource:
             if url not in wanted or url in moved:
                 self._count(url, "DELETED")
                 why = "its supervisor changed" if url in wanted else f"no longer in the {self._source} list"
-                self._membership.remove(url, why, cause=f"{self._source}_removed")
+                self._answered.discard(url)
+                self._sink.emit(EndpointRemoved(url, why, cause=f"{self._source}_removed"))
         kept = [u for u in self._urls if u in wanted and u not in moved]
         fresh = [u for u in wanted if u not in kept]
         for url in fresh:
             self._count(url, "ADDED")
             supervisor = self._supervisors.get(url)
-            self._membership.add(
-                Endpoint(
-                    url,
-                    reason=f"{self._source} backend, waiting for /v1/models",
+            self._sink.emit(
+                EndpointAdded(
+                    identity=url,  # a listed backend is nothing but its address
+                    url=url,
                     source=self._source,
-                    supervisor=SupervisorView(supervisor) if supervisor else None,
-                ),
-                f"{self._source} list",
+                    reason=f"{self._source} backend, waiting for /v1/models",
+                    origin=f"{self._source} list",
+                    supervisor_url=supervisor,
+                )
             )
         self._urls = wanted
         if fresh and self._session is not None:
@@ -139,17 +141,21 @@ class StaticSource:
         models = frozenset(c["id"] for c in cards)
         if url not in self._urls:
             return  # dropped from the list while the probe ran
-        self._membership.update(
-            url, "GET /v1/models answered", state=EngineState.READY, models=models, model_cards=cards
+        self._answered.add(url)
+        self._sink.emit(
+            EndpointUpdated(
+                url, "GET /v1/models answered", state=EngineState.READY, models=models, model_cards=cards
+            )
         )
 
     def _probe_failed(self, url: str, why: str) -> None:
-        endpoint = self._membership.get(url)
-        if endpoint is None:
+        if url not in self._urls:
             return
-        if endpoint.source_state is EngineState.STARTING:
-            self._membership.update(url, f"waiting for /v1/models: {why}")
+        if url not in self._answered:
+            self._sink.emit(EndpointUpdated(url, f"waiting for /v1/models: {why}"))
         else:
-            self._membership.update(
-                url, f"/v1/models probe failed: {why}", state=EngineState.FAILED, cause="probe_failed"
+            self._sink.emit(
+                EndpointUpdated(
+                    url, f"/v1/models probe failed: {why}", state=EngineState.FAILED, cause="probe_failed"
+                )
             )

@@ -1,0 +1,56 @@
+"""What a membership source says about the endpoints it knows: one added, updated or removed, each
+naming the endpoint by its identity (the thing it runs in), never by what membership does with it.
+A source emits these into a `MembershipSink` and reads nothing back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from corral.engine_state import EngineState
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointAdded:
+    """A new endpoint, not yet routable. Adding an identity already known changes nothing."""
+
+    identity: str  # the thing it runs in: a pod UID, a configured backend; never reused
+    url: str
+    source: str
+    reason: str  # the endpoint's own first reason
+    origin: str  # where it came from, for the log ("static list", "pod ns/name")
+    name: str | None = None
+    supervisor_url: str | None = None
+    event_version: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointUpdated:
+    """The source's view of a known endpoint changed; unknown identities are ignored."""
+
+    identity: str
+    reason: str
+    state: EngineState | None = None
+    models: frozenset[str] | None = None
+    model_cards: tuple[dict[str, Any], ...] | None = None
+    cause: str = "state"
+    event_version: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointRemoved:
+    """The endpoint is gone; `cause` is the low-cardinality label of its routing exit."""
+
+    identity: str
+    reason: str
+    cause: str = "removed"
+    event_version: str | None = None
+
+
+MembershipEvent = EndpointAdded | EndpointUpdated | EndpointRemoved
+
+
+class MembershipSink(Protocol):
+    """Where a source's events go (`corral.router.membership.consumer.MembershipConsumer`)."""
+
+    def emit(self, event: MembershipEvent) -> None: ...
