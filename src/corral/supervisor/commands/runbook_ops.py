@@ -5,17 +5,25 @@ nothing changed) or the request was bad."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import click
-import orjson
 
 from corral.aio import run as run_on_uvloop
+from corral.clients.calls import APIError
+from corral.clients.supervisor import OperationStillRunning, SupervisorClient
+from corral.contracts.operations import (
+    LoadAdapterRequest,
+    OperationRecord,
+    OperationRequest,
+    ReloadRequest,
+    SleepRequest,
+    SwitchBundleRequest,
+    UnloadAdapterRequest,
+    WakeRequest,
+)
 from corral.fleet.local.ownership import supervisor_token_for
 from corral.state_home import corral_state_dir
 from corral.supervisor_tokens import TokenFileError, read_management_token
@@ -41,51 +49,43 @@ def _say(line: str) -> None:
     click.echo(line)
 
 
-async def follow_operation(
-    url: str, path: str, body: dict[str, Any], token: str | None, limit_s: float
-) -> int:
-    headers = {"content-type": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=30)) as session:
+async def follow_operation(url: str, request: OperationRequest, token: str | None, limit_s: float) -> int:
+    async with aiohttp.ClientSession() as session:
+        supervisor = SupervisorClient(session, url, token, timeout=30.0)
         try:
-            async with session.post(url + path, data=orjson.dumps(body)) as resp:
-                answer = orjson.loads(await resp.read() or b"null")
-                status = resp.status
-        except aiohttp.ClientError as exc:
-            _say(f"supervisor at {url} is not answering: {exc}")
-            return 1
-        if status not in (200, 202):
-            message = answer.get("error", {}).get("message") if isinstance(answer, dict) else answer
-            _say(f"refused (HTTP {status}): {message}")
+            record, started = await supervisor.start(request)
+        except APIError as exc:
+            if exc.unreachable:
+                _say(f"supervisor at {url} is not answering: {exc.message}")
+                return 1
+            _say(f"refused (HTTP {exc.status}): {exc.message}")
             return 2
-        op_id = str(answer["operation_id"])
-        _say(f"{answer['kind']} {op_id} {'started' if status == 202 else 'already known'}")
-        deadline = time.monotonic() + limit_s
+        op_id = record.operation_id
+        _say(f"{record.kind} {op_id} {'started' if started else 'already known'}")
         shown = ""
-        while time.monotonic() < deadline:
-            async with session.get(f"{url}/v1/operations/{op_id}") as resp:
-                op = orjson.loads(await resp.read())
-            async with session.get(url + "/v1/state") as resp:
-                state = orjson.loads(await resp.read())
-            line = f"{state.get('state')}/{state.get('sub_state')}: {state.get('reason')}"
+
+        async def show(_: OperationRecord) -> None:
+            nonlocal shown
+            line = (await supervisor.state()).progress
             if line != shown:
                 _say(line)
                 shown = line
-            if op.get("status") != "running":
-                for step in (op.get("result") or {}).get("steps", []):
-                    _say(f"  {step['step']}: {step['status']} ({step['seconds']}s)")
-                if op["status"] == "succeeded":
-                    _say(f"{op['kind']} {op_id} succeeded")
-                    return 0
-                _say(f"{op['kind']} {op_id} failed: {op.get('error')}")
-                return 1
-            await asyncio.sleep(0.3)
-    _say(f"{op_id} not finished after {limit_s:g}s; it goes on: GET {url}/v1/operations/{op_id}")
+
+        try:
+            record = await supervisor.wait_for_operation(op_id, within=limit_s, on_poll=show)
+        except OperationStillRunning:
+            _say(f"{op_id} not finished after {limit_s:g}s; it goes on: GET {url}/v1/operations/{op_id}")
+            return 1
+    for step in record.steps:
+        _say(f"  {step.step}: {step.status} ({step.seconds}s)")
+    if record.succeeded:
+        _say(f"{record.kind} {op_id} succeeded")
+        return 0
+    _say(f"{record.kind} {op_id} failed: {record.error}")
     return 1
 
 
-def _run(url: str, path: str, body: dict[str, Any], token_file: Path | None, limit_s: float) -> None:
+def _run(url: str, request: OperationRequest, token_file: Path | None, limit_s: float) -> None:
     try:
         token = read_management_token(token_file)
     except TokenFileError as exc:
@@ -96,11 +96,7 @@ def _run(url: str, path: str, body: dict[str, Any], token_file: Path | None, lim
             token = supervisor_token_for(url, corral_state_dir())
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
-    sys.exit(run_on_uvloop(follow_operation(url.rstrip("/"), path, body, token, limit_s)))
-
-
-def _with_id(body: dict[str, Any], op_id: str | None) -> dict[str, Any]:
-    return {**body, "operation_id": op_id} if op_id else body
+    sys.exit(run_on_uvloop(follow_operation(url.rstrip("/"), request, token, limit_s)))
 
 
 @click.command(name="sleep")
@@ -121,8 +117,8 @@ def sleep_command(
     release_kv: bool,
 ) -> None:
     """Take the engine out of routing, drain it by MODE, and put it to sleep at LEVEL."""
-    body = {"level": level, "mode": mode, "release_kv": release_kv}
-    _run(supervisor_url, "/v1/sleep", _with_id(body, operation_id), token_file, timeout)
+    asked = SleepRequest(level=level, mode=mode, release_kv=release_kv, operation_id=operation_id)
+    _run(supervisor_url, asked, token_file, timeout)
 
 
 @click.command(name="wake")
@@ -150,11 +146,9 @@ def wake_command(
     tag_list: str | None,
 ) -> None:
     """Wake the sleeping engine, verify it and make it READY again (or wake it in steps: --tags)."""
-    body: dict[str, Any] = {"reload": reload_weights}
     wanted = [*tags, *(t.strip() for t in (tag_list or "").split(",") if t.strip())]
-    if wanted:
-        body["tags"] = wanted
-    _run(supervisor_url, "/v1/wake", _with_id(body, operation_id), token_file, timeout)
+    asked = WakeRequest(reload=reload_weights, tags=wanted or None, operation_id=operation_id)
+    _run(supervisor_url, asked, token_file, timeout)
 
 
 @click.command(name="reload")
@@ -167,7 +161,7 @@ def reload_command(
     supervisor_url: str, token_file: Path | None, operation_id: str | None, timeout: float, mode: str
 ) -> None:
     """Reload the engine's weights in place (level-2 sleep, wake weights, reload, wake KV cache)."""
-    _run(supervisor_url, "/v1/reload", _with_id({"mode": mode}, operation_id), token_file, timeout)
+    _run(supervisor_url, ReloadRequest(mode=mode, operation_id=operation_id), token_file, timeout)
 
 
 @click.group(name="lora")
@@ -191,13 +185,8 @@ def lora_load_command(
     path: str,
 ) -> None:
     """Load adapter NAME from PATH; it joins the desired set reloaded after every engine restart."""
-    _run(
-        supervisor_url,
-        "/v1/lora/load",
-        _with_id({"name": name, "path": path}, operation_id),
-        token_file,
-        timeout,
-    )
+    asked = LoadAdapterRequest(name=name, path=path, operation_id=operation_id)
+    _run(supervisor_url, asked, token_file, timeout)
 
 
 @lora_group.command(name="unload")
@@ -210,7 +199,7 @@ def lora_unload_command(
     supervisor_url: str, token_file: Path | None, operation_id: str | None, timeout: float, name: str
 ) -> None:
     """Withdraw adapter NAME from routing, wait for its requests to finish, then unload it."""
-    _run(supervisor_url, "/v1/lora/unload", _with_id({"name": name}, operation_id), token_file, timeout)
+    _run(supervisor_url, UnloadAdapterRequest(name=name, operation_id=operation_id), token_file, timeout)
 
 
 @click.command(name="switch-bundle")
@@ -235,10 +224,8 @@ def switch_bundle_command(
 ) -> None:
     """Move the engine to bundle NAME, declared on its host (`corral supervise --bundle FILE`): out of
     routing, drained, restarted on the bundle, READY again; the old bundle comes back on failure."""
-    body: dict[str, Any] = {"name": name}
-    if ready_timeout is not None:
-        body["ready_timeout"] = ready_timeout
-    _run(supervisor_url, "/v1/bundle", _with_id(body, operation_id), token_file, timeout)
+    asked = SwitchBundleRequest(name=name, ready_timeout=ready_timeout, operation_id=operation_id)
+    _run(supervisor_url, asked, token_file, timeout)
 
 
 RUNBOOK_COMMANDS = (sleep_command, wake_command, reload_command, lora_group, switch_bundle_command)
