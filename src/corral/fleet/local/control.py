@@ -20,9 +20,12 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from pydantic import ValidationError
 
 from corral.atomic_file import write_atomically
 from corral.bundle_spec import BundleError, bundle_from_json
+from corral.contracts.up import AddGroupRequest
+from corral.contracts.wire import first_message
 from corral.fleet.local.fleet import FleetStartError, LocalFleet
 
 
@@ -96,16 +99,14 @@ class FleetControl:
             return _error(400, f"body is not JSON: {exc}")
         if not isinstance(body, dict) or "bundle" not in body:
             return _error(400, 'write {"bundle": {"name": ..., "engine_args": [...]}, "size": N}')
-        size = body.get("size", self.fleet.spec.group_size)
-        if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= 64:
-            return _error(400, f"size {size!r}: a whole number of engines from 1 to 64")
-        within = body.get("startup_timeout")
-        if within is not None and (
-            not isinstance(within, int | float) or isinstance(within, bool) or within <= 0
-        ):
-            return _error(400, f"startup_timeout {within!r}: seconds, above 0 (or leave it out: the fleet's)")
         try:
-            bundle = bundle_from_json(body["bundle"], "bundle")
+            asked = AddGroupRequest.model_validate(body)
+        except ValidationError as exc:
+            return _error(400, first_message(exc))
+        size = asked.size if asked.size is not None else self.fleet.spec.group_size
+        within = asked.startup_timeout
+        try:
+            bundle = bundle_from_json(asked.bundle, "bundle")
         except BundleError as exc:
             return _error(400, str(exc))
         if bundle.command:
