@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from corral.k8s.render.budgets import derive
-from corral.k8s.render.config import parse_config
+from corral.k8s.render.config_reading import parse_config
 from corral.k8s.render.manifests import render
 from tests.integration.test_supervisor_support import http_json, short_tmp_dir
 from tests.support.fake_kube import FakeKubeThread

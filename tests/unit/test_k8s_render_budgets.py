@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral.k8s.render import budgets as b
-from corral.k8s.render.config import parse_config
+from corral.k8s.render.config_reading import parse_config
 from corral.supervisor.lifecycle.engine_process import RestartPolicy
 
 SEED = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "seed000" / "corral.yaml"

@@ -12,7 +12,7 @@ import yaml
 from click.testing import CliRunner
 
 from corral.cli import main
-from corral.k8s.render.config import ConfigError, load_config, parse_config
+from corral.k8s.render.config_reading import ConfigError, load_config, parse_config
 
 SEED = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "seed000" / "corral.yaml"
 

@@ -15,7 +15,7 @@ import click
 import pytest
 
 from corral.k8s.render.commands import router_selector
-from corral.k8s.render.config import ConfigError
+from corral.k8s.render.config_reading import ConfigError
 from corral.router.cli import router as router_command
 from corral.supervisor.cli import prestop as prestop_command
 from corral.supervisor.cli import run_command as supervise_run_command

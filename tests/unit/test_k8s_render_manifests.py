@@ -16,7 +16,8 @@ from click.testing import CliRunner
 
 from corral.cli import main
 from corral.k8s.render.budgets import Budgets, derive
-from corral.k8s.render.config import CorralDeployment, parse_config
+from corral.k8s.render.config import CorralDeployment
+from corral.k8s.render.config_reading import parse_config
 from corral.k8s.render.manifests import Manifest, render
 from corral.k8s.render.output import HEADER, document, write_dir
 from corral.router.cli import router as router_command

@@ -16,7 +16,7 @@ import yaml
 from click.testing import CliRunner
 
 from corral.cli import main
-from corral.k8s.render.config import ConfigError, parse_config
+from corral.k8s.render.config_reading import ConfigError, parse_config
 from corral.router.cli import router as router_command
 from corral.router.edge.admin_access import OPEN_PATHS
 from tests.unit.test_k8s_render_hardening import (

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from corral.k8s.render.budgets import Budgets, derive
-from corral.k8s.render.config import ConfigError, load_config
+from corral.k8s.render.config_reading import ConfigError, load_config
 from corral.k8s.render.manifests import render as render_manifests
 from corral.k8s.render.output import admin_secret_hint, secret_hint, stream, write_dir
 

@@ -1,0 +1,228 @@
+"""Reading a `corral.yaml`: YAML into the `CorralDeployment` model, then the checks that span fields
+(paths hidden by mounts, dependency targets). Every problem is the field's path, the value found and
+what to do; all of them are reported at once, before anything is rendered.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
+
+from corral.k8s.render.config import CorralDeployment
+from corral.supervisor.lifecycle.dependencies import parse_gate
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the config: where, what was there, and what to do."""
+
+    field: str
+    value: Any
+    message: str
+
+    def __str__(self) -> str:
+        shown = "(missing)" if self.value is _MISSING else repr(self.value)
+        return f"{self.field}: {shown}: {self.message}"
+
+
+_MISSING: Any = object()
+
+
+class ConfigError(Exception):
+    def __init__(self, source: str, problems: list[Problem]) -> None:
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  {p}" for p in problems)
+        super().__init__(f"{source}: {len(problems)} problem(s):\n{lines}")
+
+
+def load_config(path: Path) -> CorralDeployment:
+    """Read, parse and check `path`; raises ConfigError naming every problem found."""
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(source, [Problem("(file)", source, f"unreadable: {exc}")]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, [Problem("(file)", source, f"not valid YAML: {exc}")]) from None
+    return parse_config(data, source)
+
+
+def parse_config(data: Any, source: str = "corral.yaml") -> CorralDeployment:
+    """Check a parsed config: field types and ranges first, then the rules between fields."""
+    if not isinstance(data, dict):
+        raise ConfigError(
+            source, [Problem("(top level)", type(data).__name__, "expected a mapping of config fields")]
+        )
+    try:
+        config = CorralDeployment.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, [_problem(err) for err in exc.errors()]) from None
+    problems = cross_check(config)
+    if problems:
+        raise ConfigError(source, problems)
+    return config
+
+
+def cross_check(config: CorralDeployment) -> list[Problem]:
+    """The rules that span fields: GPUs that fit, ports that differ, gates that can open."""
+    problems: list[Problem] = []
+    needed = config.replicas * config.engine.gpus
+    if needed > config.gpu.capacity:
+        problems.append(
+            Problem(
+                "replicas",
+                config.replicas,
+                f"{config.replicas} engines × {config.engine.gpus} GPUs = {needed} GPUs, more than "
+                f"gpu.capacity {config.gpu.capacity}; lower replicas or raise gpu.capacity",
+            )
+        )
+    if config.engine.port == config.supervisor.port:
+        problems.append(
+            Problem(
+                "supervisor.port",
+                config.supervisor.port,
+                "the engine already uses this port (engine.port); pick another",
+            )
+        )
+    ports = {"engine.port": config.engine.port, "supervisor.port": config.supervisor.port}
+    for field_name, port in ports.items():
+        if config.supervisor.gate_port == port:
+            problems.append(
+                Problem(
+                    "supervisor.gate_port",
+                    port,
+                    f"{field_name} already uses this port; the gate needs its own (e.g. 8080)",
+                )
+            )
+    security = config.security
+    if security.run_as_non_root and security.run_as_user == 0:
+        problems.append(
+            Problem(
+                "security.run_as_user",
+                0,
+                "user 0 is root, which run_as_non_root forbids; pick another user (e.g. 1000) or set "
+                "security.run_as_non_root: false",
+            )
+        )
+    problems += _hidden_paths(config)
+    mounts = [PurePosixPath(v.mount_path) for v in config.engine.volumes]
+    for i, spec in enumerate(config.dependencies.wait_for):
+        gate = parse_gate(spec)
+        if gate.kind in ("unix", "file"):
+            path = PurePosixPath(gate.target)
+            if not any(path == m or m in path.parents for m in mounts):
+                problems.append(
+                    Problem(
+                        f"dependencies.wait_for[{i}]",
+                        spec,
+                        f"{path} is not under any engine.volumes mount_path, so it can never appear "
+                        "in the engine container; mount the directory that holds it",
+                    )
+                )
+    probes = config.probes
+    detection = probes.readiness_period_seconds * probes.readiness_failure_threshold
+    if config.drain.propagation_seconds is not None and config.drain.propagation_seconds < detection:
+        problems.append(
+            Problem(
+                "drain.propagation_seconds",
+                config.drain.propagation_seconds,
+                f"shorter than the {detection}s the kubelet needs to see readiness fall "
+                "(probes.readiness_period_seconds × readiness_failure_threshold); raise it or leave it "
+                "null to derive it",
+            )
+        )
+    return problems
+
+
+def _hidden_paths(config: CorralDeployment) -> list[Problem]:
+    """A hostPath volume mounted over a directory the renderer mounts would hide it (the pod's token,
+    the state dir, the writable paths of a read-only root filesystem)."""
+    from corral.k8s.render import commands, manifests  # they import this module
+
+    own = [commands.POD_TOKEN_DIR, commands.STATE_DIR, "/tmp", "/dev/shm", manifests.HOME]
+    own += config.security.writable_paths
+    problems = []
+    for i, volume in enumerate(config.engine.volumes):
+        mount = PurePosixPath(volume.mount_path)
+        for path in map(PurePosixPath, own):
+            if mount == path or mount in path.parents:
+                problems.append(
+                    Problem(
+                        f"engine.volumes[{i}].mount_path",
+                        volume.mount_path,
+                        f"would hide {path}, which corral mounts in the engine container; mount it elsewhere",
+                    )
+                )
+    return problems
+
+
+def _problem(err: Any) -> Problem:
+    loc: tuple[str | int, ...] = tuple(err["loc"])
+    where = _loc_text(loc)
+    kind = err["type"]
+    value = err.get("input", _MISSING)
+    info = _field_info(loc)
+    hint = f" ({info.description})" if info is not None and info.description else ""
+    if kind == "missing":
+        return Problem(where, _MISSING, f"required{hint}")
+    if kind == "extra_forbidden":
+        known = _known_fields(loc[:-1])
+        return Problem(where, value, f"not a config field; the fields here are: {', '.join(known)}")
+    message = str(err["msg"]).removeprefix("Value error, ")
+    return Problem(where, value, f"{message}{hint}")
+
+
+def _loc_text(loc: tuple[str | int, ...]) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+    return text or "(top level)"
+
+
+def _section_of(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is not None:
+        for arg in typing.get_args(annotation):
+            found = _section_of(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def _walk(loc: tuple[str | int, ...]) -> tuple[type[BaseModel] | None, FieldInfo | None]:
+    """The section and field that `loc` (a pydantic error location) points at, if it points at one."""
+    model: type[BaseModel] | None = CorralDeployment
+    info: FieldInfo | None = None
+    key_next = False
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if key_next:  # a key of a mapping field, e.g. the NAME in engine.secret_env.NAME
+            key_next = False
+            continue
+        if model is None or part not in model.model_fields:
+            return None, None
+        info = model.model_fields[part]
+        model = _section_of(info.annotation)
+        key_next = typing.get_origin(info.annotation) is dict
+    return model, info
+
+
+def _field_info(loc: tuple[str | int, ...]) -> FieldInfo | None:
+    return _walk(loc)[1]
+
+
+def _known_fields(loc: tuple[str | int, ...]) -> list[str]:
+    model = _walk(loc)[0] if loc else CorralDeployment
+    return list(model.model_fields) if model is not None else []
