@@ -8,6 +8,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from corral.contracts.router import FleetEndpoint
 from corral.fleet.checks.doctor import diagnose, diagnose_engine
 from corral.fleet.checks.doctor_sleep import MEMORY_NOT_RELEASED, PARTIAL_WAKE
 from corral.fleet.checks.doctor_streams import ABORTED_STREAMS
@@ -123,7 +124,7 @@ def fleet(router_text: str, engine_text: str) -> FleetView:
     return FleetView(
         FleetTarget("http://router", []),
         engines=[engine],
-        router_endpoints=[{"url": "http://eng", "routable": True}],
+        router_endpoints=[FleetEndpoint(url="http://eng", routable=True)],
         router_metrics=router_text,
     )
 

@@ -256,8 +256,8 @@ def diagnose_router(view: FleetView) -> list[Diagnosis]:
     if streams is not None:
         found.append(Diagnosis("router", *streams))
     for ep in view.router_endpoints:
-        engine = by_url.get(str(ep.get("url")))
-        if not ep.get("routable") or engine is None:
+        engine = by_url.get(ep.url)
+        if not ep.routable or engine is None:
             continue
         dead = engine.health != 200
         unready = engine.state is not None and engine.lifecycle != "READY"
@@ -267,7 +267,7 @@ def diagnose_router(view: FleetView) -> list[Diagnosis]:
                 Diagnosis(
                     "router",
                     "requests-failing/router-lists-dead-engine",
-                    f"router routes to {ep.get('url')} ({ep.get('why')}), which answers {said}",
+                    f"router routes to {ep.url} ({ep.why}), which answers {said}",
                     "give the router the supervisor's stream (--supervised ENGINE=SUPERVISOR) or fix its "
                     "discovery; check: curl -s ROUTER/v1/fleet",
                 )

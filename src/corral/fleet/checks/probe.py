@@ -17,6 +17,8 @@ import aiohttp
 import orjson
 
 from corral.clients.access import ENGINE_KEY_ENV, ENGINE_KEY_FLAG, FleetAccess, RouterAdminError
+from corral.clients.router import RouterAdminClient
+from corral.contracts.router import FleetEndpoint
 from corral.engine.metrics_text import Sample, samples
 from corral.state_home import local_fleet_file, read_supervisor_token
 from corral.supervisor_tokens import TokenFileError, read_management_token
@@ -126,7 +128,7 @@ class EngineView:
 class FleetView:
     target: FleetTarget
     engines: list[EngineView] = field(default_factory=list)
-    router_endpoints: list[dict[str, Any]] | None = None
+    router_endpoints: list[FleetEndpoint] | None = None
     router_error: str = ""
     router_refused: bool = False  # the router is up but wants its admin key or admin URL
     router_metrics: str | None = None  # the router's /metrics text (None: not asked or no answer)
@@ -193,10 +195,10 @@ async def look(target: FleetTarget) -> FleetView:
     view = FleetView(target)
     async with aiohttp.ClientSession() as session:
         if target.router:
-            admin = target.access.router_admin(target.router)
+            admin = RouterAdminClient(session, target.access.router_admin(target.router))
             try:
-                view.router_endpoints = await admin.endpoints(session)
-                view.router_metrics = await admin.metrics(session)
+                view.router_endpoints = (await admin.fleet()).endpoints
+                view.router_metrics = await admin.metrics()
             except RouterAdminError as exc:
                 if view.router_endpoints is None:
                     view.router_error, view.router_refused = str(exc), exc.refused
@@ -206,9 +208,9 @@ async def look(target: FleetTarget) -> FleetView:
         )
         known = view.by_engine_url()
         extra = [
-            EngineView(f"router:{e.get('url')}", None, str(e.get("url")))
+            EngineView(f"router:{e.url}", None, e.url)
             for e in view.router_endpoints or []
-            if e.get("url") and str(e.get("url")) not in known
+            if e.url and e.url not in known
         ]
         await asyncio.gather(*(_look_at_engine(session, e, None, target.access) for e in extra))
         view.engines += extra

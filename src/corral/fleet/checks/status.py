@@ -2,25 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import aiohttp
 
 from corral.clients.access import RouterAdmin
+from corral.clients.router import RouterAdminClient
+from corral.contracts.router import FleetEndpoint
 
 
-async def fetch_fleet(session: aiohttp.ClientSession, router_url: str) -> list[dict[str, Any]]:
+async def fetch_fleet(session: aiohttp.ClientSession, router_url: str) -> list[FleetEndpoint]:
     """The endpoint list of a loopback router (`corral up`'s); RouterAdminError when it does not answer."""
-    return await RouterAdmin(router_url).endpoints(session)
+    return (await RouterAdminClient(session, RouterAdmin(router_url)).fleet()).endpoints
 
 
-def summary_line(endpoints: list[dict[str, Any]]) -> str:
+def summary_line(endpoints: list[FleetEndpoint]) -> str:
     """One line: routable count, then each endpoint's state and in-flight requests."""
-    routable = sum(1 for e in endpoints if e.get("routable"))
+    routable = sum(1 for e in endpoints if e.routable)
     parts = []
     for e in endpoints:
-        url = str(e.get("url", "?")).removeprefix("http://")
-        state = e.get("state", "?")
-        mark = "" if e.get("routable") else " (not routable: " + str(e.get("reason") or "-") + ")"
-        parts.append(f"{url} {state} in_flight={e.get('in_flight', 0)}{mark}")
+        url = e.url.removeprefix("http://")
+        mark = "" if e.routable else " (not routable: " + (e.reason or "-") + ")"
+        parts.append(f"{url} {e.state} in_flight={e.in_flight}{mark}")
     return f"{routable}/{len(endpoints)} routable | " + " | ".join(parts)

@@ -39,7 +39,7 @@ def kv_usage(e: EngineView) -> str:
 
 
 def render_view(view: FleetView, title: str = "Corral fleet") -> Table:
-    routed = {str(ep.get("url")): ep for ep in view.router_endpoints or []}
+    routed = {ep.url: ep for ep in view.router_endpoints or []}
     table = Table(title=title, title_justify="left")
     columns = ("engine", "state", "since", "reason", "restarts", "pid", "bundle", "in flight", "KV")
     for column in (*columns, "adapters", "router view"):
@@ -56,8 +56,8 @@ def render_view(view: FleetView, title: str = "Corral fleet") -> Table:
         if ep is None:
             view_text = view.router_error or ("not listed" if view.router_endpoints is not None else "-")
         else:
-            view_text = f"{ep.get('state')}, {'routable' if ep.get('routable') else 'not routable'}"
-            view_text += f", in flight {ep.get('in_flight', 0)}"
+            view_text = f"{ep.state}, {'routable' if ep.routable else 'not routable'}"
+            view_text += f", in flight {ep.in_flight}"
         table.add_row(
             e.name,
             f"[{colour}]{state}[/{colour}]"

@@ -167,15 +167,15 @@ def check_membership(view: FleetView) -> Check:
     by_url = view.by_engine_url()
     problems: list[str] = []
     for ep in view.router_endpoints:
-        url = str(ep.get("url"))
+        url = ep.url
         engine = by_url.get(url)
-        if not ep.get("routable") or engine is None:
+        if not ep.routable or engine is None:
             continue
         if engine.health != 200:
             problems.append(f"router routes to {url}, which answers /health {engine.health or 'nothing'}")
         elif engine.state is not None and engine.lifecycle != "READY":
             problems.append(f"router routes to {url}, whose supervisor says {engine.lifecycle}")
-    routed = {str(ep.get("url")) for ep in view.router_endpoints if ep.get("routable")}
+    routed = {ep.url for ep in view.router_endpoints if ep.routable}
     for e in view.engines:
         if e.lifecycle == "READY" and e.engine_url not in routed:
             problems.append(f"{e.name} is READY but the router does not route to it")
