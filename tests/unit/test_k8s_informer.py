@@ -18,6 +18,7 @@ from corral.engine_state import EngineState
 from corral.k8s.watch.client import KubePodApi
 from corral.k8s.watch.informer import InformerConfig
 from corral.router.discovery.k8s_pods import PodSource, PodSourceConfig
+from corral.router.membership.consumer import MembershipConsumer
 from corral.router.membership.membership import Membership
 from corral.router.telemetry.metrics import RouterMetrics
 from tests.support.fake_kube import FakeKube
@@ -100,7 +101,7 @@ async def rig(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[R
             backoff_initial=0.05,
         ),
     )
-    source = PodSource(membership, metrics, api, config)
+    source = PodSource(MembershipConsumer(membership, metrics.removal_latency.observe), metrics, api, config)
     await source.start()
     try:
         yield Rig(kube, membership, metrics, source, engines)

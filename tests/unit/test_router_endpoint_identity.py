@@ -11,6 +11,7 @@ from typing import Any
 from corral.engine_state import EngineState
 from corral.k8s.watch.client import PodList, WatchEvent
 from corral.router.discovery.k8s_pods import PodSource, PodSourceConfig
+from corral.router.membership.consumer import MembershipConsumer
 from corral.router.membership.membership import Membership
 from corral.router.telemetry.metrics import RouterMetrics
 
@@ -40,16 +41,18 @@ def pod(name: str, uid: str, ip: str = "10.0.0.5", version: str = "1") -> dict[s
 
 def source() -> tuple[PodSource, Membership]:
     membership = Membership()
-    return PodSource(membership, RouterMetrics(), NoApi(), PodSourceConfig(supervisor_port=8001)), membership
+    consumer = MembershipConsumer(membership)
+    return PodSource(consumer, RouterMetrics(), NoApi(), PodSourceConfig(supervisor_port=8001)), membership
 
 
-def ready_and_marked(membership: Membership) -> None:
+def ready_and_marked(pods: PodSource, membership: Membership) -> None:
     """The endpoint at URL answered /v1/models, then failed a request (ejected) and acknowledged an epoch."""
     endpoint = membership.get(URL)
     assert endpoint is not None and endpoint.supervisor is not None
     view = endpoint.supervisor
     view.link, view.state, view.epoch, view.acked_epoch = "connected", EngineState.READY, 7, 7
     membership.update(URL, "probe answered", state=EngineState.READY, models=frozenset({"m"}))
+    pods._answered.add(f"{NS}/vllm-0")  # what its own /v1/models probe would have recorded
     assert endpoint.state is EngineState.READY
     endpoint.eject(time.monotonic(), 30.0)
     assert endpoint.is_ejected(time.monotonic())
@@ -61,7 +64,7 @@ def test_a_pod_recreated_under_the_same_name_and_ip_is_a_new_endpoint() -> None:
     pods, membership = source()
     pods.replace(PodList([pod("vllm-0", uid="uid-a")], "1", time.monotonic()))
     old = membership.get(URL)
-    ready_and_marked(membership)
+    ready_and_marked(pods, membership)
 
     pods.replace(PodList([pod("vllm-0", uid="uid-b", version="2")], "2", time.monotonic()))
 
@@ -79,7 +82,7 @@ def test_a_new_pod_given_a_deleted_pods_ip_is_a_new_endpoint() -> None:
     pods, membership = source()
     pods.apply(WatchEvent("ADDED", pod("vllm-0", uid="uid-a"), "1", time.monotonic()))
     old = membership.get(URL)
-    ready_and_marked(membership)
+    ready_and_marked(pods, membership)
 
     pods.apply(WatchEvent("DELETED", pod("vllm-0", uid="uid-a", version="2"), "2", time.monotonic()))
     pods.apply(WatchEvent("ADDED", pod("vllm-1", uid="uid-b", version="3"), "3", time.monotonic()))
@@ -95,7 +98,7 @@ def test_the_same_pod_added_twice_is_one_endpoint() -> None:
     added = WatchEvent("ADDED", pod("vllm-0", uid="uid-a"), "1", time.monotonic())
     pods.apply(added)
     first = membership.get(URL)
-    ready_and_marked(membership)
+    ready_and_marked(pods, membership)
 
     pods.apply(added)  # the same pod again: a re-list replaying what the watch already said
     pods.replace(PodList([pod("vllm-0", uid="uid-a")], "1", time.monotonic()))

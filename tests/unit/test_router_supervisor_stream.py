@@ -18,6 +18,7 @@ from aiohttp import web
 from corral.engine_state import EngineState
 from corral.router.discovery.k8s_pods import SUPERVISOR_PORT_ANNOTATION, PodSource, PodSourceConfig, pod_view
 from corral.router.discovery.supervisor_stream import StreamSettings, SupervisorStreams
+from corral.router.membership.consumer import MembershipConsumer
 from corral.router.membership.endpoint import Endpoint, SupervisorView
 from corral.router.membership.membership import Membership
 from corral.router.telemetry.metrics import RouterMetrics
@@ -274,8 +275,8 @@ def pod(annotations: dict[str, str] | None = None) -> dict[str, Any]:
 
 def test_a_pod_names_its_supervisor_port_in_an_annotation_or_the_flag_gives_it() -> None:
     membership, metrics = Membership(), RouterMetrics()
-    flag = PodSource(membership, metrics, None, PodSourceConfig(supervisor_port=8081))  # type: ignore[arg-type]
-    plain = PodSource(membership, metrics, None, PodSourceConfig())  # type: ignore[arg-type]
+    flag = PodSource(MembershipConsumer(membership), metrics, None, PodSourceConfig(supervisor_port=8081))  # type: ignore[arg-type]
+    plain = PodSource(MembershipConsumer(membership), metrics, None, PodSourceConfig())  # type: ignore[arg-type]
     annotated = pod_view(pod({SUPERVISOR_PORT_ANNOTATION: "9090"}))
     assert annotated.supervisor_port == 9090
     assert pod_view(pod({SUPERVISOR_PORT_ANNOTATION: "not-a-port"})).supervisor_port is None

@@ -131,13 +131,15 @@ def _source_name(config: RouterConfig) -> str:
 async def build_source(
     config: RouterConfig, membership: Membership, metrics: RouterMetrics, pod_api: PodApiFactory
 ) -> MembershipSource:
+    # every source's events go through this one writer of membership
+    consumer = MembershipConsumer(membership, metrics.removal_latency.observe)
     if config.kubernetes is not None:
         from corral.k8s.watch.informer import InformerConfig
         from corral.router.discovery.k8s_pods import PodSource, PodSourceConfig
 
         k8s = config.kubernetes
         return PodSource(
-            membership,
+            consumer,
             metrics,
             await pod_api(k8s),
             PodSourceConfig(
@@ -153,7 +155,7 @@ async def build_source(
         )
     if config.backends_file is not None:
         return FileSource(
-            MembershipConsumer(membership),
+            consumer,
             config.backends_file,
             config.models_refresh_seconds,
             config.probe_timeout,
@@ -161,7 +163,7 @@ async def build_source(
             probe_headers=config.engine_headers(),
         )
     return StaticSource(
-        MembershipConsumer(membership),
+        consumer,
         config.backends,
         config.models_refresh_seconds,
         config.probe_timeout,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,8 +28,8 @@ from corral.engine_state import EngineState
 from corral.k8s.watch.client import PodApi, PodList, WatchEvent
 from corral.k8s.watch.informer import InformerConfig, PodInformer
 from corral.k8s.watch.workqueue import KeyedQueue, QueueShutDown
-from corral.router.membership.endpoint import Endpoint, SupervisorView
-from corral.router.membership.membership import Membership
+from corral.router.membership.endpoint import SupervisorView
+from corral.router.membership.events import EndpointAdded, EndpointRemoved, EndpointUpdated, MembershipSink
 from corral.router.telemetry.metrics import RouterMetrics
 
 log = logging.getLogger("corral.router.k8s.pod_source")
@@ -115,14 +114,16 @@ class PodSourceConfig:
 
 class PodSource:
     def __init__(
-        self, membership: Membership, metrics: RouterMetrics, api: PodApi, config: PodSourceConfig
+        self, sink: MembershipSink, metrics: RouterMetrics, api: PodApi, config: PodSourceConfig
     ) -> None:
-        self._membership = membership
+        self._sink = sink
         self._metrics = metrics
         self._api = api
         self._config = config
         self._views: dict[str, PodView] = {}  # latest view of every pod still in the API server
-        self._urls: dict[str, str] = {}  # pod key -> its endpoint's url in membership
+        self._members: dict[str, tuple[str, str]] = {}  # pod key -> (identity, url) of its endpoint
+        self._at: dict[str, str] = {}  # url -> the pod key whose endpoint is there
+        self._answered: set[str] = set()  # pod keys whose /v1/models answered since they became routable
         self._queue: KeyedQueue[str, PodView] = KeyedQueue()
         self.informer = PodInformer(
             api, self, config.informer, on_relist=metrics.count_relist, on_event=self._count_event
@@ -216,90 +217,93 @@ class PodSource:
             self._views[key] = view
         blocker = view.blocker()
         url = self.url_of(view.ip) if view.ip and not view.deleted else None
-        membership = self._membership
 
-        old_url = self._urls.get(key)
+        member = self._members.get(key)
         # An endpoint is the pod it runs in: a pod recreated under the same name (a new UID, say a
         # StatefulSet pod whose DELETE was missed) is a new endpoint, even at the same IP.
         replaced = previous is not None and not view.deleted and previous.uid != view.uid
-        if old_url is not None and (old_url != url or replaced):
+        if member is not None and (member[1] != url or replaced):
             if replaced and previous is not None:
                 cause, reason = "pod_replaced", f"pod {key} was recreated (uid {previous.uid} -> {view.uid})"
             else:
                 cause, reason = blocker or ("ip_changed", f"pod {key} now has IP {view.ip}")
-            self._leave(old_url, reason, cause, view.version, received, remove=True)
-            del self._urls[key]
+            self._leave(key, reason, cause, view.version, received)
         if url is None:
             return
 
-        endpoint = membership.get(url)
-        if endpoint is not None and endpoint.name != key:
+        holder = self._at.get(url)
+        if holder is not None and holder != key:
             # The IP now belongs to another pod: the old owner is gone even if its DELETE is not here yet.
-            reason = f"IP {view.ip} now belongs to pod {key}"
-            self._leave(url, reason, "ip_reused", view.version, received, remove=True)
-            if endpoint.name is not None:
-                self._urls.pop(endpoint.name, None)
-            endpoint = None
-        if endpoint is None:
-            endpoint = Endpoint(
-                url,
-                reason="pod seen, not yet checked",
-                source=SOURCE,
-                name=key,
-                supervisor=self._supervisor_of(view),
+            self._leave(holder, f"IP {view.ip} now belongs to pod {key}", "ip_reused", view.version, received)
+        if key not in self._members:
+            identity = view.uid or key
+            supervisor = self._supervisor_of(view)
+            self._sink.emit(
+                EndpointAdded(
+                    identity=identity,
+                    url=url,
+                    source=SOURCE,
+                    reason="pod seen, not yet checked",
+                    origin=f"pod {key}",
+                    name=key,
+                    supervisor_url=supervisor.url if supervisor is not None else None,
+                    event_version=view.version,
+                )
             )
-            endpoint.last_event_version = view.version
-            membership.add(endpoint, f"pod {key}")
-            self._urls[key] = url
-        endpoint.last_event_version = view.version
+            self._members[key] = (identity, url)
+            self._at[url] = key
+        identity = self._members[key][0]
 
         if blocker is not None:
             cause, reason = blocker
             state = EngineState.STOPPING if view.terminating else EngineState.STARTING
-            if endpoint.state is EngineState.READY:
-                self._leave(url, reason, cause, view.version, received, remove=False, state=state)
-            else:
-                membership.update(url, reason, state=state, cause=cause)
-            return
-        if endpoint.source_state is not EngineState.READY:
-            membership.update(
-                url, f"pod {key} Ready; waiting for /v1/models", state=EngineState.STARTING, cause="probe"
+            self._answered.discard(key)
+            self._sink.emit(
+                EndpointUpdated(
+                    identity, reason, state=state, cause=cause, event_version=view.version, received=received
+                )
             )
-            self._queue.put(key, view)
-
-    def _leave(
-        self,
-        url: str,
-        reason: str,
-        cause: str,
-        version: str,
-        received: float,
-        remove: bool,
-        state: EngineState = EngineState.STARTING,
-    ) -> None:
-        """Take `url` out of routing now, and time it from the arrival of what caused it."""
-        endpoint = self._membership.get(url)
-        if endpoint is None:
             return
-        was_ready = endpoint.state is EngineState.READY
-        if remove:
-            self._membership.remove(url, reason, cause=cause, event_version=version)
-        else:
-            self._membership.update(url, reason, state=state, cause=cause, event_version=version)
-        if was_ready:
-            self._metrics.removal_latency.observe(time.monotonic() - received)
+        if key in self._answered:
+            self._sink.emit(EndpointUpdated(identity, None, event_version=view.version))
+            return
+        self._sink.emit(
+            EndpointUpdated(
+                identity,
+                f"pod {key} Ready; waiting for /v1/models",
+                state=EngineState.STARTING,
+                cause="probe",
+                event_version=view.version,
+            )
+        )
+        self._queue.put(key, view)
+
+    def _leave(self, key: str, reason: str, cause: str, version: str, received: float) -> None:
+        """Remove pod `key`'s endpoint now; its exit is timed from the arrival of what caused it."""
+        member = self._members.pop(key, None)
+        if member is None:
+            return
+        identity, url = member
+        if self._at.get(url) == key:
+            del self._at[url]
+        self._answered.discard(key)
+        self._sink.emit(
+            EndpointRemoved(identity, reason, cause=cause, event_version=version, received=received)
+        )
 
     # -- slow work: /v1/models, concurrently, each with a timeout ------------------------------
 
     def _current(self, key: str, view: PodView) -> bool:
         """Whether `view` still describes the routable pod the API server has now."""
         latest = self._views.get(key)
+        member = self._members.get(key)
         return (
             latest is not None
             and latest.blocker() is None
             and latest.uid == view.uid
             and latest.ip == view.ip
-            and self._urls.get(key) == self.url_of(view.ip or "")
+            and member is not None
+            and member[1] == self.url_of(view.ip or "")
         )
 
     async def _work(self) -> None:
@@ -323,17 +327,21 @@ class PodSource:
             cards = await probe_models(self._session, url, self._config.probe_headers)
         except PROBE_FAILURES as exc:
             if self._current(key, view):
-                self._membership.update(url, f"pod {key} Ready; /v1/models: {describe(exc)}")
+                identity = self._members[key][0]
+                self._sink.emit(EndpointUpdated(identity, f"pod {key} Ready; /v1/models: {describe(exc)}"))
                 self._retry_later(key)
             return
         if not self._current(key, view):
             return  # deleted, unready or moved while the probe ran: the answer is stale
-        self._membership.update(
-            url,
-            f"pod {key} Ready and /v1/models answered",
-            state=EngineState.READY,
-            models=frozenset(c["id"] for c in cards),
-            model_cards=cards,
+        self._answered.add(key)
+        self._sink.emit(
+            EndpointUpdated(
+                self._members[key][0],
+                f"pod {key} Ready and /v1/models answered",
+                state=EngineState.READY,
+                models=frozenset(c["id"] for c in cards),
+                model_cards=cards,
+            )
         )
 
     def _retry_later(self, key: str) -> None:
@@ -342,8 +350,7 @@ class PodSource:
         def again() -> None:
             self._retries.discard(handle)
             latest = self._views.get(key)
-            endpoint = self._membership.get(self._urls.get(key, ""))
-            if latest is not None and endpoint is not None and endpoint.source_state is not EngineState.READY:
+            if latest is not None and key in self._members and key not in self._answered:
                 self._queue.put(key, latest)
 
         handle = loop.call_later(self._config.probe_retry_seconds, again)

@@ -6,7 +6,10 @@ old one — ejection, affinity, acknowledgements — carries over."""
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
+from corral.engine_state import EngineState
 from corral.router.membership.endpoint import Endpoint, SupervisorView
 from corral.router.membership.events import (
     EndpointAdded,
@@ -20,8 +23,9 @@ log = logging.getLogger("corral.router.membership")
 
 
 class MembershipConsumer:
-    def __init__(self, membership: Membership) -> None:
+    def __init__(self, membership: Membership, exit_latency: Callable[[float], None] | None = None) -> None:
         self.membership = membership
+        self._exit_latency = exit_latency  # RouterMetrics.removal_latency.observe
         self._urls: dict[str, str] = {}  # identity -> url of its endpoint in membership
         self._identities: dict[str, str] = {}  # url -> identity of the endpoint there
 
@@ -29,17 +33,24 @@ class MembershipConsumer:
         if isinstance(event, EndpointAdded):
             self._add(event)
         elif isinstance(event, EndpointUpdated):
-            url = self._urls.get(event.identity)
-            if url is not None:
+            url, reason = self._urls.get(event.identity), event.reason
+            if url is not None and reason is None:
+                endpoint = self.membership.get(url)
+                if endpoint is not None and event.event_version is not None:
+                    endpoint.last_event_version = event.event_version
+            elif url is not None and reason is not None:
+                was_ready = self._routable(url)
                 self.membership.update(
                     url,
-                    event.reason,
+                    reason,
                     state=event.state,
                     models=event.models,
                     model_cards=event.model_cards,
                     cause=event.cause,
                     event_version=event.event_version,
                 )
+                if was_ready and not self._routable(url):
+                    self._timed_exit(event.received)
         else:
             self._remove(event)
 
@@ -71,4 +82,16 @@ class MembershipConsumer:
         if url is None:
             return
         self._identities.pop(url, None)
+        was_ready = self._routable(url)
         self.membership.remove(url, event.reason, cause=event.cause, event_version=event.event_version)
+        if was_ready:
+            self._timed_exit(event.received)
+
+    def _routable(self, url: str) -> bool:
+        endpoint = self.membership.get(url)
+        return endpoint is not None and endpoint.state is EngineState.READY
+
+    def _timed_exit(self, received: float | None) -> None:
+        """A routable endpoint left routing: how long after its cause arrived (when the source says)."""
+        if received is not None and self._exit_latency is not None:
+            self._exit_latency(time.monotonic() - received)

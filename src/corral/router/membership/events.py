@@ -29,12 +29,13 @@ class EndpointUpdated:
     """The source's view of a known endpoint changed; unknown identities are ignored."""
 
     identity: str
-    reason: str
+    reason: str | None  # None: only `event_version` moves on, the endpoint's reason stays
     state: EngineState | None = None
     models: frozenset[str] | None = None
     model_cards: tuple[dict[str, Any], ...] | None = None
     cause: str = "state"
     event_version: str | None = None
+    received: float | None = None  # time.monotonic() the cause arrived: a routing exit is timed from it
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,7 @@ class EndpointRemoved:
     reason: str
     cause: str = "removed"
     event_version: str | None = None
+    received: float | None = None  # time.monotonic() the cause arrived: a routing exit is timed from it
 
 
 MembershipEvent = EndpointAdded | EndpointUpdated | EndpointRemoved

@@ -1,11 +1,11 @@
 """The set of endpoints the router may send to, and the per-model index it routes from.
 
-Sources (static list, backends file, Kubernetes) change it only through `add`, `update` and
-`remove`; supervisor state streams through `supervisor_changed`; the data path only reads it through
-`eligible`. An endpoint added with a supervisor is handed to the `SupervisorWatch` (the streams), and
-taken back when it is removed. Every time an endpoint leaves routing
-(removed, or READY -> anything else) membership keeps a `RoutingExit` record: what left, why, and
-how many requests had been sent to it by then.
+Sources (static list, backends file, Kubernetes) change it only through the `MembershipConsumer`,
+which turns their events into `add`, `update` and `remove`; supervisor state streams through
+`supervisor_changed`; the data path only reads it through `eligible`. An endpoint added with a
+supervisor is handed to the `SupervisorWatch` (the streams), and taken back when it is removed.
+Every time an endpoint leaves routing (removed, or READY -> anything else) membership keeps a
+`RoutingExit` record: what left, why, and how many requests had been sent to it by then.
 """
 
 from __future__ import annotations
