@@ -15,7 +15,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
+from corral.k8s.render import commands
 from corral.k8s.render.config import CorralDeployment
+from corral.k8s.render.parts import HOME
 from corral.supervisor.lifecycle.dependencies import parse_gate
 
 
@@ -147,9 +149,7 @@ def cross_check(config: CorralDeployment) -> list[Problem]:
 def _hidden_paths(config: CorralDeployment) -> list[Problem]:
     """A hostPath volume mounted over a directory the renderer mounts would hide it (the pod's token,
     the state dir, the writable paths of a read-only root filesystem)."""
-    from corral.k8s.render import commands, manifests  # they import this module
-
-    own = [commands.POD_TOKEN_DIR, commands.STATE_DIR, "/tmp", "/dev/shm", manifests.HOME]
+    own = [commands.POD_TOKEN_DIR, commands.STATE_DIR, "/tmp", "/dev/shm", HOME]
     own += config.security.writable_paths
     problems = []
     for i, volume in enumerate(config.engine.volumes):

@@ -1,0 +1,250 @@
+"""The engine's objects: its Deployment (supervisor as entrypoint, probes on /startupz, /readyz,
+/livez, preStop drain, a token init container, the hardened volumes), its headless Service,
+PodDisruptionBudget and NetworkPolicy.
+"""
+
+from __future__ import annotations
+
+from corral.k8s.render import commands
+from corral.k8s.render.budgets import Budgets
+from corral.k8s.render.config import CorralDeployment, PeerSpec
+from corral.k8s.render.parts import (
+    ENGINE_HOME_ENV,
+    HOME,
+    HOME_VOLUME,
+    KEY_MOUNT,
+    SHM_VOLUME,
+    STATE_VOLUME,
+    TMP_VOLUME,
+    TOKEN_VOLUME,
+    Obj,
+    container_resources,
+    container_security,
+    disruption_budget,
+    engine_name,
+    http_probe,
+    key_volume,
+    object_labels,
+    object_meta,
+    pod_security,
+)
+from corral.router.discovery.k8s_pods import SUPERVISOR_PORT_ANNOTATION
+
+
+def _engine_env(config: CorralDeployment) -> list[Obj]:
+    env: list[Obj] = [{"name": k, "value": v} for k, v in config.engine.env.items()]
+    env += [
+        {"name": k, "valueFrom": {"secretKeyRef": {"name": ref.secret_name, "key": ref.key}}}
+        for k, ref in config.engine.secret_env.items()
+    ]
+    if config.security.read_only_root_filesystem:
+        # the image's HOME (/root in vLLM's) is read-only: caches go to the HOME emptyDir, unless set
+        taken = {*config.engine.env, *config.engine.secret_env}
+        env += [{"name": k, "value": v} for k, v in ENGINE_HOME_ENV.items() if k not in taken]
+    return env
+
+
+def _writable_dirs(config: CorralDeployment) -> list[tuple[str, str]]:
+    """(volume name, path) of every emptyDir a read-only root filesystem needs in the engine container."""
+    dirs = [(TMP_VOLUME, "/tmp")]
+    if config.security.read_only_root_filesystem:
+        dirs.append((HOME_VOLUME, HOME))
+    dirs += [(f"writable-{i}", path) for i, path in enumerate(config.security.writable_paths)]
+    return dirs
+
+
+def _token_init_container(config: CorralDeployment) -> Obj:
+    """Writes this pod's supervisor token (derived from the fleet key and the pod's name) to the
+    memory-backed token volume, which the supervisor then reads; the key goes no further."""
+    return {
+        "name": "derive-token",
+        "image": config.image,
+        "imagePullPolicy": config.image_pull_policy,
+        "command": commands.derive_token_argv(config),
+        "env": [
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        ],
+        "securityContext": container_security(config),
+        "volumeMounts": [dict(KEY_MOUNT), {"name": TOKEN_VOLUME, "mountPath": commands.POD_TOKEN_DIR}],
+    }
+
+
+def _engine_volumes(config: CorralDeployment) -> tuple[list[Obj], list[Obj]]:
+    volumes: list[Obj] = [
+        key_volume(config),
+        {"name": TOKEN_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        {"name": STATE_VOLUME, "emptyDir": {}},
+    ]
+    mounts: list[Obj] = [
+        {"name": TOKEN_VOLUME, "mountPath": commands.POD_TOKEN_DIR, "readOnly": True},
+        {"name": STATE_VOLUME, "mountPath": commands.STATE_DIR},
+    ]
+    for name, path in _writable_dirs(config):
+        volumes.append({"name": name, "emptyDir": {}})
+        mounts.append({"name": name, "mountPath": path})
+    if config.engine.shm_size is not None:
+        volumes.append(
+            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": config.engine.shm_size}}
+        )
+        mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+    for v in config.engine.volumes:
+        volumes.append({"name": v.name, "hostPath": {"path": v.host_path, "type": v.type}})
+        mount: Obj = {"name": v.name, "mountPath": v.mount_path}
+        if v.read_only:
+            mount["readOnly"] = True
+        mounts.append(mount)
+    return volumes, mounts
+
+
+def engine_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
+    selector = commands.engine_selector(config)
+    labels = object_labels(config, selector, "engine")
+    p = config.probes
+    volumes, mounts = _engine_volumes(config)
+    container: Obj = {
+        "name": "engine",
+        "image": config.image,
+        "imagePullPolicy": config.image_pull_policy,
+        "command": commands.supervisor_argv(config, budgets),
+        # the gate is the pod's data port; the engine's own port is on loopback and not offered
+        "ports": [
+            {"name": "http", "containerPort": config.supervisor.gate_port, "protocol": "TCP"},
+            {"name": "supervisor", "containerPort": config.supervisor.port, "protocol": "TCP"},
+        ],
+        "resources": container_resources(
+            {config.gpu.resource: str(config.engine.gpus)}, config.engine.cpu, config.engine.memory
+        ),
+        "startupProbe": http_probe(
+            "/startupz",
+            "supervisor",
+            budgets.startup_period,
+            budgets.startup_failure_threshold,
+            p.timeout_seconds,
+        ),
+        "readinessProbe": http_probe(
+            "/readyz",
+            "supervisor",
+            p.readiness_period_seconds,
+            p.readiness_failure_threshold,
+            p.timeout_seconds,
+        ),
+        "livenessProbe": http_probe(
+            "/livez", "supervisor", p.liveness_period_seconds, p.liveness_failure_threshold, p.timeout_seconds
+        ),
+        "lifecycle": {"preStop": {"exec": {"command": commands.prestop_argv(config, budgets)}}},
+        "securityContext": container_security(config),
+        "volumeMounts": mounts,
+    }
+    env = _engine_env(config)
+    if env:
+        container["env"] = env
+    pod_spec: Obj = {
+        "automountServiceAccountToken": False,  # the engine never talks to the API server
+        "terminationGracePeriodSeconds": budgets.termination_grace,
+        "securityContext": pod_security(config),
+        "initContainers": [_token_init_container(config)],
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if config.engine.node_selector:
+        pod_spec["nodeSelector"] = dict(config.engine.node_selector)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": object_meta(config, engine_name(config), labels),
+        "spec": {
+            "replicas": config.replicas,
+            "selector": {"matchLabels": selector},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {
+                    "maxSurge": budgets.rollout.max_surge,
+                    "maxUnavailable": budgets.rollout.max_unavailable,
+                },
+            },
+            "progressDeadlineSeconds": budgets.progress_deadline,
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        "corral.dev/engine-port": str(config.supervisor.gate_port),
+                        SUPERVISOR_PORT_ANNOTATION: str(config.supervisor.port),
+                        "corral.dev/model": config.model.served_name,
+                    },
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def engine_service(config: CorralDeployment) -> Obj:
+    """Headless: the router finds engine pods itself; this gives them DNS names and a scrape target."""
+    selector = commands.engine_selector(config)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(config, engine_name(config), object_labels(config, selector, "engine")),
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector,
+            "ports": [
+                {
+                    "name": "http",
+                    "port": config.supervisor.gate_port,
+                    "targetPort": "http",
+                    "protocol": "TCP",
+                },
+                {
+                    "name": "supervisor",
+                    "port": config.supervisor.port,
+                    "targetPort": "supervisor",
+                    "protocol": "TCP",
+                },
+            ],
+        },
+    }
+
+
+def engine_pdb(config: CorralDeployment, budgets: Budgets) -> Obj:
+    return disruption_budget(
+        config, engine_name(config), commands.engine_selector(config), "engine", budgets.pdb_max_unavailable
+    )
+
+
+def _peer(peer: PeerSpec) -> Obj:
+    out: Obj = {}
+    if peer.namespace_labels is not None:
+        out["namespaceSelector"] = {"matchLabels": dict(peer.namespace_labels)}
+    if peer.pod_labels is not None:
+        out["podSelector"] = {"matchLabels": dict(peer.pod_labels)}
+    return out
+
+
+def engine_network_policy(config: CorralDeployment) -> Obj:
+    """Only this deployment's routers reach the engine pods' gate and supervisor ports; nothing else
+    reaches them at all (configured scrapers: the supervisor port only). The kubelet's probes come
+    from the node, which NetworkPolicies do not block."""
+    selector = commands.engine_selector(config)
+    tcp = [
+        {"port": config.supervisor.gate_port, "protocol": "TCP"},
+        {"port": config.supervisor.port, "protocol": "TCP"},
+    ]
+    ingress: list[Obj] = [
+        {"from": [{"podSelector": {"matchLabels": commands.router_selector(config)}}], "ports": tcp}
+    ]
+    peers = config.network_policy.supervisor_from
+    if peers:
+        ingress.append(
+            {
+                "from": [_peer(p) for p in peers],
+                "ports": [{"port": config.supervisor.port, "protocol": "TCP"}],
+            }
+        )
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": object_meta(config, engine_name(config), object_labels(config, selector, "engine")),
+        "spec": {"podSelector": {"matchLabels": selector}, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
