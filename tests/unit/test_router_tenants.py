@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from corral.router.edge.admin_access import is_loopback_host
-from corral.router.edge.tenants import Tenant, Tenants, TenantsFileError, TenantSpec, parse_tenants
+from corral.router.edge.tenants import Tenant, Tenants
+from corral.router.edge.tenants_file import TenantsFileError, TenantSpec, parse_tenants
 
 KEY = "a-long-enough-secret-key"
 HASHED = hashlib.sha256(KEY.encode()).hexdigest()

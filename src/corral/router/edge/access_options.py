@@ -20,7 +20,7 @@ from corral.router.edge.admin_access import (
     is_loopback_host,
     read_secret_file,
 )
-from corral.router.edge.tenants import TenantsFileError, read_tenants
+from corral.router.edge.tenants_file import TenantsFileError, read_tenants
 
 log = logging.getLogger("corral.router")
 

@@ -1,7 +1,6 @@
 """Who may use the router (`--api-keys-file`): the tenants, their keys and their limits.
 
-The file is a YAML list of `{name, key | key_sha256, max_in_flight?, requests_per_minute?, models?}`.
-Only SHA-256 digests of the keys are held: a plaintext `key` is hashed as it is read. Finding a
+The file is read by `tenants_file.py`; only SHA-256 digests of the keys are held. Finding a
 request's tenant is one hash and one dict lookup. The file is read again whenever its modification
 time, size or inode changes; a bad edit keeps the previous tenants (logged and counted, never with a
 key in the message). Each tenant's state (requests in flight, its rate bucket, its counters) lives
@@ -12,153 +11,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import hmac
 import logging
 import math
-import os
-import re
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import yaml
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from corral.metric_families import labelled_counter
 from corral.openai_errors import error_response
+from corral.router.edge.tenants_file import (
+    TenantsFileError,
+    TenantSpec,
+    file_stamp,
+    key_digest,
+    read_tenants,
+    warn_if_readable,
+)
 
 log = logging.getLogger("corral.router.tenants")
 
-FIELDS = frozenset({"name", "key", "key_sha256", "max_in_flight", "requests_per_minute", "models"})
-_HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
+
 CLIENT_CLOSED = 499
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-
-
-class TenantsFileError(Exception):
-    """The API keys file cannot be read, or one of its entries is not a tenant."""
-
-
-@dataclass(frozen=True, slots=True)
-class TenantSpec:
-    """One entry of the file, as validated: the key only as its SHA-256 digest."""
-
-    name: str
-    key_sha256: bytes = b""
-    max_in_flight: int | None = None
-    requests_per_minute: int | None = None
-    models: frozenset[str] | None = None  # None: every model
-
-    def __repr__(self) -> str:  # the digest is not the key, but it has no business in logs either
-        return f"TenantSpec(name={self.name!r})"
-
-
-def key_digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode("utf-8")).digest()
-
-
-def parse_tenants(text: str, path: Path | str) -> list[TenantSpec]:
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise TenantsFileError(f"{path}: not valid YAML{where}; write a list of tenants") from None
-    if document is None:
-        document = []
-    if not isinstance(document, list):
-        raise TenantsFileError(
-            f"{path}: the file must be a YAML list of tenants "
-            "(- name: team-a\\n  key_sha256: <64 hex digits>), not a {type(document).__name__}"
-        )
-    specs: list[TenantSpec] = []
-    names: set[str] = set()
-    digests: dict[bytes, str] = {}
-    for number, entry in enumerate(document, start=1):
-        spec = _parse_entry(entry, number, path)
-        where = f"{path}: entry {number} (name {spec.name!r})"
-        if spec.name in names:
-            raise TenantsFileError(
-                f"{where}: field `name`: another entry has this name; names must be unique"
-            )
-        other = digests.get(spec.key_sha256)
-        if other is not None:
-            raise TenantsFileError(
-                f"{where}: its key is also tenant {other!r}'s; give each tenant its own key"
-            )
-        names.add(spec.name)
-        digests[spec.key_sha256] = spec.name
-        specs.append(spec)
-    return specs
-
-
-def _parse_entry(entry: object, number: int, path: Path | str) -> TenantSpec:
-    where = f"{path}: entry {number}"
-    if not isinstance(entry, dict):
-        raise TenantsFileError(f"{where}: must be a mapping with `name` and `key` or `key_sha256`")
-    name = entry.get("name")
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise TenantsFileError(
-            f"{where}: field `name` must be 1-63 letters, digits, '.', '_' or '-' "
-            f"(it labels metrics), got {name!r}"
-        )
-    where = f"{where} (name {name!r})"
-    unknown = sorted(str(k) for k in entry if k not in FIELDS)
-    if unknown:
-        raise TenantsFileError(
-            f"{where}: unknown field `{unknown[0]}`; the fields are {', '.join(sorted(FIELDS))}"
-        )
-    key, hashed = entry.get("key"), entry.get("key_sha256")
-    if (key is None) == (hashed is None):
-        raise TenantsFileError(f"{where}: give exactly one of the fields `key` and `key_sha256`")
-    if key is not None:
-        # never echo the value: it may be a real key with one character wrong
-        if not isinstance(key, str) or len(key) < 16:
-            raise TenantsFileError(f"{where}: field `key` must be a string of at least 16 characters")
-        digest = key_digest(key)
-    else:
-        if not isinstance(hashed, str) or not _HEX64.match(hashed):
-            raise TenantsFileError(
-                f"{where}: field `key_sha256` must be 64 hex digits, quoted (printf %s KEY | sha256sum)"
-            )
-        digest = bytes.fromhex(hashed)
-    return TenantSpec(
-        name=name,
-        key_sha256=digest,
-        max_in_flight=_positive(entry, "max_in_flight", where),
-        requests_per_minute=_positive(entry, "requests_per_minute", where),
-        models=_models(entry.get("models"), where),
-    )
-
-
-def _positive(entry: dict[Any, Any], field: str, where: str) -> int | None:
-    value = entry.get(field)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise TenantsFileError(f"{where}: field `{field}` must be a positive integer, got {value!r}")
-    return value
-
-
-def _models(value: object, where: str) -> frozenset[str] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(m, str) and m for m in value):
-        raise TenantsFileError(f"{where}: field `models` must be a list of model names, got {value!r}")
-    return frozenset(value)
-
-
-def read_tenants(path: Path) -> list[TenantSpec]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        why = getattr(exc, "strerror", None) or exc
-        raise TenantsFileError(f"cannot read the API keys file {path}: {why}") from None
-    return parse_tenants(text, path)
 
 
 class Tenant:
@@ -249,10 +126,10 @@ class Tenants:
     def from_file(cls, path: Path, poll_seconds: float = 0.5) -> Tenants:
         """Read the file now (a bad file raises TenantsFileError: the user's to fix at start); later,
         a bad edit keeps the last good tenants."""
-        stamp = _stamp_of(path)  # before reading: a change made while it is read is seen next poll
+        stamp = file_stamp(path)  # before reading: a change made while it is read is seen next poll
         tenants = cls(read_tenants(path), path, poll_seconds)
         tenants._stamp = stamp
-        _warn_if_readable(path)
+        warn_if_readable(path)
         return tenants
 
     def __len__(self) -> int:
@@ -292,7 +169,7 @@ class Tenants:
     # -- watching the file ----------------------------------------------------------------------
 
     def _file_stamp(self) -> tuple[int, int, int] | None:
-        return None if self._path is None else _stamp_of(self._path)
+        return None if self._path is None else file_stamp(self._path)
 
     async def start(self) -> None:
         if self._path is None:
@@ -329,24 +206,6 @@ class Tenants:
         if not specs:
             log.warning("the API keys file %s names no tenant: every request gets 401", self._path)
         return True
-
-
-def _stamp_of(path: Path) -> tuple[int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
-
-
-def _warn_if_readable(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        if os.stat(path).st_mode & 0o077:
-            log.warning(
-                "the API keys file %s can be read by other users; chmod 600 it "
-                "(or keep only key_sha256 entries in it)",
-                path,
-            )
 
 
 TENANT_KEY = web.RequestKey("corral_tenant", Tenant)  # the Tenant a request was admitted as
