@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from corral.clients.access import ADMIN_KEY_FLAG, ADMIN_URL_FLAG, ENGINE_KEY_ENV, ENGINE_KEY_FLAG
+from corral.engine_state import EngineState
 from corral.fleet.checks.doctor_sleep import memory_not_released, partial_wake
 from corral.fleet.checks.doctor_streams import aborted_streams
 from corral.fleet.checks.probe import EngineView, FleetView
@@ -72,7 +73,7 @@ def _not_running(e: EngineView) -> Diagnosis | None:
     reason = str(state.get("reason") or "")
     lines = _last_lines(e)
     dependency = _matching(lines, _DEPENDENCY)
-    if (lifecycle == "STARTING" and sub == "waiting_dependencies") or "dependenc" in reason.lower():
+    if (lifecycle == EngineState.STARTING and sub == "waiting_dependencies") or "dependenc" in reason.lower():
         gates = state.get("gates") or []
         return Diagnosis(
             e.name,
@@ -80,7 +81,7 @@ def _not_running(e: EngineView) -> Diagnosis | None:
             f"{lifecycle} ({sub}): {reason}; gates {gates}",
             "start the dependency first (or fix --wait-for), then: " + _logs_hint(e),
         )
-    if lifecycle in ("FAILED", "STARTING") and dependency is not None:
+    if lifecycle in (EngineState.FAILED, EngineState.STARTING) and dependency is not None:
         return Diagnosis(
             e.name,
             "not-ready/dependency",
@@ -89,60 +90,60 @@ def _not_running(e: EngineView) -> Diagnosis | None:
             "then restart the supervisor",
         )
     rank = _matching(lines, _RANK)
-    if lifecycle in ("FAILED", "STARTING") and rank is not None:
+    if lifecycle in (EngineState.FAILED, EngineState.STARTING) and rank is not None:
         return Diagnosis(
             e.name,
             "not-ready/rank-failure",
             f"{lifecycle}: {reason}; {rank.strip()[:200]}",
             "keep the whole serving group out of routing; restart it as one: " + _logs_hint(e),
         )
-    if lifecycle == "FAILED" and "not ready within --startup-timeout" in reason:
+    if lifecycle == EngineState.FAILED and "not ready within --startup-timeout" in reason:
         return Diagnosis(
             e.name,
             "not-ready/loading-past-startup-budget",
             reason,
             "raise --startup-timeout to cover the longest legal load, or check the artifact and memory",
         )
-    if lifecycle == "FAILED" and "during startup" in reason:
+    if lifecycle == EngineState.FAILED and "during startup" in reason:
         return Diagnosis(
             e.name,
             "process-dead/startup-crash",
             f"{reason}; last lines: {' | '.join(line.strip() for line in lines[-3:])[:300]}",
             f"inspect the engine log, then restart a known-good revision: {_logs_hint(e)}",
         )
-    if lifecycle == "FAILED" and "not the expected" in reason:
+    if lifecycle == EngineState.FAILED and "not the expected" in reason:
         return Diagnosis(
             e.name,
             "requests-failing/stale-identity",
             reason,
             "fix --model or the engine's --served-model-name",
         )
-    if lifecycle == "FAILED" and ("stalled" in reason or "smoke request failed" in reason):
+    if lifecycle == EngineState.FAILED and ("stalled" in reason or "smoke request failed" in reason):
         return Diagnosis(
             e.name,
             "requests-failing/hang",
             reason,
             "the supervisor restarts it in place; if it recurs, capture a stack (py-spy dump) first",
         )
-    if lifecycle in ("FAILED", "STARTING") and "preload daemon" in reason:
+    if lifecycle in (EngineState.FAILED, EngineState.STARTING) and "preload daemon" in reason:
         return Diagnosis(e.name, "preload/daemon-died", f"{lifecycle} ({sub}): {reason}", _DAEMON_DIED)
-    if lifecycle == "FAILED":
+    if lifecycle == EngineState.FAILED:
         return Diagnosis(e.name, "process-dead/failed", reason, _logs_hint(e))
-    if lifecycle == "STARTING" and sub == "restarting":
+    if lifecycle == EngineState.STARTING and sub == "restarting":
         return Diagnosis(
             e.name,
             "process-dead/startup-crash",
             f"{reason}; last lines: {' | '.join(line.strip() for line in lines[-3:])[:300]}",
             _logs_hint(e),
         )
-    if lifecycle == "STARTING" and (sub in _LOADING or sub == "smoke_testing"):
+    if lifecycle == EngineState.STARTING and (sub in _LOADING or sub == "smoke_testing"):
         return Diagnosis(
             e.name,
             "not-ready/loading",
             f"STARTING ({sub}) since {state.get('since')}: {reason}",
             f"wait (startup budget); watch it: curl -N {e.supervisor_url}/v1/state/watch",
         )
-    if lifecycle in ("DRAINING", "STOPPING"):
+    if lifecycle in (EngineState.DRAINING, EngineState.STOPPING):
         return Diagnosis(e.name, "not-ready/draining", f"{lifecycle} ({sub}): {reason}", _logs_hint(e))
     return None
 
@@ -260,7 +261,7 @@ def diagnose_router(view: FleetView) -> list[Diagnosis]:
         if not ep.routable or engine is None:
             continue
         dead = engine.health != 200
-        unready = engine.state is not None and engine.lifecycle != "READY"
+        unready = engine.state is not None and engine.lifecycle != EngineState.READY
         if dead or unready:
             said = f"/health {engine.health or 'nothing'}" if dead else f"supervisor {engine.lifecycle}"
             found.append(

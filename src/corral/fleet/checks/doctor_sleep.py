@@ -10,6 +10,7 @@ from typing import Any
 
 from corral.engine.dev_api import EngineFigures, parse_figures
 from corral.engine.metric_names import SLEEP_STATE
+from corral.engine_state import EngineState
 from corral.fleet.checks.probe import EngineView
 
 PARTIAL_WAKE = "not-ready/partial-wake"
@@ -79,7 +80,7 @@ def memory_not_released(e: EngineView) -> tuple[str, str, str] | None:
     if figures is None:
         return None
     sleep = _sleep(e)
-    level = sleep.get("level") if e.lifecycle == "SLEEPING" else None
+    level = sleep.get("level") if e.lifecycle == EngineState.SLEEPING else None
     if level is None:
         level = _LEVEL_OF_STATE.get(str(figures.sleep_state))
     should_free: list[tuple[str, float | None]] = []

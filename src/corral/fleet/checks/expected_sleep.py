@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from corral.engine.metric_names import SLEEP_STATE
+from corral.engine_state import EngineState
 from corral.fleet.checks.probe import EngineView
 
 STATE_OF_LEVEL = {1: "weights_offloaded", 2: "discard_all"}  # level 0 pauses; vLLM shows no level
@@ -58,7 +59,7 @@ def asleep_problems(engine: EngineView, expected: ExpectedAsleep) -> list[str]:
     state = engine.state
     if state is not None:
         sleep = state.get("sleep") or {}
-        if engine.lifecycle != "SLEEPING":
+        if engine.lifecycle != EngineState.SLEEPING:
             problems.append(f"supervisor says {engine.lifecycle}, not SLEEPING")
         else:
             if sleep.get("woken_tags"):

@@ -20,13 +20,14 @@ from rich.live import Live
 
 from corral.aio import run
 from corral.clients.access import FleetAccess, fleet_access_options
+from corral.engine_state import EngineState
 from corral.fleet.checks.probe import FleetTarget, FleetView, TargetError, look, read_token
 from corral.fleet.checks.status_table import render_view
 from corral.state_home import local_fleet_file
 
 
 def _all_ready(view: FleetView) -> bool:
-    return all(e.lifecycle == "READY" for e in view.engines if e.supervisor_url is not None)
+    return all(e.lifecycle == EngineState.READY for e in view.engines if e.supervisor_url is not None)
 
 
 async def _watch(target: FleetTarget, interval: float, console: Console) -> None:

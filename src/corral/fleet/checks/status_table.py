@@ -9,6 +9,7 @@ import time
 from rich.table import Table
 
 from corral.engine import metric_names as m
+from corral.engine_state import EngineState
 from corral.fleet.checks.probe import EngineView, FleetView
 
 
@@ -51,7 +52,13 @@ def render_view(view: FleetView, title: str = "Corral fleet") -> Table:
         s = e.state or {}
         state = e.lifecycle if e.state is not None else ("answers" if e.health == 200 else "no answer")
         sub = s.get("sub_state")
-        colour = "green" if state == "READY" else "red" if state in ("FAILED", "no answer") else "yellow"
+        colour = (
+            "green"
+            if state == EngineState.READY
+            else "red"
+            if state in (EngineState.FAILED, "no answer")
+            else "yellow"
+        )
         ep = routed.get(str(e.engine_url))
         if ep is None:
             view_text = view.router_error or ("not listed" if view.router_endpoints is not None else "-")

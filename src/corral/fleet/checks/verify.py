@@ -16,6 +16,7 @@ import aiohttp
 import orjson
 
 from corral.engine.evidence import KINDS
+from corral.engine_state import EngineState
 from corral.fleet.checks.expected_sleep import ExpectedAsleep, asleep_problems
 from corral.fleet.checks.probe import EngineView, FleetView
 
@@ -52,7 +53,7 @@ def check_processes(view: FleetView, expect: Expectations) -> Check:
     if not supervised:
         return Check("processes", WARN, "no supervisors given: process and rank state not checked")
     asleep = [e for e in supervised if expect.expected_asleep(e) is not None]
-    bad = [e for e in supervised if e.lifecycle != "READY" and e not in asleep]
+    bad = [e for e in supervised if e.lifecycle != EngineState.READY and e not in asleep]
     if bad:
         detail = "; ".join(
             f"{e.name} {e.lifecycle}" + (f" ({e.state_error or (e.state or {}).get('reason')})") for e in bad
@@ -102,7 +103,7 @@ def check_adapters(view: FleetView, expect: Expectations) -> Check:
 
 
 def check_bundle(view: FleetView) -> Check:
-    supervised = [e for e in view.engines if e.state is not None and e.lifecycle == "READY"]
+    supervised = [e for e in view.engines if e.state is not None and e.lifecycle == EngineState.READY]
     if not supervised:
         return Check("bundle", WARN, "no READY supervisor to report a bundle")
     missing = [e for e in supervised if e.fingerprint is None]
@@ -123,7 +124,9 @@ def check_health(view: FleetView, expect: Expectations) -> Check:
     ready = [
         e
         for e in view.engines
-        if e.lifecycle == "READY" or e.supervisor_url is None or expect.expected_asleep(e) is not None
+        if e.lifecycle == EngineState.READY
+        or e.supervisor_url is None
+        or expect.expected_asleep(e) is not None
     ]
     bad = [e for e in ready if e.health != 200]
     if bad:
@@ -173,11 +176,11 @@ def check_membership(view: FleetView) -> Check:
             continue
         if engine.health != 200:
             problems.append(f"router routes to {url}, which answers /health {engine.health or 'nothing'}")
-        elif engine.state is not None and engine.lifecycle != "READY":
+        elif engine.state is not None and engine.lifecycle != EngineState.READY:
             problems.append(f"router routes to {url}, whose supervisor says {engine.lifecycle}")
     routed = {ep.url for ep in view.router_endpoints if ep.routable}
     for e in view.engines:
-        if e.lifecycle == "READY" and e.engine_url not in routed:
+        if e.lifecycle == EngineState.READY and e.engine_url not in routed:
             problems.append(f"{e.name} is READY but the router does not route to it")
     if problems:
         return Check("membership", FAIL, "; ".join(problems))
