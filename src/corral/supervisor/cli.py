@@ -5,19 +5,15 @@ exit code 2, before anything is started.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shlex
 import shutil
-import signal
 import sys
-import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 from urllib.parse import urlsplit
 
 import click
-from aiohttp import web
 
 from corral.aio import run as run_on_uvloop
 from corral.bundle_spec import BundleError, BundleSpec, load_bundle
@@ -27,7 +23,7 @@ from corral.supervisor.lifecycle.adapters import AdapterSpecError, parse_lora
 from corral.supervisor.lifecycle.config import SupervisorConfig, is_loopback
 from corral.supervisor.lifecycle.dependencies import DependencyGate, GateSpecError, parse_gate
 from corral.supervisor.lifecycle.drain import DrainPolicy, DrainSettings
-from corral.supervisor.state.oplog import StateDirLocked
+from corral.supervisor.serve import printer, serve
 from corral.supervisor_tokens import TokenFileError, read_management_token
 
 
@@ -324,7 +320,7 @@ def run_command(
         gate_port=gate_port,
         gate_host=gate_host,
     )
-    sys.exit(run_on_uvloop(_serve(config)))
+    sys.exit(run_on_uvloop(serve(config)))
 
 
 def _read_bundles(files: tuple[Path, ...], running: str) -> tuple[BundleSpec, ...]:
@@ -339,104 +335,6 @@ def _read_bundles(files: tuple[Path, ...], running: str) -> tuple[BundleSpec, ..
             _bad_input(f"--bundle {path}: the name {bundle.name!r} is declared twice (or is --bundle-name)")
         bundles[bundle.name] = bundle
     return tuple(bundles.values())
-
-
-def _printer(prefix: str) -> Any:
-    def emit(line: str) -> None:
-        sys.stdout.write(f"{prefix} {line}\n")
-        sys.stdout.flush()
-
-    return emit
-
-
-def _supervisor_log(message: str) -> None:
-    sys.stdout.write(f"[supervisor] {time.strftime('%H:%M:%S')} {message}\n")
-    sys.stdout.flush()
-
-
-async def _serve(config: SupervisorConfig) -> int:
-    # imported here so that bad input is answered without loading the server's modules
-    from corral.supervisor.http.api import SupervisorAPI
-    from corral.supervisor.lifecycle.supervisor import EngineSupervisor
-
-    supervisor = EngineSupervisor(config, _supervisor_log, _printer("[engine]"))
-    try:
-        await supervisor.open()
-    except StateDirLocked as exc:
-        click.echo(f"corral supervise: {exc}", err=True)
-        return 2
-    except OSError as exc:  # e.g. an oplog.jsonl that cannot be read
-        click.echo(
-            f"corral supervise: state dir {config.state_dir} cannot be used: {exc.strerror or exc}"
-            + (f" ({exc.filename})" if exc.filename else ""),
-            err=True,
-        )
-        return 2
-    api = SupervisorAPI(supervisor, config.token)
-    runner = web.AppRunner(api.app(), access_log=None, shutdown_timeout=2.0)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, config.host, config.port).start()
-    except OSError as exc:
-        click.echo(
-            f"corral supervise: cannot listen on {config.host}:{config.port}: {exc.strerror}", err=True
-        )
-        await runner.cleanup()
-        await supervisor.close()
-        return 2
-    _supervisor_log(
-        f"probes and management on http://{config.host}:{config.port} "
-        f"(management {'token required' if config.token else 'loopback, no token'}); "
-        f"engine at {config.engine_url}; state dir {config.state_dir}"
-    )
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, supervisor.on_signal, sig)
-    if config.preload_argv:
-        from corral.supervisor.lifecycle.preload import PreloadDaemon
-
-        assert config.preload_health is not None
-        await supervisor.start_preload(
-            PreloadDaemon(config.preload_argv, config.preload_health, _printer("[preload]"))
-        )
-    gate_runner = await _start_gate(supervisor, config)
-    if gate_runner is None and config.gate_port is not None:
-        await runner.cleanup()
-        await supervisor.close()
-        return 2
-    supervisor.start()
-    try:
-        await supervisor.exit_requested.wait()
-    finally:
-        if gate_runner is not None:
-            await gate_runner.cleanup()
-        await runner.cleanup()
-        await supervisor.close()
-    return 1 if supervisor.unrecoverable else 0
-
-
-async def _start_gate(supervisor: Any, config: SupervisorConfig) -> web.AppRunner | None:
-    from corral.supervisor.http.admission import AdmissionGate
-    from corral.supervisor.http.admission_metrics import AdmissionCollector
-
-    if config.gate_port is None:
-        return None
-    gate = AdmissionGate(config.engine_url, lambda: supervisor.machine.state)
-    supervisor.gate = gate
-    supervisor.metrics.registry.register(AdmissionCollector(gate))
-    runner = web.AppRunner(gate.app(), access_log=None, shutdown_timeout=2.0)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, config.gate_host, config.gate_port).start()
-    except OSError as exc:
-        click.echo(
-            f"corral supervise: cannot listen on {config.gate_host}:{config.gate_port}: {exc.strerror}",
-            err=True,
-        )
-        await runner.cleanup()
-        return None
-    _supervisor_log(f"admission gate (data path) on http://{config.gate_host}:{config.gate_port}")
-    return runner
 
 
 @supervise.command(name="prestop")
@@ -458,7 +356,7 @@ async def _start_gate(supervisor: Any, config: SupervisorConfig) -> web.AppRunne
 def prestop(url: str, token_file: Path | None, policy: str | None, timeout: float) -> None:
     """Drain the supervised engine and block until it is done (for a Kubernetes preStop hook)."""
     token = read_token(token_file)
-    sys.exit(run_on_uvloop(run_prestop(url.rstrip("/"), token, policy, timeout, _printer("[prestop]"))))
+    sys.exit(run_on_uvloop(run_prestop(url.rstrip("/"), token, policy, timeout, printer("[prestop]"))))
 
 
 @supervise.command(name="derive-token")
