@@ -7,7 +7,7 @@ one; `corral supervise --bundle FILE` declares one a host may be switched to.
     engine_args: ["--max-model-len", "8192"]      # added to the engine command
     env: {CORRAL_IMAGE: "registry.local/vllm:0.33.1"}
 
-The supervisor's bundle fingerprint (corral.supervisor.lifecycle.bundle) is what identifies a running bundle;
+The supervisor's bundle fingerprint (corral.supervisor.checks.bundle) is what identifies a running bundle;
 this file only says how to start one. Two bundles that start the same engine get the same fingerprint,
 whatever their names.
 """

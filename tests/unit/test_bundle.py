@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from corral.engine.evidence import classify
-from corral.supervisor.lifecycle.bundle import bundle_from, command_parts, model_files_digest
+from corral.supervisor.checks.bundle import bundle_from, command_parts, model_files_digest
 
 BASE = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m", "--port", "8000"]
 MODELS = [{"id": "m", "parent": None}, {"id": "ad", "parent": "m"}]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from corral.engine.dev_api import parse_figures
-from corral.supervisor.lifecycle.adapters import AdapterSpecError, lora_in_flight, parse_lora
+from corral.supervisor.checks.adapters import AdapterSpecError, lora_in_flight, parse_lora
 from corral.supervisor.runbook.common import zero_copy_preload
 from corral.supervisor.runbook.template import OperationFailed, Runbook, Step, StepFailed
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from corral.engine.load_sample import LoadSample, parse_load
+from corral.supervisor.checks.stall import StallDetector
 from corral.supervisor.lifecycle.drain import QuietPeriod
-from corral.supervisor.lifecycle.stall import StallDetector
 
 METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from corral.supervisor.lifecycle.dependencies import GateSpecError, GatesTimedOut, GateWaiter, parse_gate
+from corral.supervisor.checks.dependencies import GateSpecError, GatesTimedOut, GateWaiter, parse_gate
 
 
 @pytest.mark.parametrize(

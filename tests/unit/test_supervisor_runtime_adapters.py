@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.supervisor.lifecycle.adapters import AdapterSet
+from corral.supervisor.checks.adapters import AdapterSet
 from corral.supervisor.state.runtime_adapters import (
     FILE_NAME,
     RuntimeAdapterFile,

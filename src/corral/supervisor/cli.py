@@ -18,10 +18,10 @@ import click
 from corral.aio import run as run_on_uvloop
 from corral.bundle_spec import BundleError, BundleSpec, load_bundle
 from corral.state_home import corral_state_dir, state_dir_problem
+from corral.supervisor.checks.adapters import AdapterSpecError, parse_lora
+from corral.supervisor.checks.dependencies import DependencyGate, GateSpecError, parse_gate
 from corral.supervisor.commands.prestop import run_prestop
-from corral.supervisor.lifecycle.adapters import AdapterSpecError, parse_lora
 from corral.supervisor.lifecycle.config import SupervisorConfig, is_loopback
-from corral.supervisor.lifecycle.dependencies import DependencyGate, GateSpecError, parse_gate
 from corral.supervisor.lifecycle.drain import DrainPolicy, DrainSettings
 from corral.supervisor.serve import printer, serve
 from corral.supervisor_tokens import TokenFileError, read_management_token

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from corral.router.routing.request import POLICY_NAMES
-from corral.supervisor.lifecycle.dependencies import GateSpecError, parse_gate
+from corral.supervisor.checks.dependencies import GateSpecError, parse_gate
 
 # Object names get suffixes up to "-router-pods" (12) and Service names must be DNS-1035 labels (63).
 _NAME = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"

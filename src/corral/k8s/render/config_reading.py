@@ -18,7 +18,7 @@ from pydantic.fields import FieldInfo
 from corral.k8s.render import commands
 from corral.k8s.render.config import CorralDeployment
 from corral.k8s.render.parts import HOME
-from corral.supervisor.lifecycle.dependencies import parse_gate
+from corral.supervisor.checks.dependencies import parse_gate
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral.bundle_spec import BundleSpec
-from corral.supervisor.lifecycle.dependencies import DependencyGate
+from corral.supervisor.checks.dependencies import DependencyGate
 from corral.supervisor.lifecycle.drain import DrainSettings
 
 

@@ -4,7 +4,7 @@ exponential backoff, a budget, a `RestartRecord` with exit code and last lines f
 
 The engine's environment is the supervisor's minus Corral's own secrets (`engine_environment`): the
 management token, token files and keys are for Corral, never for a process that runs model code.
-Its API key (`corral.supervisor.lifecycle.engine_auth`) is masked in every output line the
+Its API key (`corral.supervisor.checks.engine_auth`) is masked in every output line the
 supervisor shows or keeps.
 """
 
@@ -23,7 +23,7 @@ import psutil
 
 from corral.child_process import ChildProcess, LineSink
 from corral.engine.flags import engine_api_key
-from corral.supervisor.lifecycle.engine_auth import Redactor
+from corral.supervisor.checks.engine_auth import Redactor
 from corral.supervisor.lifecycle.states import StartingPhase
 
 # Corral's own secrets by name (CORRAL_TOKEN, CORRAL_TOKEN_FILE, an admin or API key file, ...).

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from corral.child_process import LineSink
 from corral.engine.evidence import classify
-from corral.supervisor.lifecycle.engine_auth import redact_argv
+from corral.supervisor.checks.engine_auth import redact_argv
 from corral.supervisor.lifecycle.states import StateEvent
 
 if TYPE_CHECKING:

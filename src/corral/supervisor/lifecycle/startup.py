@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from corral.supervisor.lifecycle.adapters import AdapterCallFailed, EngineAdapters, reconcile
-from corral.supervisor.lifecycle.bundle import read_bundle
-from corral.supervisor.lifecycle.dependencies import GatesTimedOut
-from corral.supervisor.lifecycle.engine_auth import redact_argv
+from corral.supervisor.checks.adapters import AdapterCallFailed, EngineAdapters, reconcile
+from corral.supervisor.checks.bundle import read_bundle
+from corral.supervisor.checks.dependencies import GatesTimedOut
+from corral.supervisor.checks.engine_auth import redact_argv
+from corral.supervisor.checks.readiness import EngineNotAnswering, NotReady, SmokeResult
 from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPolicy
-from corral.supervisor.lifecycle.readiness import EngineNotAnswering, NotReady, SmokeResult
 from corral.supervisor.lifecycle.states import EngineState, StartingPhase
 
 if TYPE_CHECKING:

@@ -17,12 +17,14 @@ import aiohttp
 from corral.bundle_spec import BundleSpec
 from corral.child_process import LineSink
 from corral.engine.evidence import EvidenceBook
-from corral.supervisor.lifecycle.adapters import AdapterSet
-from corral.supervisor.lifecycle.bundle import Bundle
+from corral.supervisor.checks.adapters import AdapterSet
+from corral.supervisor.checks.bundle import Bundle
+from corral.supervisor.checks.dependencies import GateWaiter
+from corral.supervisor.checks.engine_auth import EngineKey, redact_argv
+from corral.supervisor.checks.readiness import ReadinessCheck, SmokeResult
+from corral.supervisor.checks.stall import Stall, StallWatch
 from corral.supervisor.lifecycle.config import SupervisorConfig
-from corral.supervisor.lifecycle.dependencies import GateWaiter
 from corral.supervisor.lifecycle.drain import DrainPolicy, DrainReport, DrainSequence, DrainSettings
-from corral.supervisor.lifecycle.engine_auth import EngineKey, redact_argv
 from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPolicy, RestartRecord
 from corral.supervisor.lifecycle.metrics import SupervisorMetrics
 from corral.supervisor.lifecycle.operation_lock import OperationLock
@@ -30,10 +32,8 @@ from corral.supervisor.lifecycle.operations import Operation, OperationLedger
 from corral.supervisor.lifecycle.preload import PreloadDaemon
 from corral.supervisor.lifecycle.preload_recovery import PreloadKeeper
 from corral.supervisor.lifecycle.publication import Publication
-from corral.supervisor.lifecycle.readiness import ReadinessCheck, SmokeResult
 from corral.supervisor.lifecycle.routers import RouterSubscriptions
 from corral.supervisor.lifecycle.sleep_status import SleepStatus
-from corral.supervisor.lifecycle.stall import Stall, StallWatch
 from corral.supervisor.lifecycle.startup import EngineStartup
 from corral.supervisor.lifecycle.states import (
     EngineState,

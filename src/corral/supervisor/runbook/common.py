@@ -11,8 +11,8 @@ import psutil
 
 from corral.engine.dev_api import AdminCallFailed, EngineAdmin, EngineFigures
 from corral.engine.metric_names import SLEEP_STATE
+from corral.supervisor.checks.readiness import NotReady
 from corral.supervisor.lifecycle.drain import Leaving
-from corral.supervisor.lifecycle.readiness import NotReady
 from corral.supervisor.lifecycle.states import EngineState
 from corral.supervisor.runbook.template import Evidence, Refused, StepFailed
 

@@ -15,15 +15,15 @@ if TYPE_CHECKING:
     import aiohttp
 
     from corral.bundle_spec import BundleSpec
+    from corral.supervisor.checks.adapters import AdapterSet
+    from corral.supervisor.checks.bundle import Bundle
+    from corral.supervisor.checks.readiness import ReadinessCheck, SmokeResult
     from corral.supervisor.http.admission import AdmissionGate
-    from corral.supervisor.lifecycle.adapters import AdapterSet
-    from corral.supervisor.lifecycle.bundle import Bundle
     from corral.supervisor.lifecycle.config import SupervisorConfig
     from corral.supervisor.lifecycle.drain import DrainSequence
     from corral.supervisor.lifecycle.engine_process import EngineProcess
     from corral.supervisor.lifecycle.operation_lock import OperationLock
     from corral.supervisor.lifecycle.operations import OperationLedger
-    from corral.supervisor.lifecycle.readiness import ReadinessCheck, SmokeResult
     from corral.supervisor.lifecycle.routers import RouterSubscriptions
     from corral.supervisor.lifecycle.sleep_status import SleepStatus
     from corral.supervisor.lifecycle.states import EngineState, StateEvent, StateMachine

@@ -14,8 +14,8 @@ import time
 from typing import TYPE_CHECKING
 
 from corral.engine.metric_names import LORA_INFO
-from corral.supervisor.lifecycle.adapters import EngineAdapters
-from corral.supervisor.lifecycle.readiness import NotReady
+from corral.supervisor.checks.adapters import EngineAdapters
+from corral.supervisor.checks.readiness import NotReady
 from corral.supervisor.lifecycle.states import EngineState
 from corral.supervisor.runbook.template import Evidence, Refused, Step, StepFailed
 

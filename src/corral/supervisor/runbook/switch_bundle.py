@@ -21,9 +21,9 @@ import time
 from typing import TYPE_CHECKING
 
 from corral.bundle_spec import BundleSpec
+from corral.supervisor.checks.engine_auth import redact_argv
+from corral.supervisor.checks.readiness import NotReady
 from corral.supervisor.lifecycle.drain import Leaving
-from corral.supervisor.lifecycle.engine_auth import redact_argv
-from corral.supervisor.lifecycle.readiness import NotReady
 from corral.supervisor.lifecycle.states import EngineState, StateEvent
 from corral.supervisor.runbook.common import apply_policy, leave_routing
 from corral.supervisor.runbook.template import Evidence, Refused, Step, StepFailed

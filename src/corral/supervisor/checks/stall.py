@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 
 from corral.engine.load_sample import LoadSample, MetricsUnavailable, fetch_load
-from corral.supervisor.lifecycle.readiness import NotReady, ReadinessCheck
+from corral.supervisor.checks.readiness import NotReady, ReadinessCheck
 
 
 @dataclass(frozen=True)
