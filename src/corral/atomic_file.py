@@ -1,6 +1,9 @@
 """Files replaced whole: the new content goes to a temp file beside the target, which is then renamed
 over it, so a reader (or a crash) sees the old content or the new, never half of one.
 
+A reader that polls such a file compares `file_stamp`s: a rename gives a new inode, an edit in place
+a new modification time or size.
+
 The temp file has a random name and is created with `O_EXCL`, so it is always a new file of ours:
 never one another writer (or another process of the same PID, after a reboot) has open, and never
 a symlink planted beside the target.
@@ -43,3 +46,13 @@ def write_atomically(
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def file_stamp(path: Path) -> tuple[int, int, int] | None:
+    """What changes when `path` is replaced or edited (modification time, size, inode); None while it
+    cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)

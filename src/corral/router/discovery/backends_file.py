@@ -8,14 +8,14 @@ router's members at run time: write the new file atomically (temp file, then ren
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from corral.aio import cancel_tasks
+from corral.atomic_file import file_stamp
 from corral.router.discovery.static import StaticSource
 from corral.router.membership.events import MembershipSink
 from corral.router.telemetry.metrics import RouterMetrics
@@ -94,22 +94,15 @@ class FileSource:
         self._task: asyncio.Task[None] | None = None
 
     def _file_stamp(self) -> tuple[int, int, int] | None:
-        try:
-            st = os.stat(self._path)
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
+        return file_stamp(self._path)
 
     async def start(self) -> None:
         await self._static.start()
         self._task = asyncio.create_task(self._watch(), name="corral-router-backends-file")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_tasks(self._task)
+        self._task = None
         await self._static.stop()
 
     async def _watch(self) -> None:

@@ -15,7 +15,6 @@ follows the supervisor's state stream on the pod IP and is routable only while t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from typing import Any
 
 import aiohttp
 
+from corral.aio import cancel_tasks
 from corral.engine.models_probe import PROBE_FAILURES, describe, probe_models
 from corral.engine_state import EngineState
 from corral.k8s.watch.client import PodApi, PodList, WatchEvent
@@ -163,11 +163,7 @@ class PodSource:
         self._queue.shut_down()
         for handle in self._retries:
             handle.cancel()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_tasks(*self._tasks)
         self._tasks = []
         if self._session is not None:
             await self._session.close()

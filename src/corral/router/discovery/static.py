@@ -10,12 +10,12 @@ request path.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 
 import aiohttp
 
+from corral.aio import cancel_tasks
 from corral.engine.models_probe import PROBE_FAILURES, describe, probe_models
 from corral.engine_state import EngineState
 from corral.router.membership.events import EndpointAdded, EndpointRemoved, EndpointUpdated, MembershipSink
@@ -108,11 +108,8 @@ class StaticSource:
         self._task = asyncio.create_task(self._run(), name="corral-router-static-source")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_tasks(self._task)
+        self._task = None
         for task in list(self._probes):
             task.cancel()
         if self._probes:

@@ -10,7 +10,6 @@ across re-reads under the tenant's name.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import logging
 import math
@@ -21,12 +20,13 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from corral.aio import cancel_tasks
+from corral.atomic_file import file_stamp
 from corral.metric_families import labelled_counter
 from corral.openai_errors import error_response
 from corral.router.edge.tenants_file import (
     TenantsFileError,
     TenantSpec,
-    file_stamp,
     key_digest,
     read_tenants,
     warn_if_readable,
@@ -177,11 +177,8 @@ class Tenants:
         self._task = asyncio.create_task(self._watch(), name="corral-router-api-keys-file")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_tasks(self._task)
+        self._task = None
 
     async def _watch(self) -> None:
         while True:

@@ -148,14 +148,6 @@ def read_tenants(path: Path) -> list[TenantSpec]:
     return parse_tenants(text, path)
 
 
-def file_stamp(path: Path) -> tuple[int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
-
-
 def warn_if_readable(path: Path) -> None:
     with contextlib.suppress(OSError):
         if os.stat(path).st_mode & 0o077:

@@ -10,13 +10,13 @@ engines), KV-cache usage (the highest), and the LoRA adapters running.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 
 import aiohttp
 
+from corral.aio import cancel_tasks
 from corral.engine import metric_names as m
 from corral.engine.metrics_text import Sample, samples
 from corral.engine_state import EngineState
@@ -83,11 +83,7 @@ class LoadScraper:
 
     async def stop(self) -> None:
         tasks = [t for t in (self._loop_task, *self._scrapes.values()) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_tasks(*tasks)
         self._scrapes.clear()
         if self._session is not None:
             await self._session.close()

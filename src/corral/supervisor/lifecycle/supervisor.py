@@ -6,7 +6,6 @@ operation log. The HTTP surface lives in `api.py`; this module owns what happens
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import signal
 from collections.abc import Callable
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from corral.aio import cancel_tasks
 from corral.bundle_spec import BundleSpec
 from corral.child_process import LineSink
 from corral.engine.evidence import EvidenceBook
@@ -131,10 +131,7 @@ class EngineSupervisor:
         )
 
     async def close(self) -> None:
-        if self._lifecycle is not None:
-            self._lifecycle.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._lifecycle
+        await cancel_tasks(self._lifecycle)
         if self.engine is not None and self.engine.running:
             await self.stop_engine(self.config.drain.shutdown_timeout, "supervisor exiting")
         if self.preload is not None:  # only after the engine, which may map the daemon's memory
@@ -284,11 +281,8 @@ class EngineSupervisor:
 
     async def suspend_lifecycle(self) -> None:
         """Stop the READY watch (stall detection) while an operation has the engine out of routing."""
-        if self._lifecycle is not None:
-            self._lifecycle.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._lifecycle
-            self._lifecycle = None
+        await cancel_tasks(self._lifecycle)
+        self._lifecycle = None
 
     def resume_serving(self) -> None:
         """The engine is READY again after an operation: watch it as after startup."""
