@@ -89,6 +89,20 @@ class SupervisorClient:
                 raise OperationStillRunning(self._api.where(f"/v1/operations/{op_id}"), record, within)
             await asyncio.sleep(poll)
 
+    def progress_lines(self, say: Callable[[str], None]) -> Progress:
+        """An `on_poll` that shows the supervisor's progress line (from `/v1/state`) each time it
+        changes, so a person watching an operation sees every step it passes."""
+        shown = ""
+
+        async def show(_: OperationRecord) -> None:
+            nonlocal shown
+            line = (await self.state()).progress
+            if line != shown:
+                say(line)
+                shown = line
+
+        return show
+
     async def run(
         self,
         request: OperationRequest,

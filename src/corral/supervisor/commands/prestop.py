@@ -10,7 +10,7 @@ import aiohttp
 
 from corral.clients.calls import APIError
 from corral.clients.supervisor import OperationStillRunning, SupervisorClient
-from corral.contracts.operations import DrainRequest, OperationRecord
+from corral.contracts.operations import DrainRequest
 
 Print = Callable[[str], None]
 
@@ -30,17 +30,10 @@ async def run_prestop(url: str, token: str | None, policy: str | None, limit_s: 
             say(f"drain refused with HTTP {exc.status}: {exc.message}")
             return 1
         say(f"drain {record.operation_id} started")
-        shown = ""
-
-        async def show(_: OperationRecord) -> None:
-            nonlocal shown
-            line = (await supervisor.state()).progress
-            if line != shown:
-                say(line)
-                shown = line
-
         try:
-            record = await supervisor.wait_for_operation(record.operation_id, within=limit_s, on_poll=show)
+            record = await supervisor.wait_for_operation(
+                record.operation_id, within=limit_s, on_poll=supervisor.progress_lines(say)
+            )
         except OperationStillRunning:
             say(f"drain not finished after {limit_s:g}s")
             return 1

@@ -16,7 +16,6 @@ from corral.clients.calls import APIError
 from corral.clients.supervisor import OperationStillRunning, SupervisorClient
 from corral.contracts.operations import (
     LoadAdapterRequest,
-    OperationRecord,
     OperationRequest,
     ReloadRequest,
     SleepRequest,
@@ -62,17 +61,10 @@ async def follow_operation(url: str, request: OperationRequest, token: str | Non
             return 2
         op_id = record.operation_id
         _say(f"{record.kind} {op_id} {'started' if started else 'already known'}")
-        shown = ""
-
-        async def show(_: OperationRecord) -> None:
-            nonlocal shown
-            line = (await supervisor.state()).progress
-            if line != shown:
-                _say(line)
-                shown = line
-
         try:
-            record = await supervisor.wait_for_operation(op_id, within=limit_s, on_poll=show)
+            record = await supervisor.wait_for_operation(
+                op_id, within=limit_s, on_poll=supervisor.progress_lines(_say)
+            )
         except OperationStillRunning:
             _say(f"{op_id} not finished after {limit_s:g}s; it goes on: GET {url}/v1/operations/{op_id}")
             return 1
