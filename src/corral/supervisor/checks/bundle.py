@@ -82,8 +82,14 @@ def fingerprint_of(parts: dict[str, Any]) -> str:
 
 
 def bundle_from(
-    argv: Sequence[str], version: str | None, models: list[dict[str, Any]], image: str | None = None
+    argv: Sequence[str],
+    version: str | None,
+    models: list[dict[str, Any]],
+    image: str | None = None,
+    hardware: dict[str, Any] | None = None,
 ) -> Bundle:
+    """`hardware` (GPU model and count, from PRECHECK's parallel identity) is a part only when known,
+    so an engine whose GPUs nobody declared keeps the fingerprint it had."""
     command = command_parts(argv)
     base = sorted(str(m.get("id")) for m in models if not m.get("parent"))
     adapters = sorted(str(m.get("id")) for m in models if m.get("parent"))
@@ -94,6 +100,8 @@ def bundle_from(
         "command": command,
         "model_files": None,
     }
+    if hardware is not None:
+        parts["hardware"] = hardware
     model = command.get("model")
     if isinstance(model, str) and Path(model).is_dir():
         parts["model_files"] = model_files_digest(Path(model))
@@ -101,10 +109,15 @@ def bundle_from(
 
 
 async def read_bundle(
-    session: aiohttp.ClientSession, engine_url: str, argv: Sequence[str], request_seconds: float = 5.0
+    session: aiohttp.ClientSession,
+    engine_url: str,
+    argv: Sequence[str],
+    request_seconds: float = 5.0,
+    image: str | None = None,
+    hardware: dict[str, Any] | None = None,
 ) -> Bundle:
-    """Ask the engine for its version and models, then fingerprint; the image comes from
-    $CORRAL_IMAGE (set it in the pod spec to the image reference)."""
+    """Ask the engine for its version and models, then fingerprint; the image is `image` (the engine
+    environment's $CORRAL_IMAGE) else our $CORRAL_IMAGE (set it in the pod spec to the image reference)."""
     limit = aiohttp.ClientTimeout(total=request_seconds)
     version: str | None = None
     models: list[dict[str, Any]] = []
@@ -124,4 +137,5 @@ async def read_bundle(
     except (aiohttp.ClientError, TimeoutError, ValueError):
         models = []
     # hashing model files reads the disk: off the event loop, which keeps serving probes meanwhile
-    return await asyncio.to_thread(bundle_from, argv, version, models, os.environ.get("CORRAL_IMAGE"))
+    image = image if image is not None else os.environ.get("CORRAL_IMAGE")
+    return await asyncio.to_thread(bundle_from, argv, version, models, image, hardware)
