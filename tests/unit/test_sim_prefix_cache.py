@@ -48,3 +48,13 @@ def test_least_recently_used_blocks_are_evicted() -> None:
     assert cache.lookup(a, 3) == 2
     assert cache.lookup(b, 3) == 0
     assert cache.lookup(c, 3) == 2
+
+
+def test_a_reset_drops_every_block_and_is_counted() -> None:
+    cache = PrefixCache(block_size=2, capacity_blocks=10)
+    hashes = block_hashes([1, 1, 2, 2, 0], 2)
+    cache.insert(hashes)
+    assert (len(cache), cache.resets) == (2, 0)
+    cache.reset()
+    assert (len(cache), cache.resets) == (0, 1)
+    assert cache.lookup(hashes, 5) == 0

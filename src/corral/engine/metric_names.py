@@ -52,6 +52,8 @@ ALWAYS_EXPOSED_SAMPLES = (
 SIM_GPU_MEMORY = "corral_sim_gpu_memory_bytes"  # label `kind`: weights | kv_cache
 SIM_CPU_BACKUP = "corral_sim_cpu_backup_bytes"
 SIM_WEIGHTS_VALID = "corral_sim_weights_valid"
+SIM_PREFIX_CACHE_BLOCKS = "corral_sim_prefix_cache_blocks"  # blocks cached now
+SIM_PREFIX_CACHE_RESETS = "corral_sim_prefix_cache_resets_total"  # whole-cache resets since start
 
 
 def family(sample_name: str) -> str:

@@ -208,7 +208,8 @@ class EngineControl:
         self.lifecycle.reload_weights()
         if seconds > 0:
             await asyncio.sleep(seconds)
-        self.engine.cache.reset()
+        # vLLM's reload_weights runs in the workers and leaves the scheduler's prefix cache alone: an
+        # awake reload keeps blocks computed with the old weights until someone resets the cache.
         self.log.info("Worker", "gpu_model_runner.py:5295", f"Reloading weights took {seconds:.2f} seconds")
         self._sync()
 

@@ -2,7 +2,9 @@
 
 Only full blocks are cached; the last prompt token is always recomputed, so a prompt fully in the cache
 hits at most `num_tokens - 1` tokens rounded down to whole blocks. Queries and hits are counted in tokens,
-matching `vllm:prefix_cache_queries_total` and `vllm:prefix_cache_hits_total`.
+matching `vllm:prefix_cache_queries_total` and `vllm:prefix_cache_hits_total`. A reset (sleep level >= 1,
+`POST /reset_prefix_cache`) drops every block at once and is counted, so a reader that saw the count move
+past a figure taken earlier knows no block from before it remains (vLLM has no such figure).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class PrefixCache:
         self._blocks: OrderedDict[int, None] = OrderedDict()
         self.queries = 0
         self.hits = 0
+        self.resets = 0
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -62,4 +65,6 @@ class PrefixCache:
             blocks.popitem(last=False)
 
     def reset(self) -> None:
+        """Drop every cached block (vLLM's `reset_prefix_cache`); the next lookup of any prefix misses."""
         self._blocks.clear()
+        self.resets += 1

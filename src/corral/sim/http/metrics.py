@@ -135,6 +135,16 @@ class EngineCollector(Collector):
             "Histogram of time spent in WAITING phase for request.",
             s.queue_time,
         )
+        # not vLLM's: what lets a check see that no prefix block from before a reset remains
+        yield self._gauge(
+            vllm.SIM_PREFIX_CACHE_BLOCKS, "Simulated prefix-cache blocks cached now.", float(len(cache))
+        )
+        yield self._counter(
+            vllm.family(vllm.SIM_PREFIX_CACHE_RESETS),
+            "Simulated prefix-cache resets (each drops every cached block): sleep level >= 1, "
+            "POST /reset_prefix_cache.",
+            cache.resets,
+        )
 
 
 class MetricsEndpoint:
