@@ -40,13 +40,14 @@ class StateLine(WireModel):
     evidence: dict[str, Any] = Field(default_factory=dict)
     time: float | None = None
     since: float | None = None
+    fingerprint: str | None = None  # the running bundle's; absent from supervisors before issue 14
 
     @field_validator("from_", "to", mode="before")
     @classmethod
     def _known_state(cls, value: Any) -> EngineState | None:
         return _state_or_none(value)
 
-    @field_validator("sub_state", mode="before")
+    @field_validator("sub_state", "fingerprint", mode="before")
     @classmethod
     def _sub_state(cls, value: Any) -> str | None:
         return value if isinstance(value, str) else None

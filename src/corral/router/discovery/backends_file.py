@@ -1,9 +1,11 @@
 """Membership from a backends file (`--backends-file`): one engine per line, `#` comments; a line is
 an engine URL, or `ENGINE_URL=SUPERVISOR_URL` for an engine run under `corral supervise` (routed only
-while its supervisor says READY, each removal confirmed, as with `--supervised`). The file is read
-again whenever its modification time, size or inode changes, and the list it names replaces the
-previous one (probing is `StaticSource`'s job). This is how a fleet that Corral runs changes the
-router's members at run time: write the new file atomically (temp file, then rename)."""
+while its supervisor says READY, each removal confirmed, as with `--supervised`). A line may end in
+`group=NAME/SIZE`: the engine is a member of serving group NAME of SIZE engines, routed to only while
+the whole group is READY on one bundle fingerprint. The file is read again whenever its modification
+time, size or inode changes, and the list it names replaces the previous one (probing is
+`StaticSource`'s job). This is how a fleet that Corral runs changes the router's members at run time:
+write the new file atomically (temp file, then rename)."""
 
 from __future__ import annotations
 
@@ -11,13 +13,14 @@ import asyncio
 import logging
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral.aio import cancel_tasks
 from corral.atomic_file import file_stamp
 from corral.router.discovery.static import StaticSource
 from corral.router.membership.events import MembershipSink
+from corral.router.membership.groups import GroupTag, GroupTagError, group_tag
 from corral.router.telemetry.metrics import RouterMetrics
 
 log = logging.getLogger("corral.router.file_source")
@@ -28,33 +31,67 @@ class BackendsFileError(Exception):
 
 
 _LINE = re.compile(r"^(https?://[^=\s]+?)/?(?:=(https?://\S+?)/?)?$")
+_GROUP = re.compile(r"^group=([^/\s]*)/(\S*)$")
 
 
 @dataclass(frozen=True, slots=True)
 class Backends:
-    """What a backends file names: engine URLs in file order, and the supervisor of those that have one."""
+    """What a backends file names: engine URLs in file order, the supervisor of those that have one,
+    and the serving group of those in one."""
 
     urls: list[str]
     supervisors: dict[str, str]
+    groups: dict[str, GroupTag] = field(default_factory=dict)
 
 
 def parse_backends(text: str, path: Path) -> Backends:
     urls: list[str] = []
     supervisors: dict[str, str] = {}
+    groups: dict[str, GroupTag] = {}
+    counted: dict[str, list[int]] = {}  # group name -> the line numbers naming it
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        match = _LINE.match(line)
-        if match is None:
+        engine, *markers = line.split()
+        match = _LINE.match(engine)
+        if match is None or (markers and not markers[0].startswith("group=")):
             raise BackendsFileError(
                 f"{path}:{number}: {line!r} is not an engine; write one http(s)://host:port per line, "
-                "or ENGINE_URL=SUPERVISOR_URL for a supervised engine"
+                "or ENGINE_URL=SUPERVISOR_URL for a supervised engine, optionally followed by group=NAME/SIZE"
             )
         urls.append(match.group(1))
         if match.group(2):
             supervisors[match.group(1)] = match.group(2)
-    return Backends(urls, supervisors)
+        if markers:
+            tag = _group_marker(markers, path, number)
+            first = next((t for t in groups.values() if t.name == tag.name), None)
+            if first is not None and first.size != tag.size:
+                raise BackendsFileError(
+                    f"{path}:{number}: group {tag.name} is given size {tag.size} here and {first.size} "
+                    f"on line {counted[tag.name][0]}; give every member of a group the same size"
+                )
+            counted.setdefault(tag.name, []).append(number)
+            if len(counted[tag.name]) > tag.size:
+                raise BackendsFileError(
+                    f"{path}:{number}: group {tag.name} of size {tag.size} has more members than that "
+                    f"(lines {', '.join(map(str, counted[tag.name]))}); fix its size or its members"
+                )
+            groups[match.group(1)] = tag
+    return Backends(urls, supervisors, groups)
+
+
+def _group_marker(markers: list[str], path: Path, number: int) -> GroupTag:
+    match = _GROUP.match(markers[0]) if len(markers) == 1 else None
+    if match is None:
+        raise BackendsFileError(
+            f"{path}:{number}: {' '.join(markers)!r} after the engine is not a group marker; "
+            "write group=NAME/SIZE (e.g. group=g0/2) or nothing"
+        )
+    try:
+        return group_tag(match.group(1), match.group(2))
+    except GroupTagError as exc:
+        raise BackendsFileError(f"{path}:{number}: {exc}") from None
 
 
 def read_backends(path: Path) -> Backends:
@@ -89,6 +126,7 @@ class FileSource:
             source="file",
             metrics=metrics,
             supervisors=first.supervisors,
+            groups=first.groups,
             probe_headers=probe_headers,
         )
         self._task: asyncio.Task[None] | None = None
@@ -121,10 +159,11 @@ class FileSource:
             log.error("%s; keeping the previous %d backends", exc, len(self._static.urls))
             return False
         log.info(
-            "backends file %s changed: %d backends, %d supervised",
+            "backends file %s changed: %d backends, %d supervised, %d in serving groups",
             self._path,
             len(backends.urls),
             len(backends.supervisors),
+            len(backends.groups),
         )
-        self._static.set_urls(backends.urls, backends.supervisors)
+        self._static.set_urls(backends.urls, backends.supervisors, backends.groups)
         return True

@@ -19,6 +19,7 @@ from corral.aio import cancel_tasks
 from corral.engine.models_probe import PROBE_FAILURES, describe, probe_models
 from corral.engine_state import EngineState
 from corral.router.membership.events import EndpointAdded, EndpointRemoved, EndpointUpdated, MembershipSink
+from corral.router.membership.groups import GroupTag
 from corral.router.telemetry.metrics import RouterMetrics
 
 log = logging.getLogger("corral.router.static_source")
@@ -35,12 +36,15 @@ class StaticSource:
         metrics: RouterMetrics | None = None,
         supervisors: Mapping[str, str] | None = None,
         probe_headers: Mapping[str, str] | None = None,
+        groups: Mapping[str, GroupTag] | None = None,
     ) -> None:
         self._sink = sink
         self._answered: set[str] = set()  # urls whose /v1/models answered since they were added
         self._probe_headers = dict(probe_headers or {})  # the engine API key, when engines want one
         # engine url -> its supervisor's url, for the engines that have one
         self._supervisors = {k.rstrip("/"): v.rstrip("/") for k, v in (supervisors or {}).items()}
+        # engine url -> its serving group, for the engines in one
+        self._groups = {k.rstrip("/"): v for k, v in (groups or {}).items()}
         self._urls: list[str] = []
         self._refresh_seconds = refresh_seconds
         self._probe_timeout = probe_timeout
@@ -51,22 +55,35 @@ class StaticSource:
         self._task: asyncio.Task[None] | None = None
         self.set_urls(urls)
 
-    def set_urls(self, urls: Sequence[str], supervisors: Mapping[str, str] | None = None) -> None:
+    def set_urls(
+        self,
+        urls: Sequence[str],
+        supervisors: Mapping[str, str] | None = None,
+        groups: Mapping[str, GroupTag] | None = None,
+    ) -> None:
         """Make the list exactly `urls`: new ones are added (probed on the next round, or now when
         running), dropped ones removed from membership at once. With `supervisors` (engine url ->
-        supervisor url) the supervised set is replaced too; an engine whose supervisor changed is
-        removed and added again, so that its routing follows the new supervisor's stream only."""
+        supervisor url) the supervised set is replaced too, and with `groups` (engine url -> serving
+        group) the grouped set; an engine whose supervisor or group changed is removed and added
+        again, so that its routing follows the new supervisor's stream and group only."""
         wanted = list(dict.fromkeys(u.rstrip("/") for u in urls))
+        moved: set[str] = set()
         if supervisors is not None:
             new = {k.rstrip("/"): v.rstrip("/") for k, v in supervisors.items()}
             moved = {u for u in self._urls if self._supervisors.get(u) != new.get(u)}
             self._supervisors = new
-        else:
-            moved = set()
+        if groups is not None:
+            regrouped = {k.rstrip("/"): v for k, v in groups.items()}
+            moved |= {u for u in self._urls if self._groups.get(u) != regrouped.get(u)}
+            self._groups = regrouped
         for url in self._urls:
             if url not in wanted or url in moved:
                 self._count(url, "DELETED")
-                why = "its supervisor changed" if url in wanted else f"no longer in the {self._source} list"
+                why = (
+                    "its supervisor or group changed"
+                    if url in wanted
+                    else f"no longer in the {self._source} list"
+                )
                 self._answered.discard(url)
                 self._sink.emit(EndpointRemoved(url, why, cause=f"{self._source}_removed"))
         kept = [u for u in self._urls if u in wanted and u not in moved]
@@ -82,6 +99,7 @@ class StaticSource:
                     reason=f"{self._source} backend, waiting for /v1/models",
                     origin=f"{self._source} list",
                     supervisor_url=supervisor,
+                    group=self._groups.get(url),
                 )
             )
         self._urls = wanted

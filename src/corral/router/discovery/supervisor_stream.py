@@ -220,8 +220,11 @@ class SupervisorStreams:
         view.reason = line.reason
         view.epoch = epoch
         view.event_time = line.time
+        view.fingerprint = line.fingerprint
         self._metrics.count_event(SOURCE, "STATE")
-        was_routable = endpoint.state is EngineState.READY
+        was_routable = endpoint.in_routing
+        # The group as it stands before this line: an acknowledgement covers every member of it.
+        group = self._membership.group_members(endpoint)
         self._membership.supervisor_changed(endpoint.url, cause=f"supervisor_{state.value.lower()}")
         if state is EngineState.READY:
             self._apply_withdrawn(endpoint, view, line, epoch, received)
@@ -233,7 +236,7 @@ class SupervisorStreams:
         # a drain waits for (its removal epoch, or a later one for a router that joined mid-drain).
         if first or not was_removed:
             task = asyncio.create_task(
-                self._acknowledge(endpoint, view, epoch, state, removal_latency),
+                self._acknowledge(endpoint, view, epoch, state, removal_latency, group),
                 name=f"corral-router-ack-{endpoint.url}-{epoch}",
             )
             self._acks.add(task)
@@ -272,22 +275,26 @@ class SupervisorStreams:
         epoch: int,
         state: EngineState,
         removal_latency: float,
+        group: list[Endpoint] | None = None,
     ) -> None:
         s = self.settings
-        await _dispatched(endpoint, s.dispatch_wait)
+        members = group or [endpoint]
+        await _dispatched(members, s.dispatch_wait)
+        undispatched = sum(m.dispatching for m in members)
         body = AckRequest(
             router_id=s.router_id,
             epoch=epoch,
             state=state,
             removal_latency_s=removal_latency,
-            undispatched=endpoint.dispatching,
+            undispatched=undispatched,
         ).encode()
-        if endpoint.dispatching:
+        if undispatched:
             log.warning(
-                "acknowledging epoch %d of %s with %d requests not yet answered after %gs",
+                "acknowledging epoch %d of %s with %d requests (to it or its serving group) not yet "
+                "answered after %gs",
                 epoch,
                 endpoint.url,
-                endpoint.dispatching,
+                undispatched,
                 s.dispatch_wait,
             )
         assert self._session is not None
@@ -320,11 +327,12 @@ class SupervisorStreams:
         log.warning("acknowledgement of epoch %d to %s failed: %s", epoch, view.url, why)
 
 
-async def _dispatched(endpoint: Endpoint, within: float) -> None:
-    """Return once every request picked for `endpoint` has had its answer start (so the engine has
-    it), or after `within` seconds. Polls: the data path keeps no waiters, only a counter."""
+async def _dispatched(endpoints: list[Endpoint], within: float) -> None:
+    """Return once every request picked for any of `endpoints` (the one removed, and the rest of its
+    serving group) has had its answer start (so the engine has it), or after `within` seconds.
+    Polls: the data path keeps no waiters, only a counter."""
     deadline = time.monotonic() + within
     while True:
-        if endpoint.dispatching <= 0 or time.monotonic() >= deadline:
+        if all(e.dispatching <= 0 for e in endpoints) or time.monotonic() >= deadline:
             return
         await asyncio.sleep(0.002)

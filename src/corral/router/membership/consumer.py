@@ -9,7 +9,6 @@ import logging
 import time
 from collections.abc import Callable
 
-from corral.engine_state import EngineState
 from corral.router.membership.endpoint import Endpoint, SupervisorView
 from corral.router.membership.events import (
     EndpointAdded,
@@ -70,6 +69,7 @@ class MembershipConsumer:
             source=event.source,
             name=event.name,
             supervisor=SupervisorView(event.supervisor_url) if event.supervisor_url else None,
+            group=event.group,
         )
         if event.event_version is not None:
             endpoint.last_event_version = event.event_version
@@ -89,7 +89,7 @@ class MembershipConsumer:
 
     def _routable(self, url: str) -> bool:
         endpoint = self.membership.get(url)
-        return endpoint is not None and endpoint.state is EngineState.READY
+        return endpoint is not None and endpoint.in_routing
 
     def _timed_exit(self, received: float | None) -> None:
         """A routable endpoint left routing: how long after its cause arrived (when the source says)."""

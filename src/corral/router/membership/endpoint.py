@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from corral.engine_state import EngineState
+from corral.router.membership.groups import GroupTag
 
 # Repeated ejections double the ejection time, up to this many times the base.
 MAX_EJECTION_FACTOR = 32
@@ -34,6 +35,7 @@ class SupervisorView:
     last_heard: float | None = None  # time.monotonic() of the last line read
     acked_epoch: int | None = None
     acks_sent: int = 0
+    fingerprint: str | None = None  # the running bundle's, as the last state line said
 
     def blocker(self) -> tuple[EngineState, str] | None:
         """(state, reason) that keeps the endpoint out of routing, or None when the supervisor, on a
@@ -59,6 +61,7 @@ class SupervisorView:
             "heard_seconds_ago": None if self.last_heard is None else round(now - self.last_heard, 3),
             "acked_epoch": self.acked_epoch,
             "acks_sent": self.acks_sent,
+            "fingerprint": self.fingerprint,
         }
 
 
@@ -69,6 +72,8 @@ class Endpoint:
         "consecutive_failures",
         "dispatching",
         "ejected_until",
+        "group",
+        "group_out",
         "in_flight",
         "last_event_version",
         "model_cards",
@@ -96,8 +101,13 @@ class Endpoint:
         source: str = "static",
         name: str | None = None,
         supervisor: SupervisorView | None = None,
+        group: GroupTag | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        # The serving group it belongs to, and why that group is out of routing (None: whole, or no
+        # group). `state` stays the endpoint's own; routing also needs `group_out` None.
+        self.group = group
+        self.group_out: str | None = None
         # Where membership learnt of it (static | file | k8s) and its name there (a pod's ns/name).
         self.source = source
         self.name = name
@@ -160,12 +170,19 @@ class Endpoint:
         return self.ejected_until > now
 
     def routable(self, now: float) -> bool:
-        return self.state is EngineState.READY and self.ejected_until <= now
+        return self.in_routing and self.ejected_until <= now
+
+    @property
+    def in_routing(self) -> bool:
+        """READY on its own and, in a serving group, the group whole: what the routing index holds."""
+        return self.state is EngineState.READY and self.group_out is None
 
     def routing_verdict(self, now: float) -> str:
         """Why the endpoint does or does not take requests now, in words for /v1/fleet."""
         if self.state is not EngineState.READY:
             return f"not routable: {self.state.value} ({self.reason})"
+        if self.group_out is not None:
+            return f"not routable: {self.group_out}"
         if self.ejected_until > now:
             return f"not routable: ejected for {self.ejected_until - now:.1f} s more after a failure"
         return "routable: READY and not ejected"

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from corral.engine_state import EngineState
+from corral.router.membership.groups import GroupTag
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +23,7 @@ class EndpointAdded:
     name: str | None = None
     supervisor_url: str | None = None
     event_version: str | None = None
+    group: GroupTag | None = None  # its serving group, routed to only as a whole
 
 
 @dataclass(frozen=True, slots=True)

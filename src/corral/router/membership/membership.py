@@ -6,6 +6,10 @@ which turns their events into `add`, `update` and `remove`; supervisor state str
 supervisor is handed to the `SupervisorWatch` (the streams), and taken back when it is removed.
 Every time an endpoint leaves routing (removed, or READY -> anything else) membership keeps a
 `RoutingExit` record: what left, why, and how many requests had been sent to it by then.
+
+Endpoints of a serving group (`ServingGroups`) are in the per-model index only while their group is
+whole. A change that takes one member out takes the others out in the same synchronous call — one
+new index, no await in between — so no request is picked for any of them after it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any, Protocol
 
 from corral.engine_state import EngineState
 from corral.router.membership.endpoint import Endpoint
+from corral.router.membership.groups import ServingGroups
 
 log = logging.getLogger("corral.router.membership")
 
@@ -66,9 +71,12 @@ class RoutingExit:
 class Membership:
     def __init__(self, on_exit: Callable[[RoutingExit], None] | None = None) -> None:
         self._endpoints: dict[str, Endpoint] = {}
-        # model -> endpoints that serve it, in any state; rebuilt on every change so that
-        # the hot path is one dict lookup and a short filter.
+        # model -> endpoints that serve it, in any state, less the members of serving groups that
+        # are out; rebuilt on every change so that the hot path is one dict lookup and a short filter.
         self._serving: dict[str, tuple[Endpoint, ...]] = {}
+        self._known: tuple[str, ...] = ()  # every model any endpoint serves, groups or not
+        self._known_set: frozenset[str] = frozenset()
+        self.groups = ServingGroups()
         self.exits: deque[RoutingExit] = deque(maxlen=EXITS_KEPT)
         self._on_exit = on_exit
         self.supervisors: SupervisorWatch | None = None
@@ -81,6 +89,9 @@ class Membership:
             return existing
         self._endpoints[endpoint.url] = endpoint
         log.info("endpoint %s added (%s): %s", endpoint.url, endpoint.state, reason)
+        if endpoint.group is not None:
+            self.groups.join(endpoint)
+            self._judge(endpoint, "group_member_added")
         self._reindex()
         if endpoint.supervisor is not None and self.supervisors is not None:
             self.supervisors.watch(endpoint)
@@ -133,11 +144,28 @@ class Membership:
         return endpoint
 
     def _settle(self, endpoint: Endpoint, cause: str) -> None:
-        before = endpoint.state
+        before, was_in = endpoint.state, endpoint.in_routing
         if endpoint.settle() and before is not endpoint.state:
             log.info("endpoint %s %s -> %s: %s", endpoint.url, before, endpoint.state, endpoint.reason)
-            if before is EngineState.READY:
+            if was_in:
                 self._exit(endpoint, "unroutable", cause, endpoint.reason)
+        # judged on every change, not only of state: a new bundle fingerprint can split a group
+        if endpoint.group is not None and self._judge(endpoint, cause):
+            self._reindex()
+
+    def _judge(self, trigger: Endpoint, cause: str) -> bool:
+        """Judge `trigger`'s group again; members other than `trigger` that leave routing with it
+        get their own exit record. Whether any member's verdict changed (the index must follow)."""
+        assert trigger.group is not None
+        changed = self.groups.judge(trigger.group.name)
+        for member, was_in in changed:
+            if member.group_out is not None:
+                log.info("endpoint %s out of routing with its group: %s", member.url, member.group_out)
+                if was_in and member is not trigger:
+                    self._exit(member, "unroutable", "group_out", member.group_out)
+            else:
+                log.info("endpoint %s back in routing: group %s whole", member.url, trigger.group.name)
+        return bool(changed)
 
     def remove(
         self, url: str, reason: str, cause: str = "removed", event_version: str | None = None
@@ -150,6 +178,9 @@ class Membership:
             if event_version is not None:
                 endpoint.last_event_version = event_version
             log.info("endpoint %s removed: %s", url, reason)
+            if endpoint.group is not None:
+                self.groups.leave(endpoint, reason)
+                self._judge(endpoint, cause)
             self._reindex()
             self._exit(endpoint, "removed", cause, reason)
         return endpoint
@@ -173,10 +204,16 @@ class Membership:
 
     def _reindex(self) -> None:
         serving: dict[str, list[Endpoint]] = {}
+        known: dict[str, None] = {}  # in first-seen order, as the index was
         for endpoint in self._endpoints.values():
-            for model in endpoint.models - endpoint.withdrawn_models:
-                serving.setdefault(model, []).append(endpoint)
+            models = endpoint.models - endpoint.withdrawn_models
+            known.update(dict.fromkeys(models))
+            if endpoint.group_out is None:
+                for model in models:
+                    serving.setdefault(model, []).append(endpoint)
         self._serving = {model: tuple(eps) for model, eps in serving.items()}
+        self._known = tuple(known)
+        self._known_set = frozenset(known)
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -195,13 +232,18 @@ class Membership:
 
     def knows(self, model: str) -> bool:
         """Whether any endpoint, in any state, has said it serves `model`."""
-        return model in self._serving
+        return model in self._known_set
 
     def known_models(self) -> list[str]:
-        return list(self._serving)
+        return list(self._known)
+
+    def group_members(self, endpoint: Endpoint) -> list[Endpoint]:
+        """`endpoint` and the other members of its serving group (just `endpoint` when it has none)."""
+        return self.groups.members(endpoint)
 
     def ready_count(self) -> int:
-        return sum(1 for e in self._endpoints.values() if e.state is EngineState.READY)
+        """Endpoints that are READY and, in a serving group, whose group is whole."""
+        return sum(1 for e in self._endpoints.values() if e.in_routing)
 
     def retry_after(self, model: str, default: float) -> int:
         """Seconds a client should wait before retrying `model`: the soonest ejection end."""
@@ -214,7 +256,7 @@ class Membership:
         """The union of what READY endpoints serve, one card per model id (first seen wins)."""
         seen: dict[str, dict[str, Any]] = {}
         for endpoint in self._endpoints.values():
-            if endpoint.state is not EngineState.READY:
+            if not endpoint.in_routing:
                 continue
             for card in endpoint.model_cards:
                 model_id = card.get("id")

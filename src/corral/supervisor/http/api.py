@@ -4,9 +4,10 @@ and the management API behind a bearer token (`/v1/state`, `/v1/state/watch`, `/
 
 `GET /v1/state/watch` is newline-delimited JSON (`application/x-ndjson`): the first line is the current
 state, then one line per state event, each `{"type": "state", "epoch", "from", "to", "state",
-"sub_state", "ready", "reason", "evidence", "time", "since"}`, and a `{"type": "heartbeat", "epoch",
-"time"}` line when nothing happened for `heartbeat_seconds`. Epochs only grow; a reader that reconnects
-gets the current state first, so it never needs a replay.
+"sub_state", "ready", "reason", "evidence", "time", "since", "fingerprint"}` (the running bundle's
+fingerprint when the line was queued: a router keeps a serving group whole only on one), and a
+`{"type": "heartbeat", "epoch", "time"}` line when nothing happened for `heartbeat_seconds`. Epochs
+only grow; a reader that reconnects gets the current state first, so it never needs a replay.
 
 A router subscribes by naming itself: `GET /v1/state/watch?router_id=ID[&heartbeat=SECONDS]`; it counts
 as subscribed while that connection is open, and acknowledges each epoch that took the engine out of
@@ -124,13 +125,17 @@ class SupervisorAPI:
         started = machine.state in _STARTED_STATES or (
             self._ever_ready and machine.state is not EngineState.STOPPING
         )
+        # a start held unready (--on-startup-failure stay-unready) is over: 200, or the startupProbe
+        # would restart the pod that a person is meant to look at
+        held = self.supervisor.held_unready
         body = self._probe_body(
             started=started,
+            held_unready=held,
             gates=self.supervisor.gates.to_json(),
             restarts=len(self.supervisor.restarts),
             last_restart=self.supervisor.restarts[-1].to_json() if self.supervisor.restarts else None,
         )
-        return _json(body, 200 if started else 503)
+        return _json(body, 200 if started or held else 503)
 
     async def readyz(self, request: web.Request) -> web.Response:
         ready = self.supervisor.machine.ready
@@ -166,7 +171,9 @@ class SupervisorAPI:
 
         def listener(event: StateEvent) -> None:
             try:
-                queue.put_nowait({**event.to_json(), "since": machine.since})
+                bundle = self.supervisor.bundle
+                fingerprint = bundle.fingerprint if bundle is not None else None
+                queue.put_nowait({**event.to_json(), "since": machine.since, "fingerprint": fingerprint})
             except asyncio.QueueFull:  # a reader this far behind reconnects and gets the state first
                 with contextlib.suppress(asyncio.QueueFull):
                     queue.get_nowait()
