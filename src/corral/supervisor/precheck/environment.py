@@ -154,6 +154,7 @@ def probe_read(model_dir: Path, mib: int) -> dict[str, Any]:
     fd = os.open(largest, os.O_RDONLY)
     try:
         data = _data_bytes(fd, 0, want)
+        os.lseek(fd, 0, os.SEEK_SET)  # SEEK_DATA/SEEK_HOLE moved the offset
         started = time.perf_counter()
         done = 0
         while done < want:
