@@ -35,8 +35,9 @@ from corral.router.edge.client_limits import (
 from corral.router.edge.expect_continue import expect_handler
 from corral.router.edge.tenants import TenantCollector, TenantGate, Tenants, tenant_of
 from corral.router.membership.consumer import MembershipConsumer
-from corral.router.membership.membership import Membership
+from corral.router.membership.membership import Membership, RoutingExit
 from corral.router.routing.config import RoutingConfig
+from corral.router.routing.prefix_memory import PrefixMemory
 from corral.router.routing.selector import Routing
 from corral.router.telemetry.metrics import RouterCollector, RouterMetrics
 
@@ -199,7 +200,14 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     )
     app[CONNECTION_GUARD] = guard
     metrics = RouterMetrics()
-    membership = Membership(on_exit=lambda record: metrics.count_removal(record.cause))
+    prefix_memory = PrefixMemory()
+
+    def left_routing(record: RoutingExit) -> None:
+        metrics.count_removal(record.cause)
+        if record.kind == "removed":
+            prefix_memory.forget(record.url, f"left membership ({record.cause})")
+
+    membership = Membership(on_exit=left_routing)
     app[MEMBERSHIP] = membership
     app[METRICS] = metrics
     streams = SupervisorStreams(membership, metrics, config.streams)
@@ -209,7 +217,13 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     if gate is not None:
         registry.register(TenantCollector(gate))
     holder: dict[str, Proxy] = {}
-    routing = Routing(config.policy, config.routing, config.session_header, membership.endpoints)
+    routing = Routing(
+        config.policy,
+        config.routing,
+        config.session_header,
+        membership.endpoints,
+        prefix_memory=prefix_memory,
+    )
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         # the read timeout bounds every silence of the backend: before the first byte (then the
@@ -298,6 +312,8 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
                 "routable": e.routable(now),
                 "why": e.routing_verdict(now),
                 "supervisor": e.supervisor.to_json(now) if e.supervisor is not None else None,
+                "prefix_memory": prefix_memory.to_json(e),
+                "group": str(e.group) if e.group is not None else None,
             }
             for e in membership.endpoints()
         ]
@@ -308,6 +324,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
                 "router_id": config.streams.router_id,
                 "source": _source_name(config),
                 "endpoints": endpoints,
+                "groups": membership.groups.to_json(),
                 "left_routing": exits,
             }
         )

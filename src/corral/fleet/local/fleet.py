@@ -5,9 +5,11 @@ Engines come in serving groups (`--group-size`, default 1): a group is started w
 and retired whole, never changed member by member, so a group never mixes bundles. `add_group` and
 `retire_group` are what `corral rollout` drives through the fleet's control API (fleet/local/control.py).
 
-The router reads the fleet's backends file (`ENGINE_URL=SUPERVISOR_URL` per engine) and follows every
-supervisor's state stream, so a drain of one engine is acknowledged by the router before the engine's
-in-flight work is touched, and the fleet changes the router's members by rewriting that file.
+The router reads the fleet's backends file (`ENGINE_URL=SUPERVISOR_URL` per engine, and
+`group=NAME/SIZE` for the members of a group of more than one engine, which the router routes to
+only while the whole group is READY on one bundle) and follows every supervisor's state stream, so a
+drain of one engine is acknowledged by the router before the engine's in-flight work is touched, and
+the fleet changes the router's members by rewriting that file.
 
 It owns start order (supervised engines, then the router once every supervisor reports READY),
 readiness waits with deadlines, the fleet file `corral status` reads (with every process of the
@@ -212,8 +214,14 @@ class LocalFleet:
         return member
 
     def _write_backends_file(self) -> None:
-        """What the router routes to: every serving engine with its supervisor (atomic rename)."""
-        lines = [f"{m.engine_url}={m.url}  # {m.name} {m.group}" for m in self.engines]
+        """What the router routes to: every serving engine with its supervisor and, in a group of more
+        than one, its group marker (atomic rename)."""
+        sizes = {name: len(members) for name, members in self.groups().items()}
+        lines = [
+            f"{m.engine_url}={m.url}{f' group={m.group}/{sizes[m.group]}' if sizes[m.group] > 1 else ''}"
+            f"  # {m.name} {m.group}"
+            for m in self.engines
+        ]
         write_atomically(self.backends_file, ("\n".join(lines) + "\n").encode())
 
     def _write_fleet_file(self) -> None:

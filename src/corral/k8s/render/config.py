@@ -111,6 +111,13 @@ class EngineSpec(_Section):
     shm_size: str | None = Field(default="4Gi", description="size of /dev/shm (memory-backed); null for none")
     volumes: list[HostPathVolume] = Field(default_factory=list, description="hostPath volumes to mount")
     node_selector: dict[str, str] = Field(default_factory=dict, description="node labels the pods need")
+    serving_group: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$",
+        description="the engine pods serve as one group of `replicas` pods (label "
+        "corral.dev/serving-group, its size in corral.dev/serving-group-size): the router routes to them "
+        "only while every pod is READY on one bundle, and withdraws all of them when one leaves",
+    )
 
     @property
     def gpus(self) -> int:

@@ -28,7 +28,11 @@ from corral.k8s.render.parts import (
     object_meta,
     pod_security,
 )
-from corral.router.discovery.k8s_pods import SUPERVISOR_PORT_ANNOTATION
+from corral.router.discovery.k8s_pods import (
+    SERVING_GROUP_LABEL,
+    SERVING_GROUP_SIZE_ANNOTATION,
+    SUPERVISOR_PORT_ANNOTATION,
+)
 
 
 def _engine_env(config: CorralDeployment) -> list[Obj]:
@@ -149,6 +153,10 @@ def engine_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
     }
     if config.engine.node_selector:
         pod_spec["nodeSelector"] = dict(config.engine.node_selector)
+    # a serving group: every pod of the Deployment, routed to only as a whole (the router's k8s source)
+    group = config.engine.serving_group
+    group_labels = {SERVING_GROUP_LABEL: group} if group else {}
+    group_annotations = {SERVING_GROUP_SIZE_ANNOTATION: str(config.replicas)} if group else {}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -166,11 +174,12 @@ def engine_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
             "progressDeadlineSeconds": budgets.progress_deadline,
             "template": {
                 "metadata": {
-                    "labels": labels,
+                    "labels": {**labels, **group_labels},
                     "annotations": {
                         "corral.dev/engine-port": str(config.supervisor.gate_port),
                         SUPERVISOR_PORT_ANNOTATION: str(config.supervisor.port),
                         "corral.dev/model": config.model.served_name,
+                        **group_annotations,
                     },
                 },
                 "spec": pod_spec,

@@ -10,6 +10,11 @@ probe answer is applied only if the pod is still, by then, the same routable pod
 A pod whose engine runs under `corral supervise` names the supervisor's port in the annotation
 `corral.dev/supervisor-port` (or every pod has one at `--supervisor-port`): its endpoint then also
 follows the supervisor's state stream on the pod IP and is routable only while the stream says READY.
+
+Pods labelled `corral.dev/serving-group=NAME`, with the group's pod count in the annotation (or label)
+`corral.dev/serving-group-size`, are one serving group: routed to only while every one of them is
+READY on one bundle fingerprint. A pod whose group size is missing or not a number keeps its group
+out of routing (its reason says which pod and what to fix) rather than routing it alone.
 """
 
 from __future__ import annotations
@@ -30,12 +35,15 @@ from corral.k8s.watch.informer import InformerConfig, PodInformer
 from corral.k8s.watch.workqueue import KeyedQueue, QueueShutDown
 from corral.router.membership.endpoint import SupervisorView
 from corral.router.membership.events import EndpointAdded, EndpointRemoved, EndpointUpdated, MembershipSink
+from corral.router.membership.groups import GroupTag, GroupTagError, group_tag
 from corral.router.telemetry.metrics import RouterMetrics
 
 log = logging.getLogger("corral.router.k8s.pod_source")
 
 SOURCE = "k8s"
 SUPERVISOR_PORT_ANNOTATION = "corral.dev/supervisor-port"
+SERVING_GROUP_LABEL = "corral.dev/serving-group"
+SERVING_GROUP_SIZE_ANNOTATION = "corral.dev/serving-group-size"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +61,8 @@ class PodView:
     deleted: bool = False
     gone_why: str = ""  # for a deletion: the DELETED event, or absence from a re-list
     supervisor_port: int | None = None  # from the corral.dev/supervisor-port annotation
+    group: GroupTag | None = None  # from the corral.dev/serving-group label (and its size)
+    group_error: str = ""  # the pod says it is in a group but its group marker is unusable
 
     def blocker(self) -> tuple[str, str] | None:
         """(cause, reason) that keeps this pod out of routing, or None when it is routable."""
@@ -66,6 +76,8 @@ class PodView:
             return ("no_ip", f"pod {self.key} has no IP ({why})")
         if not self.ready:
             return ("not_ready", f"pod {self.key} is not Ready (phase {self.phase})")
+        if self.group_error:
+            return ("bad_group", f"pod {self.key}: {self.group_error}")
         return None
 
 
@@ -84,7 +96,10 @@ def pod_view(obj: dict[str, Any], deleted: bool = False, gone_why: str = "") -> 
             supervisor_port = int(port_text)
         except (TypeError, ValueError):
             log.warning("pod annotation %s=%r is not a port; ignored", SUPERVISOR_PORT_ANNOTATION, port_text)
+    group, group_error = _serving_group(metadata)
     return PodView(
+        group=group,
+        group_error=group_error,
         supervisor_port=supervisor_port if supervisor_port and 0 < supervisor_port < 65536 else None,
         key=f"{metadata.get('namespace', '')}/{metadata.get('name', '')}",
         uid=str(metadata.get("uid", "")),
@@ -97,6 +112,26 @@ def pod_view(obj: dict[str, Any], deleted: bool = False, gone_why: str = "") -> 
         deleted=deleted,
         gone_why=gone_why,
     )
+
+
+def _serving_group(metadata: dict[str, Any]) -> tuple[GroupTag | None, str]:
+    """The pod's serving group from its label and size (annotation, else label), or why it has none."""
+    labels, annotations = metadata.get("labels"), metadata.get("annotations")
+    labels = labels if isinstance(labels, dict) else {}
+    annotations = annotations if isinstance(annotations, dict) else {}
+    name = labels.get(SERVING_GROUP_LABEL)
+    if not isinstance(name, str):
+        return None, ""
+    size = annotations.get(SERVING_GROUP_SIZE_ANNOTATION, labels.get(SERVING_GROUP_SIZE_ANNOTATION))
+    if size is None:
+        return None, (
+            f"label {SERVING_GROUP_LABEL}={name} without {SERVING_GROUP_SIZE_ANNOTATION}; "
+            "annotate the pods of a serving group with its pod count"
+        )
+    try:
+        return group_tag(name, size), ""
+    except GroupTagError as exc:
+        return None, f"{exc} (label {SERVING_GROUP_LABEL}, annotation {SERVING_GROUP_SIZE_ANNOTATION})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +279,7 @@ class PodSource:
                     name=key,
                     supervisor_url=supervisor.url if supervisor is not None else None,
                     event_version=view.version,
+                    group=view.group,
                 )
             )
             self._members[key] = (identity, url)

@@ -221,6 +221,20 @@ class RouterCollector:
         for endpoint in self._endpoints():
             in_flight.add_metric([endpoint.url], endpoint.in_flight)
         yield in_flight
+        whole: dict[str, bool] = {}
+        for endpoint in self._endpoints():
+            if endpoint.group is not None:
+                name = endpoint.group.name
+                whole[name] = whole.get(name, True) and endpoint.group_out is None
+        groups = GaugeMetricFamily(
+            "corral_router_serving_group_whole",
+            "1 while the serving group is routed to: every member READY on one bundle fingerprint; 0 while "
+            "it is out (why: /v1/fleet `groups`; its members' exits count as cause group_out).",
+            labels=["group"],
+        )
+        for name, is_whole in sorted(whole.items()):
+            groups.add_metric([name], 1 if is_whole else 0)
+        yield groups
         yield _histogram(
             "corral_router_request_duration_seconds",
             "Time from request arrival to its last byte.",
