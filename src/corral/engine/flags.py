@@ -67,6 +67,21 @@ def serving_settings(argv: Sequence[str]) -> dict[str, str | bool]:
     return settings
 
 
+def flag_value(argv: Sequence[str], *names: str) -> str | None:
+    """The value of the last of `names` in `argv` (`--flag value` or `--flag=value`, as vLLM reads
+    it), for the flags that size an engine rather than pin what it serves (`--gpu-memory-utilization`,
+    `--data-parallel-size-local`, …); None when none of them is given."""
+    found: str | None = None
+    for i, arg in enumerate(argv):
+        flag, eq, inline = arg.partition("=")
+        if flag in names:
+            if eq:
+                found = inline
+            elif i + 1 < len(argv):
+                found = argv[i + 1]
+    return found
+
+
 def _values_after(argv: Sequence[str], i: int) -> list[str]:
     """The arguments that follow a bare `--api-key` at index `i`, up to the next option."""
     values: list[str] = []
