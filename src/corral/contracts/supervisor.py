@@ -41,6 +41,9 @@ class StateLine(WireModel):
     time: float | None = None
     since: float | None = None
     fingerprint: str | None = None  # the running bundle's; absent from supervisors before issue 14
+    # changes whenever the engine's prefix cache may have been emptied (reset, new engine process);
+    # compared for equality only; absent from supervisors before issue 14
+    prefix_epoch: str | None = None
 
     @field_validator("from_", "to", mode="before")
     @classmethod
@@ -56,6 +59,11 @@ class StateLine(WireModel):
     @classmethod
     def _reason(cls, value: Any) -> str:
         return str(value)
+
+    @field_validator("prefix_epoch", mode="before")
+    @classmethod
+    def _prefix_epoch(cls, value: Any) -> str | None:
+        return value if isinstance(value, str) else None
 
     @field_validator("evidence", mode="before")
     @classmethod

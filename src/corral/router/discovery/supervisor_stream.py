@@ -221,6 +221,7 @@ class SupervisorStreams:
         view.epoch = epoch
         view.event_time = line.time
         view.fingerprint = line.fingerprint
+        view.prefix_epoch = line.prefix_epoch  # a change makes routing forget the engine's prefixes
         self._metrics.count_event(SOURCE, "STATE")
         was_routable = endpoint.in_routing
         # The group as it stands before this line: an acknowledgement covers every member of it.

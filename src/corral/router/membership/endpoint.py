@@ -36,6 +36,7 @@ class SupervisorView:
     acked_epoch: int | None = None
     acks_sent: int = 0
     fingerprint: str | None = None  # the running bundle's, as the last state line said
+    prefix_epoch: str | None = None  # changes when the engine's prefix cache was emptied
 
     def blocker(self) -> tuple[EngineState, str] | None:
         """(state, reason) that keeps the endpoint out of routing, or None when the supervisor, on a
@@ -62,6 +63,7 @@ class SupervisorView:
             "acked_epoch": self.acked_epoch,
             "acks_sent": self.acks_sent,
             "fingerprint": self.fingerprint,
+            "prefix_epoch": self.prefix_epoch,
         }
 
 

@@ -10,11 +10,13 @@ from collections.abc import Mapping, Sequence
 from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.filters import within_load_bound
 from corral.router.routing.load_board import LoadBoard
+from corral.router.routing.prefix_memory import PrefixHolders
 from corral.router.routing.request import RouteRequest
 from corral.router.routing.scorers import (
     DEFAULT_BLOCK_CHARS,
     DEFAULT_KEY_BLOCKS,
     PickContext,
+    PrefixScorer,
     Scorer,
     build_scorer,
 )
@@ -39,6 +41,7 @@ class ScoredPolicy:
         key_blocks: int = DEFAULT_KEY_BLOCKS,
         session_header: str = "x-session-id",
         seed: int | None = None,
+        holders: PrefixHolders | None = None,
     ) -> None:
         self.name = name
         self.eps = eps
@@ -47,7 +50,11 @@ class ScoredPolicy:
         self.scorers: list[tuple[Scorer, float]] = [
             (
                 build_scorer(
-                    scorer, block_chars=block_chars, key_blocks=key_blocks, session_header=session_header
+                    scorer,
+                    block_chars=block_chars,
+                    key_blocks=key_blocks,
+                    session_header=session_header,
+                    holders=holders,
                 ),
                 weight,
             )
@@ -55,6 +62,10 @@ class ScoredPolicy:
             if weight
         ]
         self._random = random.Random(seed)
+        # the prefix scorer that learns from each pick (None without a memory to teach)
+        self._learner = next(
+            (s for s, _ in self.scorers if isinstance(s, PrefixScorer) and s.holders is not None), None
+        )
 
     @property
     def uses_metrics(self) -> bool:
@@ -64,18 +75,33 @@ class ScoredPolicy:
         self, candidates: Sequence[Endpoint], request: RouteRequest
     ) -> tuple[list[Endpoint], list[float]]:
         """The endpoints within the load bound and their weighted totals (for tests and /v1/fleet)."""
+        pool, totals, _ = self._scored(candidates, request)
+        return pool, totals
+
+    def _scored(
+        self, candidates: Sequence[Endpoint], request: RouteRequest
+    ) -> tuple[list[Endpoint], list[float], PickContext]:
         pool = within_load_bound(candidates, self.eps)
         ctx = PickContext(request, candidates, self.board, time.monotonic())
         totals = [0.0] * len(pool)
         for scorer, weight in self.scorers:
             for i, s in enumerate(scorer.score(pool, ctx)):
                 totals[i] += weight * s
-        return pool, totals
+        return pool, totals, ctx
 
     def pick(self, candidates: Sequence[Endpoint], request: RouteRequest) -> Endpoint:
+        learner = self._learner
         if len(candidates) == 1:
-            return candidates[0]
-        pool, totals = self.scores(candidates, request)
+            chosen = candidates[0]
+            if learner is not None:  # what it caches now it keeps when others join
+                ctx = PickContext(request, candidates, self.board)
+                learner.key(ctx)
+                learner.learn(chosen, ctx)
+            return chosen
+        pool, totals, ctx = self._scored(candidates, request)
         best = max(totals)
         ties = [i for i, t in enumerate(totals) if t >= best - TIE]
-        return pool[ties[0] if len(ties) == 1 else self._random.choice(ties)]
+        chosen = pool[ties[0] if len(ties) == 1 else self._random.choice(ties)]
+        if learner is not None:
+            learner.learn(chosen, ctx)
+        return chosen

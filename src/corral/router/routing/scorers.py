@@ -11,6 +11,7 @@ from typing import Protocol
 
 from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.load_board import LoadBoard
+from corral.router.routing.prefix_memory import PrefixHolders
 from corral.router.routing.prompt import prefix_key
 from corral.router.routing.request import RouteRequest
 from corral.router.routing.rings import RingCache, stable_hash
@@ -29,6 +30,7 @@ class PickContext:
     eligible: Sequence[Endpoint]
     board: LoadBoard
     now: float = field(default_factory=time.monotonic)
+    prefix_key: int | None = None  # set by the prefix scorer: what the pick teaches its memory
 
 
 class Scorer(Protocol):
@@ -46,23 +48,48 @@ class PrefixScorer:
 
     The home scores 1, the next endpoint clockwise 1/2, the next 1/4, ...; endpoints the load-bound
     filter removed are skipped, so an overloaded home spills to the same second endpoint on every
-    replica (which then caches the prefix too). A prompt shorter than one block has no home: every
-    endpoint scores 0."""
+    replica (which then caches the prefix too). With a `PrefixHolders` memory, the endpoints it says
+    hold the key come first (in ring order among themselves): an engine that cached the prefix keeps
+    it while it stays within the load bound, even when membership changed the ring home; a key no
+    engine holds goes to its ring home, so replicas still agree on new keys. A prompt shorter than one
+    block has no home: every endpoint scores 0."""
 
     name = "prefix"
 
-    def __init__(self, block_chars: int = DEFAULT_BLOCK_CHARS, key_blocks: int = DEFAULT_KEY_BLOCKS) -> None:
+    def __init__(
+        self,
+        block_chars: int = DEFAULT_BLOCK_CHARS,
+        key_blocks: int = DEFAULT_KEY_BLOCKS,
+        holders: PrefixHolders | None = None,
+    ) -> None:
         self.block_chars = block_chars
         self.key_blocks = key_blocks
+        self.holders = holders
         self._rings = RingCache()
 
+    def key(self, ctx: PickContext) -> int | None:
+        key = ctx.prefix_key = prefix_key(ctx.request.payload, self.block_chars, self.key_blocks)
+        return key
+
     def home_order(self, pool: Sequence[Endpoint], ctx: PickContext) -> list[Endpoint] | None:
-        """`pool` in the ring order of the request's prefix key; None when the prompt has no key."""
-        key = prefix_key(ctx.request.payload, self.block_chars, self.key_blocks)
+        """`pool` in the order the prefix key prefers (holders, then ring order); None when the
+        prompt has no key."""
+        key = self.key(ctx)
         if key is None:
             return None
         allowed = {id(e) for e in pool}
-        return [e for e in self._rings.ring(ctx.eligible).walk(key) if id(e) in allowed]
+        order = [e for e in self._rings.ring(ctx.eligible).walk(key) if id(e) in allowed]
+        if self.holders is not None:
+            held = self.holders.holding(key, order)
+            if held and held[0] is not order[0]:
+                first = {id(e) for e in held}
+                order = held + [e for e in order if id(e) not in first]
+        return order
+
+    def learn(self, chosen: Endpoint, ctx: PickContext) -> None:
+        """The pick is made: `chosen` will cache the prompt's prefix."""
+        if self.holders is not None and ctx.prefix_key is not None:
+            self.holders.sent(ctx.prefix_key, chosen)
 
     def score(self, pool: Sequence[Endpoint], ctx: PickContext) -> list[float]:
         order = self.home_order(pool, ctx)
@@ -163,9 +190,16 @@ class SessionScorer:
         return [0.0] * len(pool)
 
 
-def build_scorer(name: str, *, block_chars: int, key_blocks: int, session_header: str) -> Scorer:
+def build_scorer(
+    name: str,
+    *,
+    block_chars: int,
+    key_blocks: int,
+    session_header: str,
+    holders: PrefixHolders | None = None,
+) -> Scorer:
     if name == "prefix":
-        return PrefixScorer(block_chars, key_blocks)
+        return PrefixScorer(block_chars, key_blocks, holders)
     if name == "queue":
         return QueueScorer()
     if name == "kv_usage":

@@ -13,6 +13,7 @@ from corral.router.routing.load_board import LoadBoard
 from corral.router.routing.load_scraper import LoadScraper
 from corral.router.routing.pipeline import LOAD_WEIGHTS, PREFIX_WEIGHTS, ScoredPolicy
 from corral.router.routing.policies import LeastRequest, RoundRobin, SessionAffinity
+from corral.router.routing.prefix_memory import PrefixHolders, PrefixMemory
 from corral.router.routing.request import POLICY_NAMES, Policy, RouteRequest
 
 log = logging.getLogger("corral.router.scoring")
@@ -41,7 +42,12 @@ class PolicySelector:
 
 
 def build_scored(
-    name: str, config: RoutingConfig, board: LoadBoard, session_header: str, seed: int | None = None
+    name: str,
+    config: RoutingConfig,
+    board: LoadBoard,
+    session_header: str,
+    seed: int | None = None,
+    holders: PrefixHolders | None = None,
 ) -> ScoredPolicy:
     spec = config.policies.get(name)
     weights = spec.weights if spec is not None else SCORED_BUILTINS[name]
@@ -55,6 +61,7 @@ def build_scored(
         key_blocks=config.key_blocks,
         session_header=session_header,
         seed=seed,
+        holders=holders,
     )
 
 
@@ -67,12 +74,13 @@ def build_policy(name: str, session_header: str = "x-session-id", seed: int | No
         return SessionAffinity(header=session_header, fallback=LeastRequest(seed=seed))
     if name in SCORED_BUILTINS:
         # Alone, without a scraper: prefix affinity and the load bound work, metrics scorers are neutral.
-        return build_scored(name, RoutingConfig(), LoadBoard(), session_header, seed)
+        return build_scored(name, RoutingConfig(), LoadBoard(), session_header, seed, PrefixMemory())
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
 
 
 class Routing:
-    """The router's policy (a `PolicySelector`) and the metrics scraper behind its scored policies."""
+    """The router's policy (a `PolicySelector`), the metrics scraper behind its scored policies, and
+    the prefix memory their prefix scorers share (`prefix_memory`, shown per endpoint in /v1/fleet)."""
 
     def __init__(
         self,
@@ -81,14 +89,16 @@ class Routing:
         session_header: str,
         endpoints: Callable[[], list[Endpoint]],
         seed: int | None = None,
+        prefix_memory: PrefixMemory | None = None,
     ) -> None:
         self.config = config
         self.board = LoadBoard(stale_after=config.stale_seconds())
+        self.prefix_memory = prefix_memory if prefix_memory is not None else PrefixMemory()
         policies: dict[str, Policy] = {}
         for name in ("round_robin", "least_request", "session"):
             policies[name] = build_policy(name, session_header, seed=seed)
         for name in (*SCORED_BUILTINS, *config.policies):
-            policies[name] = build_scored(name, config, self.board, session_header, seed)
+            policies[name] = build_scored(name, config, self.board, session_header, seed, self.prefix_memory)
         default = config.policy or default_policy
         check_policy_names(config, policies, "routing config")
         if default not in policies:

@@ -1,0 +1,150 @@
+"""The router's prefix memory: bounded per endpoint, preferred by the prefix scorer over the ring home
+while the holder is within the load bound, and forgotten when the engine's prefix cache was emptied
+(its supervisor's prefix epoch moved), when a new endpoint takes the address, or when it leaves."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from corral.engine_state import EngineState
+from corral.router.membership.endpoint import Endpoint, SupervisorView
+from corral.router.routing.config import RoutingConfig
+from corral.router.routing.load_board import LoadBoard
+from corral.router.routing.pipeline import PREFIX_WEIGHTS, ScoredPolicy
+from corral.router.routing.prefix_memory import PrefixMemory
+from corral.router.routing.request import RouteRequest
+from corral.router.routing.selector import Routing, build_policy
+
+SYSTEM = "You are a careful assistant for the sea charts team. " * 20
+
+
+def endpoint(i: int, epoch: str | None = None) -> Endpoint:
+    view = SupervisorView(f"http://10.0.1.{i}:9000", prefix_epoch=epoch) if epoch is not None else None
+    return Endpoint(f"http://10.0.0.{i}:8000", frozenset({"m"}), EngineState.READY, supervisor=view)
+
+
+def request(group: int) -> RouteRequest:
+    payload = {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": f"group {group}: {SYSTEM}"},
+            {"role": "user", "content": "q"},
+        ],
+    }
+    return RouteRequest("m", {}, payload)
+
+
+def scored(memory: PrefixMemory | None, seed: int = 0) -> ScoredPolicy:
+    return ScoredPolicy("prefix", PREFIX_WEIGHTS, LoadBoard(), eps=0.25, seed=seed, holders=memory)
+
+
+def group_homed_on(pool: list[Endpoint], home: Endpoint) -> int:
+    """A prompt group whose ring home in `pool` is `home` (for a policy without memory)."""
+    ring_only = scored(None)
+    return next(g for g in range(200) if ring_only.pick(pool, request(g)) is home)
+
+
+def test_each_endpoint_keeps_at_most_its_capacity_least_recent_first() -> None:
+    memory = PrefixMemory(keys_per_endpoint=3)
+    a = endpoint(1)
+    for key in (1, 2, 3):
+        memory.sent(key, a)
+    memory.sent(1, a)  # 1 is the most recent now
+    memory.sent(4, a)  # evicts 2
+    assert memory.keys_of(a) == 3
+    assert [k for k in (1, 2, 3, 4) if memory.holding(k, [a])] == [1, 3, 4]
+    with pytest.raises(ValueError, match="at least 1"):
+        PrefixMemory(keys_per_endpoint=0)
+
+
+def test_the_engine_that_holds_a_prefix_wins_over_the_ring_home() -> None:
+    a, b = endpoint(1), endpoint(2)
+    g = group_homed_on([a, b], b)
+    memory = PrefixMemory()
+    policy = scored(memory)
+    assert policy.pick([a], request(g)) is a  # alone, a cached the group's prefix
+    assert memory.keys_of(a) == 1
+    assert policy.pick([a, b], request(g)) is a  # b joined and is the ring home; a still holds it
+    assert scored(None).pick([a, b], request(g)) is b  # without memory: the ring home
+
+
+def test_an_overloaded_holder_spills_to_the_ring_order() -> None:
+    a, b = endpoint(1), endpoint(2)
+    g = group_homed_on([a, b], b)
+    memory = PrefixMemory()
+    policy = scored(memory)
+    policy.pick([a], request(g))
+    a.in_flight = 10  # over ceil(1.25 * 11 / 2) = 7
+    assert policy.pick([a, b], request(g)) is b
+    assert memory.holding(memory_key(policy, [a, b], g), [a, b]) == [a, b]  # b caches it now too
+
+
+def memory_key(policy: ScoredPolicy, pool: list[Endpoint], group: int) -> int:
+    from corral.router.routing.scorers import PickContext, PrefixScorer
+
+    prefix = policy.scorers[0][0]
+    assert isinstance(prefix, PrefixScorer)
+    key = prefix.key(PickContext(request(group), pool, LoadBoard()))
+    assert key is not None
+    return key
+
+
+def test_a_new_prefix_epoch_forgets_the_engine_and_the_ring_decides_again() -> None:
+    a, b = endpoint(1, epoch="101:0"), endpoint(2, epoch="202:0")
+    g = group_homed_on([a, b], b)
+    memory = PrefixMemory()
+    policy = scored(memory)
+    policy.pick([a], request(g))
+    assert policy.pick([a, b], request(g)) is a
+    assert a.supervisor is not None
+    a.supervisor.prefix_epoch = "101:1"  # the supervisor reset a's prefix cache (sleep, reload)
+    assert memory.keys_of(a) == 0
+    assert memory.to_json(a) == {"keys": 0, "capacity": memory.keys_per_endpoint, "prefix_epoch": None}
+    assert policy.pick([a, b], request(g)) is b
+    assert memory.forgotten == 1
+
+
+def test_a_new_endpoint_at_the_same_address_starts_empty_and_forget_drops_one() -> None:
+    memory = PrefixMemory()
+    old, other = endpoint(1), endpoint(2)
+    memory.sent(7, old)
+    memory.sent(7, other)
+    assert memory.holding(7, [endpoint(1)]) == []  # a new object: another engine
+    memory.forget(other.url, "left membership")
+    assert memory.keys_of(other) == 0
+
+
+def test_replicas_agree_on_keys_no_engine_holds() -> None:
+    pool_a = [endpoint(i) for i in range(4)]
+    pool_b = [endpoint(i) for i in range(4)]
+    a, b = scored(PrefixMemory(), seed=1), scored(PrefixMemory(), seed=2)
+    for g in range(30):
+        assert a.pick(pool_a, request(g)).url == b.pick(pool_b, request(g)).url
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    capacity=st.integers(1, 8),
+    sends=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 20)), max_size=80),
+)
+def test_memory_stays_bounded_and_answers_within_the_pool(
+    capacity: int, sends: list[tuple[int, int]]
+) -> None:
+    endpoints = [endpoint(i) for i in range(4)]
+    memory = PrefixMemory(keys_per_endpoint=capacity)
+    for i, key in sends:
+        memory.sent(key, endpoints[i])
+        assert memory.keys_of(endpoints[i]) <= capacity
+    for key in range(21):
+        held = memory.holding(key, endpoints[:2])
+        assert all(e in endpoints[:2] for e in held)
+
+
+def test_routing_shares_one_memory_across_its_scored_policies() -> None:
+    routing = Routing("prefix", RoutingConfig(), "x-session-id", list)
+    a = endpoint(1)
+    routing.policy.pick([a], request(3))
+    assert routing.prefix_memory.keys_of(a) == 1
+    assert isinstance(build_policy("prefix"), ScoredPolicy)
