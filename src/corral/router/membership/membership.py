@@ -178,11 +178,11 @@ class Membership:
             if event_version is not None:
                 endpoint.last_event_version = event_version
             log.info("endpoint %s removed: %s", url, reason)
+            self._exit(endpoint, "removed", cause, reason)
             if endpoint.group is not None:
                 self.groups.leave(endpoint, reason)
                 self._judge(endpoint, cause)
             self._reindex()
-            self._exit(endpoint, "removed", cause, reason)
         return endpoint
 
     def _exit(self, endpoint: Endpoint, kind: str, cause: str, reason: str) -> None:

@@ -1,0 +1,269 @@
+"""Serving groups in the router: a group's members are routable only while the group is whole (its
+declared size, every member READY, one bundle fingerprint); one member leaving takes every member out
+in the same call, with an exit record each; engines without a group are unchanged. Also the group
+markers of the backends file and of Kubernetes pods, and the rendered label."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+
+from corral.engine_state import EngineState
+from corral.k8s.render.budgets import derive
+from corral.k8s.render.config_reading import parse_config
+from corral.k8s.render.manifests import render
+from corral.router.discovery.backends_file import BackendsFileError, parse_backends
+from corral.router.discovery.k8s_pods import SERVING_GROUP_LABEL, SERVING_GROUP_SIZE_ANNOTATION, pod_view
+from corral.router.membership.consumer import MembershipConsumer
+from corral.router.membership.endpoint import Endpoint
+from corral.router.membership.events import EndpointAdded, EndpointRemoved, EndpointUpdated
+from corral.router.membership.groups import GroupTag, GroupTagError, group_tag
+from corral.router.membership.membership import Membership
+from corral.router.telemetry.metrics import RouterCollector, RouterMetrics
+
+SEED = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "seed000" / "corral.yaml"
+G = GroupTag("g0", 2)
+A, B, C = "http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000"
+
+
+def fleet(*members: tuple[str, GroupTag | None], supervised: bool = False) -> MembershipConsumer:
+    consumer = MembershipConsumer(Membership())
+    for url, group in members:
+        sup = url.replace(":8000", ":9000") if supervised else None
+        consumer.emit(
+            EndpointAdded(url, url, source="test", reason="seen", origin=url, supervisor_url=sup, group=group)
+        )
+    return consumer
+
+
+def ready(consumer: MembershipConsumer, url: str) -> None:
+    consumer.emit(EndpointUpdated(url, "answered", state=EngineState.READY, models=frozenset({"m"})))
+
+
+def supervisor_says(
+    consumer: MembershipConsumer, url: str, state: EngineState, fingerprint: str | None = "f1", why: str = ""
+) -> None:
+    endpoint = consumer.membership.get(url)
+    assert endpoint is not None and endpoint.supervisor is not None
+    view = endpoint.supervisor
+    view.link, view.state, view.reason, view.fingerprint = "connected", state, why, fingerprint
+    view.epoch = (view.epoch or 0) + 1
+    consumer.membership.supervisor_changed(url, cause=f"supervisor_{state.value.lower()}")
+
+
+def eligible(consumer: MembershipConsumer) -> set[str]:
+    return {e.url for e in consumer.membership.eligible("m")}
+
+
+def test_a_group_is_routed_only_once_every_member_is_ready() -> None:
+    consumer = fleet((A, G), (B, G))
+    ready(consumer, A)
+    assert eligible(consumer) == set()
+    a = consumer.membership.get(A)
+    assert a is not None and a.state is EngineState.READY  # its own state is kept
+    assert a.routing_verdict(0.0) == f"not routable: group g0 out: member {B} STARTING (seen)"
+    # the model stays known while its only group is out: clients get 503, not 404
+    assert consumer.membership.knows("m")
+
+    ready(consumer, B)
+    assert eligible(consumer) == {A, B}
+    assert consumer.membership.knows("m") and consumer.membership.ready_count() == 2
+
+
+def test_one_member_failing_takes_the_whole_group_out_in_one_call_and_back() -> None:
+    consumer = fleet((A, G), (B, G), (C, None), supervised=True)
+    for url in (A, B, C):
+        ready(consumer, url)
+        supervisor_says(consumer, url, EngineState.READY)
+    assert eligible(consumer) == {A, B, C}
+
+    supervisor_says(consumer, B, EngineState.FAILED, why="rank 1 died")
+
+    assert eligible(consumer) == {C}  # the engine outside the group is untouched
+    exits = [(r.url, r.cause) for r in consumer.membership.exits]
+    assert exits == [(B, "supervisor_failed"), (A, "group_out")]
+    assert "member http://10.0.0.2:8000 FAILED" in consumer.membership.exits[-1].reason
+    assert "rank 1 died" in consumer.membership.exits[-1].reason
+    group = consumer.membership.groups.to_json()[0]
+    assert group["name"] == "g0" and not group["whole"] and "rank 1 died" in group["why"]
+
+    supervisor_says(consumer, B, EngineState.READY)
+    assert eligible(consumer) == {A, B, C}
+    assert consumer.membership.groups.to_json()[0]["whole"]
+
+
+def test_members_on_different_bundles_are_not_routed() -> None:
+    consumer = fleet((A, G), (B, G), supervised=True)
+    for url in (A, B):
+        ready(consumer, url)
+    supervisor_says(consumer, A, EngineState.READY, fingerprint="f1")
+    supervisor_says(consumer, B, EngineState.READY, fingerprint="f2")
+    assert eligible(consumer) == set()
+    a = consumer.membership.get(A)
+    assert a is not None and a.group_out is not None and "different bundle fingerprints" in a.group_out
+
+    supervisor_says(consumer, B, EngineState.READY, fingerprint="f1")
+    assert eligible(consumer) == {A, B}
+
+
+def test_a_removed_member_takes_its_group_out_and_says_why() -> None:
+    consumer = fleet((A, G), (B, G))
+    ready(consumer, A)
+    ready(consumer, B)
+    consumer.emit(EndpointRemoved(B, "pod ns/b deleted", cause="deleted"))
+    assert eligible(consumer) == set()
+    a = consumer.membership.get(A)
+    assert a is not None
+    assert a.group_out == f"group g0 out: 1 of 2 members known; member {B} left: pod ns/b deleted"
+    assert [(r.url, r.cause) for r in consumer.membership.exits] == [(B, "deleted"), (A, "group_out")]
+    assert consumer.membership.knows("m")  # known, not routable: a 503, not a 404
+
+
+def test_too_many_members_or_sizes_that_disagree_keep_a_group_out() -> None:
+    consumer = fleet((A, G), (B, G), (C, G))
+    for url in (A, B, C):
+        ready(consumer, url)
+    assert eligible(consumer) == set()
+    consumer = fleet((A, G), (B, GroupTag("g0", 3)))
+    for url in (A, B):
+        ready(consumer, url)
+    a = consumer.membership.get(A)
+    assert eligible(consumer) == set() and a is not None and "disagree on its size" in str(a.group_out)
+
+
+def test_routing_never_picks_a_member_of_a_group_that_is_not_whole() -> None:
+    """The rule, checked after each step of random event sequences on two groups and a loner."""
+    groups = {A: G, B: G, C: GroupTag("g1", 1)}
+    for seed in range(60):
+        rng = random.Random(seed)
+        consumer = fleet(*groups.items(), supervised=True)
+        present = set(groups)
+        for _ in range(40):
+            url = rng.choice(sorted(groups))
+            move = rng.choice(["ready", "failed", "fingerprint", "remove", "add", "lost"])
+            if move == "remove" and url in present:
+                consumer.emit(EndpointRemoved(url, "gone"))
+                present.discard(url)
+            elif move == "add" and url not in present:
+                sup = url.replace(":8000", ":9000")
+                consumer.emit(
+                    EndpointAdded(url, url, "test", "seen", url, supervisor_url=sup, group=groups[url])
+                )
+                present.add(url)
+            elif url in present and move == "lost":
+                endpoint = consumer.membership.get(url)
+                assert endpoint is not None and endpoint.supervisor is not None
+                endpoint.supervisor.link = "lost"
+                consumer.membership.supervisor_changed(url, "supervisor_stream_lost")
+            elif url in present:
+                ready(consumer, url)
+                state = EngineState.FAILED if move == "failed" else EngineState.READY
+                supervisor_says(consumer, url, state, "f2" if move == "fingerprint" else "f1")
+            picked = eligible(consumer)
+            for name in {t.name for t in groups.values()}:
+                members = [consumer.membership.get(u) for u in present if groups[u].name == name]
+                whole = (
+                    len(members) == next(t.size for t in groups.values() if t.name == name)
+                    and all(m is not None and m.state is EngineState.READY for m in members)
+                    and len({m.supervisor.fingerprint for m in members if m and m.supervisor}) == 1
+                )
+                in_routing = {m.url for m in members if m is not None} & picked
+                assert not in_routing or whole, (seed, name, in_routing)
+                if whole:
+                    assert in_routing == {m.url for m in members if m is not None}, (seed, name)
+
+
+def test_the_backends_file_reads_group_markers_and_refuses_bad_ones(tmp_path: Path) -> None:
+    text = "http://a:1=http://a:9 group=g0/2  # e0\nhttp://b:2=http://b:9 group=g0/2\nhttp://c:3\n"
+    backends = parse_backends(text, tmp_path / "f")
+    assert backends.urls == ["http://a:1", "http://b:2", "http://c:3"]
+    assert backends.groups == {"http://a:1": G, "http://b:2": G}
+    bad = {
+        "http://a:1 group=g0": "not a group marker; write group=NAME/SIZE",
+        "http://a:1 grp=g0/2": "not an engine",
+        "http://a:1 group=g0/x": "size 'x' is not a whole number",
+        "http://a:1 group=g0/0": "size 0 is below 1",
+        "http://a:1 group=/2": "name '' is not usable",
+        "http://a:1 group=g0/2 extra": "not a group marker",
+        "http://a:1 group=g0/2\nhttp://b:2 group=g0/3": "f:2: group g0 is given size 3 here and 2 on line 1",
+        "http://a:1 group=g0/1\nhttp://b:2 group=g0/1": "f:2: group g0 of size 1 has more members",
+    }
+    for line, message in bad.items():
+        with pytest.raises(BackendsFileError, match=message):
+            parse_backends(line, tmp_path / "f")
+
+
+def test_group_tags_are_checked() -> None:
+    assert group_tag("g-0.a_b", "3") == GroupTag("g-0.a_b", 3)
+    for name, size in (("bad name", 2), ("g", -1), ("x" * 64, 2)):
+        with pytest.raises(GroupTagError):
+            group_tag(name, size)
+
+
+def pod(labels: dict[str, str], annotations: dict[str, str]) -> dict[str, object]:
+    return {
+        "metadata": {
+            "namespace": "ns",
+            "name": "p",
+            "uid": "u",
+            "labels": labels,
+            "annotations": annotations,
+        },
+        "status": {
+            "podIP": "10.0.0.9",
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def test_pods_carry_their_serving_group() -> None:
+    view = pod_view(pod({SERVING_GROUP_LABEL: "g0"}, {SERVING_GROUP_SIZE_ANNOTATION: "2"}))
+    assert view.group == G and view.blocker() is None
+    assert pod_view(pod({}, {})).group is None
+    # a group without a usable size keeps the pod out, with what to fix
+    for notes in ({}, {SERVING_GROUP_SIZE_ANNOTATION: "two"}):
+        blocked = pod_view(pod({SERVING_GROUP_LABEL: "g0"}, notes)).blocker()
+        assert (
+            blocked is not None and blocked[0] == "bad_group" and SERVING_GROUP_SIZE_ANNOTATION in blocked[1]
+        )
+
+
+def test_the_renderer_labels_the_pods_of_a_serving_group() -> None:
+    data = yaml.safe_load(SEED.read_text(encoding="utf-8"))
+    data["replicas"] = 2
+    data.setdefault("engine", {})["serving_group"] = "g0"
+    config = parse_config(data)
+    objects = {m.filename: m.obj for m in render(config, derive(config))}
+    template = objects["engine-deployment.yaml"]["spec"]["template"]["metadata"]
+    assert template["labels"][SERVING_GROUP_LABEL] == "g0"
+    assert template["annotations"][SERVING_GROUP_SIZE_ANNOTATION] == "2"
+    assert pod_view({"metadata": template}).group == G  # what the router's k8s source reads back
+    del data["engine"]["serving_group"]
+    config = parse_config(data)
+    plain = {m.filename: m.obj for m in render(config, derive(config))}
+    assert (
+        SERVING_GROUP_LABEL not in plain["engine-deployment.yaml"]["spec"]["template"]["metadata"]["labels"]
+    )
+
+
+def test_metrics_show_each_group_whole_or_not() -> None:
+    consumer = fleet((A, G), (B, G))
+    ready(consumer, A)
+    collector = RouterCollector(RouterMetrics(), consumer.membership.endpoints)
+    family = next(f for f in collector.collect() if f.name == "corral_router_serving_group_whole")
+    assert [(s.labels, s.value) for s in family.samples] == [({"group": "g0"}, 0)]
+    ready(consumer, B)
+    family = next(f for f in collector.collect() if f.name == "corral_router_serving_group_whole")
+    assert [(s.labels, s.value) for s in family.samples] == [({"group": "g0"}, 1)]
+
+
+def test_an_endpoint_without_a_group_is_routed_as_before() -> None:
+    endpoint = Endpoint(A, frozenset({"m"}), EngineState.READY, "ok")
+    membership = Membership()
+    membership.add(endpoint, "test")
+    assert membership.eligible("m") == [endpoint] and endpoint.routable(0.0)
+    assert membership.groups.to_json() == []
