@@ -23,7 +23,9 @@ import psutil
 
 from corral.child_process import ChildProcess, LineSink
 from corral.engine.flags import engine_api_key
+from corral.engine.rank_lines import ParallelSize, parallel_size
 from corral.supervisor.checks.engine_auth import Redactor
+from corral.supervisor.lifecycle.ranks import EngineRanks
 from corral.supervisor.lifecycle.states import StartingPhase
 
 # Corral's own secrets by name (CORRAL_TOKEN, CORRAL_TOKEN_FILE, an admin or API key file, ...).
@@ -138,11 +140,17 @@ class EngineProcess:
             "engine", self.argv, env=environment, sink=self._line, keep_lines=0, inherit_env=False
         )
         self.identity: EngineIdentity | None = None
+        try:
+            size = parallel_size(self.argv)
+        except ValueError:  # vLLM refuses the command with its own message; one rank meanwhile
+            size = ParallelSize()
+        self.ranks = EngineRanks(size)  # its worker processes, fed each line below
 
     def _line(self, line: str) -> None:
         shown = self._redact(line)
         self._last_lines.append(shown)
         self._echo(shown)
+        self.ranks.note_line(shown)
         phase = detect_phase(line)
         if phase is not None and phase is not self.phase:
             self.phase = phase
@@ -157,6 +165,7 @@ class EngineProcess:
         except psutil.Error:  # exited already; the identity is still this run's
             create_time = 0.0
         self.identity = EngineIdentity(pid, create_time)
+        self.ranks.attach(pid, create_time)
         return self.identity
 
     @property
@@ -182,8 +191,12 @@ class EngineProcess:
         return code
 
     async def stop(self, grace_seconds: float) -> int | None:
-        """SIGTERM to the engine's process group; SIGKILL after `grace_seconds`."""
-        return await self._child.stop(grace_seconds)
+        """SIGTERM to the engine's process group; SIGKILL after `grace_seconds`; then SIGKILL to
+        whatever of its tree outlived it (a rank that left the group), before anyone starts another."""
+        self.ranks.refresh()  # its descendants now, while they can still be found from it
+        code = await self._child.stop(grace_seconds)
+        await self.ranks.reap()
+        return code
 
     def exit_task(self) -> asyncio.Task[int | None]:
         return asyncio.create_task(self.wait_exit(), name="engine-exit")

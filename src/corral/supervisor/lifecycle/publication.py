@@ -69,4 +69,6 @@ class Publication:
             # what POST /v1/bundle accepts: the command as configured, and every --bundle
             "bundles_declared": [sup.config.bundle_name, *(b.name for b in sup.config.bundles)],
             "engine_evidence": sup.evidence.to_json(),
+            # the engine's worker ranks (pid, liveness) and the world size its command asks for
+            **(engine.ranks.to_json() if engine is not None else {"world_size": None, "ranks": []}),
         }

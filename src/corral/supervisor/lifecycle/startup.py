@@ -94,7 +94,8 @@ class EngineStartup:
             engine = await self._launch_engine()
             exit_task = engine.exit_task()
             ready_task = asyncio.create_task(self._earn_readiness(), name="earn-readiness")
-            watched: set[asyncio.Task[Any]] = {exit_task, ready_task}
+            rank_task = asyncio.create_task(engine.ranks.watch(), name="rank-watch")
+            watched: set[asyncio.Task[Any]] = {exit_task, ready_task, rank_task}
             self._sup.watch_preload(watched)
             try:
                 await asyncio.wait(
@@ -107,6 +108,9 @@ class EngineStartup:
                     task.cancel()
             lost = self._sup.preload_lost()
             if lost is not None and engine.running:  # never READY on weights from a dead daemon
+                await engine.stop(min(5.0, self._sup.config.drain.shutdown_timeout))
+            rank_loss = engine.ranks.final_loss()
+            if rank_loss is not None and engine.running:  # a rank lost before READY: a failed start
                 await engine.stop(min(5.0, self._sup.config.drain.shutdown_timeout))
             if ready_task.done() and not ready_task.cancelled() and engine.running:
                 exc = ready_task.exception()
@@ -146,10 +150,13 @@ class EngineStartup:
                 return False
             code = engine.returncode
             self._sup.record_exit(engine)
+            await engine.stop(min(5.0, self._sup.config.drain.shutdown_timeout))  # its ranks too
             backoff = policy.next_backoff()
             reason = (
                 f"{lost}; engine stopped during startup ({self._sup.machine.sub_state})"
                 if lost is not None
+                else f"{rank_loss.reason}; during startup ({self._sup.machine.sub_state}), exit code {code}"
+                if rank_loss is not None
                 else f"engine exited with code {code} during startup ({self._sup.machine.sub_state})"
             )
             if backoff is None:

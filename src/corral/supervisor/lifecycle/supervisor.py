@@ -252,6 +252,8 @@ class EngineSupervisor:
                 )
                 return
             cause = "preload_exit" if self.preload_lost() else "failure"
+            if failure.evidence.get("source") == "rank_watch":
+                cause = "rank_lost"
             self.record_restart(recovery.used, None, failure.reason, backoff, cause=cause, engine=self.engine)
             await asyncio.sleep(backoff)
             self._to(
@@ -320,7 +322,8 @@ class EngineSupervisor:
         self.stall_watch = watch
         exit_task = engine.exit_task()
         stall_task = asyncio.create_task(watch.watch(), name="stall-watch")
-        watched: set[asyncio.Task[Any]] = {exit_task, stall_task}
+        rank_task = asyncio.create_task(engine.ranks.watch(), name="rank-watch")
+        watched: set[asyncio.Task[Any]] = {exit_task, stall_task, rank_task}
         self.watch_preload(watched)
         try:
             await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
@@ -330,6 +333,12 @@ class EngineSupervisor:
         lost = self.preload_lost()
         if lost is not None and engine.running:  # its weights may be the dead daemon's memory
             return Stall(f"{lost} while serving", {"preload": self.preload_json()})
+        # a rank lost (process gone, or a rank/collective failure logged) names the cause even when
+        # the engine exited since: vLLM shuts down after it, and its exit code says less
+        if (rank_loss := engine.ranks.final_loss()) is not None:
+            if not engine.running:
+                self.record_exit(engine)
+            return Stall(rank_loss.reason, {**rank_loss.evidence, "exit_code": engine.returncode})
         if stall_task.done() and not stall_task.cancelled() and engine.running:
             return stall_task.result()
         self.record_exit(engine)
