@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import psutil
 import pytest
 
+from corral.engine.evidence import classify
 from corral.engine.rank_lines import (
     ParallelSize,
     line_prefix,
@@ -107,6 +108,11 @@ def test_failure_lines_name_the_rank_they_are_about() -> None:
     assert dead is not None and (dead.kind, dead.rank) == ("engine_dead", None)
     assert rank_failure("(Worker_TP1 pid=1) INFO Loading weights took 0.01 seconds", TP2) is None
     assert rank_failure("NCCL WARN Call to bind failed: Address already in use", TP2) is None
+
+
+def test_rank_and_collective_failures_are_kept_as_rank_evidence() -> None:
+    assert classify(DIED) == classify(WATCHDOG) == "rank"
+    assert classify("(Worker_TP0 pid=7) ERROR DistBackendError: NCCL error in: ../nccl.cpp:1") == "rank"
 
 
 def test_the_world_size_is_tp_times_pp_times_dp_from_the_command() -> None:

@@ -15,7 +15,18 @@ _MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("fallback", ("falling back to disk loading",)),
     ("fingerprint", ("fingerprint mismatch", "weightcachekey mismatch")),
     ("oom", ("out of memory", "outofmemoryerror")),
-    ("rank", ("worker proc", "workerproc", "rank failed", "worker died", "worker failed")),
+    (
+        "rank",
+        (
+            "worker proc",
+            "workerproc",
+            "rank failed",
+            "worker died",
+            "worker failed",
+            "collective operation timeout",  # torch's NCCL watchdog (corral.engine.rank_lines)
+            "nccl error in:",
+        ),
+    ),
 )
 PRELOAD_EXIT = "preload_exit"
 KINDS = (*(kind for kind, _ in _MARKERS), PRELOAD_EXIT)
