@@ -108,9 +108,9 @@ def _steps(layout: ParallelLayout, inventory: GpuInventory | None) -> list[Step]
         )
         for device in inventory.devices[: layout.world_size]:
             free = f", {gib(device.free_bytes)} free" if device.free_bytes is not None else ""
-            memory = gib(device.total_bytes) if inventory.memory_known else "memory not declared"
+            memory = gib(device.total_bytes) if inventory.memory_known else "?"
             steps.append(
-                Step(f"GPU {device.index}", device.model, f"{device.uuid or 'no UUID'}, {memory}{free}")
+                Step(f"GPU {device.index}", memory, f"{device.model}, {device.uuid or 'no UUID'}{free}")
             )
     return steps
 
