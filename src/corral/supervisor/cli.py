@@ -23,6 +23,13 @@ from corral.supervisor.checks.dependencies import DependencyGate, GateSpecError,
 from corral.supervisor.commands.prestop import run_prestop
 from corral.supervisor.lifecycle.config import SupervisorConfig, is_loopback
 from corral.supervisor.lifecycle.drain import DrainPolicy, DrainSettings
+from corral.supervisor.lifecycle.failure_strategy import (
+    CHOICES,
+    OnStartupFailure,
+    StrategyError,
+    check_rollback_bundle,
+    parse_on_startup_failure,
+)
 from corral.supervisor.serve import printer, serve
 from corral.supervisor_tokens import TokenFileError, read_management_token
 
@@ -221,6 +228,15 @@ _seconds = click.FloatRange(min=0.0)
     show_default=True,
     help="The name of the bundle ENGINE COMMAND runs (what a rollback returns to).",
 )
+@click.option(
+    "--on-startup-failure",
+    default="restart",
+    show_default=True,
+    metavar="STRATEGY",
+    help=f"What follows a start that cannot reach READY ({CHOICES}): restart = FAILED and /livez 503 "
+    "(the kubelet restarts the pod); stay-unready = FAILED with /livez and /startupz 200 and /readyz 503, "
+    "for a person to look; rollback=BUNDLE = switch once to a bundle declared with --bundle.",
+)
 @click.argument("engine_command", nargs=-1, type=click.UNPROCESSED)
 def run_command(
     host: str,
@@ -251,6 +267,7 @@ def run_command(
     lora: tuple[str, ...],
     bundle_files: tuple[Path, ...],
     bundle_name: str,
+    on_startup_failure: str,
     engine_command: tuple[str, ...],
 ) -> None:
     """Start ENGINE COMMAND once its dependencies are up, report it ready only once it serves, and
@@ -276,6 +293,7 @@ def run_command(
         _bad_input(str(exc))
     _check_engine_command(engine_command)
     bundles = _read_bundles(bundle_files, bundle_name)
+    strategy = _startup_failure_strategy(on_startup_failure, bundles, bundle_name)
     token = read_token(token_file)
     if token is None and not is_loopback(host):
         _bad_input(
@@ -314,6 +332,7 @@ def run_command(
         lora=adapters,
         bundles=bundles,
         bundle_name=bundle_name,
+        on_startup_failure=strategy,
         preload_argv=preload_argv,
         preload_health=preload_health,
         preload_restarts=preload_restarts,
@@ -335,6 +354,16 @@ def _read_bundles(files: tuple[Path, ...], running: str) -> tuple[BundleSpec, ..
             _bad_input(f"--bundle {path}: the name {bundle.name!r} is declared twice (or is --bundle-name)")
         bundles[bundle.name] = bundle
     return tuple(bundles.values())
+
+
+def _startup_failure_strategy(text: str, bundles: tuple[BundleSpec, ...], running: str) -> OnStartupFailure:
+    """--on-startup-failure, its rollback bundle declared; exits 2 with the fix otherwise."""
+    try:
+        choice = parse_on_startup_failure(text)
+        check_rollback_bundle(choice, [b.name for b in bundles], running)
+    except StrategyError as exc:
+        _bad_input(str(exc))
+    return choice
 
 
 @supervise.command(name="prestop")

@@ -35,8 +35,10 @@ async def serve(config: SupervisorConfig) -> int:
     # imported here so that the CLI answers bad input without loading the server's modules
     from corral.supervisor.http.api import SupervisorAPI
     from corral.supervisor.lifecycle.supervisor import EngineSupervisor
+    from corral.supervisor.runbook.switch_bundle import roll_back
 
     supervisor = EngineSupervisor(config, supervisor_log, printer("[engine]"))
+    supervisor.start_rollback = lambda failure: roll_back(supervisor, failure)
     try:
         await supervisor.open()
     except StateDirLocked as exc:

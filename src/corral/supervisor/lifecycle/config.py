@@ -9,6 +9,7 @@ from pathlib import Path
 from corral.bundle_spec import BundleSpec
 from corral.supervisor.checks.dependencies import DependencyGate
 from corral.supervisor.lifecycle.drain import DrainSettings
+from corral.supervisor.lifecycle.failure_strategy import OnStartupFailure
 
 
 def is_loopback(host: str) -> bool:
@@ -49,3 +50,5 @@ class SupervisorConfig:
     engine_env: tuple[tuple[str, str], ...] = ()  # set in the engine's environment (a bundle's env)
     bundle_name: str = "initial"  # what the engine command as configured is called
     bundles: tuple[BundleSpec, ...] = ()  # bundles this host may be switched to (POST /v1/bundle)
+    # what follows a start that failed for good (lifecycle/failure_strategy.py)
+    on_startup_failure: OnStartupFailure = field(default_factory=OnStartupFailure)

@@ -68,6 +68,8 @@ class Publication:
             "bundle_name": sup.running_bundle.name,
             # what POST /v1/bundle accepts: the command as configured, and every --bundle
             "bundles_declared": [sup.config.bundle_name, *(b.name for b in sup.config.bundles)],
+            "on_startup_failure": str(sup.config.on_startup_failure),
+            "startup_failure": sup.startup_failure.to_json() if sup.startup_failure is not None else None,
             "engine_evidence": sup.evidence.to_json(),
             # the engine's worker ranks (pid, liveness) and the world size its command asks for
             **(engine.ranks.to_json() if engine is not None else {"world_size": None, "ranks": []}),

@@ -26,6 +26,7 @@ from corral.supervisor.checks.stall import Stall, StallWatch
 from corral.supervisor.lifecycle.config import SupervisorConfig
 from corral.supervisor.lifecycle.drain import DrainPolicy, DrainReport, DrainSequence, DrainSettings
 from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPolicy, RestartRecord
+from corral.supervisor.lifecycle.failure_strategy import RollbackStarter, StartupFailure, Verdict, decide
 from corral.supervisor.lifecycle.metrics import SupervisorMetrics
 from corral.supervisor.lifecycle.operation_lock import OperationLock
 from corral.supervisor.lifecycle.operations import Operation, OperationLedger
@@ -76,6 +77,11 @@ class EngineSupervisor:
         self.bundle: Bundle | None = None
         self.evidence = EvidenceBook()
         self.unrecoverable: str | None = None
+        # the last start that failed for good and what --on-startup-failure made of it; the rollback
+        # operation's starter is set by the composition root (the runbook is above the lifecycle)
+        self.startup_failure: StartupFailure | None = None
+        self.start_rollback: RollbackStarter | None = None
+        self.rolled_back = False
         self._base_argv = config.engine_argv  # the command as configured; a bundle adds to or replaces it
         self.running_bundle = BundleSpec(name=config.bundle_name)
         self.drain_report: DrainReport | None = None
@@ -178,7 +184,15 @@ class EngineSupervisor:
             return False, self.unrecoverable
         if (unwritable := self.state_writes.problem) is not None:
             return False, unwritable
+        if self.held_unready:
+            return True, "start failed; held unready for a person (--on-startup-failure stay-unready)"
         return True, "supervisor loop alive; engine running or legitimately starting"
+
+    @property
+    def held_unready(self) -> bool:
+        """A start failed and --on-startup-failure stay-unready holds the engine FAILED for a person:
+        /livez and /startupz answer 200 so that no probe restarts the pod."""
+        return self.machine.state is S.FAILED and self.machine.sub_state == Verdict.STAY_UNREADY
 
     # -- recording ------------------------------------------------------------------------------
 
@@ -239,6 +253,7 @@ class EngineSupervisor:
         )
         while True:
             if not serving and not await self.startup.until_ready():
+                await self._roll_back_if_decided()
                 return
             serving = False
             failure = await self._serve()
@@ -309,8 +324,29 @@ class EngineSupervisor:
         self.start()
 
     def fail_for_good(self, reason: str, **evidence: Any) -> None:
-        self.unrecoverable = reason
-        self._to(S.FAILED, reason, "gave_up", recoverable=False, **evidence)
+        """Nothing here will fix it. A start that fails (from STARTING) gets the --on-startup-failure
+        verdict (lifecycle/failure_strategy.py); anything else gives up."""
+        verdict = Verdict.GAVE_UP
+        if self.machine.state is S.STARTING:
+            choice = self.config.on_startup_failure
+            verdict = decide(choice, rolled_back=self.rolled_back, operation=self.busy)
+            if verdict is Verdict.ROLLING_BACK and self.start_rollback is None:
+                verdict = Verdict.GAVE_UP  # nothing to run the rollback with (a supervisor without an API)
+            self.startup_failure = StartupFailure(self.running_bundle.name, reason, verdict, choice)
+            evidence = {**evidence, "on_startup_failure": str(choice)}
+        if verdict is Verdict.GAVE_UP:
+            self.unrecoverable = reason
+        self.rolled_back = self.rolled_back or verdict is Verdict.ROLLING_BACK
+        self._to(S.FAILED, reason, verdict.value, recoverable=False, **evidence)
+
+    async def _roll_back_if_decided(self) -> None:
+        failure = self.startup_failure
+        if self.machine.sub_state != Verdict.ROLLING_BACK or failure is None or self.start_rollback is None:
+            return
+        problem = await self.start_rollback(failure)
+        if problem is not None:
+            bundle = failure.choice.bundle
+            self.fail_for_good(f"{failure.reason}; the rollback to {bundle} could not start: {problem}")
 
     async def _serve(self) -> Stall:
         """While READY: returns the first sign that the engine can no longer serve."""

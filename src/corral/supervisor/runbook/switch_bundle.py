@@ -11,6 +11,12 @@ started with the bundle's command and environment) → VERIFY (READY again throu
 health, model, smoke; the new fingerprint recorded) → POSTCHECK. RECOVER: before EXECUTE, the engine
 still runs the old bundle and is checked and put back in routing; after it, the old command is started
 again and must reach READY, or the engine is FAILED with both failures named.
+
+From a start that failed for good (FAILED/`gave_up` or `stay_unready`: nothing restarts by itself) an
+operator may switch to any declared bundle, the failed one included (a restart once the cause is fixed);
+`--on-startup-failure rollback=B` runs the same plan as a `rollback` operation (`roll_back`). Then there
+is no routing to leave and nothing in flight, VERIFY waits for the start's own verdict (its deadlines
+bound it), and RECOVER has nothing to go back to: the engine stays FAILED with both failures named.
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ from corral.bundle_spec import BundleSpec
 from corral.supervisor.checks.engine_auth import redact_argv
 from corral.supervisor.checks.readiness import NotReady
 from corral.supervisor.lifecycle.drain import Leaving
+from corral.supervisor.lifecycle.failure_strategy import LIFECYCLE_ENDED, StartupFailure, Verdict
 from corral.supervisor.lifecycle.states import EngineState, StateEvent
 from corral.supervisor.runbook.common import apply_policy, leave_routing
+from corral.supervisor.runbook.run import start_operation
 from corral.supervisor.runbook.template import Evidence, Refused, Step, StepFailed
 
 if TYPE_CHECKING:
@@ -37,7 +45,13 @@ S = EngineState
 class SwitchBundlePlan:
     kind = "switch_bundle"
 
-    def __init__(self, sup: EngineAccess, name: str, ready_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        sup: EngineAccess,
+        name: str,
+        ready_timeout: float | None = None,
+        rollback_of: StartupFailure | None = None,
+    ) -> None:
         # the command as configured is a bundle too (by its --bundle-name): what a rollback goes back to
         initial = BundleSpec(name=sup.config.bundle_name)
         declared = {b.name: b for b in (initial, *sup.config.bundles)}
@@ -51,27 +65,48 @@ class SwitchBundlePlan:
         self.target: BundleSpec = declared[name]
         self.previous = sup.running_bundle
         self.ready_timeout = ready_timeout or sup.config.startup_timeout
+        self.rollback_of = rollback_of
+        if rollback_of is not None:
+            self.kind = "rollback"
+        self._failed_start: str | None = None  # the reason of the failed start this plan moves on from
         self._drainer: Leaving | None = None
         self._executed = False
 
     async def precheck(self) -> Evidence:
         sup = self.sup
-        if sup.machine.state is not S.READY:
-            raise Refused(f"bundle switch refused: the engine is {sup.machine.state}, not READY")
-        if self.previous.name == self.target.name:
+        machine = sup.machine
+        if self.rollback_of is not None:
+            if machine.state is not S.FAILED or machine.sub_state != Verdict.ROLLING_BACK:
+                raise Refused(f"rollback refused: the engine is {machine.state}/{machine.sub_state}")
+            self._failed_start = self.rollback_of.reason
+        elif machine.state is S.FAILED and machine.sub_state in LIFECYCLE_ENDED:
+            self._failed_start = str(machine.snapshot().get("reason"))
+        elif machine.state is not S.READY:
+            raise Refused(
+                f"bundle switch refused: the engine is {machine.state}, not READY "
+                "(nor FAILED with nothing restarting it)"
+            )
+        elif self.previous.name == self.target.name:
             raise Refused(f"bundle switch refused: the engine already runs bundle {self.target.name!r}")
-        return {
+        evidence: Evidence = {
             "from": self.previous.name,
             "to": self.target.name,
             "fingerprint_before": sup.bundle.fingerprint if sup.bundle else None,
         }
+        if self._failed_start is not None:
+            evidence["failed_start"] = self._failed_start
+        return evidence
 
     async def remove_from_routing(self) -> Evidence:
+        if self._failed_start is not None:
+            return {"skipped": f"the engine is {self.sup.machine.state}: no router routes to it"}
         reason = f"bundle switch to {self.target.name}: readiness withdrawn"
         self._drainer, evidence = await leave_routing(self.sup, reason, "wait")
         return evidence
 
     async def drain(self) -> Evidence:
+        if self._failed_start is not None:
+            return {"skipped": "no engine serves: nothing in flight"}
         assert self._drainer is not None
         return await apply_policy(self.sup, self._drainer, "wait")
 
@@ -82,14 +117,15 @@ class SwitchBundlePlan:
         return {"argv": redact_argv(argv), "env": sorted(self.target.env)}
 
     async def verify(self) -> Evidence:
-        await self._ready_again(self.ready_timeout)
+        # after a failed start the new start's own deadlines bound the wait (its verdict is awaited)
+        await self._ready_again(None if self._failed_start is not None else self.ready_timeout)
         bundle = self.sup.bundle
         return {"fingerprint": bundle.fingerprint if bundle else None, "bundle": self.target.name}
 
-    async def _ready_again(self, within: float) -> None:
+    async def _ready_again(self, within: float | None) -> None:
         """Until the restarted engine is READY (its full startup passed), or fails, or time is up;
         woken by each state event rather than polling."""
-        deadline = time.monotonic() + within
+        deadline = time.monotonic() + within if within is not None else None
         machine = self.sup.machine
         changed = asyncio.Event()
 
@@ -100,10 +136,10 @@ class SwitchBundlePlan:
         try:
             while machine.state is not S.READY:
                 reason = machine.snapshot().get("reason")
-                if machine.state is S.FAILED and machine.sub_state == "gave_up":
+                if machine.state is S.FAILED and machine.sub_state in LIFECYCLE_ENDED:
                     raise StepFailed(f"the engine failed for good: {reason}")
-                left = deadline - time.monotonic()
-                if left <= 0:
+                left = deadline - time.monotonic() if deadline is not None else None
+                if left is not None and left <= 0:
                     raise StepFailed(f"not READY within {within:g}s: {machine.state} {reason}")
                 changed.clear()
                 with contextlib.suppress(TimeoutError):
@@ -113,6 +149,14 @@ class SwitchBundlePlan:
 
     async def recover(self, failed_step: Step, cause: str) -> Evidence:
         sup = self.sup
+        if self._failed_start is not None:  # no ping-pong: what ran before had failed to start
+            both = (
+                f"{self.kind} to {self.target.name} failed: {cause}; "
+                f"before it, the start of {self.previous.name} had failed: {self._failed_start}"
+            )
+            if sup.machine.state is S.FAILED:
+                sup.transition(S.FAILED, both[:2000], sup.machine.sub_state, recoverable=False)
+            return {"outcome": f"FAILED: nothing to go back to ({self.previous.name} had failed to start)"}
         if not self._executed:
             try:
                 model = await sup.readiness.served_model(sup.session)
@@ -134,3 +178,15 @@ class SwitchBundlePlan:
         if self.sup.machine.state is not S.READY:
             raise StepFailed(f"state {self.sup.machine.state} after the bundle switch")
         return {"state": "READY", "bundle": self.sup.running_bundle.name}
+
+
+async def roll_back(sup: EngineAccess, failure: StartupFailure) -> str | None:
+    """`--on-startup-failure rollback=B`: the switch to B as a `rollback` operation, started by the
+    supervisor itself after a failed start; why it could not start, or None once it runs."""
+    assert failure.choice.bundle is not None
+    try:
+        plan = SwitchBundlePlan(sup, failure.choice.bundle, rollback_of=failure)
+        await start_operation(sup, plan, None)
+    except Refused as exc:
+        return str(exc)
+    return None
