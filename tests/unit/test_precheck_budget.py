@@ -13,13 +13,12 @@ from corral.engine.model_config import ModelConfigError, kv_dtype_bytes, read_mo
 from corral.supervisor.precheck.budget import (
     BudgetOverrides,
     compute_budget,
-    max_model_len,
     memory_budget,
 )
 from corral.supervisor.precheck.check import Outcome
+from corral.supervisor.precheck.engine_args import EngineArgError, max_model_len
 from corral.supervisor.precheck.explain import render
 from corral.supervisor.precheck.inventory import DeclaredGpus, GpuInventory, read_inventory
-from corral.supervisor.precheck.parallel import EngineArgError
 from tests.support.model_dirs import GIB, make_model_dir
 
 TWO_GIB = 2 * GIB  # the default headroom of one rank: activations 1.25 + non-torch 0.25 + graphs 0.5
@@ -193,6 +192,14 @@ def test_bad_engine_values_are_refused_with_the_flag_and_what_to_do(
 ) -> None:
     result = memory_budget(["vllm", "serve", str(llama_30g), flag, value], gpus(80), environ={})
     assert result.refused and text in result.reason
+
+
+def test_a_context_past_the_models_own_is_refused_as_vllm_refuses_it(llama_30g: Path) -> None:
+    argv = ["vllm", "serve", str(llama_30g), "--max-model-len", "16384"]
+    result = memory_budget(argv, gpus(80), environ={})
+    assert result.refused and "greater than the model's context (8192" in result.reason
+    allowed = memory_budget(argv, gpus(80), environ={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"})
+    assert allowed.outcome is Outcome.PASSED and allowed.evidence["min_kv_tokens"] == 16384
 
 
 def test_bad_overrides_and_model_directories_are_clear_errors(tmp_path: Path) -> None:

@@ -20,32 +20,35 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from corral.engine.flags import flag_value, serving_settings
+from corral.engine.flags import flag_value
 from corral.engine.model_config import (
     KV_BLOCK_TOKENS,
     ModelConfig,
     ModelConfigError,
     WeightFiles,
-    hub_snapshot,
     kv_dtype_bytes,
     read_model_config,
     served_dtype,
     weight_files,
 )
 from corral.supervisor.precheck.check import CheckResult, Outcome
+from corral.supervisor.precheck.engine_args import (
+    EngineArgError,
+    check_context,
+    max_model_len,
+    model_directory,
+    utilization,
+)
 from corral.supervisor.precheck.explain import Step, gib, step_lines
 from corral.supervisor.precheck.inventory import GpuInventory
-from corral.supervisor.precheck.parallel import EngineArgError, ParallelLayout, parallel_layout
+from corral.supervisor.precheck.parallel import ParallelLayout, parallel_layout
 
 NAME = "memory_budget"
 GIB = 1 << 30
-DEFAULT_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default
 ACTIVATION_PEAK_BYTES = int(1.25 * GIB)
 NON_TORCH_BYTES = int(0.25 * GIB)
 CUDA_GRAPH_BYTES = int(0.50 * GIB)
@@ -118,58 +121,6 @@ class Budget:
             "expected_kv_tokens": self.expected_kv_tokens,
             "lines": step_lines(self.steps),
         }
-
-
-_HUMAN_INT = re.compile(r"^(\d+(?:\.\d+)?)([kmgtKMGT]?)$")
-
-
-def max_model_len(value: str) -> int | None:
-    """`--max-model-len` as vLLM reads it: an integer, or with a suffix (k/m/g/t decimal, K/M/G/T
-    binary: 32k = 32000, 32K = 32768); -1 or auto (vLLM fits the longest context) is None."""
-    if value in ("-1", "auto"):
-        return None
-    match = _HUMAN_INT.match(value)
-    if match is None or (match[2] == "" and "." in match[1]) or (match[2].isupper() and "." in match[1]):
-        raise EngineArgError(
-            f"engine command: --max-model-len {value!r} is not a token count (e.g. 8192, 32k, 32K)"
-        )
-    power = "kmgt".index(match[2].lower()) + 1 if match[2] else 0
-    base = 1024 if match[2].isupper() else 1000
-    tokens = int(float(match[1]) * base**power)
-    if tokens < 1:
-        raise EngineArgError(f"engine command: --max-model-len {value!r} must be at least 1 token")
-    return tokens
-
-
-def utilization(argv: Sequence[str]) -> float:
-    """`--gpu-memory-utilization`, vLLM's default 0.9; a value outside (0, 1] is refused as vLLM does."""
-    value = flag_value(argv, "--gpu-memory-utilization")
-    if value is None:
-        return DEFAULT_UTILIZATION
-    try:
-        fraction = float(value)
-    except ValueError:
-        fraction = math.nan
-    if not 0 < fraction <= 1:
-        raise EngineArgError(
-            f"engine command: --gpu-memory-utilization {value!r} is not a fraction in (0, 1]; vLLM "
-            "refuses it too: give the share of each GPU's memory the engine may use, e.g. 0.9"
-        )
-    return fraction
-
-
-def model_directory(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str | None, Path | None]:
-    """The model the command serves and its local directory: the path given, or the hub id's cached
-    snapshot; (model, None) when the files are not on this host."""
-    settings = serving_settings(argv)
-    model = settings.get("model")
-    if not isinstance(model, str):
-        return None, None
-    path = Path(model).expanduser()
-    if path.is_dir():
-        return model, path
-    revision = settings.get("revision")
-    return model, hub_snapshot(model, revision if isinstance(revision, str) else None, environ)
 
 
 def _headroom(
@@ -263,6 +214,7 @@ def compute_budget(
         given = flag_value(argv, "--max-model-len")
         if given is not None:
             tokens, source = max_model_len(given), "--max-model-len"
+            check_context(tokens, config, environ)
         else:
             tokens, source = config.max_position_embeddings, "config.json max_position_embeddings"
         if tokens is None:

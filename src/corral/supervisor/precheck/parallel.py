@@ -10,6 +10,7 @@ from typing import Any
 
 from corral.engine.flags import flag_value
 from corral.supervisor.precheck.check import CheckResult, Outcome
+from corral.supervisor.precheck.engine_args import EngineArgError, positive_int_flag
 from corral.supervisor.precheck.explain import Step, gib, step_lines
 from corral.supervisor.precheck.inventory import GpuInventory
 
@@ -17,24 +18,6 @@ NAME = "parallel_identity"
 # a measured device this much below the declared --gpu-memory-gib is another device: "80" GiB for an
 # H100 80GB reads 79.65 GiB through NVML
 DECLARED_MEMORY_TOLERANCE = 0.03
-
-
-class EngineArgError(ValueError):
-    """An engine flag PRECHECK must read whose value vLLM would refuse too."""
-
-
-def positive_int_flag(argv: Sequence[str], *names: str, default: int = 1) -> int:
-    """The last of `names` in `argv` as a positive integer, `default` when absent."""
-    value = flag_value(argv, *names)
-    if value is None:
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise EngineArgError(f"engine command: {names[0]} {value!r} is not a positive integer")
-    return number
 
 
 @dataclass(frozen=True)
