@@ -1,5 +1,5 @@
 """The engine's development endpoints (`VLLM_SERVER_DEV_MODE=1`) as the supervisor calls them: sleep,
-wake, KV release, weight reload, and the figures VERIFY reads back (`/is_sleeping`,
+wake, KV release, weight reload, prefix-cache reset, and the figures VERIFY reads back (`/is_sleeping`,
 `vllm:engine_sleep_state`, and memory where the engine exposes it).
 
 Every call raises `AdminCallFailed` naming the endpoint, the HTTP status and the engine's own message,
@@ -14,10 +14,26 @@ from typing import Any
 import aiohttp
 import orjson
 
-from corral.engine.metric_names import SIM_CPU_BACKUP, SIM_GPU_MEMORY, SIM_WEIGHTS_VALID, SLEEP_STATE
+from corral.engine.metric_names import (
+    SIM_CPU_BACKUP,
+    SIM_GPU_MEMORY,
+    SIM_PREFIX_CACHE_BLOCKS,
+    SIM_PREFIX_CACHE_RESETS,
+    SIM_WEIGHTS_VALID,
+    SLEEP_STATE,
+)
 from corral.engine.metrics_text import samples
 
-_FIGURES = frozenset({SLEEP_STATE, SIM_GPU_MEMORY, SIM_CPU_BACKUP, SIM_WEIGHTS_VALID})
+_FIGURES = frozenset(
+    {
+        SLEEP_STATE,
+        SIM_GPU_MEMORY,
+        SIM_CPU_BACKUP,
+        SIM_WEIGHTS_VALID,
+        SIM_PREFIX_CACHE_BLOCKS,
+        SIM_PREFIX_CACHE_RESETS,
+    }
+)
 WAKE_TAGS = ("weights", "kv_cache", "scheduling")
 
 
@@ -40,6 +56,9 @@ class EngineFigures:
     gpu_kv_cache_bytes: float | None
     cpu_backup_bytes: float | None
     weights_valid: float | None
+    # the simulator's prefix cache: blocks cached now, whole-cache resets so far (vLLM shows neither)
+    prefix_cache_blocks: float | None = None
+    prefix_cache_resets: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -50,6 +69,7 @@ def parse_figures(text: str) -> EngineFigures:
     gpu: dict[str, float] = {}
     backup: float | None = None
     valid: float | None = None
+    prefix: dict[str, float] = {}
     for sample in samples(text, _FIGURES, strict=True):
         if sample.name == SLEEP_STATE and sample.value == 1:
             sleep_state = sample.labels.get("sleep_state")
@@ -60,7 +80,17 @@ def parse_figures(text: str) -> EngineFigures:
             backup = sample.value
         elif sample.name == SIM_WEIGHTS_VALID:
             valid = sample.value
-    return EngineFigures(sleep_state, gpu.get("weights"), gpu.get("kv_cache"), backup, valid)
+        elif sample.name in (SIM_PREFIX_CACHE_BLOCKS, SIM_PREFIX_CACHE_RESETS):
+            prefix[sample.name] = sample.value
+    return EngineFigures(
+        sleep_state,
+        gpu.get("weights"),
+        gpu.get("kv_cache"),
+        backup,
+        valid,
+        prefix.get(SIM_PREFIX_CACHE_BLOCKS),
+        prefix.get(SIM_PREFIX_CACHE_RESETS),
+    )
 
 
 class EngineAdmin:
@@ -123,6 +153,13 @@ class EngineAdmin:
 
     async def reload_weights(self) -> Any:
         return await self._call("POST", "/collective_rpc", body={"method": "reload_weights"})
+
+    async def reset_prefix_cache(self) -> bool | None:
+        """`POST /reset_prefix_cache`: vLLM's `{"success": bool}` (false while running requests hold
+        blocks), or None from a vLLM that answers an empty 200 without saying."""
+        body = await self._call("POST", "/reset_prefix_cache")
+        success = body.get("success") if isinstance(body, dict) else None
+        return success if isinstance(success, bool) else None
 
     async def figures(self) -> EngineFigures:
         try:

@@ -60,6 +60,7 @@ class Publication:
             "drain": sup.drain_report.to_json() if sup.drain_report else None,
             "routers": sup.routers.to_json(),
             "sleep": sup.sleep_status.to_json() if sup.sleep_status is not None else None,
+            "prefix_cache": sup.prefix_cache.to_json(engine),
             "adapters": sup.adapters.to_json(),
             "gate": sup.gate.to_json() if sup.gate is not None else None,
             "preload": sup.preload_json(),

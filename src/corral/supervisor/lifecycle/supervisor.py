@@ -30,6 +30,7 @@ from corral.supervisor.lifecycle.failure_strategy import RollbackStarter, Startu
 from corral.supervisor.lifecycle.metrics import SupervisorMetrics
 from corral.supervisor.lifecycle.operation_lock import OperationLock
 from corral.supervisor.lifecycle.operations import Operation, OperationLedger
+from corral.supervisor.lifecycle.prefix_epoch import PrefixCacheEpoch
 from corral.supervisor.lifecycle.preload import PreloadDaemon
 from corral.supervisor.lifecycle.preload_recovery import PreloadKeeper
 from corral.supervisor.lifecycle.publication import Publication
@@ -88,6 +89,7 @@ class EngineSupervisor:
         # what the engine's sleep is (set through note_sleep), and which runbook operation holds the
         # engine now (one at a time); the operations reach both through runbook/engine_access.py
         self.sleep_status: SleepStatus | None = None
+        self.prefix_cache = PrefixCacheEpoch()  # its token rides on every state line (the watch)
         self.operation_lock = OperationLock()
         self.adapters = AdapterSet(desired=dict(config.lora))
         self.preload: PreloadDaemon | None = None  # set when --preload-command runs the daemon

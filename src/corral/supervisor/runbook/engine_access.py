@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from corral.supervisor.lifecycle.engine_process import EngineProcess
     from corral.supervisor.lifecycle.operation_lock import OperationLock
     from corral.supervisor.lifecycle.operations import OperationLedger
+    from corral.supervisor.lifecycle.prefix_epoch import PrefixCacheEpoch
     from corral.supervisor.lifecycle.routers import RouterSubscriptions
     from corral.supervisor.lifecycle.sleep_status import SleepStatus
     from corral.supervisor.lifecycle.states import EngineState, StateEvent, StateMachine
@@ -56,6 +57,8 @@ class EngineAccess(Protocol):
     def gate(self) -> AdmissionGate | None: ...
     @property
     def sleep_status(self) -> SleepStatus | None: ...
+    @property
+    def prefix_cache(self) -> PrefixCacheEpoch: ...
     @property
     def log(self) -> Callable[[str], None]: ...
 

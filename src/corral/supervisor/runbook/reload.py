@@ -22,6 +22,7 @@ from corral.supervisor.runbook.common import (
     require_sleep_mode,
     verify_awake,
 )
+from corral.supervisor.runbook.prefix_reset import prefix_state_after
 from corral.supervisor.runbook.template import Evidence, Refused, Step, StepFailed
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ class ReloadPlan:
 
     async def verify(self) -> Evidence:
         checked = await verify_awake(self.sup, self.admin, self.before)
+        checked["prefix_cache"] = await prefix_state_after(self.sup, self.admin, self.before, "reload")
         self.sup.note_sleep(None)
         self.sup.transition(
             S.READY, "weights reloaded: model listed, smoke answered", None, **checked["smoke"]

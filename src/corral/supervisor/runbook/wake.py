@@ -18,6 +18,7 @@ from corral.engine.dev_api import EngineFigures, parse_figures
 from corral.supervisor.lifecycle.sleep_status import SleepStatus
 from corral.supervisor.lifecycle.states import EngineState
 from corral.supervisor.runbook.common import admin_for, fail_and_restart, verify_awake
+from corral.supervisor.runbook.prefix_reset import prefix_state_after
 from corral.supervisor.runbook.template import Evidence, Refused, Step, StepFailed
 from corral.supervisor.runbook.wake_steps import (
     WakeSteps,
@@ -105,6 +106,10 @@ class WakePlan:
                 await verify_partial(self.admin, _before(self.status), self._woken(), steps.still_asleep)
             )
         checked = await verify_awake(self.sup, self.admin, _before(self.status))
+        if (self.status.get("level") or 0) >= 1:  # a level-0 pause keeps the prefix cache
+            checked["prefix_cache"] = await prefix_state_after(
+                self.sup, self.admin, _before(self.status), "wake"
+            )
         self.sup.note_sleep(None)
         self.sup.transition(
             S.READY, "awake: memory back, model listed, smoke answered", None, **checked["smoke"]
