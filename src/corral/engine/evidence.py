@@ -1,6 +1,7 @@
 """Engine log lines that an operator must see after an operation, kept as evidence: a weight-cache
-fallback to disk, a fingerprint/cache-key mismatch, out-of-memory, a worker rank dying; and one event
-that is no log line, the preload daemon's death (`preload_exit`). The supervisor records each in the
+fallback to disk, a fingerprint/cache-key mismatch, out-of-memory, a worker rank dying; and two events
+that are no log line alone: the preload daemon's death (`preload_exit`) and a logged KV cache size
+below the memory budget (`kv_shortfall`). The supervisor records each in the
 operation log and counts them in `/v1/state` (`engine_evidence`); `corral verify` and `corral doctor`
 read them from there.
 """
@@ -29,7 +30,8 @@ _MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
 )
 PRELOAD_EXIT = "preload_exit"
-KINDS = (*(kind for kind, _ in _MARKERS), PRELOAD_EXIT)
+KV_SHORTFALL = "kv_shortfall"  # the logged KV cache size below the memory budget (corral.engine.kv_log)
+KINDS = (*(kind for kind, _ in _MARKERS), PRELOAD_EXIT, KV_SHORTFALL)
 
 
 def classify(line: str) -> str | None:

@@ -159,6 +159,13 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
     type=click.FloatRange(min=0),
     help="Simulated KV cache memory [default: KV tokens x 128 KiB].",
 )
+@click.option(
+    "--memory-metrics/--no-memory-metrics",
+    default=True,
+    show_default=True,
+    help="Expose the corral_sim_* memory gauges; --no-memory-metrics hides them, as vLLM has none "
+    "(its GPU memory is read from the device).",
+)
 @click.option("--enable-lora", is_flag=True, help="Serve LoRA adapters.")
 @click.option("--max-loras", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option(

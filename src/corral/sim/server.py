@@ -69,7 +69,9 @@ class SimServer:
             self.engine.cache,
             sleep_state=lambda: lifecycle.sleep_state_label,
         )
-        self.lifecycle_metrics = LifecycleCollector(config.model, lifecycle, LoadOutcome("disk"))
+        self.lifecycle_metrics = LifecycleCollector(
+            config.model, lifecycle, LoadOutcome("disk"), memory=config.memory_metrics
+        )
         extra: list[Collector] = [self.lifecycle_metrics]
         if self.lora is not None and config.enable_lora:
             extra.append(LoraCollector(self.lora))

@@ -19,8 +19,10 @@ from corral.engine.evidence import KINDS
 from corral.engine_state import EngineState
 from corral.fleet.checks.expected_sleep import ExpectedAsleep, asleep_problems
 from corral.fleet.checks.probe import EngineView, FleetView
+from corral.fleet.checks.verify_memory import FAILED, PASSED, kv_capacity_outcome, memory_outcome
 
 PASS, FAIL, WARN = "pass", "fail", "warn"
+NOT_MEASURED = "not measured"  # nothing could measure it: never a pass; fails with --require-measured
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class Expectations:
     adapters: tuple[str, ...] | None = None  # None: only that every engine of a group has the same
     explained: dict[str, str] = field(default_factory=dict)  # evidence kind -> operator's explanation
     asleep: tuple[ExpectedAsleep, ...] = ()  # engines a planned sleep should have put to sleep
+    require_measured: bool = False  # a check that could not be measured fails (--require-measured)
 
     def expected_asleep(self, engine: EngineView) -> ExpectedAsleep | None:
         return next((a for a in self.asleep if a.matches(engine)), None)
@@ -161,6 +164,27 @@ def check_sleep(view: FleetView, expect: Expectations) -> Check:
         detail = f"asleep as expected: {', '.join(expected)}; no other engine sleeping"
         return Check("sleep", PASS, detail + note)
     return Check("sleep", PASS, "no engine sleeping" + note)
+
+
+def _measured(name: str, found: tuple[str, str] | None, expect: Expectations) -> Check:
+    if found is None:
+        return Check(name, WARN, "no supervisors given: memory not checked")
+    outcome, detail = found
+    if outcome == PASSED:
+        return Check(name, PASS, detail)
+    if outcome == FAILED or expect.require_measured:
+        return Check(name, FAIL, detail)
+    return Check(name, NOT_MEASURED, detail)
+
+
+def check_memory(view: FleetView, expect: Expectations) -> Check:
+    """Each supervisor's last memory verdict: at READY, or its last sleep/wake/reload's VERIFY."""
+    return _measured("memory", memory_outcome(view.engines), expect)
+
+
+def check_kv_capacity(view: FleetView, expect: Expectations) -> Check:
+    """vLLM's logged KV cache size against each engine's PRECHECK memory budget."""
+    return _measured("kv_capacity", kv_capacity_outcome(view.engines), expect)
 
 
 def check_membership(view: FleetView) -> Check:
@@ -297,6 +321,8 @@ async def run_checks(
         check_bundle(view),
         check_health(view, expect),
         check_sleep(view, expect),
+        check_memory(view, expect),
+        check_kv_capacity(view, expect),
         check_membership(view),
     ]
     model = expect.model or next((m for e in view.engines for m in e.base_models), None)

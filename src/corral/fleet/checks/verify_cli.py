@@ -16,9 +16,9 @@ from corral.engine.evidence import KINDS
 from corral.fleet.checks.change_record import default_record_path, new_record, read_record, write_record
 from corral.fleet.checks.expected_sleep import ExpectAsleepError, ExpectedAsleep
 from corral.fleet.checks.probe import FleetTarget, TargetError, look, read_token
-from corral.fleet.checks.verify import FAIL, PASS, Check, Expectations, run_checks
+from corral.fleet.checks.verify import FAIL, NOT_MEASURED, PASS, Check, Expectations, run_checks
 
-_COLOUR = {PASS: "green", FAIL: "red"}
+_COLOUR = {PASS: "green", FAIL: "red", NOT_MEASURED: "magenta"}
 
 
 def render(checks: list[Check]) -> Table:
@@ -78,6 +78,12 @@ def _explained(values: tuple[str, ...]) -> dict[str, str]:
     default=None,
     help="Change record to compare against, then write [default: $XDG_STATE_HOME/corral/verify-PORT.json].",
 )
+@click.option(
+    "--require-measured",
+    is_flag=True,
+    help="A check nothing could measure (memory without engine figures or NVML, KV size without a "
+    "budget) fails instead of reporting NOT MEASURED.",
+)
 @click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @fleet_access_options()
 def verify(
@@ -90,6 +96,7 @@ def verify(
     asleep: tuple[str, ...],
     explain: tuple[str, ...],
     record: Path | None,
+    require_measured: bool,
     token_file: Path | None,
     access: FleetAccess,
 ) -> None:
@@ -104,17 +111,21 @@ def verify(
         expected_asleep = tuple(ExpectedAsleep.parse(spec) for spec in asleep)
     except ExpectAsleepError as exc:
         raise click.BadParameter(str(exc), param_hint="--expect-asleep") from None
-    expect = Expectations(expect_model, expected_adapters, _explained(explain), expected_asleep)
+    expect = Expectations(
+        expect_model, expected_adapters, _explained(explain), expected_asleep, require_measured
+    )
     path = record or default_record_path("verify", port)
     previous = read_record(path)
     view = run(look(target))
     checks, ttft_ms = run(run_checks(view, expect, previous))
     Console(width=max(120, Console().width)).print(render(checks))
     failed = [c.name for c in checks if c.verdict == FAIL]
+    unmeasured = [c.name for c in checks if c.verdict == NOT_MEASURED]
     body = new_record("verify", view, started)
     body.update(
         ok=not failed,
         failed=failed,
+        not_measured=unmeasured,
         checks=[c.to_json() for c in checks],
         ttft_ms=ttft_ms if ttft_ms is not None else (previous or {}).get("ttft_ms"),
         expected={
@@ -131,6 +142,8 @@ def verify(
     for c in checks:
         if c.name == "smoke" and c.verdict == FAIL and ROUTER_KEY_FLAG in c.detail:
             click.echo(f"smoke: {c.detail}", err=True)  # the same: whole, with the flag
+    if unmeasured:
+        click.echo(f"NOT MEASURED: {', '.join(unmeasured)} (--require-measured makes these fail)")
     if failed:
         click.echo(f"FAILED: {', '.join(failed)}")
         raise SystemExit(1)

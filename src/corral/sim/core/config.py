@@ -42,6 +42,7 @@ class SimConfig:
     enable_sleep_mode: bool = False
     weights_gib: float = 1.0
     kv_cache_gib: float | None = None
+    memory_metrics: bool = True  # the corral_sim_* memory gauges; off, as vLLM: memory only from the device
     enable_lora: bool = False
     max_loras: int = 1
     lora_modules: tuple[str, ...] = field(default_factory=tuple)

@@ -19,12 +19,33 @@ from corral.sim.weights.weight_loader import LoadOutcome
 
 
 class LifecycleCollector(Collector):
-    def __init__(self, model_name: str, lifecycle: EngineLifecycle, load: LoadOutcome) -> None:
+    def __init__(
+        self, model_name: str, lifecycle: EngineLifecycle, load: LoadOutcome, memory: bool = True
+    ) -> None:
         self._labels = {"engine": "0", "model_name": model_name}
         self._lifecycle = lifecycle
         self.load = load
+        self._memory = memory  # False (--no-memory-metrics): no memory gauges, as vLLM
 
     def collect(self) -> Iterator[Metric]:
+        lc, labels = self._lifecycle, self._labels
+        if self._memory:
+            yield from self._memory_gauges()
+        paused = Metric(
+            "corral_sim_scheduler_paused", "1 while the scheduler is paused (sleep, pause).", "gauge"
+        )
+        paused.add_sample(paused.name, labels, 1.0 if lc.is_paused else 0.0)
+        yield paused
+        info = Metric(
+            "corral_sim_weight_load",
+            "How the weights were loaded at startup: source disk, ipc_cache (from the preload daemon) or "
+            "disk_fallback (daemon unusable); mode is the ipc_cache mode.",
+            "gauge",
+        )
+        info.add_sample(info.name, {**labels, "source": self.load.source, "mode": self.load.mode}, 1.0)
+        yield info
+
+    def _memory_gauges(self) -> Iterator[Metric]:
         lc, labels = self._lifecycle, self._labels
         mem = lc.memory()
         gpu = Metric(
@@ -50,19 +71,6 @@ class LifecycleCollector(Collector):
         )
         valid.add_sample(valid.name, labels, 1.0 if lc.weights_valid else 0.0)
         yield valid
-        paused = Metric(
-            "corral_sim_scheduler_paused", "1 while the scheduler is paused (sleep, pause).", "gauge"
-        )
-        paused.add_sample(paused.name, labels, 1.0 if lc.is_paused else 0.0)
-        yield paused
-        info = Metric(
-            "corral_sim_weight_load",
-            "How the weights were loaded at startup: source disk, ipc_cache (from the preload daemon) or "
-            "disk_fallback (daemon unusable); mode is the ipc_cache mode.",
-            "gauge",
-        )
-        info.add_sample(info.name, {**labels, "source": self.load.source, "mode": self.load.mode}, 1.0)
-        yield info
 
 
 class LoraCollector(Collector):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from corral.bundle_spec import BundleSpec
 from corral.supervisor.checks.dependencies import DependencyGate
+from corral.supervisor.lifecycle.device_memory import MemoryThresholds
 from corral.supervisor.lifecycle.drain import DrainSettings
 from corral.supervisor.lifecycle.failure_strategy import OnStartupFailure
 
@@ -50,5 +51,6 @@ class SupervisorConfig:
     engine_env: tuple[tuple[str, str], ...] = ()  # set in the engine's environment (a bundle's env)
     bundle_name: str = "initial"  # what the engine command as configured is called
     bundles: tuple[BundleSpec, ...] = ()  # bundles this host may be switched to (POST /v1/bundle)
+    memory: MemoryThresholds = field(default_factory=MemoryThresholds)  # VERIFY's memory thresholds
     # what follows a start that failed for good (lifecycle/failure_strategy.py)
     on_startup_failure: OnStartupFailure = field(default_factory=OnStartupFailure)

@@ -23,6 +23,7 @@ import psutil
 
 from corral.child_process import ChildProcess, LineSink
 from corral.engine.flags import engine_api_key
+from corral.engine.kv_log import EngineLogFigures
 from corral.engine.rank_lines import ParallelSize, parallel_size
 from corral.supervisor.checks.engine_auth import Redactor
 from corral.supervisor.lifecycle.ranks import EngineRanks
@@ -140,6 +141,7 @@ class EngineProcess:
             "engine", self.argv, env=environment, sink=self._line, keep_lines=0, inherit_env=False
         )
         self.identity: EngineIdentity | None = None
+        self.log_figures = EngineLogFigures()  # this run's KV size and memory shares, as logged
         try:
             size = parallel_size(self.argv)
         except ValueError:  # vLLM refuses the command with its own message; one rank meanwhile
@@ -151,6 +153,7 @@ class EngineProcess:
         self._last_lines.append(shown)
         self._echo(shown)
         self.ranks.note_line(shown)
+        self.log_figures.note(line)
         phase = detect_phase(line)
         if phase is not None and phase is not self.phase:
             self.phase = phase

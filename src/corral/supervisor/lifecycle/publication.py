@@ -72,6 +72,9 @@ class Publication:
             "on_startup_failure": str(sup.config.on_startup_failure),
             "startup_failure": sup.startup_failure.to_json() if sup.startup_failure is not None else None,
             "engine_evidence": sup.evidence.to_json(),
+            # the engine's logged KV cache size, and the last memory verdict (lifecycle/device_memory.py)
+            "kv_cache_tokens": engine.log_figures.kv_cache_tokens if engine is not None else None,
+            "memory": sup.memory.to_json(),
             # the engine's worker ranks (pid, liveness) and the world size its command asks for
             **(engine.ranks.to_json() if engine is not None else {"world_size": None, "ranks": []}),
         }

@@ -18,6 +18,7 @@ class SleepStatus:
     reloading: bool = False  # a weight reload's level-2 sleep, not one asked for
     woken_tags: tuple[str, ...] | None = None  # after a partial wake
     asleep_tags: tuple[str, ...] | None = None
+    device_before: dict[str, Any] | None = None  # NVML's reading before the sleep (no engine figures)
 
     def partially_awake(self, woken: list[str], asleep: list[str]) -> SleepStatus:
         return dataclasses.replace(self, woken_tags=tuple(woken), asleep_tags=tuple(asleep))
@@ -32,4 +33,6 @@ class SleepStatus:
             body["woken_tags"] = list(self.woken_tags)
         if self.asleep_tags is not None:
             body["asleep_tags"] = list(self.asleep_tags)
+        if self.device_before is not None:
+            body["device_before"] = self.device_before
         return body

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -16,7 +16,8 @@ import aiohttp
 from corral.aio import cancel_tasks
 from corral.bundle_spec import BundleSpec
 from corral.child_process import LineSink
-from corral.engine.evidence import EvidenceBook
+from corral.engine.dev_api import AdminCallFailed, EngineAdmin, EngineFigures
+from corral.engine.evidence import KV_SHORTFALL, EvidenceBook
 from corral.supervisor.checks.adapters import AdapterSet
 from corral.supervisor.checks.bundle import Bundle
 from corral.supervisor.checks.dependencies import GateWaiter
@@ -24,6 +25,15 @@ from corral.supervisor.checks.engine_auth import EngineKey, redact_argv
 from corral.supervisor.checks.readiness import ReadinessCheck, SmokeResult
 from corral.supervisor.checks.stall import Stall, StallWatch
 from corral.supervisor.lifecycle.config import SupervisorConfig
+from corral.supervisor.lifecycle.device_memory import (
+    MemoryRecord,
+    MemoryVerdict,
+    budget_evidence,
+    capacity_at_ready,
+    read_device,
+    reported,
+    resident_verdict,
+)
 from corral.supervisor.lifecycle.drain import DrainPolicy, DrainReport, DrainSequence, DrainSettings
 from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPolicy, RestartRecord
 from corral.supervisor.lifecycle.failure_strategy import RollbackStarter, StartupFailure, Verdict, decide
@@ -77,6 +87,7 @@ class EngineSupervisor:
         self.last_smoke: SmokeResult | None = None
         self.bundle: Bundle | None = None
         self.evidence = EvidenceBook()
+        self.memory = MemoryRecord()  # the last memory verdict and the KV capacity check (/v1/state)
         self.unrecoverable: str | None = None
         # the last start that failed for good and what --on-startup-failure made of it; the rollback
         # operation's starter is set by the composition root (the runbook is above the lifecycle)
@@ -297,6 +308,31 @@ class EngineSupervisor:
 
     def note_smoke(self, smoke: SmokeResult) -> None:
         self.last_smoke = smoke
+
+    def note_memory(self, operation: str, verdict: MemoryVerdict) -> None:
+        """A memory verdict of VERIFY (passed, failed or not_measured), shown and recorded."""
+        self.oplog.append("memory_verified", **self.memory.note(operation, verdict))
+
+    async def note_ready_memory(self, precheck: Mapping[str, Any] | None) -> None:
+        """At READY: what the engine's processes hold (NVML), and vLLM's logged KV cache size against
+        the memory budget of the PRECHECK report (its JSON); a shortfall is engine evidence."""
+        engine = self.engine
+        if engine is None:
+            return
+        try:
+            figures: EngineFigures | None = await EngineAdmin(self.session, self.config.engine_url).figures()
+        except AdminCallFailed:
+            figures = None
+        reading = None if reported(figures) else await read_device(engine.pid)
+        self.note_memory("startup", resident_verdict(figures, reading))
+        budget = budget_evidence(precheck)
+        capacity = capacity_at_ready(engine.log_figures, budget, self.config.memory)
+        self.memory.note_capacity(capacity, engine.log_figures)
+        self.oplog.append("kv_capacity", **capacity.to_json())
+        if capacity.shortfall:
+            self.evidence.note(KV_SHORTFALL, capacity.reason)
+            self.oplog.append("engine_evidence", kind=KV_SHORTFALL, line=capacity.reason)
+            self.metrics.count_evidence(KV_SHORTFALL)
 
     async def suspend_lifecycle(self) -> None:
         """Stop the READY watch (stall detection) while an operation has the engine out of routing."""

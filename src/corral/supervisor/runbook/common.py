@@ -5,13 +5,25 @@ known state (awake and READY again, or a restart in place)."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import psutil
 
 from corral.engine.dev_api import AdminCallFailed, EngineAdmin, EngineFigures
+from corral.engine.kv_log import EngineLogFigures
 from corral.engine.metric_names import SLEEP_STATE
 from corral.supervisor.checks.readiness import NotReady
+from corral.supervisor.lifecycle.device_memory import (
+    ENGINE_METRICS,
+    PASSED,
+    DeviceReading,
+    MemoryVerdict,
+    not_measured,
+    read_device,
+    reported,
+    wake_verdict,
+)
 from corral.supervisor.lifecycle.drain import Leaving
 from corral.supervisor.lifecycle.states import EngineState
 from corral.supervisor.runbook.template import Evidence, Refused, StepFailed
@@ -110,7 +122,48 @@ async def apply_policy(sup: EngineAccess, leaving: Leaving, mode: str) -> Eviden
     return evidence
 
 
-async def verify_awake(sup: EngineAccess, admin: EngineAdmin, before: EngineFigures | None) -> Evidence:
+async def device_reading(sup: EngineAccess, figures: EngineFigures) -> DeviceReading | None:
+    """NVML's reading of the engine's process tree, where the engine reports no memory figures."""
+    if reported(figures):
+        return None
+    engine = sup.engine
+    return await read_device(engine.pid if engine is not None and engine.running else None)
+
+
+def device_verdict(
+    sup: EngineAccess,
+    kind: str,
+    before: DeviceReading | None,
+    after: DeviceReading | None,
+    decide: Callable[[DeviceReading, DeviceReading], MemoryVerdict],
+) -> Evidence:
+    """VERIFY's memory check on NVML's readings (not_measured without them): recorded on the
+    supervisor, a failure raised as the step's failure."""
+    verdict = not_measured() if before is None or after is None else decide(before, after)
+    sup.note_memory(kind, verdict)
+    if verdict.failed:
+        raise StepFailed(verdict.reason, memory=verdict.to_json())
+    return verdict.to_json()
+
+
+def figures_passed(sup: EngineAccess, kind: str, moved: Evidence) -> Evidence:
+    """The engine's own figures passed VERIFY's memory check: say so, and where they came from."""
+    verdict = MemoryVerdict(PASSED, "the engine's memory figures moved as expected", ENGINE_METRICS, moved)
+    sup.note_memory(kind, verdict)
+    return verdict.to_json()
+
+
+def logged_figures(sup: EngineAccess) -> EngineLogFigures | None:
+    return sup.engine.log_figures if sup.engine is not None else None
+
+
+async def verify_awake(
+    sup: EngineAccess,
+    admin: EngineAdmin,
+    before: EngineFigures | None,
+    device_before: DeviceReading | None = None,
+    kind: str = "wake",
+) -> Evidence:
     """VERIFY after a wake: not sleeping, sleep state awake, memory back, same model, smoke answered."""
     if await admin.is_sleeping():
         raise StepFailed("the engine still reports is_sleeping true")
@@ -121,13 +174,26 @@ async def verify_awake(sup: EngineAccess, admin: EngineAdmin, before: EngineFigu
         raise StepFailed(
             "the engine's weights are not valid (weights woken without reload)", figures=figures.to_json()
         )
-    if before is not None:
+    memory: Evidence | None = None
+    if before is not None and reported(before) and reported(figures):
+        moved: Evidence = {}
         for name in ("gpu_weights_bytes", "gpu_kv_cache_bytes"):
             want, got = getattr(before, name), getattr(figures, name)
             if want is not None and got is not None and got < want:
                 raise StepFailed(
                     f"{name} is {got:.0f}, below the {want:.0f} before the sleep", figures=figures.to_json()
                 )
+            moved[name] = [want, got]
+        memory = figures_passed(sup, kind, moved)
+    elif before is not None:
+        thresholds, logged = sup.config.memory, logged_figures(sup)
+        memory = device_verdict(
+            sup,
+            kind,
+            device_before,
+            await device_reading(sup, figures),
+            lambda b, a: wake_verdict(b, a, [], logged, thresholds),
+        )
     try:
         model = await sup.readiness.served_model(sup.session)
         if sup.served_model is not None and model != sup.served_model:
@@ -136,7 +202,10 @@ async def verify_awake(sup: EngineAccess, admin: EngineAdmin, before: EngineFigu
     except NotReady as exc:
         raise StepFailed(f"readiness after wake: {exc}") from exc
     sup.note_smoke(smoke)
-    return {"is_sleeping": False, "figures": figures.to_json(), "model": model, "smoke": smoke.to_json()}
+    checked: Evidence = {"is_sleeping": False, "figures": figures.to_json(), "model": model}
+    if memory is not None:
+        checked["memory"] = memory
+    return {**checked, "smoke": smoke.to_json()}
 
 
 async def back_to_ready(sup: EngineAccess, admin: EngineAdmin, reason: str, cause: str) -> Evidence:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from corral.engine.dev_api import EngineFigures
+from corral.supervisor.lifecycle.device_memory import DeviceReading
 from corral.supervisor.lifecycle.drain import Leaving
 from corral.supervisor.lifecycle.sleep_status import SleepStatus
 from corral.supervisor.lifecycle.states import EngineState
@@ -16,6 +17,7 @@ from corral.supervisor.runbook.common import (
     SLEEP_MODES,
     admin_for,
     apply_policy,
+    device_reading,
     fail_and_restart,
     leave_routing,
     require_ready_and_dev,
@@ -41,6 +43,7 @@ class ReloadPlan:
         self.mode = mode
         self.admin = admin_for(sup)
         self.before: EngineFigures | None = None
+        self.device_before: DeviceReading | None = None  # NVML, where the engine reports no figures
         self._drainer: Leaving | None = None
 
     async def precheck(self) -> Evidence:
@@ -48,6 +51,9 @@ class ReloadPlan:
         evidence.update(require_sleep_mode(self.sup, "reload"))
         self.before = await self.admin.figures()
         evidence["before"] = self.before.to_json()
+        self.device_before = await device_reading(self.sup, self.before)
+        if self.device_before is not None:
+            evidence["device_before"] = self.device_before.to_json()
         return evidence
 
     async def remove_from_routing(self) -> Evidence:
@@ -72,7 +78,7 @@ class ReloadPlan:
         return {"calls": calls}
 
     async def verify(self) -> Evidence:
-        checked = await verify_awake(self.sup, self.admin, self.before)
+        checked = await verify_awake(self.sup, self.admin, self.before, self.device_before, self.kind)
         checked["prefix_cache"] = await prefix_state_after(self.sup, self.admin, self.before, "reload")
         self.sup.note_sleep(None)
         self.sup.transition(

@@ -3,7 +3,8 @@
 Level 0 pauses scheduling with every allocation resident (with `release_kv`, the KV cache is then
 freed, which needs the level-0 keep pause); level 1 offloads the weights to host memory and drops the
 KV cache; level 2 drops both. VERIFY reads `/is_sleeping`, `vllm:engine_sleep_state` and the memory
-figures; a failure before the sleep holds wakes the engine and makes it READY again.
+figures (the engine's, or NVML's over its processes: `lifecycle/device_memory.py`; "not measured"
+without either); a failure before the sleep holds wakes the engine and makes it READY again.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from corral.engine.dev_api import EngineFigures
 from corral.engine.metric_names import SLEEP_STATE
+from corral.supervisor.lifecycle.device_memory import DeviceReading, sleep_verdict
 from corral.supervisor.lifecycle.drain import Leaving
 from corral.supervisor.lifecycle.sleep_status import SleepStatus
 from corral.supervisor.lifecycle.states import EngineState
@@ -20,8 +22,12 @@ from corral.supervisor.runbook.common import (
     admin_for,
     apply_policy,
     back_to_ready,
+    device_reading,
+    device_verdict,
+    figures_passed,
     host_ram_for_backup,
     leave_routing,
+    logged_figures,
     require_ready_and_dev,
     require_sleep_mode,
 )
@@ -52,6 +58,7 @@ class SleepPlan:
         self.release_kv = release_kv
         self.admin = admin_for(sup)
         self.before: EngineFigures | None = None
+        self.device_before: DeviceReading | None = None  # NVML, where the engine reports no figures
         self._drainer: Leaving | None = None
 
     async def precheck(self) -> Evidence:
@@ -62,6 +69,9 @@ class SleepPlan:
         if self.level == 1:
             evidence["host_ram"] = host_ram_for_backup(self.before)
         evidence["before"] = self.before.to_json()
+        self.device_before = await device_reading(self.sup, self.before)
+        if self.device_before is not None:
+            evidence["device_before"] = self.device_before.to_json()
         return evidence
 
     async def remove_from_routing(self) -> Evidence:
@@ -107,14 +117,24 @@ class SleepPlan:
                 raise StepFailed("the KV cache's GPU memory was not released", moved=moved)
             if self.level == 0 and not self.release_kv and after.gpu_weights_bytes < before.gpu_weights_bytes:
                 raise StepFailed("a level-0 pause must keep the weights resident", moved=moved)
+            moved = figures_passed(self.sup, self.kind, moved)
         else:
-            moved = {"note": "the engine reports no memory figures; read GPU memory from the device"}
+            level, release_kv, logged = self.level, self.release_kv, logged_figures(self.sup)
+            thresholds = self.sup.config.memory
+            moved = device_verdict(
+                self.sup,
+                self.kind,
+                self.device_before,
+                await device_reading(self.sup, after),
+                lambda b, a: sleep_verdict(b, a, level, release_kv, logged, thresholds),
+            )
         self.sup.note_sleep(
             SleepStatus(
                 level=self.level,
                 mode=self.mode,
                 kv_released=self.release_kv,
                 before=before.to_json() if before is not None else None,
+                device_before=self.device_before.to_json() if self.device_before is not None else None,
             )
         )
         self.sup.transition(

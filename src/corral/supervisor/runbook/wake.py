@@ -15,9 +15,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from corral.engine.dev_api import EngineFigures, parse_figures
+from corral.supervisor.lifecycle.device_memory import DeviceReading, wake_verdict
 from corral.supervisor.lifecycle.sleep_status import SleepStatus
 from corral.supervisor.lifecycle.states import EngineState
-from corral.supervisor.runbook.common import admin_for, fail_and_restart, verify_awake
+from corral.supervisor.runbook.common import (
+    admin_for,
+    device_reading,
+    device_verdict,
+    fail_and_restart,
+    figures_passed,
+    logged_figures,
+    verify_awake,
+)
 from corral.supervisor.runbook.prefix_reset import prefix_state_after
 from corral.supervisor.runbook.template import Evidence, Refused, Step, StepFailed
 from corral.supervisor.runbook.wake_steps import (
@@ -101,11 +110,14 @@ class WakePlan:
 
     async def verify(self) -> Evidence:
         steps = self._steps
+        device_before = DeviceReading.from_json(self.status.get("device_before"))
         if not steps.completes:
-            return self._partially_awake(
-                await verify_partial(self.admin, _before(self.status), self._woken(), steps.still_asleep)
+            checked = await verify_partial(
+                self.admin, _before(self.status), self._woken(), steps.still_asleep
             )
-        checked = await verify_awake(self.sup, self.admin, _before(self.status))
+            checked["memory"] = await self._partial_memory(checked, device_before)
+            return self._partially_awake(checked)
+        checked = await verify_awake(self.sup, self.admin, _before(self.status), device_before)
         if (self.status.get("level") or 0) >= 1:  # a level-0 pause keeps the prefix cache
             checked["prefix_cache"] = await prefix_state_after(
                 self.sup, self.admin, _before(self.status), "wake"
@@ -116,6 +128,19 @@ class WakePlan:
         )
         self.sup.resume_serving()
         return checked
+
+    async def _partial_memory(self, checked: Evidence, device_before: DeviceReading | None) -> Evidence:
+        """The engine's figures as checked, or else NVML's: the woken share back, the rest freed."""
+        if checked["memory"] is not None:
+            return figures_passed(self.sup, self.kind, checked["memory"])
+        still, logged, thresholds = self._steps.still_asleep, logged_figures(self.sup), self.sup.config.memory
+        return device_verdict(
+            self.sup,
+            self.kind,
+            device_before,
+            await device_reading(self.sup, EngineFigures(**checked["figures"])),
+            lambda b, a: wake_verdict(b, a, still, logged, thresholds),
+        )
 
     def _woken(self) -> list[str]:
         before = self.status.get("woken_tags")

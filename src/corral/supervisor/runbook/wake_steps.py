@@ -135,13 +135,11 @@ async def verify_partial(
                 )
     if "weights" in woken and figures.weights_valid is not None and figures.weights_valid < 1:
         raise StepFailed("the woken weights are not valid (woken without reload)", figures=figures.to_json())
-    if not memory:
-        memory = {"note": "the engine reports no memory figures; read GPU memory from the device"}
     return {
         "is_sleeping": True,
         "woken_tags": woken,
         "asleep_tags": still_asleep,
         "sleep_state": figures.sleep_state,
-        "memory": memory,
+        "memory": memory or None,  # None: no engine figures; the caller reads the device
         "figures": figures.to_json(),
     }
