@@ -242,6 +242,12 @@ def derive(config: CorralDeployment) -> Budgets:
             + (f" + restart overshoot ({_g(max_backoff)} + {_g(dependency_s)})" if s.restarts else ""),
         )
     )
+    if config.supervisor.on_startup_failure == "rollback":
+        # the failed start may take its whole window, then the rollback bundle's start gets its own
+        window *= 2
+        steps.append(
+            Step("startup window, rollback", window, "2 × the window: the failed start, then the rollback's")
+        )
     threshold = probe_failure_threshold(window, p.startup_period_seconds)
     steps.append(
         Step(

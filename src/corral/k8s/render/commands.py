@@ -17,6 +17,7 @@ ENGINE_API_KEY_DIR = "/etc/corral/engine-api-key"  # the engines' vLLM API key: 
 POD_TOKEN_DIR = "/etc/corral/pod-token"
 POD_TOKEN_FILE = f"{POD_TOKEN_DIR}/token"
 STATE_DIR = "/var/lib/corral"
+BUNDLES_DIR = "/etc/corral/bundles"  # the declared bundles (supervisor.rollback_bundle), from a ConfigMap
 ENGINE_HOST = "127.0.0.1"
 DEPLOYMENT_LABEL = "corral.dev/deployment"
 ROLE_LABEL = "corral.dev/role"
@@ -37,6 +38,23 @@ def admin_key_file(config: CorralDeployment) -> str:
 def engine_api_key_file(config: CorralDeployment) -> str | None:
     ref = config.engine_api_key
     return None if ref is None else f"{ENGINE_API_KEY_DIR}/{ref.key}"
+
+
+def bundle_file_name(config: CorralDeployment) -> str | None:
+    bundle = config.supervisor.rollback_bundle
+    return None if bundle is None else f"{bundle.name}.yaml"
+
+
+def startup_failure_args(config: CorralDeployment) -> list[str]:
+    """--bundle for the declared rollback bundle, and --on-startup-failure unless it is the default."""
+    s = config.supervisor
+    args = [] if s.rollback_bundle is None else ["--bundle", f"{BUNDLES_DIR}/{bundle_file_name(config)}"]
+    if s.on_startup_failure == "rollback":
+        assert s.rollback_bundle is not None  # config_reading.cross_check
+        args += ["--on-startup-failure", f"rollback={s.rollback_bundle.name}"]
+    elif s.on_startup_failure != "restart":
+        args += ["--on-startup-failure", s.on_startup_failure]
+    return args
 
 
 def engine_selector(config: CorralDeployment) -> dict[str, str]:
@@ -116,6 +134,7 @@ def supervisor_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
         STATE_DIR,
         "--token-file",
         POD_TOKEN_FILE,
+        *startup_failure_args(config),
         "--",
         *engine_argv(config),
     ]

@@ -292,6 +292,32 @@ class RouterSpec(_Section):
         return policy
 
 
+class RollbackBundleSpec(_Section):
+    """A bundle every engine pod declares (`corral supervise --bundle`, from a ConfigMap): the engine
+    command as rendered plus these args and env. A failed start rolls back to it under
+    `supervisor.on_startup_failure: rollback`, and `POST /v1/bundle` may switch to it."""
+
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
+        description="the bundle's name (letters, digits, '.', '_', '-'); not 'initial' (the rendered "
+        "command's)",
+    )
+    engine_args: list[str] = Field(
+        default_factory=list, description="vLLM flags added to the rendered engine command"
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="plain environment variables of the engine")
+
+    @field_validator("engine_args")
+    @classmethod
+    def _no_owned_flags(cls, args: list[str]) -> list[str]:
+        return EngineSpec._no_owned_flags(args)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, env: dict[str, str]) -> dict[str, str]:
+        return EngineSpec._no_plain_secrets(EngineSpec._env_names(env))
+
+
 class SupervisorSpec(_Section):
     port: Port = Field(default=8081, description="the supervisor's probe and management port")
     gate_port: Port = Field(
@@ -300,6 +326,16 @@ class SupervisorSpec(_Section):
         "which forwards only inference paths to the engine and only while it is READY",
     )
     stall_seconds: float = Field(default=60.0, gt=0, description="--stall-seconds")
+    on_startup_failure: Literal["restart", "stay-unready", "rollback"] = Field(
+        default="restart",
+        description="what follows a start that cannot reach READY (--on-startup-failure): restart = "
+        "/livez 503, the kubelet restarts the container; stay-unready = the pod stays up unready "
+        "(/livez and /startupz 200, /readyz 503) for a person to look; rollback = one switch to "
+        "supervisor.rollback_bundle",
+    )
+    rollback_bundle: RollbackBundleSpec | None = Field(
+        default=None, description="the bundle a failed start rolls back to: {name, engine_args, env}"
+    )
 
 
 class TokenSpec(_Section):

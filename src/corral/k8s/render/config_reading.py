@@ -117,6 +117,7 @@ def cross_check(config: CorralDeployment) -> list[Problem]:
             )
         )
     problems += _hidden_paths(config)
+    problems += _startup_failure(config)
     mounts = [PurePosixPath(v.mount_path) for v in config.engine.volumes]
     for i, spec in enumerate(config.dependencies.wait_for):
         gate = parse_gate(spec)
@@ -146,10 +147,34 @@ def cross_check(config: CorralDeployment) -> list[Problem]:
     return problems
 
 
+def _startup_failure(config: CorralDeployment) -> list[Problem]:
+    """A rollback needs its bundle, which must not take the rendered command's name."""
+    s = config.supervisor
+    if s.on_startup_failure == "rollback" and s.rollback_bundle is None:
+        return [
+            Problem(
+                "supervisor.rollback_bundle",
+                _MISSING,
+                "supervisor.on_startup_failure rollback needs the bundle to roll back to: "
+                "{name, engine_args, env} added to the rendered engine command",
+            )
+        ]
+    if s.rollback_bundle is not None and s.rollback_bundle.name == "initial":
+        return [
+            Problem(
+                "supervisor.rollback_bundle.name",
+                "initial",
+                "'initial' is the rendered engine command's own bundle name; name the rollback bundle "
+                "otherwise (e.g. previous)",
+            )
+        ]
+    return []
+
+
 def _hidden_paths(config: CorralDeployment) -> list[Problem]:
     """A hostPath volume mounted over a directory the renderer mounts would hide it (the pod's token,
     the state dir, the writable paths of a read-only root filesystem)."""
-    own = [commands.POD_TOKEN_DIR, commands.STATE_DIR, "/tmp", "/dev/shm", HOME]
+    own = [commands.POD_TOKEN_DIR, commands.STATE_DIR, commands.BUNDLES_DIR, "/tmp", "/dev/shm", HOME]
     own += config.security.writable_paths
     problems = []
     for i, volume in enumerate(config.engine.volumes):

@@ -1,14 +1,17 @@
 """The engine's objects: its Deployment (supervisor as entrypoint, probes on /startupz, /readyz,
 /livez, preStop drain, a token init container, the hardened volumes), its headless Service,
-PodDisruptionBudget and NetworkPolicy.
+PodDisruptionBudget and NetworkPolicy, and the ConfigMap of its declared rollback bundle.
 """
 
 from __future__ import annotations
+
+import yaml
 
 from corral.k8s.render import commands
 from corral.k8s.render.budgets import Budgets
 from corral.k8s.render.config import CorralDeployment, PeerSpec
 from corral.k8s.render.parts import (
+    BUNDLES_VOLUME,
     ENGINE_HOME_ENV,
     HOME,
     HOME_VOLUME,
@@ -92,6 +95,9 @@ def _engine_volumes(config: CorralDeployment) -> tuple[list[Obj], list[Obj]]:
             {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": config.engine.shm_size}}
         )
         mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+    if config.supervisor.rollback_bundle is not None:
+        volumes.append({"name": BUNDLES_VOLUME, "configMap": {"name": bundles_config_map_name(config)}})
+        mounts.append({"name": BUNDLES_VOLUME, "mountPath": commands.BUNDLES_DIR, "readOnly": True})
     for v in config.engine.volumes:
         volumes.append({"name": v.name, "hostPath": {"path": v.host_path, "type": v.type}})
         mount: Obj = {"name": v.name, "mountPath": v.mount_path}
@@ -185,6 +191,27 @@ def engine_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
                 "spec": pod_spec,
             },
         },
+    }
+
+
+def bundles_config_map_name(config: CorralDeployment) -> str:
+    return f"{engine_name(config)}-bundles"
+
+
+def engine_bundles_config_map(config: CorralDeployment) -> Obj:
+    """The rollback bundle as the file `corral supervise --bundle` reads (name, engine_args, env)."""
+    bundle = config.supervisor.rollback_bundle
+    assert bundle is not None
+    text = yaml.safe_dump(bundle.model_dump(mode="json"), sort_keys=False)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": object_meta(
+            config,
+            bundles_config_map_name(config),
+            object_labels(config, commands.engine_selector(config), "engine"),
+        ),
+        "data": {commands.bundle_file_name(config): text},
     }
 
 

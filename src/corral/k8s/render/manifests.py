@@ -1,7 +1,8 @@
 """The Kubernetes objects of one Corral deployment, as plain dicts: the engine Deployment (supervisor as
 entrypoint, probes on its /startupz, /readyz, /livez, preStop drain), its headless Service,
 PodDisruptionBudget and NetworkPolicy, and the router's ServiceAccount, Role, RoleBinding, Deployment,
-Service and PodDisruptionBudget.
+Service and PodDisruptionBudget; with `supervisor.rollback_bundle`, a ConfigMap holding that bundle's
+file, which every engine pod declares (`--bundle`).
 
 Conventions the router relies on: engine pods carry `corral.dev/deployment=NAME` and
 `corral.dev/role=engine` (the router's --selector) and serve OpenAI on the supervisor's admission gate
@@ -28,6 +29,7 @@ from corral.k8s.render import commands
 from corral.k8s.render.budgets import Budgets
 from corral.k8s.render.config import CorralDeployment
 from corral.k8s.render.engine_objects import (
+    engine_bundles_config_map,
     engine_deployment,
     engine_network_policy,
     engine_pdb,
@@ -58,6 +60,11 @@ class Manifest:
 def render(config: CorralDeployment, budgets: Budgets) -> list[Manifest]:
     """Every object, in apply order (RBAC before the pods that use it)."""
     manifests = [
+        *(
+            [Manifest("engine-bundles-configmap.yaml", engine_bundles_config_map(config))]
+            if config.supervisor.rollback_bundle is not None
+            else []
+        ),
         Manifest("engine-deployment.yaml", engine_deployment(config, budgets)),
         Manifest("engine-service.yaml", engine_service(config)),
         Manifest("engine-pdb.yaml", engine_pdb(config, budgets)),

@@ -37,6 +37,9 @@ HOME_VOLUME = "home"
 SHM_VOLUME = "dshm"
 
 
+BUNDLES_VOLUME = "corral-bundles"
+
+
 HOME = "/home/corral"
 
 
