@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from corral.contracts.supervisor import SupervisorState
+from corral.fleet.checks.probe import EngineView
+from corral.fleet.checks.status_table import bundle_cell
 from corral.supervisor.lifecycle.failure_strategy import (
     LIFECYCLE_ENDED,
     OnStartupFailure,
@@ -107,3 +112,27 @@ def test_startup_failure_json_names_the_bundle_the_verdict_and_the_rollback_targ
     }
     held = StartupFailure("a", "r", Verdict.STAY_UNREADY, OnStartupFailure(Strategy.STAY_UNREADY))
     assert "rollback_to" not in held.to_json()
+
+
+def test_status_shows_the_bundle_in_effect_and_a_strategy_other_than_restart() -> None:
+    def cell(**state: Any) -> str:
+        return bundle_cell(EngineView("e", None, None, state={"bundle": {"fingerprint": "f1"}, **state}))
+
+    assert cell(bundle_name="good", on_startup_failure="restart") == "good f1"
+    assert cell(bundle_name="good", on_startup_failure="rollback=good") == (
+        "good f1 [on start failure: rollback=good]"
+    )
+    assert cell() == "f1"
+
+
+def test_the_state_contract_carries_the_strategy_and_the_failed_start() -> None:
+    failure = StartupFailure("a", "r", Verdict.STAY_UNREADY, OnStartupFailure(Strategy.STAY_UNREADY))
+    body = {
+        "state": "FAILED",
+        "epoch": 3,
+        "on_startup_failure": "stay-unready",
+        "startup_failure": failure.to_json(),
+    }
+    state = SupervisorState.model_validate(body)
+    assert state.on_startup_failure == "stay-unready" and state.startup_failure == failure.to_json()
+    assert SupervisorState.model_validate({"state": "READY", "epoch": 1}).on_startup_failure is None

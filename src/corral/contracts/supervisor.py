@@ -214,6 +214,8 @@ class SupervisorState(OpenWireModel):
     bundle: BundleInfo | None = None
     bundle_name: str | None = None
     bundles_declared: list[str] = Field(default_factory=list)
+    on_startup_failure: str | None = None  # restart | stay-unready | rollback=BUNDLE (absent before issue 14)
+    startup_failure: dict[str, Any] | None = None  # the last start that failed for good, and its verdict
     busy: str | None = None
     sleep: dict[str, Any] | None = None
     drain: dict[str, Any] | None = None

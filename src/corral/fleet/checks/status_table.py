@@ -39,6 +39,18 @@ def kv_usage(e: EngineView) -> str:
     return "-" if usage is None else f"{usage * 100:.0f}%"
 
 
+def bundle_cell(e: EngineView) -> str:
+    """The bundle in effect (its name and fingerprint), and a start-failure strategy other than restart."""
+    s = e.state or {}
+    name, strategy = s.get("bundle_name"), s.get("on_startup_failure")
+    text = e.fingerprint or "-"
+    if name:
+        text = f"{name} {text}"
+    if strategy and strategy != "restart":
+        text += f" [on start failure: {strategy}]"
+    return text
+
+
 def render_view(view: FleetView, title: str = "Corral fleet") -> Table:
     routed = {ep.url: ep for ep in view.router_endpoints or []}
     table = Table(title=title, title_justify="left")
@@ -74,7 +86,7 @@ def render_view(view: FleetView, title: str = "Corral fleet") -> Table:
             str(s.get("reason") or ""),
             str(len(s.get("restarts") or [])) if e.state is not None else "-",
             str((s.get("engine") or {}).get("pid") or "-"),
-            e.fingerprint or "-",
+            bundle_cell(e),
             in_flight(e),
             kv_usage(e),
             ", ".join(e.adapters) or "-",
