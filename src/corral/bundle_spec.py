@@ -6,6 +6,7 @@ one; `corral supervise --bundle FILE` declares one a host may be switched to.
                                                                        # command (hosts only)
     engine_args: ["--max-model-len", "8192"]      # added to the engine command
     env: {CORRAL_IMAGE: "registry.local/vllm:0.33.1"}
+    fingerprint: 3f2a9c0d1e4b5a67     # optional: PRECHECK refuses a start of this bundle with another one
 
 The supervisor's bundle fingerprint (corral.supervisor.checks.bundle) is what identifies a running bundle;
 this file only says how to start one. Two bundles that start the same engine get the same fingerprint,
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 # set by the fleet for each engine it starts; a bundle that set them would collide with it
 _FLEET_OWNED = ("--host", "--port", "--seed")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
 
 
 class BundleError(ValueError):
@@ -37,12 +39,24 @@ class BundleSpec(BaseModel):
     command: tuple[str, ...] = Field(default=(), description="Replaces the engine command (hosts only).")
     engine_args: tuple[str, ...] = Field(default=(), description="Added to every engine's command.")
     env: dict[str, str] = Field(default_factory=dict, description="Set in every engine's environment.")
+    fingerprint: str | None = Field(
+        default=None,
+        description="The fingerprint a start of this bundle must have (what `corral status` showed); "
+        "PRECHECK refuses another.",
+    )
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
         if not _NAME.match(value):
             raise ValueError(f"{value!r}: use letters, digits, '.', '_' or '-' (at most 63)")
+        return value
+
+    @field_validator("fingerprint")
+    @classmethod
+    def _fingerprint(cls, value: str | None) -> str | None:
+        if value is not None and not _FINGERPRINT.match(value):
+            raise ValueError(f"{value!r}: a fingerprint is 16 hex digits, as `corral status` shows it")
         return value
 
     @field_validator("engine_args")
@@ -65,6 +79,8 @@ class BundleSpec(BaseModel):
         }
         if self.command:
             body["command"] = list(self.command)
+        if self.fingerprint is not None:
+            body["fingerprint"] = self.fingerprint
         return body
 
 

@@ -190,3 +190,12 @@ def test_the_socket_dir_from_the_daemon_flags(tmp_path: Path) -> None:
     result = check_preload_pair(("corral", "sim", "--model", "m", "--load-format", "ipc_cache"), daemon)
     assert result.outcome is Outcome.PASSED, result.reason
     assert result.evidence["socket_dir"]["from"] == "daemon --socket-path"
+
+
+def test_a_wrapped_daemon_is_read_through_and_an_unreadable_one_not_measured(tmp_path: Path) -> None:
+    sock = private_dir(tmp_path, 0o700)
+    wrapped = ("sh", "-c", "touch /tmp/x; exec vllm preload --model org/m -tp 2")
+    result = check_preload_pair(engine(sock), wrapped)
+    assert result.outcome is Outcome.REFUSED and "daemon '2'" in result.reason
+    opaque = check_preload_pair(engine(sock), ("/opt/start-weight-cache.sh",))
+    assert opaque.outcome is Outcome.NOT_MEASURED and "names no --model" in opaque.reason

@@ -135,6 +135,8 @@ class SupervisorAPI:
             gates=self.supervisor.gates.to_json(),
             restarts=len(self.supervisor.restarts),
             last_restart=self.supervisor.restarts[-1].to_json() if self.supervisor.restarts else None,
+            # each check's outcome and reason; its evidence only behind the token, in /v1/state
+            precheck=self.supervisor.precheck.summary() if self.supervisor.precheck is not None else None,
         )
         return _json(body, 200 if started or held else 503)
 

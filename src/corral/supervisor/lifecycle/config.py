@@ -11,6 +11,7 @@ from corral.supervisor.checks.dependencies import DependencyGate
 from corral.supervisor.lifecycle.device_memory import MemoryThresholds
 from corral.supervisor.lifecycle.drain import DrainSettings
 from corral.supervisor.lifecycle.failure_strategy import OnStartupFailure
+from corral.supervisor.precheck.gate import PrecheckSettings
 
 
 def is_loopback(host: str) -> bool:
@@ -54,3 +55,5 @@ class SupervisorConfig:
     memory: MemoryThresholds = field(default_factory=MemoryThresholds)  # VERIFY's memory thresholds
     # what follows a start that failed for good (lifecycle/failure_strategy.py)
     on_startup_failure: OnStartupFailure = field(default_factory=OnStartupFailure)
+    # what PRECHECK expects of every (re)start (corral.supervisor.precheck.gate)
+    precheck: PrecheckSettings = field(default_factory=PrecheckSettings)

@@ -66,6 +66,7 @@ class Publication:
             "preload": sup.preload_json(),
             "busy": sup.busy,
             "bundle": sup.bundle.to_json() if sup.bundle is not None else None,
+            "precheck": sup.precheck.to_json() if sup.precheck is not None else None,
             "bundle_name": sup.running_bundle.name,
             # what POST /v1/bundle accepts: the command as configured, and every --bundle
             "bundles_declared": [sup.config.bundle_name, *(b.name for b in sup.config.bundles)],

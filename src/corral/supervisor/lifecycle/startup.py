@@ -5,6 +5,7 @@ budget; anything nothing here will fix ends FAILED for good."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,8 @@ from corral.supervisor.checks.engine_auth import redact_argv
 from corral.supervisor.checks.readiness import EngineNotAnswering, NotReady, SmokeResult
 from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPolicy
 from corral.supervisor.lifecycle.states import EngineState, StartingPhase
+from corral.supervisor.precheck.gate import PrecheckSettings, run_precheck
+from corral.supervisor.precheck.identity import merged_env
 
 if TYPE_CHECKING:
     from corral.supervisor.lifecycle.supervisor import EngineSupervisor
@@ -80,6 +83,64 @@ class EngineStartup:
         self._sup.gate_log("all dependencies are up")
         return True
 
+    def _precheck_settings(self) -> PrecheckSettings:
+        """--expect-fingerprint pins the command as configured; another bundle is pinned by its own
+        file's `fingerprint:` (or not at all)."""
+        settings = self._sup.config.precheck
+        bundle = self._sup.running_bundle
+        if bundle.name == self._sup.config.bundle_name:
+            return settings
+        identity = dataclasses.replace(
+            settings.identity,
+            expect_fingerprint=bundle.fingerprint,
+            expect_fingerprint_from=f"fingerprint: of bundle {bundle.name}",
+        )
+        return dataclasses.replace(settings, identity=identity)
+
+    async def authorize(self) -> bool:
+        """PRECHECK before every launch (first start, restarts, a switched bundle): True when the
+        start is authorized; a refusal is FAILED at once, the engine never started and never retried."""
+        sup = self._sup
+        sup.transition(
+            S.STARTING,
+            "PRECHECK: artifact identity, parallel identity, memory budget, environment, preload",
+            StartingPhase.PRECHECK,
+        )
+        report = await run_precheck(
+            sup.config.engine_argv,
+            merged_env(sup.config.engine_env),
+            self._precheck_settings(),
+            sup.config.preload_argv,
+        )
+        sup.precheck = report
+        sup.oplog.append("precheck", **report.to_json())
+        sup.log(report.reason)
+        if report.authorized:
+            return True
+        sup.fail_for_good(report.reason, precheck=report.to_json())
+        return False
+
+    def _identity_at_ready(self) -> None:
+        """The engine, once READY, reports the version and fingerprint PRECHECK authorized, or the
+        difference is evidence in the operation log."""
+        report, bundle = self._sup.precheck, self._sup.bundle
+        if report is None or report.artifact is None or bundle is None:
+            return
+        reported = bundle.parts.get("engine_version")
+        record = {
+            "authorized_fingerprint": report.fingerprint,
+            "fingerprint": bundle.fingerprint,
+            "authorized_version": report.artifact.version,
+            "engine_version": reported,
+            "matches": report.fingerprint == bundle.fingerprint,
+        }
+        self._sup.oplog.append("precheck_identity_at_ready", **record)
+        if not record["matches"]:
+            self._sup.log(
+                f"READY on fingerprint {bundle.fingerprint}, not the {report.fingerprint} PRECHECK "
+                f"authorized (engine reports vLLM {reported}, PRECHECK read {report.artifact.version})"
+            )
+
     async def until_ready(self) -> bool:
         """STARTING until READY (True) or a FAILED that nothing here will fix (False)."""
         if not await self.wait_gates():
@@ -91,6 +152,8 @@ class EngineStartup:
         )
         deadline = time.monotonic() + self._sup.config.startup_timeout
         while True:
+            if not await self.authorize():
+                return False
             engine = await self._launch_engine()
             exit_task = engine.exit_task()
             ready_task = asyncio.create_task(self._earn_readiness(), name="earn-readiness")
@@ -126,10 +189,16 @@ class EngineStartup:
                     await self._sup.stop_engine(self._sup.config.drain.shutdown_timeout, adapters_failed)
                     self._sup.fail_for_good(adapters_failed)
                     return False
+                artifact = self._sup.precheck.artifact if self._sup.precheck is not None else None
                 self._sup.bundle = await read_bundle(
-                    self._sup.session, self._sup.config.engine_url, self._sup.config.engine_argv
+                    self._sup.session,
+                    self._sup.config.engine_url,
+                    self._sup.config.engine_argv,
+                    image=artifact.image if artifact is not None else None,
+                    hardware=artifact.hardware if artifact is not None else None,
                 )
                 self._sup.oplog.append("bundle", **self._sup.bundle.to_json())
+                self._identity_at_ready()
                 self._sup.transition(
                     S.READY,
                     "health 200, model listed, smoke completion answered",

@@ -33,6 +33,7 @@ class StartingPhase(StrEnum):
     """Where a STARTING engine is; the engine phases come from vLLM's own log lines."""
 
     WAITING_DEPENDENCIES = "waiting_dependencies"
+    PRECHECK = "precheck"  # checks that authorize the start (corral.supervisor.precheck), no engine yet
     ENGINE_STARTING = "engine_starting"
     LOADING_MODEL = "loading_model"
     ALLOCATING_KV_CACHE = "allocating_kv_cache"

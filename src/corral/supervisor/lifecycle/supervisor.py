@@ -59,6 +59,7 @@ from corral.supervisor.state.state_writes import StateWriteFailures
 
 if TYPE_CHECKING:
     from corral.supervisor.http.admission import AdmissionGate  # set by the CLI; lifecycle never builds one
+    from corral.supervisor.precheck.gate import PrecheckReport
 
 S = EngineState
 Log = Callable[[str], None]
@@ -86,6 +87,7 @@ class EngineSupervisor:
         self.served_model: str | None = None
         self.last_smoke: SmokeResult | None = None
         self.bundle: Bundle | None = None
+        self.precheck: PrecheckReport | None = None  # the last PRECHECK (startup.authorize), shown in /v1/state
         self.evidence = EvidenceBook()
         self.memory = MemoryRecord()  # the last memory verdict and the KV capacity check (/v1/state)
         self.unrecoverable: str | None = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import stat
 import tempfile
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ from corral.engine.flags import serving_settings
 from corral.supervisor.precheck.check import CheckResult, Outcome
 
 NAME = "preload"
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh"})
 # what the engine and the daemon must agree on, with vLLM's default when the flag is absent
 _PAIRED: tuple[tuple[str, str, str | None], ...] = (
     ("model", "--model", None),
@@ -83,11 +85,26 @@ def socket_dir_problem(path: Path) -> tuple[str | None, dict[str, Any]]:
     return None, seen
 
 
+def daemon_words(daemon_argv: Sequence[str]) -> list[str]:
+    """The daemon's command, with a `sh -c SCRIPT` wrapper read through (its words, as the shell
+    would split them), so that a wrapped `exec vllm preload --model M …` is still compared."""
+    if len(daemon_argv) >= 3 and Path(daemon_argv[0]).name in _SHELLS and daemon_argv[1] == "-c":
+        try:
+            return shlex.split(daemon_argv[2])
+        except ValueError:
+            return list(daemon_argv)
+    return list(daemon_argv)
+
+
 def check_preload_pair(engine_argv: Sequence[str], daemon_argv: Sequence[str]) -> CheckResult:
+    """Refused when they disagree or the socket directory is not private; not_measured when the
+    daemon's command names no --model (its flags cannot be read); passed otherwise."""
     if not daemon_argv:
         return CheckResult(NAME, Outcome.SKIPPED, "no preload daemon configured")
     engine = serving_settings(engine_argv)
-    daemon = serving_settings(daemon_argv)
+    words = daemon_words(daemon_argv)
+    daemon = serving_settings(words)
+    daemon_argv = words
     refusals: list[str] = []
     pp = str(engine.get("pipeline_parallel_size", "1"))
     if pp != "1":
@@ -95,7 +112,7 @@ def check_preload_pair(engine_argv: Sequence[str], daemon_argv: Sequence[str]) -
     if daemon.get("load_format") == "ipc_cache":
         refusals.append("the daemon has --load-format ipc_cache: it must load the weights from disk")
     pairs: dict[str, Any] = {}
-    for key, flag, default in _PAIRED:
+    for key, flag, default in _PAIRED if "model" in daemon else ():
         ours, theirs = engine.get(key, default), daemon.get(key, default)
         pairs[key] = {"engine": ours, "daemon": theirs}
         if ours != theirs:
@@ -108,6 +125,14 @@ def check_preload_pair(engine_argv: Sequence[str], daemon_argv: Sequence[str]) -
     if refusals:
         return CheckResult(
             NAME, Outcome.REFUSED, "preload daemon and engine disagree: " + "; ".join(refusals), evidence
+        )
+    if "model" not in daemon:
+        return CheckResult(
+            NAME,
+            Outcome.NOT_MEASURED,
+            f"the daemon's command names no --model: model, revision, dtype and TP not compared; "
+            f"socket directory {where} mode {seen['mode']}",
+            evidence,
         )
     return CheckResult(
         NAME,
