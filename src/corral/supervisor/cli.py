@@ -22,6 +22,11 @@ from corral.supervisor.checks.adapters import AdapterSpecError, parse_lora
 from corral.supervisor.checks.dependencies import DependencyGate, GateSpecError, parse_gate
 from corral.supervisor.commands.prestop import run_prestop
 from corral.supervisor.lifecycle.config import SupervisorConfig, is_loopback
+from corral.supervisor.lifecycle.device_memory import (
+    DEFAULT_SLEEP_RESIDUE_GIB,
+    DEFAULT_WAKE_TOLERANCE,
+    MemoryThresholds,
+)
 from corral.supervisor.lifecycle.drain import DrainPolicy, DrainSettings
 from corral.supervisor.lifecycle.failure_strategy import (
     CHOICES,
@@ -131,6 +136,21 @@ _seconds = click.FloatRange(min=0.0)
     help="First restart delay; doubles each time, capped at 30s.",
 )
 @click.option("--stall-seconds", default=60.0, show_default=True, type=click.FloatRange(min=0.1))
+@click.option(
+    "--sleep-residue-gib",
+    default=DEFAULT_SLEEP_RESIDUE_GIB,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="GPU memory a level-1/2 sleeping engine may still hold per GPU (CUDA context, CUDA graphs, "
+    "NCCL buffers); VERIFY reads it through NVML and fails the sleep above it.",
+)
+@click.option(
+    "--wake-tolerance",
+    default=DEFAULT_WAKE_TOLERANCE,
+    show_default=True,
+    type=click.FloatRange(0, 1),
+    help="A wake or reload must bring each GPU back to within this share of what it held before the sleep.",
+)
 @click.option("--drain-policy", type=click.Choice(["wait", "abort"]), default="wait", show_default=True)
 @click.option(
     "--propagation-timeout",
@@ -250,6 +270,8 @@ def run_command(
     failure_restarts: int,
     restart_backoff: float,
     stall_seconds: float,
+    sleep_residue_gib: float,
+    wake_tolerance: float,
     drain_policy: str,
     propagation_timeout: float,
     quiet_period: float,
@@ -318,6 +340,7 @@ def run_command(
         failure_restarts=failure_restarts,
         restart_backoff=restart_backoff,
         stall_seconds=stall_seconds,
+        memory=MemoryThresholds.from_flags(sleep_residue_gib, wake_tolerance),
         drain=DrainSettings(
             policy=DrainPolicy(drain_policy),
             propagation_timeout=propagation_timeout,

@@ -13,7 +13,7 @@ import aiohttp
 
 from corral.clients.access import ADMIN_KEY_FLAG, ADMIN_URL_FLAG, ENGINE_KEY_ENV, ENGINE_KEY_FLAG
 from corral.engine_state import EngineState
-from corral.fleet.checks.doctor_sleep import memory_not_released, partial_wake
+from corral.fleet.checks.doctor_sleep import memory_not_released, memory_note, partial_wake
 from corral.fleet.checks.doctor_streams import aborted_streams
 from corral.fleet.checks.probe import EngineView, FleetView
 
@@ -59,6 +59,11 @@ def _logs_hint(e: EngineView) -> str:
     return f"curl -s {e.supervisor_url}/v1/state | jq '.evidence, .restarts'"
 
 
+_KV_SHORTFALL = (
+    "the engine's KV cache is smaller than its memory budget: check for other processes on its GPUs "
+    "(nvidia-smi), compare with `corral supervise --explain`, raise --gpu-memory-utilization or lower "
+    "--max-model-len"
+)
 _DAEMON_DIED = (
     "read the daemon's last lines (`preload_exited` in the operation log); the supervisor restarts it "
     "and the engine from it (corral_supervisor_preload_restarts_total); if it keeps dying, check its "
@@ -196,7 +201,7 @@ async def diagnose_engine(
         return Diagnosis(
             e.name,
             "not-ready/sleeping",
-            f"{e.engine_url}/is_sleeping is true",
+            f"{e.engine_url}/is_sleeping is true" + memory_note(e),
             f"curl -X POST '{e.engine_url}/wake_up' (then smoke before readiness returns)",
         )
     evidence = e.evidence
@@ -205,6 +210,7 @@ async def diagnose_engine(
         ("preload_exit", "preload/daemon-died", _DAEMON_DIED),
         ("fallback", "preload/fallback-to-disk", "check the preload daemon's /health and socket owner"),
         ("oom", "memory/oom", "lower --gpu-memory-utilization or max-num-seqs; check memory ownership"),
+        ("kv_shortfall", "memory/kv-shortfall", _KV_SHORTFALL),
         ("rank", "not-ready/rank-failure", "restart the whole serving group as one"),
     ):
         entry = evidence.get(kind) or {}

@@ -1,7 +1,8 @@
 """Two branches of `corral doctor`'s tree for a sleeping engine that the plain "sleeping" branch would
 hide: a partial wake (some memory tags woken, the engine still sleeping and unroutable) and memory
-not released (the sleep is reported, but the GPU memory figures did not fall). Read from the
-supervisor's sleep status and the engine's `vllm:engine_sleep_state` and memory figures.
+not released (the sleep is reported, but the GPU memory figures did not fall, or the sleep's VERIFY
+found the device's memory held). Read from the supervisor's sleep status and memory verdict and the
+engine's `vllm:engine_sleep_state` and memory figures.
 """
 
 from __future__ import annotations
@@ -72,13 +73,40 @@ def partial_wake(e: EngineView) -> tuple[str, str, str] | None:
     return PARTIAL_WAKE, evidence, _wake_command(e, level, asleep)
 
 
+def _last_memory(e: EngineView) -> dict[str, Any]:
+    memory = (e.state or {}).get("memory")
+    last = memory.get("last") if isinstance(memory, dict) else None
+    return last if isinstance(last, dict) else {}
+
+
+def _device_not_released(e: EngineView) -> tuple[str, str, str] | None:
+    """Without engine figures: the sleep's VERIFY read the device (NVML) and found memory held."""
+    last = _last_memory(e)
+    if last.get("operation") != "sleep" or last.get("outcome") != "failed":
+        return None
+    command = (
+        "check who holds the memory (nvidia-smi --query-compute-apps=pid,used_memory --format=csv); "
+        "was the engine started with --enable-sleep-mode? A residue above --sleep-residue-gib that is "
+        "only CUDA graphs or NCCL buffers: raise it (corral supervise --sleep-residue-gib)"
+    )
+    return MEMORY_NOT_RELEASED, f"the sleep's VERIFY ({last.get('source')}): {last.get('reason')}", command
+
+
+def memory_note(e: EngineView) -> str:
+    """What a sleeping engine's branch adds when its memory could not be measured (never "freed")."""
+    last = _last_memory(e)
+    if last.get("outcome") != "not_measured":
+        return ""
+    return f"; GPU memory not measured ({last.get('reason')})"
+
+
 def memory_not_released(e: EngineView) -> tuple[str, str, str] | None:
     """(branch, evidence, next command) when a sleep is reported but the GPU memory is still held."""
     if not e.sleeping:
         return None
     figures = engine_figures(e)
-    if figures is None:
-        return None
+    if figures is None or figures.gpu_weights_bytes is None:
+        return _device_not_released(e)
     sleep = _sleep(e)
     level = sleep.get("level") if e.lifecycle == EngineState.SLEEPING else None
     if level is None:

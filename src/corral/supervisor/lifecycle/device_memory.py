@@ -40,6 +40,10 @@ class MemoryThresholds:
     wake_tolerance: float = DEFAULT_WAKE_TOLERANCE
     kv_tolerance: float = KV_SHORTFALL_TOLERANCE
 
+    @classmethod
+    def from_flags(cls, sleep_residue_gib: float, wake_tolerance: float) -> MemoryThresholds:
+        return cls(int(sleep_residue_gib * GIB), wake_tolerance)
+
 
 def engine_pids(pid: int) -> list[int]:
     """The engine's process and all its descendants that still run (empty when it is gone)."""
