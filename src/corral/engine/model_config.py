@@ -74,19 +74,16 @@ class ModelConfig:
 
     def kv_formula(self, kv_dtype_bytes: int, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> str:
         """`kv_bytes_per_token`'s arithmetic as text, for `--explain`."""
-        layers = math.ceil(self.num_hidden_layers / pipeline_parallel)
         stage = f"{self.num_hidden_layers} layers" + (
             f" ÷ PP {pipeline_parallel}" if pipeline_parallel > 1 else ""
         )
         if self.mla_kv_dim is not None:
-            value = layers * self.mla_kv_dim * kv_dtype_bytes
-            return f"{stage} × MLA latent {self.mla_kv_dim} × {kv_dtype_bytes} B = {value:,} B"
+            return f"{stage} × MLA latent {self.mla_kv_dim} × {kv_dtype_bytes} B"
         heads = f"{self.num_kv_heads} KV heads" + (f" ÷ TP {tensor_parallel}" if tensor_parallel > 1 else "")
         dim = f"head dim {self.head_dim}" + (
             "" if self.head_dim_source == "head_dim" else f" ({self.head_dim_source})"
         )
-        value = self.kv_bytes_per_token(kv_dtype_bytes, tensor_parallel, pipeline_parallel)
-        return f"2 × {stage} × {heads} × {dim} × {kv_dtype_bytes} B = {value:,} B"
+        return f"2 (K, V) × {stage} × {heads} × {dim} × {kv_dtype_bytes} B"
 
 
 def _positive_int(config: Mapping[str, Any], key: str, where: Path) -> int:

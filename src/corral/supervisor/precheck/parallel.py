@@ -66,16 +66,19 @@ def parallel_layout(argv: Sequence[str]) -> ParallelLayout:
     )
 
 
-def _steps(layout: ParallelLayout, inventory: GpuInventory | None) -> list[Step]:
+def _steps(argv: Sequence[str], layout: ParallelLayout, inventory: GpuInventory | None) -> list[Step]:
+    def source(*names: str) -> str:
+        return names[0] if flag_value(argv, *names) is not None else f"default ({names[0]} not given)"
+
     steps = [
-        Step("tensor parallel", str(layout.tensor), "--tensor-parallel-size (default 1)"),
-        Step("pipeline parallel", str(layout.pipeline), "--pipeline-parallel-size (default 1)"),
+        Step("tensor parallel", str(layout.tensor), source("--tensor-parallel-size", "-tp")),
+        Step("pipeline parallel", str(layout.pipeline), source("--pipeline-parallel-size", "-pp")),
         Step(
             "data parallel here",
             str(layout.local_data),
             "--data-parallel-size-local"
             if layout.data_local is not None
-            else "--data-parallel-size (default 1)",
+            else source("--data-parallel-size", "-dp"),
         ),
         Step("ranks", str(layout.world_size), f"{layout.tensor} × {layout.pipeline} × {layout.local_data}"),
     ]
@@ -133,7 +136,7 @@ def parallel_identity(argv: Sequence[str], inventory: GpuInventory | None) -> Ch
     evidence: dict[str, Any] = {
         **layout.to_json(),
         "gpus": inventory.to_json() if inventory is not None else None,
-        "lines": step_lines(_steps(layout, inventory)),
+        "lines": step_lines(_steps(argv, layout, inventory)),
     }
     if inventory is None:
         return CheckResult(
