@@ -20,6 +20,7 @@ from corral.bundle_spec import BundleError, BundleSpec, load_bundle
 from corral.state_home import corral_state_dir, state_dir_problem
 from corral.supervisor.checks.adapters import AdapterSpecError, parse_lora
 from corral.supervisor.checks.dependencies import DependencyGate, GateSpecError, parse_gate
+from corral.supervisor.commands.precheck import explain_precheck, precheck_options
 from corral.supervisor.commands.prestop import run_prestop
 from corral.supervisor.lifecycle.config import SupervisorConfig, is_loopback
 from corral.supervisor.lifecycle.device_memory import (
@@ -35,6 +36,9 @@ from corral.supervisor.lifecycle.failure_strategy import (
     check_rollback_bundle,
     parse_on_startup_failure,
 )
+from corral.supervisor.precheck.environment import EnvironmentSettings
+from corral.supervisor.precheck.gate import PrecheckSettings
+from corral.supervisor.precheck.identity import IdentityExpectations
 from corral.supervisor.serve import printer, serve
 from corral.supervisor_tokens import TokenFileError, read_management_token
 
@@ -257,6 +261,7 @@ _seconds = click.FloatRange(min=0.0)
     "(the kubelet restarts the pod); stay-unready = FAILED with /livez and /startupz 200 and /readyz 503, "
     "for a person to look; rollback=BUNDLE = switch once to a bundle declared with --bundle.",
 )
+@precheck_options
 @click.argument("engine_command", nargs=-1, type=click.UNPROCESSED)
 def run_command(
     host: str,
@@ -290,6 +295,12 @@ def run_command(
     bundle_files: tuple[Path, ...],
     bundle_name: str,
     on_startup_failure: str,
+    allow_floating_revision: bool,
+    expect_fingerprint: str | None,
+    expect_checkpoint_digest: str | None,
+    require_hf_token: bool,
+    probe_read_mib: int,
+    explain: bool,
     engine_command: tuple[str, ...],
 ) -> None:
     """Start ENGINE COMMAND once its dependencies are up, report it ready only once it serves, and
@@ -316,6 +327,16 @@ def run_command(
     _check_engine_command(engine_command)
     bundles = _read_bundles(bundle_files, bundle_name)
     strategy = _startup_failure_strategy(on_startup_failure, bundles, bundle_name)
+    precheck = PrecheckSettings(
+        identity=IdentityExpectations(
+            allow_floating_revision=allow_floating_revision,
+            expect_fingerprint=expect_fingerprint,
+            expect_checkpoint_digest=expect_checkpoint_digest,
+        ),
+        environment=EnvironmentSettings(require_hf_token=require_hf_token, probe_read_mib=probe_read_mib),
+    )
+    if explain:
+        sys.exit(run_on_uvloop(explain_precheck(engine_command, precheck, preload_argv, click.echo)))
     token = read_token(token_file)
     if token is None and not is_loopback(host):
         _bad_input(
@@ -356,6 +377,7 @@ def run_command(
         bundles=bundles,
         bundle_name=bundle_name,
         on_startup_failure=strategy,
+        precheck=precheck,
         preload_argv=preload_argv,
         preload_health=preload_health,
         preload_restarts=preload_restarts,
