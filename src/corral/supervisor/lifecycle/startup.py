@@ -199,6 +199,8 @@ class EngineStartup:
                 )
                 self._sup.oplog.append("bundle", **self._sup.bundle.to_json())
                 self._identity_at_ready()
+                precheck = self._sup.precheck.to_json() if self._sup.precheck is not None else None
+                await self._sup.note_ready_memory(precheck)  # the engine's memory, its KV size vs the budget
                 self._sup.transition(
                     S.READY,
                     "health 200, model listed, smoke completion answered",
