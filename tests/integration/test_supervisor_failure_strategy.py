@@ -126,6 +126,8 @@ def test_rollback_switches_to_the_declared_bundle_and_records_why(tmp_path: Path
         assert "exited with code 1" in steps[0]["evidence"]["failed_start"]
         assert len(sup.engine_pids()) == 2
         assert sup.probe("/readyz")[0] == 200
+        restarted = [t for t in sup.transitions() if t["from"] == "FAILED" and t["to"] == "STARTING"]
+        assert len(restarted) == 1 and "rollback to good" in restarted[0]["reason"]
 
 
 def test_a_rollback_bundle_that_fails_too_ends_failed_without_ping_pong(tmp_path: Path) -> None:

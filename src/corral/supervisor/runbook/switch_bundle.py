@@ -113,7 +113,8 @@ class SwitchBundlePlan:
     async def execute(self) -> Evidence:
         self._executed = True
         argv = self.sup.use_bundle(self.target)
-        await self.sup.restart_in_place(f"bundle switch to {self.target.name}")
+        what = "rollback" if self.rollback_of is not None else "bundle switch"
+        await self.sup.restart_in_place(f"{what} to {self.target.name}")
         return {"argv": redact_argv(argv), "env": sorted(self.target.env)}
 
     async def verify(self) -> Evidence:
