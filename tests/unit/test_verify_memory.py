@@ -88,3 +88,10 @@ def test_doctor_names_a_sleep_whose_device_memory_stayed_held() -> None:
     unmeasured = engine("e0", verdict("sleep", "not_measured", "no NVML here", None), **asleep)
     found = asyncio.run(diagnose_engine(unmeasured, 0.1))
     assert found.branch == "not-ready/sleeping" and "GPU memory not measured (no NVML here)" in found.evidence
+
+
+def test_an_explained_kv_shortfall_passes_with_its_explanation() -> None:
+    short = {"outcome": "failed", "reason": "20% below the budget"}
+    explained = Expectations(explained={"kv_shortfall": "headroom declared 0"})
+    got = check_kv_capacity(view(engine("e0", None, short)), explained)
+    assert got.verdict == PASS and "explained: headroom declared 0" in got.detail
