@@ -176,3 +176,27 @@ def test_a_rollback_to_an_undeclared_bundle_is_refused_at_parse_time(tmp_path: P
     assert result.returncode == 2, result
     assert "'prev' is not declared" in result.stderr and "good" in result.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_a_precheck_refusal_is_decided_by_the_strategy_too(tmp_path: Path) -> None:
+    """PRECHECK refuses the configured command (a fingerprint it cannot match): never retried, no engine
+    started; stay-unready holds it, rollback starts the declared bundle (not pinned, so authorized)."""
+    port = free_port()
+    good = bundle_file(tmp_path, "good", sim_command(port))
+    pinned = ("--startup-restarts", "3", "--expect-fingerprint", "0123456789abcdef", "--bundle", str(good))
+    with supervised(
+        engine_port=port, sim_args=(), sup_args=(*pinned, "--on-startup-failure", "stay-unready")
+    ) as sup:
+        body = sup.wait_for("held", lambda b: b.get("sub_state") == "stay_unready", 60)
+        assert body["reason"].startswith("PRECHECK refused the start"), body["reason"]
+        assert body["restarts"] == [] and sup.engine_pids() == []
+        assert sup.probe("/livez")[0] == 200 and sup.probe("/readyz")[0] == 503
+    with supervised(
+        engine_port=port, sim_args=(), sup_args=(*pinned, "--on-startup-failure", "rollback=good")
+    ) as sup:
+        body = sup.wait_state("READY", timeout=90)
+        assert body["bundle_name"] == "good"
+        assert body["startup_failure"]["reason"].startswith("PRECHECK refused the start")
+        assert len(sup.engine_pids()) == 1  # only the rollback's engine: the refused one never started
+        outcomes = [r["outcome"] for r in sup.oplog() if r["record"] == "precheck"]
+        assert outcomes == ["refused", "authorized"], outcomes
