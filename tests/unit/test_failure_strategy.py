@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from corral.contracts.supervisor import SupervisorState
 from corral.fleet.checks.probe import EngineView
 from corral.fleet.checks.status_table import bundle_cell
+from corral.supervisor.lifecycle.config import SupervisorConfig
 from corral.supervisor.lifecycle.failure_strategy import (
     LIFECYCLE_ENDED,
     OnStartupFailure,
@@ -20,6 +22,8 @@ from corral.supervisor.lifecycle.failure_strategy import (
     decide,
     parse_on_startup_failure,
 )
+from corral.supervisor.lifecycle.states import EngineState, StartingPhase
+from corral.supervisor.lifecycle.supervisor import EngineSupervisor
 
 ROLLBACK_B = OnStartupFailure(Strategy.ROLLBACK, "b")
 
@@ -136,3 +140,61 @@ def test_the_state_contract_carries_the_strategy_and_the_failed_start() -> None:
     state = SupervisorState.model_validate(body)
     assert state.on_startup_failure == "stay-unready" and state.startup_failure == failure.to_json()
     assert SupervisorState.model_validate({"state": "READY", "epoch": 1}).on_startup_failure is None
+
+
+# -- the hook: EngineSupervisor.fail_for_good, the one place every failed start goes through ------------
+
+
+def supervisor(tmp_path: Path, choice: OnStartupFailure, rollback: bool = True) -> EngineSupervisor:
+    config = SupervisorConfig(engine_argv=("engine",), state_dir=tmp_path, on_startup_failure=choice)
+    sup = EngineSupervisor(config, lambda _: None, lambda _: None)
+    if rollback:
+
+        async def start_rollback(failure: StartupFailure) -> str | None:
+            return None
+
+        sup.start_rollback = start_rollback
+    return sup
+
+
+def test_restart_fails_a_start_for_good_and_not_live(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path, OnStartupFailure())
+    sup.fail_for_good("engine exited with code 1 during startup")
+    assert (sup.machine.state, sup.machine.sub_state) == (EngineState.FAILED, "gave_up")
+    assert sup.live[0] is False and not sup.held_unready
+    assert sup.machine.current.evidence["on_startup_failure"] == "restart"
+
+
+def test_stay_unready_holds_a_failed_start_live(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path, OnStartupFailure(Strategy.STAY_UNREADY))
+    sup.fail_for_good("PRECHECK refused the start: memory_budget: …")
+    assert (sup.machine.state, sup.machine.sub_state) == (EngineState.FAILED, "stay_unready")
+    live, why = sup.live
+    assert live and "stay-unready" in why and sup.held_unready and sup.unrecoverable is None
+    assert sup.startup_failure is not None and sup.startup_failure.bundle == "initial"
+
+
+def test_rollback_once_then_the_next_failed_start_gives_up(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path, ROLLBACK_B)
+    sup.fail_for_good("not ready within --startup-timeout 5s")
+    assert sup.machine.sub_state == "rolling_back" and sup.live[0] and sup.rolled_back
+    sup.machine.transition(EngineState.STARTING, "rollback to b", StartingPhase.RESTARTING)
+    sup.fail_for_good("b failed too")
+    assert sup.machine.sub_state == "gave_up" and sup.live[0] is False
+
+
+def test_rollback_without_a_starter_or_under_an_operation_gives_up(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path, ROLLBACK_B, rollback=False)
+    sup.fail_for_good("x")
+    assert sup.machine.sub_state == "gave_up"
+    sup = supervisor(tmp_path / "2", ROLLBACK_B)
+    sup.operation_lock.take("switch_bundle op-1")
+    sup.fail_for_good("x")
+    assert sup.machine.sub_state == "gave_up" and not sup.rolled_back
+
+
+def test_a_failure_after_serving_is_no_start_and_gives_up_whatever_the_strategy(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path, OnStartupFailure(Strategy.STAY_UNREADY))
+    sup.machine.transition(EngineState.FAILED, "engine exited while serving")
+    sup.fail_for_good("engine exited while serving; restart budget spent")
+    assert sup.machine.sub_state == "gave_up" and sup.startup_failure is None and sup.live[0] is False
