@@ -216,6 +216,8 @@ class SupervisorState(OpenWireModel):
     bundles_declared: list[str] = Field(default_factory=list)
     on_startup_failure: str | None = None  # restart | stay-unready | rollback=BUNDLE (absent before issue 14)
     startup_failure: dict[str, Any] | None = None  # the last start that failed for good, and its verdict
+    # the last PRECHECK: outcome, reason, fingerprint, authorized_at, checks (absent before issue 14)
+    precheck: dict[str, Any] | None = None
     busy: str | None = None
     sleep: dict[str, Any] | None = None
     drain: dict[str, Any] | None = None

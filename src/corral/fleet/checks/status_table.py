@@ -40,10 +40,14 @@ def kv_usage(e: EngineView) -> str:
 
 
 def bundle_cell(e: EngineView) -> str:
-    """The bundle in effect (its name and fingerprint), and a start-failure strategy other than restart."""
+    """The bundle in effect (its name and fingerprint), and a start-failure strategy other than restart.
+    Before READY, the fingerprint PRECHECK authorized or refused (the reason column says why)."""
     s = e.state or {}
     name, strategy = s.get("bundle_name"), s.get("on_startup_failure")
     text = e.fingerprint or "-"
+    precheck = s.get("precheck")
+    if e.fingerprint is None and isinstance(precheck, dict) and precheck.get("fingerprint"):
+        text = f"{precheck['fingerprint']} (PRECHECK {precheck.get('outcome')})"
     if name:
         text = f"{name} {text}"
     if strategy and strategy != "restart":
