@@ -40,6 +40,8 @@ STATE_LINE = {
     "evidence": {"withdrawn_adapters": ["a", 3]},
     "time": 1764760000.123456,
     "since": 1764760000.123456,
+    "fingerprint": "3f2a9c1d0e4b5a67",
+    "prefix_epoch": None,
 }
 
 
