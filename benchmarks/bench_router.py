@@ -239,9 +239,24 @@ def main() -> None:
         "`src/` directory of another checkout (e.g. a `git worktree` of an older commit), so a change is "
         "priced against its parent in the same run",
     )
+    parser.add_argument(
+        "--system-chars",
+        type=int,
+        default=0,
+        help="give each request a system prompt of this many characters, one of 16 groups (request i "
+        "is group i %% 16), so the prefix policy keys, scores and remembers every request",
+    )
     parser.add_argument("--markdown", action="store_true", help="also print a Markdown table")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/out"))
     args = parser.parse_args()
+
+    def request_body(stream: bool, i: int) -> bytes:
+        if args.system_chars <= 0:
+            return chat_body(MODEL, stream, args.max_tokens, i)
+        body = orjson.loads(chat_body(MODEL, stream, args.max_tokens, i))
+        system = (f"Group {i % 16}: you answer questions about the sea. " * 200)[: args.system_chars]
+        body["messages"].insert(0, {"role": "system", "content": system})
+        return orjson.dumps(body)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -326,7 +341,7 @@ def main() -> None:
                 run_closed_loop(
                     "warmup",
                     chat_urls(t),
-                    lambda i: chat_body(MODEL, False, args.max_tokens, i),
+                    lambda i: request_body(False, i),
                     16,
                     500,
                     10,
@@ -342,7 +357,7 @@ def main() -> None:
                     lambda: run_open_loop(
                         "",
                         chat_urls(t),
-                        lambda i: chat_body(MODEL, False, args.max_tokens, i),
+                        lambda i: request_body(False, i),
                         args.rate,
                         max_req,
                         args.seconds,
@@ -357,7 +372,7 @@ def main() -> None:
                     lambda: run_closed_loop(
                         "",
                         chat_urls(t),
-                        lambda i: chat_body(MODEL, False, args.max_tokens, i),
+                        lambda i: request_body(False, i),
                         args.clients,
                         max_req,
                         args.seconds,
@@ -372,7 +387,7 @@ def main() -> None:
                     lambda: run_closed_loop(
                         "",
                         chat_urls(t),
-                        lambda i: chat_body(MODEL, True, args.max_tokens, i),
+                        lambda i: request_body(True, i),
                         args.clients,
                         max_req,
                         args.seconds,
