@@ -86,6 +86,7 @@ def test_stay_unready_holds_the_pod_live_unready_and_restarts_nothing(tmp_path: 
         epoch = body["epoch"]
         time.sleep(3)  # watched: nothing restarts by itself, no engine runs
         assert len(sup.engine_pids()) == 1 and not engine_alive(sup)
+        assert psutil.Process(sup.proc.pid).children(recursive=True) == []  # no engine in the process list
         assert sup.state()["epoch"] == epoch and sup.probe("/livez")[0] == 200
         # an operator can still switch the bundle from the held failure
         status, op = http_json(sup.url + "/v1/bundle", "POST", {"name": "good"})
@@ -156,6 +157,7 @@ def test_a_rollback_bundle_that_fails_too_ends_failed_without_ping_pong(tmp_path
         assert body["bundle_name"] == "also-bad"
         time.sleep(3)  # watched: no second rollback, no restart
         assert len(sup.engine_pids()) == 2 and not engine_alive(sup)
+        assert psutil.Process(sup.proc.pid).children(recursive=True) == []
         assert sup.state()["epoch"] == body["epoch"]
         assert sup.probe("/livez")[0] == 503
         [recover] = [s for s in rollback_steps(sup) if s["step"] == "recover"]
