@@ -16,6 +16,7 @@ from typing import Any
 
 from corral.engine.flags import serving_settings
 from corral.supervisor.precheck.check import CheckResult, Outcome
+from corral.supervisor.precheck.explain import Step, gib, step_lines
 from corral.supervisor.precheck.identity import EngineKind, ModelKind
 
 NAME = "environment"
@@ -182,6 +183,43 @@ def probe_read(model_dir: Path, mib: int) -> dict[str, Any]:
     return result
 
 
+def _lines(evidence: dict[str, Any]) -> list[str]:
+    steps = [
+        Step(name, "writable" if seen["writable"] else "NOT writable", seen["path"])
+        for name, seen in evidence["cache_dirs"].items()
+    ]
+    token = evidence["hf_token"]
+    steps.append(
+        Step(
+            "HF token",
+            "present" if token["present"] else "absent",
+            token.get("source") or ("required: --require-hf-token" if token["required"] else "not required"),
+        )
+    )
+    if (download := evidence.get("download")) is not None:
+        free, need = download["free_bytes"], download["declared_bytes"]
+        steps.append(
+            Step(
+                "free disk",
+                gib(free) if free is not None else "?",
+                f"under {download['dir']}; the download needs " + (gib(need) if need is not None else "?"),
+            )
+        )
+    if (model_dir := evidence.get("model_dir")) is not None:
+        bad = len(model_dir["unreadable"])
+        steps.append(Step("model files", f"{model_dir['files'] - bad} readable", model_dir["path"]))
+    if (probe := evidence.get("read_probe")) is not None and probe.get("file"):
+        sparse = " (sparse file: not the disk's figure)" if probe.get("note") else ""
+        steps.append(
+            Step(
+                "read probe",
+                f"{probe['mib_per_s']} MiB/s",
+                f"{probe['read_mib']} MiB of {probe['file']}{sparse}",
+            )
+        )
+    return step_lines(steps)
+
+
 def check_environment(
     argv: Sequence[str],
     env: Mapping[str, str],
@@ -240,9 +278,10 @@ def check_environment(
     if settings.probe_read_mib > 0 and "read_probe" not in evidence:
         evidence["read_probe"] = {"note": f"no local model directory to read ({model_kind} model)"}
 
+    evidence["lines"] = _lines(evidence)
     if refusals:
         return CheckResult(NAME, Outcome.REFUSED, "; ".join(refusals), evidence)
-    parts = [f"{len(dirs)} cache dirs writable"]
+    parts = [f"{len(dirs)} cache dirs writable" if dirs else "no cache directory written (simulated model)"]
     if settings.require_hf_token:
         parts.append("HF token present")
     if "model_dir" in evidence:

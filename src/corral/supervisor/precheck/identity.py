@@ -18,6 +18,7 @@ from typing import Any
 from corral.engine.flags import serving_settings
 from corral.supervisor.checks.bundle import bundle_from
 from corral.supervisor.precheck.check import CheckResult, Outcome
+from corral.supervisor.precheck.explain import Step, step_lines
 
 NAME = "artifact_identity"
 VERSION_TIMEOUT_S = 10.0
@@ -236,6 +237,33 @@ class IdentityExpectations:
     expect_checkpoint_digest: str | None = None
 
 
+def _lines(artifact: Artifact, floating: list[str]) -> list[str]:
+    command = artifact.parts.get("command") or {}
+    files = artifact.parts.get("model_files")
+    hardware = artifact.hardware
+    revision = command.get("revision") or "-"
+    steps = [
+        Step("fingerprint", artifact.fingerprint, "sha256 of image, version, served models, command, files"),
+        Step("model", artifact.model_kind, str(command.get("model"))),
+        Step(
+            "revision", str(revision), "floating: " + ", ".join(floating) if floating else "pinned or local"
+        ),
+        Step("vLLM version", artifact.version or "?", artifact.version_source),
+        Step("image", artifact.image or "-", "$CORRAL_IMAGE"),
+        Step(
+            "model files",
+            str(files["digest"]) if isinstance(files, dict) else "-",
+            f"{files['files']} files, {files['method']}" if isinstance(files, dict) else "no local directory",
+        ),
+        Step(
+            "GPUs",
+            f"{hardware['gpu_count']} × {hardware['gpu_model']}" if hardware else "-",
+            "from the parallel identity's inventory" if hardware else "not in the fingerprint (not known)",
+        ),
+    ]
+    return step_lines(steps)
+
+
 def check_identity(artifact: Artifact, expect: IdentityExpectations) -> CheckResult:
     """Refuses a floating revision (unless allowed), a fingerprint or checkpoint digest that is not
     the expected one; passes with the fingerprint otherwise."""
@@ -243,6 +271,7 @@ def check_identity(artifact: Artifact, expect: IdentityExpectations) -> CheckRes
     command = artifact.parts.get("command") or {}
     floating = floating_revisions(command, artifact.model_kind)
     evidence["floating"] = floating
+    evidence["lines"] = _lines(artifact, floating)
     refusals: list[str] = []
     if floating and not expect.allow_floating_revision:
         refusals.append(

@@ -16,6 +16,7 @@ from typing import Any
 
 from corral.engine.flags import serving_settings
 from corral.supervisor.precheck.check import CheckResult, Outcome
+from corral.supervisor.precheck.explain import Step, step_lines
 
 NAME = "preload"
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh"})
@@ -120,6 +121,22 @@ def check_preload_pair(engine_argv: Sequence[str], daemon_argv: Sequence[str]) -
     where, named_by = socket_dir(engine_argv, daemon_argv)
     problem, seen = socket_dir_problem(where)
     evidence: dict[str, Any] = {"pairs": pairs, "socket_dir": {**seen, "from": named_by}}
+    steps = [
+        Step(
+            key,
+            "same" if p["engine"] == p["daemon"] else "DIFFERS",
+            f"engine {p['engine']}, daemon {p['daemon']}",
+        )
+        for key, p in pairs.items()
+    ]
+    steps.append(
+        Step(
+            "socket dir",
+            str(seen.get("mode", "?")),
+            f"{where} ({named_by}), owner uid {seen.get('owner_uid')}",
+        )
+    )
+    evidence["lines"] = step_lines(steps)
     if problem is not None:
         refusals.append(problem)
     if refusals:
