@@ -8,12 +8,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 import psutil
 import pytest
 
 from corral.engine.dev_api import EngineFigures
+from corral.engine.gpus import GpuDevice
 from corral.engine.kv_log import EngineLogFigures
 from corral.supervisor.lifecycle.device_memory import (
     ENGINE_METRICS,
@@ -31,6 +32,7 @@ from corral.supervisor.lifecycle.device_memory import (
     read_device_sync,
     resident_verdict,
     sleep_verdict,
+    visible_devices,
     wake_verdict,
 )
 
@@ -99,25 +101,56 @@ def test_a_gone_process_has_no_tree() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     assert engine_pids(proc.pid) == []
-    assert read_device_sync(proc.pid, lambda pids: {GPU0: 1}) is None
+    assert read_device_sync(proc.pid, processes=lambda: {GPU0: {proc.pid: GIB}}) is None
 
 
-def test_nvml_is_asked_about_the_whole_tree(engine_tree: tuple[int, int, int]) -> None:
+def test_the_engines_share_is_what_its_whole_tree_holds(engine_tree: tuple[int, int, int]) -> None:
     top, child, grandchild = engine_tree
-    asked: list[int] = []
+    me = psutil.Process().pid  # another process NVML lists, that exists here and is no engine's
+    listed = {GPU0: {child: 3 * GIB, grandchild: 2 * GIB, me: 7 * GIB}, GPU1: {me: GIB}}
+    got = read_device_sync(top, processes=lambda: listed, devices=lambda: [])
+    assert got is not None and got.gpus == {GPU0: 5 * GIB} and got.scope == "process"
+    assert sorted(got.pids) == sorted([top, child, grandchild])
 
-    def nvml(pids: Iterable[int]) -> dict[str, int]:
-        asked.extend(pids)
-        return {GPU0: 5 * GIB}
 
-    got = read_device_sync(top, nvml)
-    assert got is not None and got.gpus == {GPU0: 5 * GIB}
-    assert sorted(asked) == sorted([top, child, grandchild])
+def test_nothing_of_the_engines_listed_is_an_empty_reading_not_the_gpus_use(
+    engine_tree: tuple[int, int, int],
+) -> None:
+    """A CPU engine on a GPU host: NVML lists processes of this namespace, none of the engine's."""
+    me = psutil.Process().pid
+    got = read_device_sync(
+        engine_tree[0], processes=lambda: {GPU0: {me: GIB}}, devices=lambda: [gpu(0, GPU0, 80, 70)]
+    )
+    assert got is not None and got.gpus == {} and got.scope == "process"
+
+
+def gpu(index: int, uuid: str, total_gib: float, free_gib: float) -> GpuDevice:
+    return GpuDevice(index, uuid, "H200", int(total_gib * GIB), int(free_gib * GIB))
+
+
+def test_in_another_pid_namespace_the_engines_gpus_are_read_whole(engine_tree: tuple[int, int, int]) -> None:
+    """NVML lists PIDs that do not exist here (the host's, seen from a container): the reading is the
+    memory used on the GPUs the engine sees (CUDA_VISIBLE_DEVICES), marked as whole-GPU."""
+    foreign = 4_000_000  # above any pid_max: no process here has it
+    listed = {GPU0: {foreign: 30 * GIB}, GPU1: {foreign + 1: 9 * GIB}}
+    gpus = [gpu(0, GPU0, 141, 100), gpu(1, GPU1, 141, 130)]
+    everything = read_device_sync(engine_tree[0], None, lambda: listed, lambda: gpus)
+    assert everything is not None and everything.scope == "device"
+    assert everything.gpus == {GPU0: 41 * GIB, GPU1: 11 * GIB}
+    only_one = read_device_sync(
+        engine_tree[0], visible_devices({"CUDA_VISIBLE_DEVICES": "1"}), lambda: listed, lambda: gpus
+    )
+    assert only_one is not None and only_one.gpus == {GPU1: 11 * GIB}
+    by_uuid = read_device_sync(engine_tree[0], {GPU0[:10]}, lambda: listed, lambda: gpus)
+    assert by_uuid is not None and list(by_uuid.gpus) == [GPU0]
+    verdict = sleep_verdict(everything, everything, 1, False, None, TH)
+    assert verdict.outcome == FAILED and "whole GPUs" in verdict.reason
 
 
 def test_without_nvml_or_an_engine_nothing_is_read() -> None:
-    assert read_device_sync(None, lambda pids: {GPU0: 1}) is None
-    assert read_device_sync(psutil.Process().pid, lambda pids: None) is None
+    assert read_device_sync(None, processes=lambda: {GPU0: {}}) is None
+    assert read_device_sync(psutil.Process().pid, processes=lambda: None) is None
+    assert visible_devices({}) is None
 
 
 def test_a_reading_round_trips_through_the_sleep_status() -> None:
@@ -170,7 +203,7 @@ def test_a_level_0_pause_keeps_everything_resident() -> None:
 
 def test_nothing_attributed_to_the_engine_is_not_measured() -> None:
     verdict = sleep_verdict(reading(), reading(), 1, False, None, TH)
-    assert verdict.outcome == NOT_MEASURED and "PID namespace" in verdict.reason
+    assert verdict.outcome == NOT_MEASURED and "a CPU engine?" in verdict.reason
 
 
 # -- wake -------------------------------------------------------------------------------------------

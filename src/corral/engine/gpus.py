@@ -79,24 +79,36 @@ def read_gpus() -> list[GpuDevice] | None:
         return devices
 
 
-def process_gpu_memory(pids: Iterable[int]) -> dict[str, int] | None:
-    """Bytes of GPU memory the given processes hold, per GPU UUID (GPUs where they hold none are
-    left out), or None when NVML is not available. Compute and graphics contexts both count."""
-    wanted = set(pids)
+def gpu_processes() -> dict[str, dict[int, int]] | None:
+    """Per GPU UUID, the processes NVML lists on it and the bytes each holds (compute and graphics
+    contexts both count), or None when NVML is not available. The PIDs are the driver's: in a
+    container with its own PID namespace they are the host's, not the ones `ps` shows here."""
     with _nvml() as nvml:
         if nvml is None:
             return None
-        used: dict[str, int] = {}
+        listed: dict[str, dict[int, int]] = {}
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
-            seen: set[int] = set()
+            procs = listed.setdefault(_text(nvml.nvmlDeviceGetUUID(handle)), {})
             for getter in (
                 nvml.nvmlDeviceGetComputeRunningProcesses,
                 nvml.nvmlDeviceGetGraphicsRunningProcesses,
             ):
                 for proc in getter(handle):
-                    if proc.pid in wanted and proc.pid not in seen and proc.usedGpuMemory is not None:
-                        seen.add(proc.pid)
-                        used[uuid] = used.get(uuid, 0) + int(proc.usedGpuMemory)
-        return used
+                    if proc.pid not in procs and proc.usedGpuMemory is not None:
+                        procs[int(proc.pid)] = int(proc.usedGpuMemory)
+        return listed
+
+
+def held_by(listed: dict[str, dict[int, int]], pids: Iterable[int]) -> dict[str, int]:
+    """Bytes the given processes hold per GPU UUID (GPUs where they hold none are left out)."""
+    wanted = set(pids)
+    held = {uuid: sum(b for pid, b in procs.items() if pid in wanted) for uuid, procs in listed.items()}
+    return {uuid: b for uuid, b in held.items() if b}
+
+
+def process_gpu_memory(pids: Iterable[int]) -> dict[str, int] | None:
+    """Bytes of GPU memory the given processes hold, per GPU UUID (GPUs where they hold none are
+    left out), or None when NVML is not available."""
+    listed = gpu_processes()
+    return None if listed is None else held_by(listed, pids)

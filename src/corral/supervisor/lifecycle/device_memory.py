@@ -6,15 +6,17 @@ brought it back. Where nothing can be read the verdict is `not_measured`, never 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
 
 from corral.engine.dev_api import EngineFigures
-from corral.engine.gpus import process_gpu_memory
+from corral.engine.gpus import GpuDevice, gpu_processes, held_by, read_gpus
 from corral.engine.kv_log import KV_SHORTFALL_TOLERANCE, EngineLogFigures, KvCapacity, kv_capacity
 from corral.supervisor.precheck.check import Outcome
 
@@ -29,7 +31,8 @@ DEFAULT_SLEEP_RESIDUE_GIB = 2.0
 # A wake (or reload) must bring each GPU back to within this share of what it held before the sleep.
 DEFAULT_WAKE_TOLERANCE = 0.05
 
-NvmlReader = Callable[[Iterable[int]], "dict[str, int] | None"]
+ProcessLister = Callable[[], "dict[str, dict[int, int]] | None"]  # engine.gpus.gpu_processes
+DeviceLister = Callable[[], "list[GpuDevice] | None"]  # engine.gpus.read_gpus
 
 
 @dataclass(frozen=True)
@@ -56,10 +59,13 @@ def engine_pids(pid: int) -> list[int]:
 
 @dataclass(frozen=True)
 class DeviceReading:
-    """Bytes the engine's process tree holds per GPU UUID at one moment (NVML)."""
+    """Bytes held per GPU UUID at one moment (NVML): by the engine's process tree (`scope` process),
+    or, where NVML's PIDs are another namespace's (a container), used on the engine's GPUs (`device`:
+    any other process on them counts too)."""
 
     gpus: dict[str, int]
     pids: tuple[int, ...]
+    scope: str = "process"
 
     @property
     def total_bytes(self) -> int:
@@ -68,6 +74,7 @@ class DeviceReading:
     def to_json(self) -> dict[str, Any]:
         return {
             "source": NVML,
+            "scope": self.scope,
             "gpus": dict(self.gpus),
             "gpus_gib": {uuid: round(held / GIB, 3) for uuid, held in self.gpus.items()},
             "total_bytes": self.total_bytes,
@@ -78,23 +85,56 @@ class DeviceReading:
     def from_json(cls, body: Any) -> DeviceReading | None:
         if not isinstance(body, dict) or not isinstance(body.get("gpus"), dict):
             return None
-        return cls({str(k): int(v) for k, v in body["gpus"].items()}, tuple(body.get("pids") or ()))
+        gpus = {str(k): int(v) for k, v in body["gpus"].items()}
+        return cls(gpus, tuple(body.get("pids") or ()), str(body.get("scope") or "process"))
 
 
-def read_device_sync(pid: int | None, reader: NvmlReader = process_gpu_memory) -> DeviceReading | None:
-    """NVML's view of the engine's process tree, or None without NVML or without an engine process."""
+def visible_devices(env: Mapping[str, str]) -> set[str] | None:
+    """The GPUs `CUDA_VISIBLE_DEVICES` names (indices or UUIDs), None when it is not set."""
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    return {v.strip() for v in value.split(",") if v.strip()}
+
+
+def engine_visible_devices(engine_env: tuple[tuple[str, str], ...]) -> set[str] | None:
+    """The GPUs the engine sees: its own environment (a bundle's env) over the supervisor's."""
+    return visible_devices({**os.environ, **dict(engine_env)})
+
+
+def _visible(gpu: GpuDevice, visible: set[str] | None) -> bool:
+    return visible is None or str(gpu.index) in visible or any(gpu.uuid.startswith(v) for v in visible)
+
+
+def read_device_sync(
+    pid: int | None,
+    visible: set[str] | None = None,
+    processes: ProcessLister = gpu_processes,
+    devices: DeviceLister = read_gpus,
+) -> DeviceReading | None:
+    """NVML's view of the engine's process tree, or None without NVML or without an engine process.
+    Where NVML lists processes none of which exists here, it sees another PID namespace (the engine
+    in a container): the reading is then the memory used on the engine's GPUs (`visible`)."""
     if pid is None:
         return None
     pids = engine_pids(pid)
     if not pids:
         return None
-    held = reader(pids)
-    return None if held is None else DeviceReading(held, tuple(pids))
+    listed = processes()
+    if listed is None:
+        return None
+    held = held_by(listed, pids)
+    foreign = [p for procs in listed.values() for p in procs if not psutil.pid_exists(p)]
+    if held or not foreign:
+        return DeviceReading(held, tuple(pids))
+    gpus = [g for g in devices() or [] if _visible(g, visible)]
+    used = {g.uuid: g.total_bytes - (g.free_bytes or 0) for g in gpus}
+    return DeviceReading(used, tuple(pids), scope="device")
 
 
-async def read_device(pid: int | None, reader: NvmlReader = process_gpu_memory) -> DeviceReading | None:
+async def read_device(pid: int | None, visible: set[str] | None = None) -> DeviceReading | None:
     """`read_device_sync` off the event loop (NVML is a blocking C library)."""
-    return await asyncio.to_thread(read_device_sync, pid, reader)
+    return await asyncio.to_thread(read_device_sync, pid, visible)
 
 
 @dataclass(frozen=True)
@@ -124,6 +164,14 @@ def not_measured(reason: str = NO_SOURCE, **evidence: Any) -> MemoryVerdict:
     return MemoryVerdict(NOT_MEASURED, reason, None, evidence)
 
 
+def _scoped(verdict: MemoryVerdict, reading: DeviceReading) -> MemoryVerdict:
+    """A verdict on whole GPUs says so: other processes on them counted too."""
+    if reading.scope != "device":
+        return verdict
+    note = " (whole GPUs: NVML's PIDs are another namespace's, so other processes count too)"
+    return dataclasses.replace(verdict, reason=verdict.reason + note)
+
+
 def _gib(value: float) -> str:
     return f"{value / GIB:.2f} GiB"
 
@@ -138,13 +186,13 @@ def _nothing_held(before: DeviceReading) -> MemoryVerdict | None:
     return MemoryVerdict(
         NOT_MEASURED,
         f"not measured: NVML attributes no GPU memory to the engine's processes {list(before.pids)} "
-        "(a CPU engine, or NVML in another PID namespace than the engine)",
+        "(a CPU engine?)",
         NVML,
         {"before": before.to_json()},
     )
 
 
-def sleep_verdict(
+def _sleep_verdict(
     before: DeviceReading,
     after: DeviceReading,
     level: int,
@@ -152,8 +200,6 @@ def sleep_verdict(
     logged: EngineLogFigures | None,
     thresholds: MemoryThresholds,
 ) -> MemoryVerdict:
-    """After `/sleep` (and `/release_kv_cache_memory`): level 1/2 freed each GPU down to the residue,
-    a KV release freed the KV share, a level-0 pause kept everything resident."""
     empty = _nothing_held(before)
     if empty is not None:
         return empty
@@ -202,10 +248,33 @@ def sleep_verdict(
     return MemoryVerdict(PASSED, "every allocation resident", NVML, evidence)
 
 
-_SHARE = {"weights": "weights_bytes", "kv_cache": "kv_cache_bytes"}
+def sleep_verdict(
+    before: DeviceReading,
+    after: DeviceReading,
+    level: int,
+    release_kv: bool,
+    logged: EngineLogFigures | None,
+    thresholds: MemoryThresholds,
+) -> MemoryVerdict:
+    """After `/sleep` (and `/release_kv_cache_memory`): level 1/2 freed each GPU down to the residue,
+    a KV release freed the KV share, a level-0 pause kept everything resident."""
+    return _scoped(_sleep_verdict(before, after, level, release_kv, logged, thresholds), before)
 
 
 def wake_verdict(
+    before: DeviceReading,
+    after: DeviceReading,
+    still_asleep: list[str],
+    logged: EngineLogFigures | None,
+    thresholds: MemoryThresholds,
+) -> MemoryVerdict:
+    return _scoped(_wake_verdict(before, after, still_asleep, logged, thresholds), before)
+
+
+_SHARE = {"weights": "weights_bytes", "kv_cache": "kv_cache_bytes"}
+
+
+def _wake_verdict(
     before: DeviceReading,
     after: DeviceReading,
     still_asleep: list[str],
@@ -267,7 +336,8 @@ def resident_verdict(figures: EngineFigures | None, reading: DeviceReading | Non
     if empty is not None:
         return empty
     per_gpu = ", ".join(f"{_short(g)} {_gib(h)}" for g, h in reading.gpus.items())
-    return MemoryVerdict(PASSED, f"resident: {per_gpu}", NVML, {"reading": reading.to_json()})
+    resident = MemoryVerdict(PASSED, f"resident: {per_gpu}", NVML, {"reading": reading.to_json()})
+    return _scoped(resident, reading)
 
 
 def budget_evidence(report: Mapping[str, Any] | None) -> Mapping[str, Any] | None:

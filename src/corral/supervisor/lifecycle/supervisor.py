@@ -30,6 +30,7 @@ from corral.supervisor.lifecycle.device_memory import (
     MemoryVerdict,
     budget_evidence,
     capacity_at_ready,
+    engine_visible_devices,
     read_device,
     reported,
     resident_verdict,
@@ -325,7 +326,8 @@ class EngineSupervisor:
             figures: EngineFigures | None = await EngineAdmin(self.session, self.config.engine_url).figures()
         except AdminCallFailed:
             figures = None
-        reading = None if reported(figures) else await read_device(engine.pid)
+        visible = engine_visible_devices(self.config.engine_env)
+        reading = None if reported(figures) else await read_device(engine.pid, visible)
         self.note_memory("startup", resident_verdict(figures, reading))
         budget = budget_evidence(precheck)
         capacity = capacity_at_ready(engine.log_figures, budget, self.config.memory)

@@ -19,6 +19,7 @@ from corral.supervisor.lifecycle.device_memory import (
     PASSED,
     DeviceReading,
     MemoryVerdict,
+    engine_visible_devices,
     not_measured,
     read_device,
     reported,
@@ -127,7 +128,8 @@ async def device_reading(sup: EngineAccess, figures: EngineFigures) -> DeviceRea
     if reported(figures):
         return None
     engine = sup.engine
-    return await read_device(engine.pid if engine is not None and engine.running else None)
+    pid = engine.pid if engine is not None and engine.running else None
+    return await read_device(pid, engine_visible_devices(sup.config.engine_env))
 
 
 def device_verdict(
