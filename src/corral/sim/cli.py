@@ -17,6 +17,7 @@ import click
 from corral import aio
 from corral.sim.core.config import GIB, SimConfig
 from corral.sim.core.lora import parse_lora_module
+from corral.sim.core.sizing import default_max_model_len
 from corral.sim.server import SimServer
 from corral.sim.weights.preload import DaemonConfig, WeightCacheDaemon
 from corral.sim.weights.requires import Requirement
@@ -43,12 +44,16 @@ def _check_lora_modules(
     return value
 
 
-def _dev_mode(environ: dict[str, str]) -> bool:
-    """vLLM reads VLLM_SERVER_DEV_MODE as an integer flag."""
+def _flag(environ: dict[str, str], name: str) -> bool:
+    """vLLM reads these switches as integer flags."""
     try:
-        return bool(int(environ.get("VLLM_SERVER_DEV_MODE", "0")))
+        return bool(int(environ.get(name, "0")))
     except ValueError:
         return False
+
+
+def _dev_mode(environ: dict[str, str]) -> bool:
+    return _flag(environ, "VLLM_SERVER_DEV_MODE")
 
 
 def _runtime_lora(environ: dict[str, str]) -> bool:
@@ -58,8 +63,23 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
 @click.group(invoke_without_command=True)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on.")
-@click.option("--model", default="sim-model", show_default=True, help="Served model name.")
-@click.option("--max-model-len", default=2048, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--model",
+    default="sim-model",
+    show_default=True,
+    help="A model name, or a checkpoint directory (config.json, *.safetensors) sizing weights and KV.",
+)
+@click.option(
+    "--served-model-name",
+    default=None,
+    help="The name /v1/models lists and requests use [default: --model].",
+)
+@click.option(
+    "--max-model-len",
+    default=None,
+    type=click.IntRange(min=1),
+    help="[default: the model directory's max_position_embeddings, else 2048]",
+)
 @click.option(
     "--max-num-seqs",
     default=64,
@@ -166,6 +186,56 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
     help="Expose the corral_sim_* memory gauges; --no-memory-metrics hides them, as vLLM has none "
     "(its GPU memory is read from the device).",
 )
+@click.option(
+    "--gpu-memory-gib",
+    default=None,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Memory of the simulated GPU (each rank's); a start that does not fit fails as vLLM's does "
+    "[default: no device, no memory arithmetic].",
+)
+@click.option(
+    "--gpu-memory-utilization",
+    default=0.9,
+    show_default=True,
+    type=click.FloatRange(0, 1, min_open=True),
+    help="Share of the simulated GPU the engine may use (weights, overhead, KV cache).",
+)
+@click.option(
+    "--tensor-parallel-size",
+    "-tp",
+    "tensor_parallel_size",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Ranks; 2 or more run one worker process per rank.",
+)
+@click.option(
+    "--dtype",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "half", "float16", "bfloat16", "float", "float32"]),
+)
+@click.option(
+    "--kv-cache-dtype",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]),
+)
+@click.option(
+    "--fail-rank",
+    default=None,
+    type=click.IntRange(min=0),
+    help="This worker rank dies (an NCCL error, exit 1) --fail-rank-after-seconds after serving starts.",
+)
+@click.option("--fail-rank-after-seconds", default=0.0, show_default=True, type=click.FloatRange(min=0))
+@click.option(
+    "--engine-dead-exit-seconds",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="After a rank died: how long /health answers 503 before the server exits 1 (vLLM's watchdog "
+    "period); VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1 keeps it up.",
+)
 @click.option("--enable-lora", is_flag=True, help="Serve LoRA adapters.")
 @click.option("--max-loras", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option(
@@ -203,8 +273,11 @@ def sim(ctx: click.Context, /, **options: object) -> None:
     if ctx.invoked_subcommand is not None:
         return
     environ = dict(os.environ)
+    if options["max_model_len"] is None:
+        options["max_model_len"] = default_max_model_len(str(options["model"]))
     config = SimConfig(
         **options,  # type: ignore[arg-type]
+        keep_alive_on_engine_death=_flag(environ, "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH"),
         dev_mode=_dev_mode(environ),
         runtime_lora_updating=_runtime_lora(environ),
         env_api_key=environ.get("VLLM_API_KEY"),

@@ -1,12 +1,10 @@
-"""The simulator process's life: vLLM-like startup phases, dependency checks, serving, and `[shutdown]`.
+"""The simulator process's life: startup (see `startup`), serving, engine death, and `[shutdown]`.
 
-Startup prints vLLM's phases spread over `--startup-seconds` and binds the port only when "loaded", so
-until then connections are refused. A `--requires` dependency that is absent fails engine init (exit 1).
-With `--load-format ipc_cache` the weights come from a preload daemon and the weight-loading part of the
-startup (45% of it) is skipped; a disk fallback takes the full time (see `weight_loader`).
 SIGTERM/SIGINT stop the listener, drain in-flight requests for up to `--shutdown-timeout` seconds, then abort
 the rest; like the real server, aborted requests never get an answer and the process waits for their
-connections to close before it exits.
+connections to close before it exits. With `--tensor-parallel-size` N >= 2 the engine has N worker
+processes (`executor`); when one dies the engine is dead, as vLLM's is: in-flight requests end with 500,
+`/health` answers 503, and after `--engine-dead-exit-seconds` the API server exits 1 (vLLM's watchdog).
 """
 
 from __future__ import annotations
@@ -21,56 +19,62 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from prometheus_client.registry import Collector
 
-from corral.sim.core.config import GIB, SimConfig
+from corral.sim.core.config import SimConfig
 from corral.sim.core.control import EngineControl
 from corral.sim.core.engine import Engine
 from corral.sim.core.lifecycle import EngineLifecycle
 from corral.sim.core.logs import EngineLog
-from corral.sim.core.lora import LoraRegistry, parse_lora_module
-from corral.sim.core.requests import RequestError
+from corral.sim.core.lora import LoraRegistry
+from corral.sim.core.sizing import size_engine
 from corral.sim.core.tokenizer import ToyTokenizer
+from corral.sim.executor import Executor
 from corral.sim.http import dev_api, lora_api
 from corral.sim.http.app import RouteSet, SimApi
 from corral.sim.http.connections import BusyConnections
 from corral.sim.http.metrics import EngineCollector, MetricsEndpoint
 from corral.sim.http.ops_metrics import LifecycleCollector, LoraCollector
-from corral.sim.weights.requires import Requirement
-from corral.sim.weights.weight_cache import cache_key, default_fingerprint
-from corral.sim.weights.weight_loader import IpcLoadConfig, LoadOutcome, WeightLoader
+from corral.sim.startup import WEIGHTS_END, WEIGHTS_START, EngineStartup, StartupFailed
+from corral.sim.weights.weight_loader import LoadOutcome
 
 _STATS_INTERVAL_S = 10.0
-_WEIGHTS_START, _WEIGHTS_END = 0.15, 0.6  # the share of --startup-seconds spent loading weights
-
-
-class StartupFailed(Exception):
-    """Engine init failed; the message has been logged."""
+_ENGINE_DEAD = (
+    "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
+    "See stack trace (above) for the root cause."
+)
 
 
 class SimServer:
     def __init__(self, config: SimConfig, log: EngineLog | None = None) -> None:
-        self.config = config
         self.log = log or EngineLog()
+        self.sizing = size_engine(config)
+        if self.sizing.plan is not None:
+            config = dataclasses.replace(config, kv_cache_blocks=self.sizing.plan.num_blocks)
+        self.config = config
         self.engine = Engine(config, ToyTokenizer(), self.log)
         self.lifecycle = EngineLifecycle(
-            config.weights_bytes, config.kv_cache_bytes, config.enable_sleep_mode
+            self.sizing.weights_bytes, self.sizing.kv_cache_bytes, config.enable_sleep_mode
         )
         self.control = EngineControl(self.engine, self.lifecycle, self.log)
         self.lora: LoraRegistry | None = None
         if config.enable_lora or config.runtime_lora_updating:
             self.lora = LoraRegistry(
-                config.model, config.enable_lora, config.max_loras, config.seed, config.default_max_tokens
+                config.model_name,
+                config.enable_lora,
+                config.max_loras,
+                config.seed,
+                config.default_max_tokens,
             )
             self.engine.lora = self.lora
         lifecycle = self.lifecycle
         collector = EngineCollector(
-            config.model,
+            config.model_name,
             self.engine.stats,
             self.engine.scheduler,
             self.engine.cache,
             sleep_state=lambda: lifecycle.sleep_state_label,
         )
         self.lifecycle_metrics = LifecycleCollector(
-            config.model, lifecycle, LoadOutcome("disk"), memory=config.memory_metrics
+            config.model_name, lifecycle, LoadOutcome("disk"), memory=config.memory_metrics
         )
         extra: list[Collector] = [self.lifecycle_metrics]
         if self.lora is not None and config.enable_lora:
@@ -91,12 +95,29 @@ class SimServer:
             self._lora_api = lora_api.LoraApi(self.lora, self.log, lambda: None)
             addons.append((self._lora_api, lora_api.ROUTES))
         self.api = SimApi(config, self.engine, MetricsEndpoint(collector, *extra), self.lora, addons)
+        self.executor: Executor | None = None
+        if config.tensor_parallel_size > 1:
+            self.executor = Executor(config.tensor_parallel_size, self.log, self._on_rank_death)
+        self._startup = EngineStartup(
+            config,
+            self.log,
+            self.sizing,
+            lora=self.lora,
+            warn_runtime_lora=self._lora_api is not None,
+            on_loaded=self._on_loaded,
+            executor=self.executor,
+            bind=self._bind,
+        )
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
+        self._dead = asyncio.Event()
         self._signals = 0
         self._signal_name = "SIGTERM"
+
+    def _on_loaded(self, outcome: LoadOutcome) -> None:
+        self.lifecycle_metrics.load = outcome
 
     # -- signals ---------------------------------------------------------------------------------------
 
@@ -109,207 +130,106 @@ class SimServer:
             self._force.set()
 
     async def run(self) -> int:
-        """Start, serve until a signal, shut down; the process exit code."""
+        """Start, serve until a signal or the engine's death, shut down; the process exit code."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
-        startup = asyncio.create_task(self._start())
-        stop = asyncio.create_task(self._stop.wait())
-        await asyncio.wait({startup, stop}, return_when=asyncio.FIRST_COMPLETED)
+        startup = asyncio.create_task(self._startup.run())
+        interrupted = asyncio.create_task(self._first(self._stop, self._dead))
+        await asyncio.wait({startup, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+        interrupted.cancel()
         if not startup.done():
             startup.cancel()
+            await asyncio.gather(startup, return_exceptions=True)
+            if self._dead.is_set():
+                rank = self.executor.dead_rank if self.executor is not None else None
+                self._startup.fail(f"RuntimeError: Worker proc VllmWorker-{rank} died during startup.")
+                await self._stop_executor()
+                return 1
             self.log.info(
                 "APIServer",
                 "launcher.py:254",
                 f"[shutdown] API server: {self._signal_name} during startup, exiting",
             )
+            await self._stop_executor()
             return 0
-        stop.cancel()
         try:
             startup.result()
         except StartupFailed:
+            await self._stop_executor()
             return 1
+        self._schedule_rank_failure()
         stats = asyncio.create_task(self._log_stats())
-        await self._stop.wait()
-        code = await self._shutdown()
+        await self._first(self._stop, self._dead)
+        code = await self._shutdown() if self._stop.is_set() else await self._die()
         stats.cancel()
         return code
 
+    @staticmethod
+    async def _first(*events: asyncio.Event) -> None:
+        waits = [asyncio.ensure_future(e.wait()) for e in events]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
+    async def _stop_executor(self) -> None:
+        if self.executor is not None:
+            await self.executor.shutdown()
+
+    # -- engine death ----------------------------------------------------------------------------------
+
+    def _schedule_rank_failure(self) -> None:
+        cfg, executor = self.config, self.executor
+        if cfg.fail_rank is None or executor is None:
+            return
+        reason = (
+            "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp, unhandled cuda error (run with "
+            f"NCCL_DEBUG=INFO for details) (simulated: --fail-rank {cfg.fail_rank} after "
+            f"{cfg.fail_rank_after_seconds:g} s)"
+        )
+        asyncio.get_running_loop().call_later(
+            cfg.fail_rank_after_seconds, executor.fail, cfg.fail_rank, reason
+        )
+
+    def _on_rank_death(self, rank: int, exit_code: int | None) -> None:
+        """A worker died (the executor logged which): the engine core fails and the engine is dead."""
+        if self._runner is not None:
+            log = self.log
+            log.error("EngineCore", "core.py:1036", "EngineCore encountered a fatal error.")
+            log.error("EngineCore", "core.py:1036", "RuntimeError: Executor failed.")
+            log.error("APIServer", "async_llm.py:566", "AsyncLLM output_handler failed.")
+            log.error("APIServer", "async_llm.py:566", _ENGINE_DEAD)
+            self.engine.dead = True
+            self.control.abort()
+        self._dead.set()
+
+    async def _die(self) -> int:
+        """The engine died while serving: 503/500 until vLLM's watchdog stops the server, then exit 1."""
+        await self._stop_executor()
+        if self.config.keep_alive_on_engine_death:
+            await self._stop.wait()
+        else:
+            try:  # a signal cuts the wait short
+                await asyncio.wait_for(self._stop.wait(), self.config.engine_dead_exit_seconds)
+            except TimeoutError:
+                pass
+        assert self._runner is not None and self._site is not None
+        self.log.plain("INFO:     Shutting down")
+        await self._site.stop()
+        server = self._runner.server
+        assert server is not None
+        for conn in list(server.connections):
+            conn.force_close()
+        self.log.plain("INFO:     Waiting for application shutdown.")
+        self.log.plain("INFO:     Application shutdown complete.")
+        self.log.plain(f"INFO:     Finished server process [{os.getpid()}]")
+        return 1
+
     def _reload_seconds(self) -> float:
         """How long `reload_weights` takes: reading the checkpoint from disk again."""
-        return self.config.startup_seconds * (_WEIGHTS_END - _WEIGHTS_START)
-
-    # -- startup ---------------------------------------------------------------------------------------
-
-    def _fail(self, root_cause: str) -> StartupFailed:
-        log = self.log
-        log.error("EngineCore", "core.py:1028", "EngineCore failed to start.")
-        log.error("EngineCore", "core.py:1028", root_cause)
-        log.error(
-            "APIServer",
-            "core_client.py:612",
-            "RuntimeError: Engine core initialization failed. "
-            "See root cause above. Failed core proc(s): {'EngineCore': 1}",
-        )
-        return StartupFailed(root_cause)
-
-    def _check_config(self) -> IpcLoadConfig | None:
-        """Refuse settings vLLM refuses (before anything loads); the ipc_cache loader settings if any."""
-        cfg = self.config
-        ipc: IpcLoadConfig | None = None
-        try:
-            if cfg.load_format == "ipc_cache":
-                ipc = IpcLoadConfig.parse(cfg.model_loader_extra_config)
-                if ipc.mode == "zero_copy" and cfg.enable_sleep_mode:
-                    raise ValueError(
-                        "--enable-sleep-mode cannot be combined with --load-format ipc_cache in zero_copy "
-                        "mode: the weights live in the preload daemon's IPC allocations, which sleep mode "
-                        "cannot offload or free. Use mode 'copy' or drop --enable-sleep-mode."
-                    )
-            if cfg.lora_modules and not cfg.enable_lora:
-                raise ValueError("--lora-modules needs --enable-lora.")
-        except ValueError as exc:
-            self.log.error("APIServer", "arg_utils.py:1890", f"ValueError: {exc}")
-            raise StartupFailed(str(exc)) from exc
-        return ipc
-
-    async def _load_weights(self, ipc: IpcLoadConfig | None) -> LoadOutcome:
-        if ipc is None:
-            return LoadOutcome("disk")
-        cfg = self.config
-        key = cache_key(cfg.model, default_fingerprint(cfg.model, cfg.version_string))
-        try:
-            return await WeightLoader(ipc, key, self.log).load()
-        except Exception as exc:
-            raise self._fail(f"{type(exc).__name__}: {exc}") from exc
-
-    async def _load_static_loras(self) -> None:
-        if self.lora is None:
-            return
-        for spec in self.config.lora_modules:
-            name, path = parse_lora_module(spec)
-            try:
-                self.lora.load(name, path)
-            except RequestError as exc:
-                raise self._fail(f"ValueError: {exc.message}") from exc
-            self.log.info(
-                "APIServer", "serving.py:226", f"Loaded new LoRA adapter: name '{name}', path '{path}'"
-            )
-
-    async def _start(self) -> None:
-        cfg, log = self.config, self.log
-        began = time.monotonic()
-        skipped = 0.0
-
-        async def at(fraction: float) -> None:
-            delay = began + cfg.startup_seconds * fraction - skipped - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-
-        ipc = self._check_config()
-
-        defaults = SimConfig()
-        non_default = {
-            k: getattr(cfg, k)
-            for k in (
-                "host",
-                "port",
-                "model",
-                "max_model_len",
-                "max_num_seqs",
-                "block_size",
-                "seed",
-                "shutdown_timeout",
-                "enable_sleep_mode",
-                "load_format",
-                "enable_lora",
-            )
-            if getattr(cfg, k) != getattr(defaults, k)
-        }
-        if cfg.api_key:  # vLLM prints its args, the key among them (the env variable is not an arg)
-            non_default["api_key"] = list(cfg.api_key)
-        log.info("APIServer", "api_utils.py:347", f"vLLM API server version {cfg.version_string} (simulated)")
-        log.info("APIServer", "api_utils.py:286", f"non-default args: {non_default}")
-        log.info("APIServer", "model.py:2152", f"Using max model len {cfg.max_model_len}")
-        await at(0.1)
-        log.info(
-            "EngineCore",
-            "core.py:133",
-            f"Initializing a V1 LLM engine (v{cfg.version_string}) with config: "
-            f"model='{cfg.model}', max_seq_len={cfg.max_model_len}, seed={cfg.seed}, "
-            f"enable_prefix_caching=True, block_size={cfg.block_size}",
-        )
-        await at(_WEIGHTS_START)
-        log.info("Worker", "gpu_model_runner.py:3112", f"Starting to load model {cfg.model}...")
-        load_began = time.monotonic()
-        outcome = await self._load_weights(ipc)
-        self.lifecycle_metrics.load = outcome
-        if outcome.from_daemon:
-            skipped = max(
-                0.0, cfg.startup_seconds * (_WEIGHTS_END - _WEIGHTS_START) - (time.monotonic() - load_began)
-            )
-        else:
-            await at(_WEIGHTS_END)
-            log.info(
-                "Worker",
-                "default_loader.py:501",
-                f"Loading weights took {time.monotonic() - load_began:.2f} seconds",
-            )
-        log.info(
-            "Worker",
-            "gpu_model_runner.py:3191",
-            f"Model loading took {cfg.weights_gib:.4f} GiB memory and "
-            f"{time.monotonic() - load_began:.6f} seconds",
-        )
-        log.info(
-            "APIServer",
-            "loader.py:54",
-            f"(simulated) weights loaded via {outcome.source}"
-            + (f" ({outcome.mode} mode)" if outcome.mode else ""),
-        )
-        await self._load_static_loras()
-        await at(0.65)
-        await self._check_requirements()
-        await at(0.75)
-        kv_gib = cfg.kv_cache_bytes / GIB
-        log.info("Worker", "gpu_worker.py:298", f"Available KV cache memory: {kv_gib:.2f} GiB")
-        log.info("EngineCore", "kv_cache_utils.py:1087", f"GPU KV cache size: {cfg.kv_cache_tokens:,} tokens")
-        log.info(
-            "EngineCore",
-            "kv_cache_utils.py:1091",
-            f"Maximum concurrency for {cfg.max_model_len:,} tokens "
-            f"per request: {cfg.kv_cache_tokens / cfg.max_model_len:.2f}x",
-        )
-        await at(0.95)
-        log.info(
-            "EngineCore",
-            "core.py:402",
-            f"init engine (profile, create kv cache, warmup model) took {cfg.startup_seconds * 0.85:.2f} s",
-        )
-        await at(1.0)
-        if self._lora_api is not None:
-            log.warning(
-                "APIServer",
-                "api_router.py:31",
-                "LoRA dynamic loading & unloading is enabled in the API server. "
-                "This should ONLY be used for local development!",
-            )
-        log.info("APIServer", "entry.py:140", f"Starting vLLM server on http://{cfg.host}:{cfg.port}")
-        await self._bind()
-        log.plain(f"INFO:     Started server process [{os.getpid()}]")
-        log.plain("INFO:     Waiting for application startup.")
-        log.plain("INFO:     Application startup complete.")
-
-    async def _check_requirements(self) -> None:
-        for spec in self.config.requires:
-            req = Requirement.parse(spec)
-            self.log.info("EngineCore", "factory.py:64", f"Creating KV connector for dependency {spec}")
-            problem = await req.check()
-            if problem is not None:
-                raise self._fail(
-                    f"ConnectionError: KV cache connector could not reach "
-                    f"required dependency {spec!r} ({problem}). Start it first, or remove --requires."
-                )
+        return self.config.startup_seconds * (WEIGHTS_END - WEIGHTS_START)
 
     async def _bind(self) -> None:
         runner = web.AppRunner(self.api.build(), handler_cancellation=True, access_log=None)
@@ -373,6 +293,7 @@ class SimServer:
             )
         engine.abort_all()
         log.info("APIServer", "core_client.py:770", f"[shutdown] MPClient: start timeout={timeout:g}s")
+        await self._stop_executor()
         log.info("APIServer", "core_client.py:777", "[shutdown] MPClient: complete")
         log.info("APIServer", "launcher.py:279", "[shutdown] API server: engine client stopped")
         log.info("APIServer", "launcher.py:282", "[shutdown] API server: signalling HTTP server shutdown")

@@ -19,7 +19,8 @@ def effective_keys(cli_keys: Sequence[str], environ_key: str | None) -> tuple[st
 class SimConfig:
     host: str = "127.0.0.1"
     port: int = 8000
-    model: str = "sim-model"
+    model: str = "sim-model"  # a name, or a checkpoint directory (config.json, *.safetensors)
+    served_model_name: str | None = None  # what /v1/models lists; default: --model, as in vLLM
     max_model_len: int = 2048
     max_num_seqs: int = 64
     block_size: int = 16
@@ -38,6 +39,18 @@ class SimConfig:
     fail_sleep: bool = False
     requires: tuple[str, ...] = field(default_factory=tuple)
     version_string: str = "0.33.0"
+    # -- the simulated device (no memory arithmetic without --gpu-memory-gib) and its parallel ranks --
+    gpu_memory_gib: float | None = None
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
+    fail_rank: int | None = None
+    fail_rank_after_seconds: float = 0.0
+    # After the engine died (a rank died), how long /health answers 503 before the API server exits 1;
+    # vLLM's watchdog looks every 5 s. VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1 keeps it up.
+    engine_dead_exit_seconds: float = 5.0
+    keep_alive_on_engine_death: bool = False
     # -- operational features (all off by default; none of them costs anything per request when off) --
     enable_sleep_mode: bool = False
     weights_gib: float = 1.0
@@ -61,6 +74,11 @@ class SimConfig:
     def api_keys(self) -> tuple[str, ...]:
         """The keys `/v1...` requests must carry: `--api-key` wins over VLLM_API_KEY; empty guards nothing."""
         return effective_keys(self.api_key, self.env_api_key)
+
+    @property
+    def model_name(self) -> str:
+        """The name clients use (`--served-model-name`, else `--model`)."""
+        return self.served_model_name or self.model
 
     @property
     def kv_cache_tokens(self) -> int:

@@ -74,6 +74,7 @@ class Engine:
         self.stats = EngineStats()
         self.inflight = 0
         self.aborted = False
+        self.dead = False  # a worker died: /health 503, every request 500 (EngineDeadError)
         self.garbage = False  # serving from memory that holds no model (set by EngineControl)
         self.rejecting = False  # POST /pause: new requests get a retryable 503 (set by EngineControl)
         self.lora: LoraRegistry | None = None

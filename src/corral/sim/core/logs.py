@@ -19,9 +19,10 @@ class EngineLog:
         self._stream = stream if stream is not None else sys.stdout
         self._pid = os.getpid()
 
-    def line(self, level: str, proc: str, where: str, message: str) -> None:
+    def line(self, level: str, proc: str, where: str, message: str, pid: int | None = None) -> None:
+        """One line; `pid` names another process of the engine (a worker) whose line this process writes."""
         stamp = time.strftime("%m-%d %H:%M:%S")
-        self._stream.write(f"({proc} pid={self._pid}) {level} {stamp} [{where}] {message}\n")
+        self._stream.write(f"({proc} pid={pid or self._pid}) {level} {stamp} [{where}] {message}\n")
         self._stream.flush()
 
     def info(self, proc: str, where: str, message: str) -> None:

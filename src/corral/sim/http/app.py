@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import orjson
 from aiohttp import web
 
-from corral.openai_errors import error_response
+from corral.openai_errors import error_response, sse_error_event
 from corral.sim.core.chat import render_chat
 from corral.sim.core.config import SimConfig
 from corral.sim.core.engine import Engine, Job
@@ -32,6 +32,8 @@ from corral.sim.http.metrics import CONTENT_TYPE, MetricsEndpoint
 from corral.sim.http.protocol import parse_chat, parse_completion, parse_json
 from corral.sim.http.responses import DONE, StreamEncoder, chat_completion, model_list, text_completion
 
+# str(EngineDeadError()) in vLLM: what a request gets once the engine core is dead.
+ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 _JSON = "application/json"
 _SSE = "text/event-stream; charset=utf-8"
 _ROUTES: dict[str, tuple[str, ...]] = {
@@ -112,7 +114,7 @@ class SimApi:
 
     def _check_model(self, model: str | None) -> LoraAdapter | None:
         """None for the base model; the adapter a LoRA name stands for; 404 for anything else."""
-        if model is None or model == self.config.model:
+        if model is None or model == self.config.model_name:
             return None
         if self.lora is not None:
             adapter = self.lora.get(model)
@@ -120,7 +122,7 @@ class SimApi:
                 return adapter
         raise RequestError(
             404,
-            f"The model `{model}` does not exist. Valid aliases: {self.config.model}.",
+            f"The model `{model}` does not exist. Valid aliases: {self.config.model_name}.",
             "NotFoundError",
             "model",
         )
@@ -144,6 +146,8 @@ class SimApi:
             job = engine.prepare(r, rid, asyncio.get_running_loop().time(), adapter)
         except RequestError as exc:
             return error_response(exc.status, exc.message, exc.err_type, exc.param, headers)
+        if engine.dead:
+            return self._engine_dead(headers)
         if engine.rejecting:
             return error_response(
                 503,
@@ -168,10 +172,12 @@ class SimApi:
         created = int(time.time())
         engine.inflight += 1
         try:
-            model = self.config.model if adapter is None else adapter.name
+            model = self.config.model_name if adapter is None else adapter.name
             if r.stream:
                 return await self._stream(request, r, job, resp_id, created, headers, model)
             await engine.complete(job)
+            if engine.dead:
+                return self._engine_dead(headers)
             build = chat_completion if chat else text_completion
             payload = build(
                 resp_id,
@@ -221,6 +227,10 @@ class SimApi:
                                 with_fingerprint=not r.include_usage,
                             )
                         )
+            if self.engine.dead:
+                await resp.write(sse_error_event(ENGINE_DEAD_MESSAGE, "InternalServerError", 500))
+                await resp.write_eof()
+                return resp
             if job.aborted:
                 await resp.write(enc.last("", "abort", None, with_fingerprint=not r.include_usage))
             if r.include_usage:
@@ -238,7 +248,7 @@ class SimApi:
         if version != self._models_version:
             adapters = list(self.lora.adapters.values()) if self.lora is not None else []
             self._models_body = model_list(
-                self.config.model,
+                self.config.model_name,
                 self.config.model,
                 self.created,
                 self.config.max_model_len,
@@ -255,7 +265,11 @@ class SimApi:
         return web.Response(body=self._model_list(), content_type=_JSON, headers=self._ids(request))
 
     async def health(self, request: web.Request) -> web.Response:
-        return web.Response(headers=self._ids(request))
+        return web.Response(status=503 if self.engine.dead else 200, headers=self._ids(request))
+
+    @staticmethod
+    def _engine_dead(headers: dict[str, str]) -> web.Response:
+        return error_response(500, ENGINE_DEAD_MESSAGE, "InternalServerError", None, headers)
 
     async def version(self, request: web.Request) -> web.Response:
         return _json({"version": self.config.version_string}, self._ids(request))
