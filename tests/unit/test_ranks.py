@@ -135,7 +135,7 @@ _ENGINE = textwrap.dedent(
         "import os, sys, time; r = int(sys.argv[1]); "
         "os.write(1, (f'(Worker pid={os.getpid()}) INFO rank {r} in world size 2 is assigned as "
         "DP rank 0, PP rank 0, TP rank {r}' + chr(10)).encode()); "
-        "os.write(1, (f'(Worker_TP{r} pid={os.getpid()}) INFO Starting to load model m...' + chr(10)).encode()); "
+        "os.write(1, (f'(Worker_TP{r} pid={os.getpid()}) INFO loading' + chr(10)).encode()); "
         "time.sleep(120)"
     )
     for r in (0, 1):
