@@ -148,3 +148,13 @@ def test_routing_shares_one_memory_across_its_scored_policies() -> None:
     routing.policy.pick([a], request(3))
     assert routing.prefix_memory.keys_of(a) == 1
     assert isinstance(build_policy("prefix"), ScoredPolicy)
+
+
+def test_the_state_line_reads_the_prefix_epoch_leniently() -> None:
+    from corral.contracts.supervisor import StateLine, decode_watch_line
+
+    line = b'{"type": "state", "epoch": 3, "state": "READY", "prefix_epoch": "4242:2"}'
+    decoded = decode_watch_line(line)
+    assert isinstance(decoded, StateLine) and decoded.prefix_epoch == "4242:2"
+    odd = decode_watch_line(b'{"type": "state", "epoch": 3, "state": "READY", "prefix_epoch": 7}')
+    assert isinstance(odd, StateLine) and odd.prefix_epoch is None  # read, not refused
