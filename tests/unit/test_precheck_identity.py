@@ -160,3 +160,12 @@ def test_the_version_is_asked_of_the_engines_interpreter() -> None:
 )
 def test_image_version(image: str | None, version: str | None) -> None:
     assert image_version(image) == version
+
+
+def test_a_plain_simulator_start_runs_no_subprocess(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_subprocess(*args: object, **kwargs: object) -> None:
+        raise AssertionError("PRECHECK of a plain `corral sim --model NAME` ran a subprocess")
+
+    monkeypatch.setattr("subprocess.run", no_subprocess)
+    artifact = read_artifact((*SIM, "--model", "sim-model"), {})
+    assert artifact.version_source == "corral sim default" and artifact.parts["model_files"] is None
