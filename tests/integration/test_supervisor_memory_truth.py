@@ -18,6 +18,7 @@ from corral.engine.gpus import read_gpus
 from tests.integration.test_supervisor_partial_wake import run_op, step_evidence
 from tests.integration.test_supervisor_sleep_ops import DEV, GIB, SIM_ARGS
 from tests.integration.test_supervisor_support import Supervised, supervised
+from tests.support.model_dirs import make_model_dir
 from tests.support.procs import CorralProcess
 
 SUP_ARGS = ("--propagation-timeout", "3", "--quiet-period", "0.3")
@@ -129,3 +130,27 @@ def test_the_kv_size_in_state_is_the_one_the_engine_logged(with_figures: Supervi
     expected = int(logged[-1].replace(",", "")) if logged else None
     assert state["kv_cache_tokens"] == expected
     assert state["memory"]["kv_capacity"]["logged_tokens"] == expected
+
+
+def test_a_kv_cache_smaller_than_the_budget_is_kv_shortfall_evidence(tmp_path: Path) -> None:
+    """The budget leaves no headroom (`--headroom-gib 0`); the simulated engine keeps its own ~1 GiB of
+    profiling overhead, as vLLM would, so on an 8 GiB device with 4 GiB of weights it logs far fewer KV
+    tokens than the budget expected."""
+    model = make_model_dir(tmp_path / "model", weights_bytes=4 * GIB)
+    sim = ("--model", str(model), "--gpu-memory-gib", "8", "--gpu-memory-utilization", "0.9")
+    with supervised(sim_args=sim, sup_args=(*SUP_ARGS, "--headroom-gib", "0")) as s:
+        s.wait_state("READY")
+        state = s.state()
+        capacity = state["memory"]["kv_capacity"]
+        assert capacity["outcome"] == "failed", capacity
+        assert capacity["logged_tokens"] == state["kv_cache_tokens"] < capacity["expected_tokens"]
+        assert "below the budget's" in capacity["reason"]
+        assert state["engine_evidence"]["kv_shortfall"]["count"] == 1
+        records = [r for r in s.oplog() if r["record"] == "engine_evidence" and r["kind"] == "kv_shortfall"]
+        assert len(records) == 1
+
+        code, out, body = verify(s, tmp_path / "verify.json")
+        assert code == 1 and {"kv_capacity", "evidence"} <= set(body["failed"]), out
+        code, out, body = verify(s, tmp_path / "verify.json", "--explain", "kv_shortfall=headroom declared 0")
+        assert not {"evidence", "kv_capacity"} & set(body["failed"]), out
+        assert "explained: headroom declared 0" in check(body, "kv_capacity")["detail"]
