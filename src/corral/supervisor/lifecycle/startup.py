@@ -223,6 +223,7 @@ class EngineStartup:
             self._sup.record_exit(engine)
             await engine.stop(min(5.0, self._sup.config.drain.shutdown_timeout))  # its ranks too
             backoff = policy.next_backoff()
+            cause = "rank_lost" if rank_loss is not None and lost is None else "startup_exit"
             reason = (
                 f"{lost}; engine stopped during startup ({self._sup.machine.sub_state})"
                 if lost is not None
@@ -238,7 +239,7 @@ class EngineStartup:
                 )
                 return False
             record = self._sup.record_restart(
-                policy.used, code, reason, backoff, cause="startup_exit", engine=engine
+                policy.used, code, reason, backoff, cause=cause, engine=engine
             )
             self._sup.transition(
                 S.STARTING,
