@@ -171,7 +171,8 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
     default=1.0,
     show_default=True,
     type=click.FloatRange(min=0),
-    help="Simulated size of the weights (GPU memory; host memory when offloaded).",
+    help="Simulated size of a named model's weights (a model directory's are its *.safetensors sizes); "
+    "divided among --tensor-parallel-size ranks.",
 )
 @click.option(
     "--kv-cache-gib",

@@ -23,7 +23,7 @@ from corral.sim.core.device import format_gib
 from corral.sim.core.logs import EngineLog
 from corral.sim.core.lora import LoraRegistry, parse_lora_module
 from corral.sim.core.requests import RequestError
-from corral.sim.core.sizing import EngineSizing
+from corral.sim.core.sizing import EngineSizing, default_max_model_len
 from corral.sim.executor import Executor
 from corral.sim.weights.requires import Requirement
 from corral.sim.weights.weight_cache import cache_key, default_fingerprint
@@ -157,6 +157,8 @@ class EngineStartup:
         cfg, log = self.config, self.log
         defaults = SimConfig()
         non_default = {k: getattr(cfg, k) for k in _ARGS_SHOWN if getattr(cfg, k) != getattr(defaults, k)}
+        if cfg.max_model_len == default_max_model_len(cfg.model):  # derived from config.json, not given
+            non_default.pop("max_model_len", None)
         if cfg.served_model_name is not None:
             non_default["served_model_name"] = [cfg.served_model_name]
         if cfg.api_key:  # vLLM prints its args, the key among them (the env variable is not an arg)
