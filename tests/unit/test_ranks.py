@@ -26,6 +26,7 @@ from corral.engine.rank_lines import (
     rank_failure,
     rank_of_name,
 )
+from corral.fleet.checks.status_table import pid_cell
 from corral.supervisor.lifecycle.ranks import EngineRanks
 
 TP2 = ParallelSize(tensor=2)
@@ -121,6 +122,18 @@ def test_the_world_size_is_tp_times_pp_times_dp_from_the_command() -> None:
     assert parallel_size(["corral", "sim", "--model", "m"]).world == 1
     with pytest.raises(ValueError, match=r"--tensor-parallel-size 'two' .*--tensor-parallel-size 2"):
         parallel_size(["vllm", "serve", "m", "--tensor-parallel-size", "two"])
+
+
+def test_status_shows_the_ranks_alive_of_the_world_and_which_one_is_gone() -> None:
+    def rank(n: int, alive: bool) -> dict[str, object]:
+        return {"rank": n, "name": f"Worker_TP{n}", "pid": 40 + n, "alive": alive, "since": 0.0}
+
+    state = {"engine": {"pid": 4}, "world_size": 2, "ranks": [rank(0, True), rank(1, True)]}
+    assert pid_cell(state) == "4, ranks 2/2"
+    state["ranks"] = [rank(0, True), rank(1, False)]
+    assert pid_cell(state) == "4, ranks 1/2: rank 1 (Worker_TP1 pid 41) gone"
+    assert pid_cell({"engine": {"pid": 4}, "world_size": 1, "ranks": []}) == "4"
+    assert pid_cell({}) == "-"
 
 
 # -- a real process tree --------------------------------------------------------------------------

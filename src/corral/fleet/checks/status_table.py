@@ -1,10 +1,11 @@
-"""The `corral status` screen: one row per engine from a `FleetView` — lifecycle state and since-when
-from its supervisor, bundle fingerprint, in-flight and KV usage from the engine's `/metrics`,
-adapters from its `/v1/models` — beside the router's membership view of it."""
+"""The `corral status` screen: one row per engine from a `FleetView` — lifecycle state and since-when,
+its pid and worker ranks from its supervisor, bundle fingerprint, in-flight and KV usage from the
+engine's `/metrics`, adapters from its `/v1/models` — beside the router's membership view of it."""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from rich.table import Table
 
@@ -37,6 +38,21 @@ def kv_usage(e: EngineView) -> str:
     if usage is None:
         usage = _sum(e, m.KV_USAGE_BEFORE_RENAME)
     return "-" if usage is None else f"{usage * 100:.0f}%"
+
+
+def pid_cell(state: dict[str, Any]) -> str:
+    """The engine's pid and its ranks: `4242, ranks 2/2`, or which rank is gone
+    (`ranks 1/2: rank 1 (Worker_TP1 pid 4243) gone`); just the pid where no rank is known."""
+    text = str((state.get("engine") or {}).get("pid") or "-")
+    ranks = [r for r in state.get("ranks") or [] if isinstance(r, dict)]
+    if not ranks:
+        return text
+    world = state.get("world_size")
+    alive = sum(1 for r in ranks if r.get("alive") is not False)
+    text += f", ranks {alive}/{world if isinstance(world, int) else len(ranks)}"
+    lost = [r for r in ranks if r.get("alive") is False]
+    gone = ", ".join(f"rank {r.get('rank')} ({r.get('name')} pid {r.get('pid')}) gone" for r in lost)
+    return f"{text}: {gone}" if gone else text
 
 
 def bundle_cell(e: EngineView) -> str:
@@ -89,7 +105,7 @@ def render_view(view: FleetView, title: str = "Corral fleet") -> Table:
             _since(s.get("since")),
             str(s.get("reason") or ""),
             str(len(s.get("restarts") or [])) if e.state is not None else "-",
-            str((s.get("engine") or {}).get("pid") or "-"),
+            pid_cell(s),
             bundle_cell(e),
             in_flight(e),
             kv_usage(e),
