@@ -17,22 +17,24 @@ from corral.engine.dev_api import EngineFigures
 from corral.engine.gpus import GpuDevice
 from corral.engine.kv_log import EngineLogFigures
 from corral.supervisor.lifecycle.device_memory import (
+    GIB,
+    NVML,
+    DeviceReading,
+    engine_pids,
+    read_device_sync,
+    visible_devices,
+)
+from corral.supervisor.lifecycle.memory_checks import (
     ENGINE_METRICS,
     FAILED,
-    GIB,
     NOT_MEASURED,
-    NVML,
     PASSED,
-    DeviceReading,
     MemoryRecord,
     MemoryThresholds,
     budget_evidence,
     capacity_at_ready,
-    engine_pids,
-    read_device_sync,
     resident_verdict,
     sleep_verdict,
-    visible_devices,
     wake_verdict,
 )
 

@@ -23,11 +23,6 @@ from corral.supervisor.checks.dependencies import DependencyGate, GateSpecError,
 from corral.supervisor.commands.precheck import explain_precheck, precheck_options
 from corral.supervisor.commands.prestop import run_prestop
 from corral.supervisor.lifecycle.config import SupervisorConfig, is_loopback
-from corral.supervisor.lifecycle.device_memory import (
-    DEFAULT_SLEEP_RESIDUE_GIB,
-    DEFAULT_WAKE_TOLERANCE,
-    MemoryThresholds,
-)
 from corral.supervisor.lifecycle.drain import DrainPolicy, DrainSettings
 from corral.supervisor.lifecycle.failure_strategy import (
     CHOICES,
@@ -35,6 +30,11 @@ from corral.supervisor.lifecycle.failure_strategy import (
     StrategyError,
     check_rollback_bundle,
     parse_on_startup_failure,
+)
+from corral.supervisor.lifecycle.memory_checks import (
+    DEFAULT_SLEEP_RESIDUE_GIB,
+    DEFAULT_WAKE_TOLERANCE,
+    MemoryThresholds,
 )
 from corral.supervisor.precheck.budget import GIB, BudgetOverrides
 from corral.supervisor.precheck.environment import EnvironmentSettings

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from corral.bundle_spec import BundleSpec
 from corral.supervisor.checks.dependencies import DependencyGate
-from corral.supervisor.lifecycle.device_memory import MemoryThresholds
 from corral.supervisor.lifecycle.drain import DrainSettings
 from corral.supervisor.lifecycle.failure_strategy import OnStartupFailure
+from corral.supervisor.lifecycle.memory_checks import MemoryThresholds
 from corral.supervisor.precheck.gate import PrecheckSettings
 
 

@@ -25,19 +25,18 @@ from corral.supervisor.checks.engine_auth import EngineKey, redact_argv
 from corral.supervisor.checks.readiness import ReadinessCheck, SmokeResult
 from corral.supervisor.checks.stall import Stall, StallWatch
 from corral.supervisor.lifecycle.config import SupervisorConfig
-from corral.supervisor.lifecycle.device_memory import (
+from corral.supervisor.lifecycle.device_memory import engine_visible_devices, read_device
+from corral.supervisor.lifecycle.drain import DrainPolicy, DrainReport, DrainSequence, DrainSettings
+from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPolicy, RestartRecord
+from corral.supervisor.lifecycle.failure_strategy import RollbackStarter, StartupFailure, Verdict, decide
+from corral.supervisor.lifecycle.memory_checks import (
     MemoryRecord,
     MemoryVerdict,
     budget_evidence,
     capacity_at_ready,
-    engine_visible_devices,
-    read_device,
     reported,
     resident_verdict,
 )
-from corral.supervisor.lifecycle.drain import DrainPolicy, DrainReport, DrainSequence, DrainSettings
-from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPolicy, RestartRecord
-from corral.supervisor.lifecycle.failure_strategy import RollbackStarter, StartupFailure, Verdict, decide
 from corral.supervisor.lifecycle.metrics import SupervisorMetrics
 from corral.supervisor.lifecycle.operation_lock import OperationLock
 from corral.supervisor.lifecycle.operations import Operation, OperationLedger

@@ -14,18 +14,16 @@ from corral.engine.dev_api import AdminCallFailed, EngineAdmin, EngineFigures
 from corral.engine.kv_log import EngineLogFigures
 from corral.engine.metric_names import SLEEP_STATE
 from corral.supervisor.checks.readiness import NotReady
-from corral.supervisor.lifecycle.device_memory import (
+from corral.supervisor.lifecycle.device_memory import DeviceReading, engine_visible_devices, read_device
+from corral.supervisor.lifecycle.drain import Leaving
+from corral.supervisor.lifecycle.memory_checks import (
     ENGINE_METRICS,
     PASSED,
-    DeviceReading,
     MemoryVerdict,
-    engine_visible_devices,
     not_measured,
-    read_device,
     reported,
     wake_verdict,
 )
-from corral.supervisor.lifecycle.drain import Leaving
 from corral.supervisor.lifecycle.states import EngineState
 from corral.supervisor.runbook.template import Evidence, Refused, StepFailed
 

@@ -20,9 +20,9 @@ if TYPE_CHECKING:
     from corral.supervisor.checks.readiness import ReadinessCheck, SmokeResult
     from corral.supervisor.http.admission import AdmissionGate
     from corral.supervisor.lifecycle.config import SupervisorConfig
-    from corral.supervisor.lifecycle.device_memory import MemoryVerdict
     from corral.supervisor.lifecycle.drain import DrainSequence
     from corral.supervisor.lifecycle.engine_process import EngineProcess
+    from corral.supervisor.lifecycle.memory_checks import MemoryVerdict
     from corral.supervisor.lifecycle.operation_lock import OperationLock
     from corral.supervisor.lifecycle.operations import OperationLedger
     from corral.supervisor.lifecycle.prefix_epoch import PrefixCacheEpoch

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 
 from corral.engine.dev_api import EngineFigures
 from corral.engine.metric_names import SLEEP_STATE
-from corral.supervisor.lifecycle.device_memory import DeviceReading, sleep_verdict
+from corral.supervisor.lifecycle.device_memory import DeviceReading
 from corral.supervisor.lifecycle.drain import Leaving
+from corral.supervisor.lifecycle.memory_checks import sleep_verdict
 from corral.supervisor.lifecycle.sleep_status import SleepStatus
 from corral.supervisor.lifecycle.states import EngineState
 from corral.supervisor.runbook.common import (

@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from corral.engine.dev_api import EngineFigures, parse_figures
-from corral.supervisor.lifecycle.device_memory import DeviceReading, wake_verdict
+from corral.supervisor.lifecycle.device_memory import DeviceReading
+from corral.supervisor.lifecycle.memory_checks import wake_verdict
 from corral.supervisor.lifecycle.sleep_status import SleepStatus
 from corral.supervisor.lifecycle.states import EngineState
 from corral.supervisor.runbook.common import (
