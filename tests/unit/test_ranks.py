@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import psutil
 import pytest
 
+from corral.contracts.supervisor import SupervisorState
 from corral.engine.evidence import classify
 from corral.engine.rank_lines import (
     ParallelSize,
@@ -211,6 +212,8 @@ async def test_both_ranks_are_seen_alive_with_their_names_and_pids() -> None:
             (0, "Worker_TP0", True),
             (1, "Worker_TP1", True),
         ]
+        wire = SupervisorState.model_validate({"state": "READY", "epoch": 1, **body})  # the contract
+        assert wire.world_size == 2 and [r.name for r in wire.ranks] == ["Worker_TP0", "Worker_TP1"]
         children = psutil.Process(tree.engine.pid).children()
         assert {r["pid"] for r in body["ranks"]} == {c.pid for c in children}
         assert tree.ranks.loss is None

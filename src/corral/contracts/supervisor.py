@@ -198,6 +198,17 @@ class BundleInfo(OpenWireModel):
     adapters: list[str] = Field(default_factory=list)
 
 
+class RankInfo(WireModel):
+    """One worker rank of the engine: its process as vLLM's log named it, and whether it lives (None
+    for a pid outside the engine's process tree); `since` is when it was first seen, or found dead."""
+
+    rank: int
+    name: str
+    pid: int
+    alive: bool | None = None
+    since: float | None = None
+
+
 class SupervisorState(OpenWireModel):
     """`GET /v1/state`: the current state event with since-when, and what the supervisor knows of its
     engine. The sections a caller only shows are kept as they came."""
@@ -223,6 +234,9 @@ class SupervisorState(OpenWireModel):
     drain: dict[str, Any] | None = None
     routers: dict[str, Any] | None = None
     engine_evidence: dict[str, Any] | None = None
+    # the engine's worker ranks and the world size (TP x PP x DP) its command asks for (issue 14)
+    world_size: int | None = None
+    ranks: list[RankInfo] = Field(default_factory=list)
     operations: list[OperationRecord] = Field(default_factory=list)
 
     @property
