@@ -199,3 +199,20 @@ def test_a_wrapped_daemon_is_read_through_and_an_unreadable_one_not_measured(tmp
     assert result.outcome is Outcome.REFUSED and "daemon '2'" in result.reason
     opaque = check_preload_pair(engine(sock), ("/opt/start-weight-cache.sh",))
     assert opaque.outcome is Outcome.NOT_MEASURED and "names no --model" in opaque.reason
+
+
+def test_a_revision_already_in_the_hub_cache_needs_no_download(tmp_path: Path) -> None:
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    hub = tmp_path / "hub"
+    (hub / "models--org--m" / "snapshots" / commit).mkdir(parents=True)
+    (hub / "models--org--m" / "refs").mkdir()
+    (hub / "models--org--m" / "refs" / "main").write_text(commit)
+    huge = EnvironmentSettings(download_bytes=1 << 60)
+    for argv in (("vllm", "serve", "org/m", "--revision", commit), ("vllm", "serve", "org/m")):
+        result = environment(tmp_path, argv, settings=huge, HF_HUB_CACHE=str(hub))
+        assert result.outcome is Outcome.PASSED, result.reason
+        assert "in the hub cache" in result.reason and result.evidence["download"]["cached_snapshot"]
+    other = environment(
+        tmp_path, ("vllm", "serve", "org/m", "--revision", "f" * 40), settings=huge, HF_HUB_CACHE=str(hub)
+    )
+    assert other.outcome is Outcome.REFUSED and "the download needs" in other.reason

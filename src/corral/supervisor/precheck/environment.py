@@ -17,7 +17,7 @@ from typing import Any
 from corral.engine.flags import serving_settings
 from corral.supervisor.precheck.check import CheckResult, Outcome
 from corral.supervisor.precheck.explain import Step, gib, step_lines
-from corral.supervisor.precheck.identity import EngineKind, ModelKind
+from corral.supervisor.precheck.identity import EngineKind, ModelKind, is_pinned
 
 NAME = "environment"
 MIB = 1024 * 1024
@@ -103,6 +103,21 @@ def token_source(env: Mapping[str, str]) -> str | None:
     except OSError:
         return None
     return None
+
+
+def cached_snapshot(hub: Path, model: str, revision: str | None) -> Path | None:
+    """The snapshot of `model` at `revision` already in the hub cache (huggingface_hub's layout:
+    models--OWNER--NAME/snapshots/COMMIT, a branch resolved through refs/BRANCH), or None."""
+    repo = hub / ("models--" + model.replace("/", "--"))
+    ref = revision or "main"
+    commit = ref if is_pinned(ref) else None
+    if commit is None:
+        try:
+            commit = (repo / "refs" / ref).read_text().strip()
+        except OSError:
+            return None
+    snapshot = repo / "snapshots" / commit
+    return snapshot if commit and snapshot.is_dir() else None
 
 
 def unreadable_files(model_dir: Path) -> tuple[int, list[str]]:
@@ -196,7 +211,9 @@ def _lines(evidence: dict[str, Any]) -> list[str]:
             token.get("source") or ("required: --require-hf-token" if token["required"] else "not required"),
         )
     )
-    if (download := evidence.get("download")) is not None:
+    if (download := evidence.get("download")) is not None and download["cached_snapshot"]:
+        steps.append(Step("hub cache", "cached", f"{download['cached_snapshot']}: no download"))
+    elif download is not None:
         free, need = download["free_bytes"], download["declared_bytes"]
         steps.append(
             Step(
@@ -248,16 +265,26 @@ def check_environment(
             "(or HUGGING_FACE_HUB_TOKEN, or the token file $HF_HOME/token) in the engine's environment"
         )
 
-    model = serving_settings(argv).get("model")
-    if model_kind == ModelKind.HUB:
+    command = serving_settings(argv)
+    model = command.get("model")
+    if model_kind == ModelKind.HUB and isinstance(model, str):
         hub = next(iter(dirs.values()))
         existing = hub
         while not existing.exists() and existing.parent != existing:
             existing = existing.parent
         free = shutil.disk_usage(existing).free if existing.exists() else None
         need = settings.download_bytes
-        evidence["download"] = {"dir": str(hub), "free_bytes": free, "declared_bytes": need}
-        if need is None or free is None:
+        revision = command.get("revision")
+        cached = cached_snapshot(hub, model, revision if isinstance(revision, str) else None)
+        evidence["download"] = {
+            "dir": str(hub),
+            "free_bytes": free,
+            "declared_bytes": need,
+            "cached_snapshot": str(cached) if cached else None,
+        }
+        if cached is not None:
+            notes.append(f"the revision is in the hub cache ({cached.name[:12]}): no download")
+        elif need is None or free is None:
             notes.append("free disk for the download not measured (declare the model's size)")
         elif free < need:
             refusals.append(
