@@ -5,6 +5,7 @@ markers of the backends file and of Kubernetes pods, and the rendered label."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from pathlib import Path
 
@@ -17,12 +18,14 @@ from corral.k8s.render.config_reading import parse_config
 from corral.k8s.render.manifests import render
 from corral.router.discovery.backends_file import BackendsFileError, parse_backends
 from corral.router.discovery.k8s_pods import SERVING_GROUP_LABEL, SERVING_GROUP_SIZE_ANNOTATION, pod_view
+from corral.router.discovery.supervisor_stream import SupervisorStreams
 from corral.router.membership.consumer import MembershipConsumer
-from corral.router.membership.endpoint import Endpoint
+from corral.router.membership.endpoint import Endpoint, SupervisorView
 from corral.router.membership.events import EndpointAdded, EndpointRemoved, EndpointUpdated
 from corral.router.membership.groups import GroupTag, GroupTagError, group_tag
 from corral.router.membership.membership import Membership
 from corral.router.telemetry.metrics import RouterCollector, RouterMetrics
+from tests.unit.test_router_supervisor_stream import SETTINGS, FakeSupervisor, state_line, until
 
 SEED = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "seed000" / "corral.yaml"
 G = GroupTag("g0", 2)
@@ -267,3 +270,42 @@ def test_an_endpoint_without_a_group_is_routed_as_before() -> None:
     membership.add(endpoint, "test")
     assert membership.eligible("m") == [endpoint] and endpoint.routable(0.0)
     assert membership.groups.to_json() == []
+
+
+async def test_an_acknowledgement_waits_for_requests_picked_for_any_member_of_the_group() -> None:
+    """A member's removal is acknowledged only once every request picked for the rest of its group has
+    reached its engine too: after the ack, nothing the router picked is still on its way to the group."""
+    fakes = [FakeSupervisor(), FakeSupervisor()]
+    membership = Membership()
+    streams = SupervisorStreams(membership, RouterMetrics(), SETTINGS)
+    for fake in fakes:
+        await fake.start()
+    await streams.start()
+    try:
+        scripts = [fake.script() for fake in fakes]
+        members = [
+            Endpoint(
+                url, frozenset({"m"}), EngineState.READY, "ok", supervisor=SupervisorView(fake.url), group=G
+            )
+            for url, fake in ((A, fakes[0]), (B, fakes[1]))
+        ]
+        for member in members:
+            membership.add(member, "test")
+        for lines in scripts:
+            lines.put_nowait({**state_line(3, "READY"), "fingerprint": "f1"})
+        await until(lambda: {e.url for e in membership.eligible("m")} == {A, B})
+
+        members[1].dispatching = 1  # a request picked for the peer, not yet answered by its engine
+        scripts[0].put_nowait({**state_line(4, "FAILED"), "fingerprint": "f1"})
+        await until(lambda: membership.eligible("m") == [])
+        await asyncio.sleep(0.1)
+        assert fakes[0].acks == [], "acknowledged while a request picked for the group had not arrived"
+        members[1].dispatching = 0
+        await asyncio.wait_for(fakes[0].ack_seen.wait(), 1.0)
+        (ack,) = fakes[0].acks
+        assert ack["epoch"] == 4 and ack["undispatched"] == 0
+        assert fakes[1].acks == []  # the peer's supervisor asked nothing: it is told nothing
+    finally:
+        await streams.stop()
+        for fake in fakes:
+            await fake.stop()
