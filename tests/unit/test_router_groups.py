@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -16,8 +18,15 @@ from corral.engine_state import EngineState
 from corral.k8s.render.budgets import derive
 from corral.k8s.render.config_reading import parse_config
 from corral.k8s.render.manifests import render
+from corral.k8s.watch.client import PodList, WatchEvent
 from corral.router.discovery.backends_file import BackendsFileError, parse_backends
-from corral.router.discovery.k8s_pods import SERVING_GROUP_LABEL, SERVING_GROUP_SIZE_ANNOTATION, pod_view
+from corral.router.discovery.k8s_pods import (
+    SERVING_GROUP_LABEL,
+    SERVING_GROUP_SIZE_ANNOTATION,
+    PodSource,
+    PodSourceConfig,
+    pod_view,
+)
 from corral.router.discovery.supervisor_stream import SupervisorStreams
 from corral.router.membership.consumer import MembershipConsumer
 from corral.router.membership.endpoint import Endpoint, SupervisorView
@@ -25,6 +34,8 @@ from corral.router.membership.events import EndpointAdded, EndpointRemoved, Endp
 from corral.router.membership.groups import GroupTag, GroupTagError, group_tag
 from corral.router.membership.membership import Membership
 from corral.router.telemetry.metrics import RouterCollector, RouterMetrics
+from tests.unit.test_router_endpoint_identity import NoApi
+from tests.unit.test_router_endpoint_identity import pod as identity_pod
 from tests.unit.test_router_supervisor_stream import SETTINGS, FakeSupervisor, state_line, until
 
 SEED = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "seed000" / "corral.yaml"
@@ -309,3 +320,40 @@ async def test_an_acknowledgement_waits_for_requests_picked_for_any_member_of_th
         await streams.stop()
         for fake in fakes:
             await fake.stop()
+
+
+def test_pods_of_a_group_from_kubernetes_leave_routing_together() -> None:
+    """`--discovery k8s`: pods labelled with one serving group are one group; a pod deleted takes the
+    other out with it, and a pod of the group that comes back makes it whole again."""
+    membership = Membership()
+    pods = PodSource(
+        MembershipConsumer(membership), RouterMetrics(), NoApi(), PodSourceConfig(supervisor_port=9)
+    )
+    marks = {"labels": {SERVING_GROUP_LABEL: "g0"}, "annotations": {SERVING_GROUP_SIZE_ANNOTATION: "2"}}
+
+    def grouped(name: str, uid: str, ip: str, version: str = "1") -> dict[str, Any]:
+        obj = identity_pod(name, uid, ip, version)
+        obj["metadata"].update(marks)
+        return dict(obj)
+
+    def serve(url: str) -> None:
+        endpoint = membership.get(url)
+        assert endpoint is not None and endpoint.supervisor is not None and endpoint.group == G
+        endpoint.supervisor.link, endpoint.supervisor.state = "connected", EngineState.READY
+        membership.update(url, "probe answered", state=EngineState.READY, models=frozenset({"m"}))
+
+    pods.replace(PodList([grouped("v-0", "u0", "10.0.0.1"), grouped("v-1", "u1", "10.0.0.2")], "1", 0.0))
+    serve("http://10.0.0.1:8000")
+    serve("http://10.0.0.2:8000")
+    assert len(membership.eligible("m")) == 2
+
+    pods.apply(WatchEvent("DELETED", grouped("v-1", "u1", "10.0.0.2", "2"), "2", time.monotonic()))
+    assert membership.eligible("m") == []
+    assert [(r.name, r.cause) for r in membership.exits] == [
+        ("serving/v-1", "deleted"),
+        ("serving/v-0", "group_out"),
+    ]
+
+    pods.apply(WatchEvent("ADDED", grouped("v-2", "u2", "10.0.0.3", "3"), "3", time.monotonic()))
+    serve("http://10.0.0.3:8000")
+    assert {e.url for e in membership.eligible("m")} == {"http://10.0.0.1:8000", "http://10.0.0.3:8000"}
