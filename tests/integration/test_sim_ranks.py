@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import psutil
 
-from tests.support.procs import CorralProcess, start_sim
+from tests.support.procs import CorralProcess, free_port, start_sim
 
 
 def _workers(proc: CorralProcess, count: int, timeout: float = 15) -> list[psutil.Process]:
@@ -125,6 +125,42 @@ def test_workers_never_outlive_a_killed_engine() -> None:
         workers = _workers(proc, 2)
         proc.proc.send_signal(signal.SIGKILL)  # the engine only: its workers must notice on their own
         proc.wait_exit(timeout=10)
+        assert _gone(workers)
+    finally:
+        proc.stop()
+
+
+def test_a_rank_dying_during_startup_fails_engine_init() -> None:
+    proc, _ = start_sim(None, "-tp", "2", "--startup-seconds", "4", wait=False)
+    try:
+        workers = _workers(proc, 2)
+        workers[0].send_signal(signal.SIGKILL)
+        assert proc.wait_exit(timeout=15) == 1
+        out = proc.output()
+        assert "Worker proc VllmWorker-0 died unexpectedly" in out
+        assert "Engine core initialization failed" in out
+        assert "Starting vLLM server" not in out
+        assert _gone(workers)
+    finally:
+        proc.stop()
+
+
+def test_keep_alive_on_engine_death_keeps_answering_503_until_stopped() -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = CorralProcess(
+        ["sim", "--port", str(port), "-tp", "2", "--engine-dead-exit-seconds", "0"],
+        env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"},
+    )
+    try:
+        proc.wait_http(url + "/health")
+        workers = _workers(proc, 2)
+        workers[1].send_signal(signal.SIGKILL)
+        _until(lambda: _status(url + "/health") == 503, 5, "/health 503", proc)
+        time.sleep(0.5)  # past --engine-dead-exit-seconds: still up, still 503
+        assert proc.proc.poll() is None and _status(url + "/health") == 503
+        proc.signal(signal.SIGTERM)
+        assert proc.wait_exit(timeout=10) == 1
         assert _gone(workers)
     finally:
         proc.stop()
