@@ -4,7 +4,8 @@ daemon.
 `sim` is a group whose own options run the engine, so `corral sim --port 8000 ...` is unchanged. The
 environment switches of vLLM are read here, once: VLLM_SERVER_DEV_MODE=1 mounts the development endpoints,
 VLLM_ALLOW_RUNTIME_LORA_UPDATING=1|true the LoRA load/unload endpoints, and VLLM_API_KEY (when no `--api-key`
-is given) guards the `/v1` routes as vLLM does.
+is given) guards the `/v1` routes as vLLM does, and VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1 keeps the API server up
+(503) after a rank died.
 """
 
 from __future__ import annotations
