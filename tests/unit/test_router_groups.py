@@ -13,12 +13,14 @@ from typing import Any
 
 import pytest
 import yaml
+from aiohttp import web
 
 from corral.engine_state import EngineState
 from corral.k8s.render.budgets import derive
 from corral.k8s.render.config_reading import parse_config
 from corral.k8s.render.manifests import render
 from corral.k8s.watch.client import PodList, WatchEvent
+from corral.router.datapath.wake_on_demand import WakeOnDemand
 from corral.router.discovery.backends_file import BackendsFileError, parse_backends
 from corral.router.discovery.k8s_pods import (
     SERVING_GROUP_LABEL,
@@ -34,6 +36,7 @@ from corral.router.membership.events import EndpointAdded, EndpointRemoved, Endp
 from corral.router.membership.groups import GroupTag, GroupTagError, group_tag
 from corral.router.membership.membership import Membership
 from corral.router.telemetry.metrics import RouterCollector, RouterMetrics
+from tests.support.procs import free_port
 from tests.unit.test_router_endpoint_identity import NoApi
 from tests.unit.test_router_endpoint_identity import pod as identity_pod
 from tests.unit.test_router_supervisor_stream import SETTINGS, FakeSupervisor, state_line, until
@@ -357,3 +360,32 @@ def test_pods_of_a_group_from_kubernetes_leave_routing_together() -> None:
     pods.apply(WatchEvent("ADDED", grouped("v-2", "u2", "10.0.0.3", "3"), "3", time.monotonic()))
     serve("http://10.0.0.3:8000")
     assert {e.url for e in membership.eligible("m")} == {"http://10.0.0.1:8000", "http://10.0.0.3:8000"}
+
+
+async def test_wake_on_demand_wakes_every_sleeping_member_of_a_group() -> None:
+    """A group is routed only whole, so waking one sleeping member of it would serve nothing."""
+    woken: list[str] = []
+
+    async def wake(request: web.Request) -> web.Response:
+        woken.append((await request.json())["operation_id"])
+        return web.json_response({"operation_id": "w"}, status=202)
+
+    app = web.Application()
+    app.router.add_post("/v1/wake", wake)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        membership = Membership()
+        for epoch, url in ((2, A), (3, B)):
+            view = SupervisorView(
+                f"http://127.0.0.1:{port}", "connected", state=EngineState.SLEEPING, epoch=epoch
+            )
+            endpoint = Endpoint(url, frozenset({"m"}), EngineState.READY, "ok", supervisor=view, group=G)
+            membership.add(endpoint, "test")
+        await WakeOnDemand(membership, lambda e: None, 0.05, RouterMetrics()).hold("m")
+        await until(lambda: len(woken) == 2, 5.0)
+        assert sorted(woken) == ["wake-on-demand-2", "wake-on-demand-3"]
+    finally:
+        await runner.cleanup()

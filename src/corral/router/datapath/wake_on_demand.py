@@ -51,7 +51,9 @@ class WakeOnDemand:
             return
         task = self._wakes.get(model)
         if task is None or task.done():
-            task = asyncio.create_task(self._wake(sleeping[0]), name=f"corral-wake-{model}")
+            # a member of a serving group is routed only with its whole group: wake every sleeping member
+            group = [e for e in self._membership.group_members(sleeping[0]) if e in sleeping]
+            task = asyncio.create_task(self._wake_all(group or sleeping[:1]), name=f"corral-wake-{model}")
             self._wakes[model] = task
             self._metrics.count_wake(model)
         self._metrics.count_held(model)
@@ -62,6 +64,9 @@ class WakeOnDemand:
                 return
             await asyncio.sleep(0.02)
         self._metrics.count_hold_outcome(model, "timed_out")
+
+    async def _wake_all(self, endpoints: list[Endpoint]) -> None:
+        await asyncio.gather(*(self._wake(e) for e in endpoints))
 
     async def _wake(self, endpoint: Endpoint) -> None:
         view = endpoint.supervisor
