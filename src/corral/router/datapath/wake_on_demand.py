@@ -1,5 +1,6 @@
 """Wake on demand: a request for a model whose every engine is SLEEPING (as their supervisors' state
-streams say) asks one of their supervisors to wake it, once (one wake per model at a time, and an
+streams say) asks one of their supervisors to wake it (every sleeping member, for an engine in a
+serving group, which is routed only whole), once (one wake per model at a time, and an
 operation id derived from the sleep's epoch, so that every router asking for the same sleep joins the
 same wake), and holds the request until an engine is READY or `hold_seconds` have passed; after that
 the proxy answers 503 with Retry-After as for any model without a READY engine. Each wake asked for,
