@@ -114,7 +114,9 @@ def read_supervisor_token(path: Path | None) -> str | None:
 @click.option(
     "--backends-file",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="File with one engine URL per line, read again whenever it changes. Discovery `file`.",
+    help="File with one engine per line (URL, or ENGINE_URL=SUPERVISOR_URL, optionally followed by "
+    "group=NAME/SIZE for a member of a serving group, routed only whole), read again whenever it "
+    "changes. Discovery `file`.",
 )
 @click.option(
     "--discovery",
