@@ -115,6 +115,17 @@ def test_the_engines_share_is_what_its_whole_tree_holds(engine_tree: tuple[int, 
     assert sorted(got.pids) == sorted([top, child, grandchild])
 
 
+def test_a_rank_that_left_the_tree_still_counts(engine_tree: tuple[int, int, int]) -> None:
+    """A rank seen before that was reparented (its parent died) is no descendant any more."""
+    _, child, grandchild = engine_tree
+    outside = psutil.Process().pid  # stands for the reparented rank: alive, not under `child`
+    listed = {GPU0: {grandchild: 2 * GIB, outside: 3 * GIB}}
+    without = read_device_sync(child, processes=lambda: listed, devices=lambda: [])
+    assert without is not None and without.gpus == {GPU0: 2 * GIB}
+    got = read_device_sync(child, processes=lambda: listed, devices=lambda: [], also=[outside, 4_000_000])
+    assert got is not None and got.gpus == {GPU0: 5 * GIB} and 4_000_000 not in got.pids
+
+
 def test_nothing_of_the_engines_listed_is_an_empty_reading_not_the_gpus_use(
     engine_tree: tuple[int, int, int],
 ) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,15 +84,18 @@ def read_device_sync(
     visible: set[str] | None = None,
     processes: ProcessLister = gpu_processes,
     devices: DeviceLister = read_gpus,
+    also: Iterable[int] = (),
 ) -> DeviceReading | None:
-    """NVML's view of the engine's process tree, or None without NVML or without an engine process.
-    Where NVML lists processes none of which exists here, it sees another PID namespace (the engine
-    in a container): the reading is then the memory used on the engine's GPUs (`visible`)."""
+    """NVML's view of the engine's process tree (and of `also`: its ranks seen before, which may have
+    left the tree), or None without NVML or without an engine process. Where NVML lists processes none
+    of which exists here, it sees another PID namespace (the engine in a container): the reading is
+    then the memory used on the engine's GPUs (`visible`)."""
     if pid is None:
         return None
     pids = engine_pids(pid)
     if not pids:
         return None
+    pids += [p for p in also if p not in pids and psutil.pid_exists(p)]
     listed = processes()
     if listed is None:
         return None
@@ -105,6 +108,8 @@ def read_device_sync(
     return DeviceReading(used, tuple(pids), scope="device")
 
 
-async def read_device(pid: int | None, visible: set[str] | None = None) -> DeviceReading | None:
+async def read_device(
+    pid: int | None, visible: set[str] | None = None, also: Iterable[int] = ()
+) -> DeviceReading | None:
     """`read_device_sync` off the event loop (NVML is a blocking C library)."""
-    return await asyncio.to_thread(read_device_sync, pid, visible)
+    return await asyncio.to_thread(read_device_sync, pid, visible, also=list(also))

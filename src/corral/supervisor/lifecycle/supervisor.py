@@ -325,8 +325,10 @@ class EngineSupervisor:
             figures: EngineFigures | None = await EngineAdmin(self.session, self.config.engine_url).figures()
         except AdminCallFailed:
             figures = None
-        visible = engine_visible_devices(self.config.engine_env)
-        reading = None if reported(figures) else await read_device(engine.pid, visible)
+        reading = None
+        if not reported(figures):
+            visible = engine_visible_devices(self.config.engine_env)
+            reading = await read_device(engine.pid, visible, also=engine.ranks.survivors())
         self.note_memory("startup", resident_verdict(figures, reading))
         budget = budget_evidence(precheck)
         capacity = capacity_at_ready(engine.log_figures, budget, self.config.memory)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -18,6 +18,7 @@ from corral.supervisor.lifecycle.device_memory import DeviceReading, engine_visi
 from corral.supervisor.lifecycle.drain import Leaving
 from corral.supervisor.lifecycle.memory_checks import (
     ENGINE_METRICS,
+    FAILED,
     PASSED,
     MemoryVerdict,
     not_measured,
@@ -126,8 +127,10 @@ async def device_reading(sup: EngineAccess, figures: EngineFigures) -> DeviceRea
     if reported(figures):
         return None
     engine = sup.engine
-    pid = engine.pid if engine is not None and engine.running else None
-    return await read_device(pid, engine_visible_devices(sup.config.engine_env))
+    if engine is None or not engine.running:
+        return None
+    visible = engine_visible_devices(sup.config.engine_env)
+    return await read_device(engine.pid, visible, also=engine.ranks.survivors())
 
 
 def device_verdict(
@@ -151,6 +154,12 @@ def figures_passed(sup: EngineAccess, kind: str, moved: Evidence) -> Evidence:
     verdict = MemoryVerdict(PASSED, "the engine's memory figures moved as expected", ENGINE_METRICS, moved)
     sup.note_memory(kind, verdict)
     return verdict.to_json()
+
+
+def figures_failed(sup: EngineAccess, kind: str, reason: str, **evidence: Any) -> StepFailed:
+    """The engine's own figures failed VERIFY's memory check: recorded, and the step's failure."""
+    sup.note_memory(kind, MemoryVerdict(FAILED, reason, ENGINE_METRICS, evidence))
+    return StepFailed(reason, **evidence)
 
 
 def logged_figures(sup: EngineAccess) -> EngineLogFigures | None:
@@ -180,9 +189,8 @@ async def verify_awake(
         for name in ("gpu_weights_bytes", "gpu_kv_cache_bytes"):
             want, got = getattr(before, name), getattr(figures, name)
             if want is not None and got is not None and got < want:
-                raise StepFailed(
-                    f"{name} is {got:.0f}, below the {want:.0f} before the sleep", figures=figures.to_json()
-                )
+                reason = f"{name} is {got:.0f}, below the {want:.0f} before the sleep"
+                raise figures_failed(sup, kind, reason, figures=figures.to_json())
             moved[name] = [want, got]
         memory = figures_passed(sup, kind, moved)
     elif before is not None:

@@ -25,6 +25,7 @@ from corral.supervisor.runbook.common import (
     back_to_ready,
     device_reading,
     device_verdict,
+    figures_failed,
     figures_passed,
     host_ram_for_backup,
     leave_routing,
@@ -111,13 +112,24 @@ class SleepPlan:
                 "cpu_backup_bytes": [before.cpu_backup_bytes, after.cpu_backup_bytes],
             }
             if self.level >= 1 and (after.gpu_weights_bytes or after.gpu_kv_cache_bytes):
-                raise StepFailed("sleep did not free the weights' and KV cache's GPU memory", moved=moved)
+                raise figures_failed(
+                    self.sup,
+                    self.kind,
+                    "sleep did not free the weights' and KV cache's GPU memory",
+                    moved=moved,
+                )
             if self.level == 1 and (after.cpu_backup_bytes or 0) < before.gpu_weights_bytes:
-                raise StepFailed("host memory did not take the weights' backup", moved=moved)
+                raise figures_failed(
+                    self.sup, self.kind, "host memory did not take the weights' backup", moved=moved
+                )
             if self.release_kv and after.gpu_kv_cache_bytes:
-                raise StepFailed("the KV cache's GPU memory was not released", moved=moved)
+                raise figures_failed(
+                    self.sup, self.kind, "the KV cache's GPU memory was not released", moved=moved
+                )
             if self.level == 0 and not self.release_kv and after.gpu_weights_bytes < before.gpu_weights_bytes:
-                raise StepFailed("a level-0 pause must keep the weights resident", moved=moved)
+                raise figures_failed(
+                    self.sup, self.kind, "a level-0 pause must keep the weights resident", moved=moved
+                )
             moved = figures_passed(self.sup, self.kind, moved)
         else:
             level, release_kv, logged = self.level, self.release_kv, logged_figures(self.sup)
