@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import orjson
 
+from tests.support.model_dirs import make_model_dir
 from tests.support.procs import CorralProcess, free_port
 from tests.support.waits import wait_until
 
@@ -51,14 +52,13 @@ def records(state_dir: Path) -> list[dict[str, Any]]:
 
 
 def test_the_bundle_is_shown_recorded_and_follows_the_model_files(tmp_path: Path) -> None:
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text('{"hidden_size": 128}')
-    (model / "tokenizer.json").write_text("{}")
+    # a checkpoint the simulator (and PRECHECK) can size: config.json, tokenizer_config.json, weights
+    small = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4}
+    model = make_model_dir(tmp_path / "model", weights_bytes=1 << 20, hidden_size=128, **small)
     proc, url, state_dir = supervise(tmp_path, model, "--max-model-len", "1024")
     try:
         bundle = httpx.get(url + "/v1/state").json()["bundle"]
-        assert bundle["model_files"]["files"] == 2
+        assert bundle["model_files"]["files"] == 3
         assert bundle["command"]["max_model_len"] == "1024" and bundle["engine_version"]
         fingerprint = bundle["fingerprint"]
         log = records(state_dir)
@@ -75,7 +75,7 @@ def test_the_bundle_is_shown_recorded_and_follows_the_model_files(tmp_path: Path
     finally:
         proc.stop()
 
-    (model / "config.json").write_text('{"hidden_size": 256}')
+    make_model_dir(model, weights_bytes=1 << 20, hidden_size=256, **small)
     proc, url, _ = supervise(tmp_path, model, "--max-model-len", "1024")
     try:
         assert httpx.get(url + "/v1/state").json()["bundle"]["fingerprint"] != fingerprint
