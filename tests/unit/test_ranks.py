@@ -191,7 +191,7 @@ def engine_tree(own_session: bool = False) -> Iterator[Tree]:
         _feed(tree, 4)  # two lines from each rank
         yield tree
     finally:
-        pids = [r["pid"] for r in ranks.ranks_json()]
+        pids = [r["pid"] for r in ranks.ranks_json() if r["alive"] is not None]  # its own only
         with contextlib.suppress(ProcessLookupError):
             os.killpg(engine.pid, signal.SIGKILL)
         for pid in pids:
@@ -276,3 +276,34 @@ def _running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+async def test_a_pid_outside_the_engines_tree_is_shown_but_never_watched_or_killed() -> None:
+    with engine_tree() as tree:
+        tree.ranks.note_line(f"(Worker_PP1_TP0 pid={os.getpid()}) INFO a line naming this test's process")
+        foreign = next(r for r in tree.ranks.ranks_json() if r["rank"] == 2)
+        assert foreign["pid"] == os.getpid() and foreign["alive"] is None
+        tree.ranks.refresh()
+        assert tree.ranks.loss is None
+        killed = await tree.ranks.reap(within=10)  # the stand-in's ranks go; this process does not
+        assert os.getpid() not in killed and sorted(killed) == sorted([_pid(tree, 0), _pid(tree, 1)])
+
+
+async def test_an_engine_dead_line_names_the_rank_already_found_dead() -> None:
+    with engine_tree() as tree:
+        victim = _pid(tree, 0)
+        os.kill(victim, signal.SIGKILL)
+        for _ in range(200):  # until the kill has landed (a zombie counts)
+            if not _running(victim):
+                break
+            await asyncio.sleep(0.05)
+        ranks = EngineRanks(TP2)  # a second view of the same tree that has not looked since
+        ranks.attach(tree.engine.pid, psutil.Process(tree.engine.pid).create_time())
+        for line in tree.lines:
+            ranks.note_line(line)
+        assert ranks.loss is not None and ranks.loss.rank == 0  # found dead when its line was read
+        fresh = EngineRanks(TP2)
+        fresh.attach(tree.engine.pid, psutil.Process(tree.engine.pid).create_time())
+        fresh.note_line(ENGINE_DEAD)
+        assert fresh.loss is not None and fresh.loss.rank is None
+        assert fresh.loss.reason.startswith("engine core dead (a rank): vllm.v1.engine.exceptions.Engine")

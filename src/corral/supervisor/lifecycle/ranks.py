@@ -134,25 +134,26 @@ class EngineRanks:
         create_time = _create_time(proc)
         alive: bool | None = True if ours else (None if proc is not None else False)
         self._ranks[rank] = Rank(rank, name, pid, create_time, alive)
-        if alive is False:
+        if alive is False and self._root_alive():  # named by its line, gone before we looked
             self._died(self._ranks[rank])
 
     def _from_line(self, failure: RankFailure) -> RankLoss:
-        known = self._ranks.get(failure.rank) if failure.rank is not None else None
+        rank = failure.rank
+        if rank is None:  # a line naming no rank (EngineDeadError): the one found dead, if any
+            rank = next((r.rank for r in self._ranks.values() if r.alive is False), None)
+        known = self._ranks.get(rank) if rank is not None else None
         if known is not None:
             who = known.label()
-        elif failure.rank is not None:
-            who = f"rank {failure.rank}" + (f" ({failure.worker})" if failure.worker else "")
+        elif rank is not None:
+            who = f"rank {rank}" + (f" ({failure.worker})" if failure.worker else "")
         else:
-            dead = next((r for r in self._ranks.values() if r.alive is False), None)
-            who = dead.label() if dead is not None else "a rank"
+            who = "a rank"
         what = _FAILURE_WORDS[failure.kind]
         reason = (
             f"{what} ({who}): {_log_text(failure.line)}"
             if failure.kind == "engine_dead"
             else f"{who} {what}: {_log_text(failure.line)}"
         )
-        rank = failure.rank if failure.rank is not None else (known.rank if known else None)
         return RankLoss(rank, reason, self._evidence(rank, failure.kind, line=failure.line[:500]))
 
     # -- what the process table says ----------------------------------------------------------
@@ -229,7 +230,7 @@ class EngineRanks:
         """Every process of the engine's tree (ranks included) still running: pid -> create time."""
         seen: dict[int, float | None] = dict(self._tree)
         for rank in self._ranks.values():
-            if rank.alive is not None:
+            if rank.alive is not None and rank.create_time is not None:  # never a pid seen only by name
                 seen.setdefault(rank.pid, rank.create_time)
         return {pid: created for pid, created in seen.items() if _process(pid, created) is not None}
 
