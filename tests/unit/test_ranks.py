@@ -306,4 +306,9 @@ async def test_an_engine_dead_line_names_the_rank_already_found_dead() -> None:
         fresh.attach(tree.engine.pid, psutil.Process(tree.engine.pid).create_time())
         fresh.note_line(ENGINE_DEAD)
         assert fresh.loss is not None and fresh.loss.rank is None
-        assert fresh.loss.reason.startswith("engine core dead (a rank): vllm.v1.engine.exceptions.Engine")
+        assert fresh.loss.reason.startswith("engine core dead: vllm.v1.engine.exceptions.EngineDeadError")
+        # vLLM may log EngineDeadError before the line that names its dead worker: the dead rank is named
+        tree.ranks.note_line(ENGINE_DEAD)
+        loss = tree.ranks.loss
+        assert loss is not None and loss.rank == 0 and loss.evidence["kind"] == "died"
+        assert loss.reason.startswith(f"rank 0 (Worker_TP0 pid {victim}) died: vllm.v1.engine")

@@ -121,6 +121,7 @@ class EngineRanks:
                 self._seen(rank, prefix.name, prefix.pid)
         failure = rank_failure(line, self.size)
         if failure is not None and self._loss is None:
+            self.refresh(tree=False, lose=False)  # a rank already gone is the one the line is about
             self._lose(self._from_line(failure))
 
     def _seen(self, rank: int, name: str, pid: int) -> None:
@@ -138,9 +139,10 @@ class EngineRanks:
             self._died(self._ranks[rank])
 
     def _from_line(self, failure: RankFailure) -> RankLoss:
-        rank = failure.rank
-        if rank is None:  # a line naming no rank (EngineDeadError): the one found dead, if any
+        rank, kind = failure.rank, failure.kind
+        if rank is None and kind == "engine_dead":  # vLLM may say this before it names the dead worker
             rank = next((r.rank for r in self._ranks.values() if r.alive is False), None)
+            kind = "died" if rank is not None else kind
         known = self._ranks.get(rank) if rank is not None else None
         if known is not None:
             who = known.label()
@@ -148,13 +150,10 @@ class EngineRanks:
             who = f"rank {rank}" + (f" ({failure.worker})" if failure.worker else "")
         else:
             who = "a rank"
-        what = _FAILURE_WORDS[failure.kind]
-        reason = (
-            f"{what} ({who}): {_log_text(failure.line)}"
-            if failure.kind == "engine_dead"
-            else f"{who} {what}: {_log_text(failure.line)}"
-        )
-        return RankLoss(rank, reason, self._evidence(rank, failure.kind, line=failure.line[:500]))
+        text = _log_text(failure.line)
+        what = _FAILURE_WORDS[kind]
+        reason = f"{what}: {text}" if kind == "engine_dead" else f"{who} {what}: {text}"
+        return RankLoss(rank, reason, self._evidence(rank, kind, line=failure.line[:500]))
 
     # -- what the process table says ----------------------------------------------------------
 
@@ -178,8 +177,9 @@ class EngineRanks:
             self._tree.setdefault(pid, created)
         return now
 
-    def refresh(self, tree: bool = True) -> None:
-        """Mark ranks that are gone; with `tree`, first remember the engine's new descendants."""
+    def refresh(self, tree: bool = True, lose: bool = True) -> None:
+        """Mark ranks that are gone (with `lose`, the first is the loss while the engine runs); with
+        `tree`, first remember the engine's new descendants."""
         if tree:
             self._descendants()
         for rank in self._ranks.values():
@@ -188,7 +188,7 @@ class EngineRanks:
             if _process(rank.pid, rank.create_time) is None:
                 rank.alive = False
                 rank.since = time.time()
-                if self._root_alive():  # a rank gone with its whole engine is the engine's exit
+                if lose and self._root_alive():  # a rank gone with its whole engine is its exit
                     self._died(rank)
 
     def _died(self, rank: Rank) -> None:
