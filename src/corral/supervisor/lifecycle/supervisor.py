@@ -153,7 +153,7 @@ class EngineSupervisor:
 
     async def close(self) -> None:
         await cancel_tasks(self._lifecycle)
-        if self.engine is not None and self.engine.running:
+        if self.engine is not None:  # an engine that exited may still leave ranks: the stop ends them
             await self.stop_engine(self.config.drain.shutdown_timeout, "supervisor exiting")
         if self.preload is not None:  # only after the engine, which may map the daemon's memory
             await self.preload.stop(self.config.drain.shutdown_timeout, self.oplog.append)
