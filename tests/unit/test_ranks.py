@@ -134,6 +134,8 @@ def test_status_shows_the_ranks_alive_of_the_world_and_which_one_is_gone() -> No
     state["ranks"] = [rank(0, True), rank(1, False)]
     assert pid_cell(state) == "4, ranks 1/2: rank 1 (Worker_TP1 pid 41) gone"
     assert pid_cell({"engine": {"pid": 4}, "world_size": 1, "ranks": []}) == "4"
+    partial = {"engine": {"pid": 4}, "world_size": 4, "ranks": [rank(0, True)]}
+    assert pid_cell(partial) == "4, ranks 1/4: 3 not seen"
     assert pid_cell({}) == "-"
 
 

@@ -42,7 +42,7 @@ def kv_usage(e: EngineView) -> str:
 
 def pid_cell(state: dict[str, Any]) -> str:
     """The engine's pid and its ranks: `4242, ranks 2/2`, or which rank is gone
-    (`ranks 1/2: rank 1 (Worker_TP1 pid 4243) gone`); just the pid where no rank is known."""
+    (`ranks 1/2: rank 1 (Worker_TP1 pid 4243) gone`) or not seen; just the pid where no rank is known."""
     text = str((state.get("engine") or {}).get("pid") or "-")
     ranks = [r for r in state.get("ranks") or [] if isinstance(r, dict)]
     if not ranks:
@@ -51,8 +51,10 @@ def pid_cell(state: dict[str, Any]) -> str:
     alive = sum(1 for r in ranks if r.get("alive") is not False)
     text += f", ranks {alive}/{world if isinstance(world, int) else len(ranks)}"
     lost = [r for r in ranks if r.get("alive") is False]
-    gone = ", ".join(f"rank {r.get('rank')} ({r.get('name')} pid {r.get('pid')}) gone" for r in lost)
-    return f"{text}: {gone}" if gone else text
+    notes = [f"rank {r.get('rank')} ({r.get('name')} pid {r.get('pid')}) gone" for r in lost]
+    if isinstance(world, int) and world > len(ranks):  # named by no log line (yet)
+        notes.append(f"{world - len(ranks)} not seen")
+    return f"{text}: {', '.join(notes)}" if notes else text
 
 
 def bundle_cell(e: EngineView) -> str:
