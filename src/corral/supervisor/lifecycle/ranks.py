@@ -226,9 +226,9 @@ class EngineRanks:
 
     # -- the end of the run -------------------------------------------------------------------
 
-    def survivors(self) -> dict[int, float | None]:
+    def survivors(self) -> dict[int, float]:
         """Every process of the engine's tree (ranks included) still running: pid -> create time."""
-        seen: dict[int, float | None] = dict(self._tree)
+        seen = dict(self._tree)
         for rank in self._ranks.values():
             if rank.alive is not None and rank.create_time is not None:  # never a pid seen only by name
                 seen.setdefault(rank.pid, rank.create_time)
