@@ -238,9 +238,7 @@ class EngineStartup:
                     last_lines=list(engine.last_lines()),
                 )
                 return False
-            record = self._sup.record_restart(
-                policy.used, code, reason, backoff, cause=cause, engine=engine
-            )
+            record = self._sup.record_restart(policy.used, code, reason, backoff, cause=cause, engine=engine)
             self._sup.transition(
                 S.STARTING,
                 f"{reason}; restarting in {backoff:g}s",

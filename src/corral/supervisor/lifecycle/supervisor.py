@@ -87,7 +87,7 @@ class EngineSupervisor:
         self.served_model: str | None = None
         self.last_smoke: SmokeResult | None = None
         self.bundle: Bundle | None = None
-        self.precheck: PrecheckReport | None = None  # the last PRECHECK (startup.authorize), shown in /v1/state
+        self.precheck: PrecheckReport | None = None  # the last PRECHECK (startup.authorize); /v1/state
         self.evidence = EvidenceBook()
         self.memory = MemoryRecord()  # the last memory verdict and the KV capacity check (/v1/state)
         self.unrecoverable: str | None = None
