@@ -32,6 +32,7 @@ RENDERED = EXAMPLE / "rendered"
 REGENERATE = (
     "corral k8s render --config deploy/examples/seed000/corral.yaml --out deploy/examples/seed000/rendered"
 )
+HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"  # a made-up 40-hex hub commit
 
 
 def seed() -> dict[str, Any]:
@@ -50,7 +51,12 @@ def variant() -> dict[str, Any]:
         "secret_env": {"HF_TOKEN": {"secret_name": "hf", "key": "token"}},
         "shm_size": None,
     }
-    data["model"] = {"path": "Qwen/Qwen2.5-72B-Instruct", "served_name": "qwen-72b", "weights_gib": 136}
+    data["model"] = {
+        "path": "Qwen/Qwen2.5-72B-Instruct",
+        "revision": HUB_COMMIT,  # a hub id must be pinned (PRECHECK refuses a floating revision)
+        "served_name": "qwen-72b",
+        "weights_gib": 136,
+    }
     data["gpu"] = {"capacity": 12}
     data["dependencies"] = {}
     data["startup"] = {"download_gbps": 0.5, "read_gbps": 2.0, "compile_seconds": 120}

@@ -57,6 +57,13 @@ def startup_failure_args(config: CorralDeployment) -> list[str]:
     return args
 
 
+def precheck_args(config: CorralDeployment) -> list[str]:
+    """--allow-floating-revision and --expect-fingerprint, when the config asks for them."""
+    args = ["--allow-floating-revision"] if config.model.allow_floating_revision else []
+    fingerprint = config.supervisor.expect_fingerprint
+    return args + (["--expect-fingerprint", fingerprint] if fingerprint is not None else [])
+
+
 def engine_selector(config: CorralDeployment) -> dict[str, str]:
     """The labels that select this deployment's engine pods (Deployment, Service, PDB and the router)."""
     return {DEPLOYMENT_LABEL: config.name, ROLE_LABEL: "engine"}
@@ -74,8 +81,10 @@ def engine_argv(config: CorralDeployment) -> list[str]:
         head = ["vllm", "serve", config.model.path]
     else:
         head = ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", config.model.path]
+    revision = [] if config.model.revision is None else ["--revision", config.model.revision]
     return [
         *head,
+        *revision,
         "--host",
         ENGINE_HOST,
         "--port",
@@ -135,6 +144,7 @@ def supervisor_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
         "--token-file",
         POD_TOKEN_FILE,
         *startup_failure_args(config),
+        *precheck_args(config),
         "--",
         *engine_argv(config),
     ]

@@ -29,6 +29,7 @@ _OWNED_FLAGS: dict[str, str] = {
     "--port": "set it with engine.port",
     "--model": "set it with model.path",
     "--served-model-name": "set it with model.served_name",
+    "--revision": "set it with model.revision (a 40-hex commit)",
     "--tensor-parallel-size": "set it with engine.tensor_parallel_size (it also sizes the GPU request)",
     "-tp": "set it with engine.tensor_parallel_size (it also sizes the GPU request)",
     "--pipeline-parallel-size": "set it with engine.pipeline_parallel_size (it also sizes the GPU request)",
@@ -67,6 +68,22 @@ class ModelSpec(_Section):
     weights_gib: float = Field(
         gt=0, description="size of the weight files in GiB (e.g. 15 for an 8B model in bf16)"
     )
+    revision: str | None = Field(
+        default=None,
+        pattern=r"^[^\s-]\S*$",
+        description="the hub commit to serve (--revision): 40 hex digits; a hub id in path needs it, "
+        "or allow_floating_revision",
+    )
+    allow_floating_revision: bool = Field(
+        default=False,
+        description="serve a hub id at whatever its branch or tag points to (no revision, or not a "
+        "commit): the supervisor's --allow-floating-revision",
+    )
+
+    @property
+    def is_hub_id(self) -> bool:
+        """An absolute path is a directory in the container; anything else vLLM downloads from the hub."""
+        return not self.path.startswith("/")
 
 
 class HostPathVolume(_Section):
@@ -335,6 +352,12 @@ class SupervisorSpec(_Section):
     )
     rollback_bundle: RollbackBundleSpec | None = Field(
         default=None, description="the bundle a failed start rolls back to: {name, engine_args, env}"
+    )
+    expect_fingerprint: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{16}$",
+        description="the artifact fingerprint the rendered command must have (--expect-fingerprint, 16 "
+        "hex digits as `corral status` shows it); PRECHECK refuses a start of another",
     )
 
 

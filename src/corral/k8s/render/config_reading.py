@@ -15,6 +15,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
+from corral.engine.flags import serving_settings
+from corral.engine.revisions import OTHER_REVISIONS, is_pinned
 from corral.k8s.render import commands
 from corral.k8s.render.config import CorralDeployment
 from corral.k8s.render.parts import HOME
@@ -118,6 +120,7 @@ def cross_check(config: CorralDeployment) -> list[Problem]:
         )
     problems += _hidden_paths(config)
     problems += _startup_failure(config)
+    problems += _floating_revisions(config)
     mounts = [PurePosixPath(v.mount_path) for v in config.engine.volumes]
     for i, spec in enumerate(config.dependencies.wait_for):
         gate = parse_gate(spec)
@@ -169,6 +172,57 @@ def _startup_failure(config: CorralDeployment) -> list[Problem]:
             )
         ]
     return []
+
+
+def _floating_revisions(config: CorralDeployment) -> list[Problem]:
+    """A hub model must be pinned to a commit, as the supervisor's PRECHECK refuses to start it
+    otherwise: caught here, the renderer fails instead of every pod failing at its first start."""
+    model = config.model
+    if not model.is_hub_id or model.allow_floating_revision:
+        return []
+    fix = (
+        "or set model.allow_floating_revision: true to serve whatever it points to when each pod starts "
+        "(the supervisor's --allow-floating-revision)"
+    )
+    problems: list[Problem] = []
+    if model.revision is None:
+        problems.append(
+            Problem(
+                "model.revision",
+                _MISSING,
+                f"model.path {model.path!r} is a hub id (not an absolute path in the container) and no "
+                "revision pins it, so the supervisor's PRECHECK would refuse to start it; set "
+                f"model.revision to the 40-hex commit to serve, {fix}",
+            )
+        )
+    elif not is_pinned(model.revision):
+        problems.append(
+            Problem(
+                "model.revision",
+                model.revision,
+                "a branch or tag, which can move to other files (only a 40-hex commit is pinned), so the "
+                "supervisor's PRECHECK would refuse to start it; set model.revision to the commit it "
+                f"names now, {fix}",
+            )
+        )
+    rollback = config.supervisor.rollback_bundle
+    for field, args in (
+        ("engine.args", config.engine.args),
+        ("supervisor.rollback_bundle.engine_args", rollback.engine_args if rollback is not None else []),
+    ):
+        settings = serving_settings(args)
+        for flag, key in OTHER_REVISIONS:
+            value = settings.get(key)
+            if isinstance(value, str) and not is_pinned(value):
+                problems.append(
+                    Problem(
+                        field,
+                        f"{flag} {value}",
+                        f"{value!r} is not a 40-hex commit, so the supervisor's PRECHECK would refuse "
+                        f"{model.path!r}; pin {flag} to a commit, {fix}",
+                    )
+                )
+    return problems
 
 
 def _hidden_paths(config: CorralDeployment) -> list[Problem]:

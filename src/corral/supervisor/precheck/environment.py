@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from corral.engine.flags import serving_settings
+from corral.engine.revisions import is_pinned
 from corral.supervisor.precheck.check import CheckResult, Outcome
 from corral.supervisor.precheck.explain import Step, gib, step_lines
-from corral.supervisor.precheck.identity import EngineKind, ModelKind, is_pinned
+from corral.supervisor.precheck.identity import EngineKind, ModelKind
 
 NAME = "environment"
 MIB = 1024 * 1024

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from corral.engine.flags import serving_settings
+from corral.engine.revisions import floating_revisions as revision_floats
 from corral.supervisor.checks.bundle import bundle_from
 from corral.supervisor.precheck.check import CheckResult, Outcome
 from corral.supervisor.precheck.explain import Step, step_lines
 
 NAME = "artifact_identity"
 VERSION_TIMEOUT_S = 10.0
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _IMAGE_VERSION = re.compile(r"^v?(\d+\.\d+(?:\.\d+)?(?:[.+-][\w.]+)?)$")
 _ASK_VLLM_VERSION = "import importlib.metadata as m; print(m.version('vllm'))"
@@ -66,28 +66,10 @@ def model_kind(model: str | None, kind: str) -> str:
     return ModelKind.HUB
 
 
-def is_pinned(revision: str | None) -> bool:
-    """Only a 40-hex commit names fixed content: branches move, and hub tags can be deleted and
-    re-created on another commit, so a tag is floating too."""
-    return revision is not None and bool(_COMMIT.match(revision))
-
-
 def floating_revisions(settings: Mapping[str, Any], kind: str) -> list[str]:
-    """What floats, as flags an operator reads: `--revision` (none given) or `--revision main`. As
-    vLLM, the tokenizer follows --revision unless --tokenizer-revision is given; a tokenizer or code
-    revision that is given must be pinned too."""
-    if kind != ModelKind.HUB:
-        return []
-    found: list[str] = []
-    revision = settings.get("revision")
-    revision = revision if isinstance(revision, str) else None
-    if not is_pinned(revision):
-        found.append(f"--revision {revision}" if revision else "--revision (none given)")
-    for flag, key in (("--tokenizer-revision", "tokenizer_revision"), ("--code-revision", "code_revision")):
-        value = settings.get(key)
-        if isinstance(value, str) and not is_pinned(value):
-            found.append(f"{flag} {value}")
-    return found
+    """What floats in a hub model's command (`corral.engine.revisions`); nothing for a local or
+    simulated model."""
+    return revision_floats(settings) if kind == ModelKind.HUB else []
 
 
 def _interpreter(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
