@@ -162,6 +162,40 @@ def test_up_reports_a_failed_start_and_cleans_up() -> None:
     assert "/nonexistent/kv.sock" in out
 
 
+def test_a_bundle_fingerprint_is_expected_by_every_supervisor_of_its_group(tmp_path: Path) -> None:
+    """A bundle's `fingerprint:` pins the group: another is refused at PRECHECK, before the engine
+    starts; the fingerprint PRECHECK computed brings the same group to READY on it."""
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text('name: pinned\nfingerprint: "0000000000000000"\n')
+    group = ["--engines", "2", "--group-size", "2"]
+    refused = CorralProcess(["up", "--port", str(free_port()), *group, "--bundle", str(wrong)])
+    wait_until(lambda: "router: " in refused.output() or refused.proc.poll() is not None, 60, "an outcome")
+    if refused.proc.poll() is None:
+        refused.stop()
+        pytest.fail(f"the fleet started on a bundle that is not its fingerprint:\n{refused.output()}")
+    out = refused.output()
+    assert refused.proc.returncode == 1, out
+    match = re.search(
+        r"engine-\d failed: PRECHECK refused the start: artifact_identity: fingerprint ([0-9a-f]{16}) "
+        r"is not the expected 0000000000000000 \(--expect-fingerprint\)",
+        out,
+    )
+    assert match, out
+    actual = match.group(1)
+    right = tmp_path / "right.yaml"
+    right.write_text(f'name: pinned\nfingerprint: "{actual}"\n')
+    proc, url = start_up(*group, "--bundle", str(right))
+    try:
+        fleet = httpx.get(url + "/v1/fleet").json()
+        assert [(e["routable"], e["supervisor"]["fingerprint"]) for e in fleet["endpoints"]] == [
+            (True, actual),
+            (True, actual),
+        ]
+    finally:
+        proc.signal(signal.SIGINT)
+        assert proc.wait_exit(30) == 0, proc.output()
+
+
 @pytest.mark.parametrize("bad", [["--engines", "0"], ["--policy", "nope"]])
 def test_up_rejects_bad_options(bad: list[str]) -> None:
     proc = CorralProcess(["up", *bad])

@@ -206,6 +206,8 @@ class LocalFleet:
         args += ["--shutdown-timeout", str(spec.engine_shutdown_timeout)]
         if self.supervisor_token_file is not None:
             args += ["--token-file", str(self.supervisor_token_file)]
+        if bundle.fingerprint is not None:  # the fleet pins what its bundle says: PRECHECK refuses another
+            args += ["--expect-fingerprint", bundle.fingerprint]
         args += ["--", *sim]
         member = self._spawn(
             f"engine-{i}", f"http://{host}:{supervisor_port}", args, engine_url, env=dict(bundle.env) or None
