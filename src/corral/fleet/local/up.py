@@ -81,8 +81,8 @@ from corral.state_home import corral_state_dir, state_dir_problem
     "bundle_file",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="Bundle file (name, engine_args, env) the engines start from; default: a bundle named "
-    "'initial' made of the --sim-arg's.",
+    help="Bundle file (name, engine_args, env, fingerprint) the engines start from; a fingerprint is "
+    "every supervisor's --expect-fingerprint. Default: a bundle named 'initial' made of the --sim-arg's.",
 )
 @click.option("--verbose", "-v", is_flag=True, help="Also print every member's log lines.")
 @click.option(
