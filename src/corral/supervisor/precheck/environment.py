@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from corral.engine.flags import serving_settings
+from corral.engine.flags import flag_value, serving_settings
 from corral.engine.revisions import is_pinned
 from corral.supervisor.precheck.check import CheckResult, Outcome
 from corral.supervisor.precheck.explain import Step, gib, step_lines
@@ -47,7 +47,7 @@ def cache_dirs(argv: Sequence[str], env: Mapping[str, str], engine: str, model_k
     hf_home = Path(env["HF_HOME"]) if env.get("HF_HOME") else xdg / "huggingface"
     dirs: dict[str, Path] = {}
     if model_kind == ModelKind.HUB:
-        download_dir = _flag(argv, "--download-dir")
+        download_dir = flag_value(argv, "--download-dir")
         if download_dir:
             dirs["--download-dir"] = Path(download_dir)
         elif env.get("HF_HUB_CACHE"):
@@ -58,16 +58,6 @@ def cache_dirs(argv: Sequence[str], env: Mapping[str, str], engine: str, model_k
         root = env.get("VLLM_CACHE_ROOT")
         dirs["VLLM_CACHE_ROOT" if root else "vLLM cache"] = Path(root) if root else xdg / "vllm"
     return dirs
-
-
-def _flag(argv: Sequence[str], flag: str) -> str | None:
-    value: str | None = None
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.partition("=")[2]
-    return value
 
 
 def writable_problem(path: Path) -> str | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from corral.engine.flags import serving_settings
+from corral.engine.flags import flag_value, serving_settings
 from corral.engine.revisions import floating_revisions as revision_floats
 from corral.supervisor.checks.bundle import bundle_from
 from corral.supervisor.precheck.check import CheckResult, Outcome
@@ -103,16 +103,6 @@ def _sim_default_version() -> str:
     return str(default)
 
 
-def _flag_value(argv: Sequence[str], flag: str) -> str | None:
-    value: str | None = None
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.partition("=")[2]
-    return value
-
-
 def image_version(image: str | None) -> str | None:
     """The version in an image tag (`vllm/vllm-openai:v0.11.0` → 0.11.0); None for `latest` and the like."""
     if not image or ":" not in image.rsplit("/", 1)[-1]:
@@ -128,7 +118,7 @@ def engine_version(
     the engine interpreter's installed `vllm` (asked with a timeout), else the image tag. Blocking."""
     kind = engine_kind(argv)
     if kind == EngineKind.SIM:
-        given = _flag_value(argv, "--version-string")
+        given = flag_value(argv, "--version-string")
         return (given, "--version-string") if given else (_sim_default_version(), "corral sim default")
     if kind == EngineKind.VLLM and (python := _interpreter(argv, env)) is not None:
         try:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from corral.engine.flags import serving_settings
+from corral.engine.flags import flag_value, serving_settings
 from corral.supervisor.precheck.check import CheckResult, Outcome
 from corral.supervisor.precheck.explain import Step, step_lines
 
@@ -27,17 +27,6 @@ _PAIRED: tuple[tuple[str, str, str | None], ...] = (
     ("dtype", "--dtype", "auto"),
     ("tensor_parallel_size", "--tensor-parallel-size", "1"),
 )
-
-
-def _flag(argv: Sequence[str], *flags: str) -> str | None:
-    value: str | None = None
-    for i, arg in enumerate(argv):
-        for flag in flags:
-            if arg == flag and i + 1 < len(argv):
-                value = argv[i + 1]
-            elif arg.startswith(flag + "="):
-                value = arg.partition("=")[2]
-    return value
 
 
 def loader_config(engine_argv: Sequence[str]) -> dict[str, Any]:
@@ -60,9 +49,9 @@ def socket_dir(engine_argv: Sequence[str], daemon_argv: Sequence[str]) -> tuple[
         return Path(config["socket_path"]).parent, "engine socket_path"
     if isinstance(config.get("socket_dir"), str):
         return Path(config["socket_dir"]), "engine socket_dir"
-    if (path := _flag(daemon_argv, "--socket-path")) is not None:
+    if (path := flag_value(daemon_argv, "--socket-path")) is not None:
         return Path(path).parent, "daemon --socket-path"
-    if (path := _flag(daemon_argv, "--weight-cache-socket-dir")) is not None:
+    if (path := flag_value(daemon_argv, "--weight-cache-socket-dir")) is not None:
         return Path(path), "daemon --weight-cache-socket-dir"
     return Path(tempfile.gettempdir()) / f"vllm_weight_cache_{os.getuid()}", "default"
 
