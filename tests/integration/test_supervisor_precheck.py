@@ -110,6 +110,13 @@ def test_a_floating_revision_is_refused_unless_allowed(tmp_path: Path) -> None:
     with supervised_sim(HUB_MODEL, sup_args=("--allow-floating-revision",)) as sup:
         body = sup.wait_state("READY", 60)
         assert body["precheck"]["fingerprint"] == body["bundle"]["fingerprint"]
+    with supervised_sim(HUB_MODEL, sim_args=("--revision", "main")) as sup:
+        identity = refused_without_an_engine(sup, "artifact_identity")
+        assert "floating revision (--revision main)" in identity["reason"], identity["reason"]
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    with supervised_sim(HUB_MODEL, sim_args=("--revision", commit)) as sup:  # pinned: no flag needed
+        body = sup.wait_state("READY", 60)
+        assert body["bundle"]["command"]["revision"] == commit, body["bundle"]["command"]
 
 
 def test_a_fingerprint_mismatch_is_refused_and_the_shown_one_is_authorized(tmp_path: Path) -> None:

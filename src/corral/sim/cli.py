@@ -262,6 +262,13 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
     help='For ipc_cache: {"socket_path"|"socket_dir", "mode": "zero_copy"|"copy", "fallback": true, '
     '"connect_timeout_s", "state_timeout_s"}.',
 )
+@click.option("--revision", default=None, help="The model revision (a commit pins it); as vLLM.")
+@click.option("--tokenizer-revision", default=None, help="The tokenizer revision; accepted as vLLM does.")
+@click.option("--code-revision", default=None, help="The model code revision; accepted as vLLM does.")
+@click.option("--quantization", "-q", default=None, help="The quantization method; accepted as vLLM does.")
+@click.option("--chat-template", default=None, help="A chat template file or string; accepted as vLLM does.")
+@click.option("--trust-remote-code", is_flag=True, help="Accepted as vLLM does.")
+@click.option("--enforce-eager", is_flag=True, help="No CUDA graphs; accepted as vLLM does.")
 @click.option(
     "--api-key",
     "api_key",

@@ -47,6 +47,11 @@ _ARGS_SHOWN = (
     "gpu_memory_utilization",
     "dtype",
     "kv_cache_dtype",
+    "revision",
+    "tokenizer_revision",
+    "code_revision",
+    "quantization",
+    "enforce_eager",
 )
 
 

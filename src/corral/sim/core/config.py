@@ -61,6 +61,15 @@ class SimConfig:
     lora_modules: tuple[str, ...] = field(default_factory=tuple)
     load_format: str = "auto"
     model_loader_extra_config: str | None = None
+    # What pins the artifact, accepted as vLLM accepts them (PRECHECK reads them from the command line);
+    # the simulator loads nothing from a hub, so they change no behaviour, only the log of non-default args.
+    revision: str | None = None
+    tokenizer_revision: str | None = None
+    code_revision: str | None = None
+    quantization: str | None = None
+    chat_template: str | None = None
+    trust_remote_code: bool = False
+    enforce_eager: bool = False
     # From the environment (read by the CLI, never at import): VLLM_SERVER_DEV_MODE and
     # VLLM_ALLOW_RUNTIME_LORA_UPDATING.
     dev_mode: bool = False
