@@ -10,7 +10,7 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 import click
@@ -20,7 +20,7 @@ from corral.bundle_spec import BundleError, BundleSpec, load_bundle
 from corral.state_home import corral_state_dir, state_dir_problem
 from corral.supervisor.checks.adapters import AdapterSpecError, parse_lora
 from corral.supervisor.checks.dependencies import DependencyGate, GateSpecError, parse_gate
-from corral.supervisor.commands.precheck import explain_precheck, precheck_options
+from corral.supervisor.commands.precheck import explain_precheck, precheck_options, precheck_settings
 from corral.supervisor.commands.prestop import run_prestop
 from corral.supervisor.lifecycle.config import SupervisorConfig, is_loopback
 from corral.supervisor.lifecycle.drain import DrainPolicy, DrainSettings
@@ -36,11 +36,6 @@ from corral.supervisor.lifecycle.memory_checks import (
     DEFAULT_WAKE_TOLERANCE,
     MemoryThresholds,
 )
-from corral.supervisor.precheck.budget import GIB, BudgetOverrides
-from corral.supervisor.precheck.environment import EnvironmentSettings
-from corral.supervisor.precheck.gate import PrecheckSettings
-from corral.supervisor.precheck.identity import IdentityExpectations
-from corral.supervisor.precheck.inventory import DeclaredGpus
 from corral.supervisor.serve import printer, serve
 from corral.supervisor_tokens import TokenFileError, read_management_token
 
@@ -263,35 +258,6 @@ _seconds = click.FloatRange(min=0.0)
     "(the kubelet restarts the pod); stay-unready = FAILED with /livez and /startupz 200 and /readyz 503, "
     "for a person to look; rollback=BUNDLE = switch once to a bundle declared with --bundle.",
 )
-@click.option(
-    "--gpus",
-    "declared_gpus",
-    default=None,
-    type=click.IntRange(1),
-    help="GPUs this engine was sized for: PRECHECK's inventory where NVML is absent, else an expectation "
-    "NVML must meet.",
-)
-@click.option(
-    "--gpu-memory-gib",
-    default=None,
-    type=click.FloatRange(min=0.0, min_open=True),
-    help="Memory of each GPU in GiB (declared, as --gpus).",
-)
-@click.option("--gpu-model", default=None, metavar="NAME", help="GPU model, e.g. H100 (declared, as --gpus).")
-@click.option(
-    "--weights-gib",
-    default=None,
-    type=click.FloatRange(min=0.0),
-    help="Checkpoint size in GiB for PRECHECK's memory budget: for a hub id, or when the files overstate "
-    "what is loaded (online quantization). Default: the model directory's *.safetensors.",
-)
-@click.option(
-    "--headroom-gib",
-    default=None,
-    type=click.FloatRange(min=0.0),
-    help="Per-rank memory beside weights and KV cache (activations, CUDA graphs, NCCL) in GiB; replaces "
-    "the budget's documented estimates.",
-)
 @precheck_options
 @click.argument("engine_command", nargs=-1, type=click.UNPROCESSED)
 def run_command(
@@ -326,18 +292,8 @@ def run_command(
     bundle_files: tuple[Path, ...],
     bundle_name: str,
     on_startup_failure: str,
-    declared_gpus: int | None,
-    gpu_memory_gib: float | None,
-    gpu_model: str | None,
-    weights_gib: float | None,
-    headroom_gib: float | None,
-    allow_floating_revision: bool,
-    expect_fingerprint: str | None,
-    expect_checkpoint_digest: str | None,
-    require_hf_token: bool,
-    probe_read_mib: int,
-    explain: bool,
     engine_command: tuple[str, ...],
+    **precheck_flags: Any,
 ) -> None:
     """Start ENGINE COMMAND once its dependencies are up, report it ready only once it serves, and
     drain it before it stops."""
@@ -363,18 +319,8 @@ def run_command(
     _check_engine_command(engine_command)
     bundles = _read_bundles(bundle_files, bundle_name)
     strategy = _startup_failure_strategy(on_startup_failure, bundles, bundle_name)
-    precheck = PrecheckSettings(
-        identity=IdentityExpectations(
-            allow_floating_revision=allow_floating_revision,
-            expect_fingerprint=expect_fingerprint,
-            expect_checkpoint_digest=expect_checkpoint_digest,
-        ),
-        environment=EnvironmentSettings(require_hf_token=require_hf_token, probe_read_mib=probe_read_mib),
-        declared_gpus=_declared_gpus(declared_gpus, gpu_memory_gib, gpu_model),
-        budget=BudgetOverrides(
-            weights_bytes=_gib_bytes(weights_gib), headroom_bytes=_gib_bytes(headroom_gib)
-        ),
-    )
+    explain = precheck_flags.pop("explain")
+    precheck = precheck_settings(precheck_flags)
     if explain:
         sys.exit(run_on_uvloop(explain_precheck(engine_command, precheck, preload_argv, click.echo)))
     token = read_token(token_file)
@@ -449,16 +395,6 @@ def _startup_failure_strategy(text: str, bundles: tuple[BundleSpec, ...], runnin
     except StrategyError as exc:
         _bad_input(str(exc))
     return choice
-
-
-def _gib_bytes(gib: float | None) -> int | None:
-    return None if gib is None else int(gib * GIB)
-
-
-def _declared_gpus(count: int | None, memory_gib: float | None, model: str | None) -> DeclaredGpus | None:
-    """--gpus/--gpu-memory-gib/--gpu-model, None when none is given."""
-    declared = DeclaredGpus(count=count, memory_bytes=_gib_bytes(memory_gib), model=model)
-    return declared if declared.given else None
 
 
 @supervise.command(name="prestop")

@@ -12,8 +12,12 @@ from typing import Any, TypeVar
 import click
 
 from corral.supervisor.checks.engine_auth import redact_argv
+from corral.supervisor.precheck.budget import GIB, BudgetOverrides
+from corral.supervisor.precheck.environment import EnvironmentSettings
 from corral.supervisor.precheck.explain import render
 from corral.supervisor.precheck.gate import PrecheckSettings, run_precheck
+from corral.supervisor.precheck.identity import IdentityExpectations
+from corral.supervisor.precheck.inventory import DeclaredGpus
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -26,6 +30,37 @@ def precheck_options(command: F) -> F:
 
 
 _OPTIONS = [
+    click.option(
+        "--gpus",
+        "declared_gpus",
+        default=None,
+        type=click.IntRange(1),
+        help="GPUs this engine was sized for: PRECHECK's inventory where NVML is absent, else an expectation "
+        "NVML must meet.",
+    ),
+    click.option(
+        "--gpu-memory-gib",
+        default=None,
+        type=click.FloatRange(min=0.0, min_open=True),
+        help="Memory of each GPU in GiB (declared, as --gpus).",
+    ),
+    click.option(
+        "--gpu-model", default=None, metavar="NAME", help="GPU model, e.g. H100 (declared, as --gpus)."
+    ),
+    click.option(
+        "--weights-gib",
+        default=None,
+        type=click.FloatRange(min=0.0),
+        help="Checkpoint size in GiB for PRECHECK's memory budget: for a hub id, or when the files overstate "
+        "what is loaded (online quantization). Default: the model directory's *.safetensors.",
+    ),
+    click.option(
+        "--headroom-gib",
+        default=None,
+        type=click.FloatRange(min=0.0),
+        help="Per-rank memory beside weights and KV cache (activations, CUDA graphs, NCCL) in GiB; replaces "
+        "the budget's documented estimates.",
+    ),
     click.option(
         "--allow-floating-revision",
         is_flag=True,
@@ -64,6 +99,33 @@ _OPTIONS = [
         "arithmetic, start nothing; exit 0 when the start is authorized, 1 when refused.",
     ),
 ]
+
+
+def precheck_settings(flags: dict[str, Any]) -> PrecheckSettings:
+    """What PRECHECK expects of a start, from `precheck_options`' values (keyed by parameter name)."""
+    declared = DeclaredGpus(
+        count=flags["declared_gpus"],
+        memory_bytes=_gib_bytes(flags["gpu_memory_gib"]),
+        model=flags["gpu_model"],
+    )
+    return PrecheckSettings(
+        identity=IdentityExpectations(
+            allow_floating_revision=flags["allow_floating_revision"],
+            expect_fingerprint=flags["expect_fingerprint"],
+            expect_checkpoint_digest=flags["expect_checkpoint_digest"],
+        ),
+        environment=EnvironmentSettings(
+            require_hf_token=flags["require_hf_token"], probe_read_mib=flags["probe_read_mib"]
+        ),
+        declared_gpus=declared if declared.given else None,
+        budget=BudgetOverrides(
+            weights_bytes=_gib_bytes(flags["weights_gib"]), headroom_bytes=_gib_bytes(flags["headroom_gib"])
+        ),
+    )
+
+
+def _gib_bytes(gib: float | None) -> int | None:
+    return None if gib is None else int(gib * GIB)
 
 
 async def explain_precheck(
