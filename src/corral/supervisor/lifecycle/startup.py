@@ -11,12 +11,21 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from corral.engine.dev_api import AdminCallFailed, EngineAdmin, EngineFigures
+from corral.engine.evidence import KV_SHORTFALL
 from corral.supervisor.checks.adapters import AdapterCallFailed, EngineAdapters, reconcile
 from corral.supervisor.checks.bundle import read_bundle
 from corral.supervisor.checks.dependencies import GatesTimedOut
 from corral.supervisor.checks.engine_auth import redact_argv
 from corral.supervisor.checks.readiness import EngineNotAnswering, NotReady, SmokeResult
+from corral.supervisor.lifecycle.device_memory import engine_visible_devices, read_device
 from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPolicy
+from corral.supervisor.lifecycle.memory_checks import (
+    budget_evidence,
+    capacity_at_ready,
+    reported,
+    resident_verdict,
+)
 from corral.supervisor.lifecycle.states import EngineState, StartingPhase
 from corral.supervisor.precheck.gate import PrecheckSettings, run_precheck
 from corral.supervisor.precheck.identity import merged_env
@@ -199,8 +208,7 @@ class EngineStartup:
                 )
                 self._sup.oplog.append("bundle", **self._sup.bundle.to_json())
                 self._identity_at_ready()
-                precheck = self._sup.precheck.to_json() if self._sup.precheck is not None else None
-                await self._sup.note_ready_memory(precheck)  # the engine's memory, its KV size vs the budget
+                await self._check_ready_memory()  # the engine's memory, its KV size vs the budget
                 self._sup.transition(
                     S.READY,
                     "health 200, model listed, smoke completion answered",
@@ -269,6 +277,32 @@ class EngineStartup:
             argv=redact_argv(self._sup.config.engine_argv),
         )
         return engine
+
+    async def _check_ready_memory(self) -> None:
+        """At READY: what the engine's processes hold (NVML), and vLLM's logged KV cache size against
+        the memory budget of the last PRECHECK report; a shortfall is engine evidence."""
+        sup = self._sup
+        engine = sup.engine
+        precheck = sup.precheck.to_json() if sup.precheck is not None else None
+        if engine is None:
+            return
+        try:
+            figures: EngineFigures | None = await EngineAdmin(sup.session, sup.config.engine_url).figures()
+        except AdminCallFailed:
+            figures = None
+        reading = None
+        if not reported(figures):
+            visible = engine_visible_devices(sup.config.engine_env)
+            reading = await read_device(engine.pid, visible, also=engine.ranks.survivors())
+        sup.note_memory("startup", resident_verdict(figures, reading))
+        budget = budget_evidence(precheck)
+        capacity = capacity_at_ready(engine.log_figures, budget, sup.config.memory)
+        sup.memory.note_capacity(capacity, engine.log_figures)
+        sup.oplog.append("kv_capacity", **capacity.to_json())
+        if capacity.shortfall:
+            sup.evidence.note(KV_SHORTFALL, capacity.reason)
+            sup.oplog.append("engine_evidence", kind=KV_SHORTFALL, line=capacity.reason)
+            sup.metrics.count_evidence(KV_SHORTFALL)
 
     def _on_phase(self, phase: StartingPhase, line: str) -> None:
         if self._sup.machine.state is S.STARTING and self._sup.machine.sub_state in _ENGINE_PHASES:

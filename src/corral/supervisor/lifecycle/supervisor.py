@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -16,8 +16,7 @@ import aiohttp
 from corral.aio import cancel_tasks
 from corral.bundle_spec import BundleSpec
 from corral.child_process import LineSink
-from corral.engine.dev_api import AdminCallFailed, EngineAdmin, EngineFigures
-from corral.engine.evidence import KV_SHORTFALL, EvidenceBook
+from corral.engine.evidence import EvidenceBook
 from corral.supervisor.checks.adapters import AdapterSet
 from corral.supervisor.checks.bundle import Bundle
 from corral.supervisor.checks.dependencies import GateWaiter
@@ -25,18 +24,10 @@ from corral.supervisor.checks.engine_auth import EngineKey, redact_argv
 from corral.supervisor.checks.readiness import ReadinessCheck, SmokeResult
 from corral.supervisor.checks.stall import Stall, StallWatch
 from corral.supervisor.lifecycle.config import SupervisorConfig
-from corral.supervisor.lifecycle.device_memory import engine_visible_devices, read_device
 from corral.supervisor.lifecycle.drain import DrainPolicy, DrainReport, DrainSequence, DrainSettings
 from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPolicy, RestartRecord
 from corral.supervisor.lifecycle.failure_strategy import RollbackStarter, StartupFailure, Verdict, decide
-from corral.supervisor.lifecycle.memory_checks import (
-    MemoryRecord,
-    MemoryVerdict,
-    budget_evidence,
-    capacity_at_ready,
-    reported,
-    resident_verdict,
-)
+from corral.supervisor.lifecycle.memory_checks import MemoryRecord, MemoryVerdict
 from corral.supervisor.lifecycle.metrics import SupervisorMetrics
 from corral.supervisor.lifecycle.operation_lock import OperationLock
 from corral.supervisor.lifecycle.operations import Operation, OperationLedger
@@ -314,30 +305,6 @@ class EngineSupervisor:
     def note_memory(self, operation: str, verdict: MemoryVerdict) -> None:
         """A memory verdict of VERIFY (passed, failed or not_measured), shown and recorded."""
         self.oplog.append("memory_verified", **self.memory.note(operation, verdict))
-
-    async def note_ready_memory(self, precheck: Mapping[str, Any] | None) -> None:
-        """At READY: what the engine's processes hold (NVML), and vLLM's logged KV cache size against
-        the memory budget of the PRECHECK report (its JSON); a shortfall is engine evidence."""
-        engine = self.engine
-        if engine is None:
-            return
-        try:
-            figures: EngineFigures | None = await EngineAdmin(self.session, self.config.engine_url).figures()
-        except AdminCallFailed:
-            figures = None
-        reading = None
-        if not reported(figures):
-            visible = engine_visible_devices(self.config.engine_env)
-            reading = await read_device(engine.pid, visible, also=engine.ranks.survivors())
-        self.note_memory("startup", resident_verdict(figures, reading))
-        budget = budget_evidence(precheck)
-        capacity = capacity_at_ready(engine.log_figures, budget, self.config.memory)
-        self.memory.note_capacity(capacity, engine.log_figures)
-        self.oplog.append("kv_capacity", **capacity.to_json())
-        if capacity.shortfall:
-            self.evidence.note(KV_SHORTFALL, capacity.reason)
-            self.oplog.append("engine_evidence", kind=KV_SHORTFALL, line=capacity.reason)
-            self.metrics.count_evidence(KV_SHORTFALL)
 
     async def suspend_lifecycle(self) -> None:
         """Stop the READY watch (stall detection) while an operation has the engine out of routing."""
