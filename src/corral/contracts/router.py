@@ -26,6 +26,15 @@ class SupervisorLink(WireModel):
     acks_sent: int = 0
 
 
+class SlowStartRamp(WireModel):
+    """An endpoint's slow start: when it last became routable (wall clock), the share of its full
+    share it may take now (0.1 .. 1), and the requests it has taken during this ramp."""
+
+    since: float
+    weight: float = 1.0
+    taken: int = 0
+
+
 class FleetEndpoint(WireModel):
     """One endpoint as the router routes it; `routable` and `why` are its verdict now."""
 
@@ -43,6 +52,7 @@ class FleetEndpoint(WireModel):
     routable: bool = False
     why: str = ""
     supervisor: SupervisorLink | None = None
+    slow_start: SlowStartRamp | None = None  # None: slow start off
 
     @property
     def supervisor_url(self) -> str:

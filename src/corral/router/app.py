@@ -80,6 +80,7 @@ class RouterConfig:
     policy: str = "round_robin"
     session_header: str = "x-session-id"
     routing: RoutingConfig = field(default_factory=RoutingConfig)  # --policy-config
+    slow_start_seconds: float = 0.0  # --slow-start-seconds; the policy config's slow_start_* win
     max_retries: int = 2
     eject_seconds: float = 5.0
     models_refresh_seconds: float = 5.0
@@ -212,7 +213,6 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     app[METRICS] = metrics
     streams = SupervisorStreams(membership, metrics, config.streams)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RouterCollector(metrics, membership.endpoints))
     registry.register(ClientLimitsCollector(limits, limit_stats))
     if gate is not None:
         registry.register(TenantCollector(gate))
@@ -223,6 +223,11 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
         config.session_header,
         membership.endpoints,
         prefix_memory=prefix_memory,
+        slow_start_seconds=config.slow_start_seconds,
+    )
+    slow_start = routing.slow_start
+    registry.register(
+        RouterCollector(metrics, membership.endpoints, slow_start.weights if slow_start.enabled else None)
     )
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -313,6 +318,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
                 "why": e.routing_verdict(now),
                 "supervisor": e.supervisor.to_json(now) if e.supervisor is not None else None,
                 "prefix_memory": prefix_memory.to_json(e),
+                "slow_start": slow_start.to_json(e),
                 "group": str(e.group) if e.group is not None else None,
             }
             for e in membership.endpoints()

@@ -180,6 +180,15 @@ def read_supervisor_token(path: Path | None) -> str | None:
     "metrics scrape interval (see corral.router.routing.config). Its `policy` overrides --policy.",
 )
 @click.option(
+    "--slow-start-seconds",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0, max=3600),
+    help="An endpoint that becomes routable (READY, woken, restarted, back from an ejection, a new "
+    "group) takes a share of traffic rising from 10%% of its full share to all of it over this many "
+    "seconds, in every policy. 0 turns it off; per model: `slow_start_*` in --policy-config.",
+)
+@click.option(
     "--max-retries",
     default=2,
     show_default=True,
@@ -246,6 +255,7 @@ def router(
     policy: str,
     session_header: str,
     policy_config: Path | None,
+    slow_start_seconds: float,
     max_retries: int,
     eject_seconds: float,
     models_refresh_seconds: float,
@@ -313,6 +323,7 @@ def router(
         policy=policy,
         session_header=session_header.lower(),
         routing=_routing_config(policy_config),
+        slow_start_seconds=slow_start_seconds,
         max_retries=max_retries,
         eject_seconds=eject_seconds,
         models_refresh_seconds=models_refresh_seconds,

@@ -81,8 +81,12 @@ class Endpoint:
         "model_cards",
         "models",
         "name",
+        "ramp_earned",
+        "ramp_start",
+        "ramp_taken",
         "reason",
         "requests_sent",
+        "routable_from",
         "since",
         "source",
         "source_reason",
@@ -130,6 +134,12 @@ class Endpoint:
         self.state = state
         self.reason = reason
         self.since = time.time()
+        # time.monotonic() it last became routable (READY, its group whole, back from an ejection):
+        # where its slow-start ramp begins (corral.router.routing.slow_start, which keeps ramp_*).
+        self.routable_from = time.monotonic()
+        self.ramp_start = -1.0
+        self.ramp_taken = 0
+        self.ramp_earned = 0.0
         self.settle()
         self.in_flight = 0
         # Picked for a request whose upstream call has not answered yet: it may not have reached the
@@ -147,6 +157,8 @@ class Endpoint:
             return False
         if state is not self.state:
             self.since = time.time()
+            if state is EngineState.READY:
+                self.routable_from = time.monotonic()
         self.state = state
         self.reason = reason
         return True
@@ -202,6 +214,7 @@ class Endpoint:
         self.consecutive_failures += 1
         seconds = base_seconds * factor
         self.ejected_until = now + seconds
+        self.routable_from = max(self.routable_from, self.ejected_until)  # it ramps up when back
         return seconds
 
     def record_success(self) -> None:

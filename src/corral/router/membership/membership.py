@@ -165,6 +165,7 @@ class Membership:
                     self._exit(member, "unroutable", "group_out", member.group_out)
             else:
                 log.info("endpoint %s back in routing: group %s whole", member.url, trigger.group.name)
+                member.routable_from = time.monotonic()  # the group's slow start begins now
         return bool(changed)
 
     def remove(

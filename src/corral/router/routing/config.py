@@ -8,6 +8,9 @@ their weights, and the knobs of prefix hashing and metrics scraping.
     scrape_interval: 0.1          # seconds between /metrics scrapes of each engine
     stale_after: 0.5              # older metrics count as saturated (default: max(5 intervals, 0.5 s))
     header: x-corral-policy       # a request may name its policy in this header
+    slow_start_seconds: 30        # ramp of an endpoint that becomes routable (default: --slow-start-seconds)
+    slow_start_models:            # per model; 0 turns slow start off for it
+      llama-8b-sql: 0
     policies:                     # scored policies besides the built-in ones
       cache-first: {weights: {prefix: 1.0, queue: 0.1}, eps: 0.5}
     models:
@@ -61,8 +64,18 @@ class RoutingConfig(BaseModel):
     scrape_interval: float = Field(default=0.1, ge=0.02)
     stale_after: float | None = Field(default=None, gt=0)
     header: str = "x-corral-policy"
+    slow_start_seconds: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    slow_start_models: dict[str, float] = Field(default_factory=dict)
     policies: dict[str, ScoredPolicySpec] = Field(default_factory=dict)
     models: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("slow_start_models")
+    @classmethod
+    def _ramps(cls, ramps: dict[str, float]) -> dict[str, float]:
+        bad = {model: s for model, s in ramps.items() if not 0 <= s < float("inf")}
+        if bad:
+            raise ValueError(f"seconds must be >= 0 (0 turns slow start off), got {bad}")
+        return ramps
 
     def stale_seconds(self) -> float:
         return self.stale_after if self.stale_after is not None else max(5 * self.scrape_interval, 0.5)

@@ -15,6 +15,7 @@ from corral.router.routing.pipeline import LOAD_WEIGHTS, PREFIX_WEIGHTS, ScoredP
 from corral.router.routing.policies import LeastRequest, RoundRobin, SessionAffinity
 from corral.router.routing.prefix_memory import PrefixHolders, PrefixMemory
 from corral.router.routing.request import POLICY_NAMES, Policy, RouteRequest
+from corral.router.routing.slow_start import SlowStart
 
 log = logging.getLogger("corral.router.scoring")
 
@@ -79,8 +80,9 @@ def build_policy(name: str, session_header: str = "x-session-id", seed: int | No
 
 
 class Routing:
-    """The router's policy (a `PolicySelector`), the metrics scraper behind its scored policies, and
-    the prefix memory their prefix scorers share (`prefix_memory`, shown per endpoint in /v1/fleet)."""
+    """The router's policy (a `PolicySelector` behind the `SlowStart` cap), the metrics scraper behind
+    its scored policies, and the prefix memory their prefix scorers share (`prefix_memory`, shown per
+    endpoint in /v1/fleet)."""
 
     def __init__(
         self,
@@ -90,6 +92,7 @@ class Routing:
         endpoints: Callable[[], list[Endpoint]],
         seed: int | None = None,
         prefix_memory: PrefixMemory | None = None,
+        slow_start_seconds: float = 0.0,
     ) -> None:
         self.config = config
         self.board = LoadBoard(stale_after=config.stale_seconds())
@@ -103,7 +106,9 @@ class Routing:
         check_policy_names(config, policies, "routing config")
         if default not in policies:
             raise PolicyConfigError(f"unknown policy {default!r}; known: {', '.join(sorted(policies))}")
-        self.policy = PolicySelector(policies, default, config.models, config.header)
+        self.selector = PolicySelector(policies, default, config.models, config.header)
+        ramp = config.slow_start_seconds if config.slow_start_seconds is not None else slow_start_seconds
+        self.policy = self.slow_start = SlowStart(self.selector, ramp, config.slow_start_models)
         in_use = {default, *config.models.values()}
         # Scrape only when a configured policy reads engine metrics; a header naming a scored policy
         # on a router that does not scrape still gets prefix affinity and the load bound.

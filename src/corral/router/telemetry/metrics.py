@@ -70,7 +70,7 @@ class RouterMetrics:
         self.wakes: dict[str, int] = {}
         self.held: dict[str, int] = {}
         self.hold_outcomes: dict[tuple[str, str], int] = {}
-        # Streams that did not end normally, by model and how (corral.router.datapath.stream_ending).
+        # Streams that did not end normally, by model and how (corral.engine.stream_ending).
         self.stream_failures: dict[tuple[str, str], int] = {}
 
     def count_request(self, model: str, code: int) -> None:
@@ -108,9 +108,15 @@ class RouterMetrics:
 class RouterCollector:
     """Turns RouterMetrics and the endpoints' in-flight counts into metric families at scrape time."""
 
-    def __init__(self, metrics: RouterMetrics, endpoints: Callable[[], Iterable[Endpoint]]) -> None:
+    def __init__(
+        self,
+        metrics: RouterMetrics,
+        endpoints: Callable[[], Iterable[Endpoint]],
+        warmup: Callable[[Iterable[Endpoint]], Iterable[tuple[Endpoint, float]]] | None = None,
+    ) -> None:
         self._metrics = metrics
         self._endpoints = endpoints
+        self._warmup = warmup  # each endpoint's slow-start weight; None while slow start is off
 
     def collect(self) -> Iterator[Metric]:
         m = self._metrics
@@ -221,6 +227,16 @@ class RouterCollector:
         for endpoint in self._endpoints():
             in_flight.add_metric([endpoint.url], endpoint.in_flight)
         yield in_flight
+        if self._warmup is not None:
+            warmup = GaugeMetricFamily(
+                "corral_router_endpoint_warmup_weight",
+                "Slow start: the share of its full share each endpoint may take now, from 0.1 when it "
+                "became routable to 1 after the ramp (--slow-start-seconds).",
+                labels=["endpoint"],
+            )
+            for endpoint, weight in self._warmup(self._endpoints()):
+                warmup.add_metric([endpoint.url], weight)
+            yield warmup
         whole: dict[str, bool] = {}
         for endpoint in self._endpoints():
             if endpoint.group is not None:
