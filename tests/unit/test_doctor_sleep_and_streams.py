@@ -9,11 +9,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 
 from corral.contracts.router import FleetEndpoint
+from corral.engine.stream_ending import CUT, ENGINE_ABORT, ENGINE_ERROR, StreamEnding
 from corral.fleet.checks.doctor import diagnose, diagnose_engine
 from corral.fleet.checks.doctor_sleep import MEMORY_NOT_RELEASED, PARTIAL_WAKE
 from corral.fleet.checks.doctor_streams import ABORTED_STREAMS
 from corral.fleet.checks.probe import EngineView, FleetTarget, FleetView
-from corral.router.datapath.stream_ending import CUT, ENGINE_ABORT, ENGINE_ERROR, StreamEnding
 from corral.router.telemetry.metrics import RouterCollector, RouterMetrics
 
 GIB = 2**30
@@ -111,7 +111,7 @@ def router_metrics(failures: dict[tuple[str, str], int]) -> str:
     metrics = RouterMetrics()
     for (model, how), n in failures.items():
         for _ in range(n):
-            metrics.count_stream_failure(model, how)
+            metrics.count_stream_failure(model, how, tokens_emitted=True)
     registry = CollectorRegistry()
     registry.register(RouterCollector(metrics, list))
     return generate_latest(registry).decode()

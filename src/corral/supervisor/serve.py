@@ -97,10 +97,18 @@ async def serve(config: SupervisorConfig) -> int:
 async def start_gate(supervisor: Any, config: SupervisorConfig) -> web.AppRunner | None:
     from corral.supervisor.http.admission import AdmissionGate
     from corral.supervisor.http.admission_metrics import AdmissionCollector
+    from corral.supervisor.http.inflight import ForcedExit
 
     if config.gate_port is None:
         return None
-    gate = AdmissionGate(config.engine_url, lambda: supervisor.machine.state)
+
+    def forced_exit(ended: ForcedExit) -> None:
+        record = ended.to_json()
+        supervisor.oplog.append("forced_exit", state=supervisor.machine.state.value, **record)
+        emitted = "after tokens were sent" if ended.request.tokens_emitted else "before any token"
+        supervisor_log(f"forced exit: request {ended.request.request_id} ({ended.how}) {emitted}")
+
+    gate = AdmissionGate(config.engine_url, lambda: supervisor.machine.state, on_forced_exit=forced_exit)
     supervisor.gate = gate
     supervisor.metrics.registry.register(AdmissionCollector(gate))
     runner = web.AppRunner(gate.app(), access_log=None, shutdown_timeout=2.0)

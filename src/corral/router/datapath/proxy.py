@@ -21,9 +21,9 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
+from corral.engine.stream_ending import StreamEnding
 from corral.openai_errors import error_response, sse_error_event
 from corral.router.datapath.retry_budget import RetryBudget, RetryBudgetConfig
-from corral.router.datapath.stream_ending import StreamEnding
 from corral.router.datapath.upstream import UpstreamClient, UpstreamResponse
 from corral.router.datapath.wake_on_demand import WakeOnDemand
 from corral.router.edge.tenants import tenant_of
@@ -296,12 +296,13 @@ class Proxy:
             except UPSTREAM_FAILURES as exc:
                 why = f"{endpoint.url}: {_describe(exc)}"
                 log.warning(
-                    "request %s attempt %d: stream from %s cut after the first byte (%s); "
-                    "ending the client's stream with an error event, not replaying it",
+                    "request %s attempt %d: stream from %s cut after the first byte (%s), tokens "
+                    "emitted: %s; ending the client's stream with an error event, not replaying it",
                     request_id,
                     attempt,
                     endpoint.url,
                     why,
+                    "true" if ending.tokens_emitted else "false",
                 )
                 self._eject(endpoint, why, request_id, attempt)
                 metrics.errors += 1
@@ -322,7 +323,7 @@ class Proxy:
             await answer.write(chunk)
         await answer.write_eof()
         if ending.failure is not None:
-            metrics.count_stream_failure(route.model, ending.failure)
+            metrics.count_stream_failure(route.model, ending.failure, ending.tokens_emitted)
         metrics.count_request(route.model, code)
         metrics.duration.observe(time.perf_counter() - start)
         return answer

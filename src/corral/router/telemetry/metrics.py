@@ -72,6 +72,9 @@ class RouterMetrics:
         self.hold_outcomes: dict[tuple[str, str], int] = {}
         # Streams that did not end normally, by model and how (corral.engine.stream_ending).
         self.stream_failures: dict[tuple[str, str], int] = {}
+        # The same, split by whether generated tokens had reached the client (a sibling series, so
+        # the one above stays as dashboards know it).
+        self.stream_failures_by_tokens: dict[tuple[str, str, str], int] = {}
 
     def count_request(self, model: str, code: int) -> None:
         key = (model, code)
@@ -96,9 +99,11 @@ class RouterMetrics:
     def count_held(self, model: str) -> None:
         self.held[model] = self.held.get(model, 0) + 1
 
-    def count_stream_failure(self, model: str, how: str) -> None:
+    def count_stream_failure(self, model: str, how: str, tokens_emitted: bool) -> None:
         key = (model, how)
         self.stream_failures[key] = self.stream_failures.get(key, 0) + 1
+        split = (model, how, "true" if tokens_emitted else "false")
+        self.stream_failures_by_tokens[split] = self.stream_failures_by_tokens.get(split, 0) + 1
 
     def count_hold_outcome(self, model: str, outcome: str) -> None:
         key = (model, outcome)
@@ -189,6 +194,13 @@ class RouterCollector:
             "error event), engine_abort (a choice finished with reason abort), cut (the upstream failed).",
             ["model", "how"],
             {key: n for key, n in m.stream_failures.items()},
+        )
+        yield labelled_counter(
+            "corral_router_stream_failures_by_tokens",
+            "corral_router_stream_failures_total split by whether generated tokens had reached the client "
+            "(tokens_emitted: true, false) when the stream failed.",
+            ["model", "how", "tokens_emitted"],
+            {key: n for key, n in m.stream_failures_by_tokens.items()},
         )
         yield labelled_counter(
             "corral_router_wakes",

@@ -5,21 +5,31 @@ unreachable from the data port; it answers 503 with Retry-After unless the engin
 nothing reaches an engine out of routing however late a client is; and it counts in-flight requests
 per model or adapter, which makes an adapter's drain exact, and admissions and refusals per model
 (`corral.supervisor.http.admission_metrics` shows them on the supervisor's `/metrics`).
+
+Each inference request is tracked by its request id (the client's `X-Request-Id`, which the router
+always sends, else one the gate assigns, forwards and answers with) and whether generated tokens have
+passed; a stream the engine's side cuts or aborts is a forced exit (`corral.supervisor.http.inflight`).
+A cut reaches the gate's client as a cut (the connection closes before the answer's end), never as a
+replay or a made-up ending.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
+from uuid import uuid4
 
 import aiohttp
 import orjson
 from aiohttp import web
 
+from corral.engine.stream_ending import CUT, ENGINE_ABORT, StreamEnding
 from corral.engine_state import EngineState
 from corral.openai_errors import error_response
+from corral.supervisor.http.inflight import ForcedExitListener, InFlightRequest, InFlightRequests
 
 INFERENCE_PATHS = frozenset(
     {
@@ -45,13 +55,22 @@ HOP_BY_HOP = frozenset(
 # why a request was refused: the engine is not READY (503), or the path is not on the data port (404)
 NOT_READY = "not_ready"
 NOT_SERVED = "path_not_served"
+# the router's own rule for an id fit to forward and echo as sent; any other is replaced
+_SAFE_REQUEST_ID = re.compile(r"[!-~]{1,200}")
 
 
 class AdmissionGate:
-    def __init__(self, engine_url: str, state: Callable[[], EngineState], retry_after: int = 2) -> None:
+    def __init__(
+        self,
+        engine_url: str,
+        state: Callable[[], EngineState],
+        retry_after: int = 2,
+        on_forced_exit: ForcedExitListener | None = None,
+    ) -> None:
         self.engine_url = engine_url.rstrip("/")
         self._state = state
         self.retry_after = retry_after
+        self.requests = InFlightRequests(on_forced_exit)
         self.in_flight: Counter[str] = Counter()
         self.admitted: Counter[str] = Counter()  # model -> requests forwarded
         self.refused: Counter[tuple[str, str]] = Counter()  # (model, reason) -> requests refused
@@ -73,6 +92,10 @@ class AdmissionGate:
             "admitted": self.admitted.total(),
             "refused_not_ready": self._refused_for(NOT_READY),
             "refused_path": self._refused_for(NOT_SERVED),
+            "forced_exits": {
+                "tokens_emitted": self.requests.forced[True],
+                "no_tokens": self.requests.forced[False],
+            },
         }
 
     def _refused_for(self, reason: str) -> int:
@@ -105,37 +128,82 @@ class AdmissionGate:
             )
             answer.headers["Retry-After"] = str(self.retry_after)
             return answer
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        if path not in INFERENCE_PATHS:
+            return await self._forward(request, body, headers, None)
+        request_id = request.headers.get("x-request-id", "")
+        assigned = _SAFE_REQUEST_ID.fullmatch(request_id) is None
+        if assigned:
+            request_id = uuid4().hex
+            headers = {k: v for k, v in headers.items() if k.lower() != "x-request-id"}
+            headers["X-Request-Id"] = request_id
         if model is not None:
             self.in_flight[model] += 1
             self.admitted[model] += 1
+        entry = self.requests.begin(request_id, path, model)
         try:
-            return await self._forward(request, body)
+            return await self._forward(request, body, headers, entry, echo_id=assigned)
         finally:
             if model is not None:
                 self.in_flight[model] -= 1
                 if self.in_flight[model] <= 0:
                     del self.in_flight[model]
+            self.requests.end(entry, None)  # its client left (or it ended already: nothing happens)
 
-    async def _forward(self, request: web.Request, body: bytes) -> web.StreamResponse:
+    async def _forward(
+        self,
+        request: web.Request,
+        body: bytes,
+        headers: dict[str, str],
+        entry: InFlightRequest | None,
+        echo_id: bool = False,
+    ) -> web.StreamResponse:
+        """Relay the engine's answer as it comes; `entry` (an inference request) learns whether tokens
+        passed and, at the end, whether the engine's side cut or aborted it."""
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=5), auto_decompress=False
             )
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         try:
             upstream = await self._session.request(
                 request.method, self.engine_url + request.path_qs, data=body or None, headers=headers
             )
         except (aiohttp.ClientError, TimeoutError) as exc:
-            return error_response(502, f"engine not answering: {type(exc).__name__}: {exc}", "BadGateway")
+            why = f"{type(exc).__name__}: {exc}"
+            # refused at connect: the engine never had it; anything later was cut in the engine's hands
+            if entry is not None:
+                self.requests.end(entry, None if isinstance(exc, aiohttp.ClientConnectorError) else CUT, why)
+            return error_response(502, f"engine not answering: {why}", "BadGateway")
         async with upstream:
-            resp = web.StreamResponse(
-                status=upstream.status,
-                headers={k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP},
-            )
+            answer_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
+            if echo_id and entry is not None and "x-request-id" not in {k.lower() for k in answer_headers}:
+                answer_headers["X-Request-Id"] = entry.request_id
+            resp = web.StreamResponse(status=upstream.status, headers=answer_headers)
+            streaming = upstream.content_type == "text/event-stream"
+            ending = StreamEnding() if streaming and entry is not None else None
             await resp.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                await resp.write(chunk)
+            while True:
+                try:
+                    chunk = await upstream.content.readany()
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    if entry is not None:
+                        self.requests.end(entry, CUT, f"{type(exc).__name__}: {exc}")
+                    # the answer stays unfinished for the gate's client too: closed, never ended cleanly
+                    if request.transport is not None:
+                        request.transport.close()
+                    return resp
+                if not chunk:
+                    break
+                if entry is not None:
+                    if ending is not None:
+                        ending.feed(chunk)
+                        entry.tokens_emitted = ending.tokens_emitted
+                    else:
+                        entry.tokens_emitted = upstream.status < 300
+                await resp.write(chunk)  # a client gone raises here: its own exit, not a forced one
+            if entry is not None:
+                aborted = ending is not None and ending.failure == ENGINE_ABORT
+                self.requests.end(entry, ENGINE_ABORT if aborted else None)
             await resp.write_eof()
             return resp
 

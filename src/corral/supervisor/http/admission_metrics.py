@@ -1,5 +1,6 @@
 """The admission gate's counts on the supervisor's `/metrics`, read from the gate at scrape time:
-requests in flight and admitted per model or adapter, and refusals per model and reason."""
+requests in flight and admitted per model or adapter, refusals per model and reason, and forced exits
+by whether tokens had been sent."""
 
 from __future__ import annotations
 
@@ -38,4 +39,12 @@ class AdmissionCollector:
             "503 while the engine is not READY; path_not_served: 404 for a path not on the data port).",
             ["model", "reason"],
             {(model, reason): n for (model, reason), n in gate.refused.items()},
+        )
+        yield labelled_counter(
+            "corral_supervisor_forced_exit_requests",
+            "Requests through the admission gate that the engine's side ended before their answer was "
+            "complete (cut by its stop or a failed connection, or aborted), by whether generated tokens "
+            "had reached the client (the request ids: the oplog's forced_exit records).",
+            ["tokens_emitted"],
+            {("true",): gate.requests.forced[True], ("false",): gate.requests.forced[False]},
         )

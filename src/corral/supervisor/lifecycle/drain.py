@@ -13,7 +13,8 @@ measures and returns what it saw.
 
 Without an admission gate in front of the engine, the only evidence is the engine's own metrics:
 arrivals are the increase of running + waiting + finished, and requests cut short are known by count,
-not by request id, nor whether tokens had been sent.
+not by request id, nor whether tokens had been sent (`forced_exits` is null, with the reason). With a
+gate, the report lists the requests the stop cut or aborted (see `forced_exits`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from corral.engine.load_sample import LoadSample, MetricsUnavailable, fetch_load
+from corral.supervisor.lifecycle.forced_exits import RequestWatch, name_forced_exits
 from corral.supervisor.lifecycle.routers import RouterSubscriptions
 from corral.supervisor.lifecycle.states import DrainPhase, EngineState, StateMachine, StoppingPhase
 
@@ -90,6 +92,10 @@ class DrainReport:
     engine_killed: bool = False
     stop_seconds: float = 0.0
     cut_short: str | None = None
+    # the requests the stop cut or aborted, seen by the admission gate; None when there is no gate
+    forced_exits: list[dict[str, Any]] | None = None
+    forced_exits_not_listed: int = 0  # beyond FORCED_EXITS_LISTED
+    forced_exits_unobserved: str | None = None  # why `forced_exits` is None
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -281,6 +287,9 @@ class DrainHost(Protocol):
     @property
     def engine_running(self) -> bool: ...
 
+    @property
+    def request_watch(self) -> RequestWatch | None: ...
+
     async def suspend_lifecycle(self) -> None: ...
 
     async def stop_engine(self, grace: float, reason: str) -> int | None: ...
@@ -377,6 +386,8 @@ class DrainSequence:
         settings = host.drain_settings
         report = DrainReport(policy=policy.value)
         state_before = host.machine.state
+        watch = host.request_watch
+        mark = watch.mark() if watch is not None else 0  # forced exits from here on are the drain's
         removal_epoch: int | None = None
         if state_before is S.READY:
             removal_epoch = await self._withdraw("drain: readiness withdrawn", policy.value)
@@ -401,6 +412,8 @@ class DrainSequence:
                 StoppingPhase.STOPPING_ENGINE,
             )
             report.engine_exit_code = await host.stop_engine(settings.shutdown_timeout, "drain")
+        named = await name_forced_exits(watch, mark, self._log)
+        report.forced_exits, report.forced_exits_not_listed, report.forced_exits_unobserved = named
         self._transition(
             S.STOPPING,
             "engine stopped" + (f"; {report.cut_short}" if report.cut_short else ""),

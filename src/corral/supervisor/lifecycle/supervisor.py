@@ -27,6 +27,7 @@ from corral.supervisor.lifecycle.config import SupervisorConfig
 from corral.supervisor.lifecycle.drain import DrainPolicy, DrainReport, DrainSequence, DrainSettings
 from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPolicy, RestartRecord
 from corral.supervisor.lifecycle.failure_strategy import RollbackStarter, StartupFailure, Verdict, decide
+from corral.supervisor.lifecycle.forced_exits import RequestWatch
 from corral.supervisor.lifecycle.memory_checks import MemoryRecord, MemoryVerdict
 from corral.supervisor.lifecycle.metrics import SupervisorMetrics
 from corral.supervisor.lifecycle.operation_lock import OperationLock
@@ -169,6 +170,11 @@ class EngineSupervisor:
     @property
     def engine_running(self) -> bool:
         return self.engine is not None and self.engine.running
+
+    @property
+    def request_watch(self) -> RequestWatch | None:
+        """The gate's in-flight requests, whose forced exits a drain names (None: no gate)."""
+        return self.gate.requests if self.gate is not None else None
 
     def start(self) -> None:
         self._lifecycle = asyncio.create_task(self._run_lifecycle(), name="lifecycle")

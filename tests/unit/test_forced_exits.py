@@ -1,0 +1,152 @@
+"""Forced exits named: when tokens have reached a client (vLLM's SSE events, split anywhere), the
+gate's in-flight requests and what they record when the engine's side ends one, what a drain report
+says of them with and without a gate, and the router's stream-failure split by tokens_emitted."""
+
+from __future__ import annotations
+
+import asyncio
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from corral.engine.stream_ending import CUT, ENGINE_ABORT, FirstToken, StreamEnding
+from corral.router.telemetry.metrics import RouterCollector, RouterMetrics
+from corral.supervisor.http.admission import AdmissionGate
+from corral.supervisor.http.admission_metrics import AdmissionCollector
+from corral.supervisor.http.inflight import ForcedExit, InFlightRequests
+from corral.supervisor.lifecycle.forced_exits import (
+    FORCED_EXITS_LISTED,
+    NO_GATE,
+    OPEN_AFTER_EXIT,
+    name_forced_exits,
+)
+from corral.supervisor.lifecycle.states import EngineState
+
+ROLE = b'data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+TOKEN = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}\n\n'
+TEXT = b'data: {"id":"c","choices":[{"index":0,"text":" the","finish_reason":null}]}\n\n'
+ABORT = b'data: {"id":"c","choices":[{"index":0,"text":"","finish_reason":"abort"}]}\n\n'
+ERROR = b'data: {"error":{"message":"boom","type":"InternalServerError","code":500}}\n\n'
+
+
+def fed(*chunks: bytes) -> FirstToken:
+    first = FirstToken()
+    for chunk in chunks:
+        first.feed(chunk)
+    return first
+
+
+def test_a_chat_role_chunk_an_abort_or_an_error_is_no_token() -> None:
+    assert not fed(ROLE).seen
+    assert not fed(ROLE, ABORT, b"data: [DONE]\n\n").seen
+    assert not fed(ERROR).seen
+    assert fed(ROLE, TOKEN).seen
+    assert fed(TEXT).seen
+
+
+def test_a_token_split_anywhere_is_seen_once_its_event_is_whole() -> None:
+    stream = ROLE + TOKEN
+    for cut in range(1, len(stream)):
+        first = fed(stream[:cut])
+        assert not first.seen or cut >= len(stream) - 1, cut
+        first.feed(stream[cut:])
+        assert first.seen, cut
+    dribbled = fed(*(bytes([b]) for b in TEXT))
+    assert dribbled.seen
+
+
+def test_stream_ending_keeps_the_first_token_apart_from_how_it_ended() -> None:
+    aborted = StreamEnding()
+    for chunk in (TEXT, ABORT):
+        aborted.feed(chunk)
+    assert aborted.failure == ENGINE_ABORT and aborted.tokens_emitted
+    cut_early = StreamEnding()
+    cut_early.feed(ROLE)
+    cut_early.cut()
+    assert cut_early.failure == CUT and not cut_early.tokens_emitted
+
+
+def test_in_flight_requests_record_forced_exits_only() -> None:
+    heard: list[ForcedExit] = []
+    requests = InFlightRequests(heard.append)
+    mark = requests.mark()
+    normal = requests.begin("r-normal", "/v1/completions", "m")
+    streaming = requests.begin("r-stream", "/v1/completions", "m")
+    waiting = requests.begin("r-wait", "/v1/chat/completions", "m")
+    same_id = requests.begin("r-stream", "/v1/completions", "m")  # a client may reuse an id
+    streaming.tokens_emitted = True
+    assert requests.end(normal, None) is None
+    requests.end(streaming, CUT, "ClientPayloadError")
+    requests.end(waiting, ENGINE_ABORT)
+    requests.end(streaming, CUT)  # a second end changes nothing
+    assert [e.request.request_id for e in heard] == ["r-stream", "r-wait"]
+    assert requests.forced == {True: 1, False: 1}
+    listed = [e.to_json() for e in requests.forced_since(mark)]
+    assert [(e["request_id"], e["tokens_emitted"], e["how"]) for e in listed] == [
+        ("r-stream", True, CUT),
+        ("r-wait", False, ENGINE_ABORT),
+    ]
+    assert requests.forced_since(requests.mark()) == []
+    assert requests.open() == [same_id]
+
+
+async def test_a_drain_without_a_gate_says_forced_exits_were_not_observable() -> None:
+    listed, more, why = await name_forced_exits(None, 0, lambda line: None)
+    assert listed is None and more == 0 and why == NO_GATE and "--gate-port" in why
+
+
+async def test_a_drain_lists_forced_exits_capped_and_the_requests_still_open() -> None:
+    requests = InFlightRequests()
+    requests.end(requests.begin("before", "/v1/completions", "m"), CUT)  # before the drain: not its
+    mark = requests.mark()
+    for i in range(FORCED_EXITS_LISTED + 4):
+        requests.end(requests.begin(f"r{i}", "/v1/completions", "m"), CUT)
+    hung = requests.begin("hung", "/v1/completions", "m")
+    lines: list[str] = []
+    named = name_forced_exits(requests, mark, lines.append, settle=0.05)
+    listed, more, why = await asyncio.wait_for(named, 30)
+    assert listed is not None and why is None
+    assert len(listed) == FORCED_EXITS_LISTED and more == 5
+    assert listed[0]["request_id"] == "r0" and "before" not in {e["request_id"] for e in listed}
+    assert requests.open() == [hung]  # counted as open after exit (beyond the cap here), still open
+    assert lines and "105 requests" in lines[0]
+
+
+async def test_settle_returns_as_soon_as_the_open_requests_end() -> None:
+    requests = InFlightRequests()
+    entry = requests.begin("r", "/v1/completions", "m")
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.05, requests.end, entry, CUT)
+    assert await asyncio.wait_for(requests.settle(60), 30) == []
+    listed, _, _ = await name_forced_exits(requests, 0, lambda line: None)
+    assert listed is not None and [e["how"] for e in listed] == [CUT]
+    still = requests.begin("s", "/v1/completions", "m")
+    assert await requests.settle(0.05) == [still]
+    assert OPEN_AFTER_EXIT == "open_after_exit"
+
+
+def test_gate_metric_counts_forced_exits_by_tokens_emitted() -> None:
+    gate = AdmissionGate("http://127.0.0.1:1", lambda: EngineState.READY)
+    registry = CollectorRegistry()
+    registry.register(AdmissionCollector(gate))
+    text = generate_latest(registry).decode()
+    assert 'corral_supervisor_forced_exit_requests_total{tokens_emitted="true"} 0.0' in text
+    entry = gate.requests.begin("r", "/v1/completions", "m")
+    entry.tokens_emitted = True
+    gate.requests.end(entry, CUT)
+    text = generate_latest(registry).decode()
+    assert 'corral_supervisor_forced_exit_requests_total{tokens_emitted="true"} 1.0' in text
+    assert 'corral_supervisor_forced_exit_requests_total{tokens_emitted="false"} 0.0' in text
+    assert gate.to_json()["forced_exits"] == {"tokens_emitted": 1, "no_tokens": 0}
+
+
+def test_router_stream_failures_keep_their_series_and_add_the_split() -> None:
+    metrics = RouterMetrics()
+    metrics.count_stream_failure("m", CUT, tokens_emitted=True)
+    metrics.count_stream_failure("m", CUT, tokens_emitted=False)
+    registry = CollectorRegistry()
+    registry.register(RouterCollector(metrics, lambda: []))
+    text = generate_latest(registry).decode()
+    assert 'corral_router_stream_failures_total{how="cut",model="m"} 2.0' in text
+    for emitted in ("true", "false"):
+        labels = f'how="cut",model="m",tokens_emitted="{emitted}"'
+        assert f"corral_router_stream_failures_by_tokens_total{{{labels}}} 1.0" in text
