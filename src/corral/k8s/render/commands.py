@@ -64,6 +64,14 @@ def precheck_args(config: CorralDeployment) -> list[str]:
     return args + (["--expect-fingerprint", fingerprint] if fingerprint is not None else [])
 
 
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+
+
+def lora_args(config: CorralDeployment) -> list[str]:
+    """The supervisor's --lora NAME=PATH for each adapter of engine.lora."""
+    return [arg for a in config.engine.lora for arg in ("--lora", f"{a.name}={a.path}")]
+
+
 def engine_selector(config: CorralDeployment) -> dict[str, str]:
     """The labels that select this deployment's engine pods (Deployment, Service, PDB and the router)."""
     return {DEPLOYMENT_LABEL: config.name, ROLE_LABEL: "engine"}
@@ -96,6 +104,7 @@ def engine_argv(config: CorralDeployment) -> list[str]:
         "--pipeline-parallel-size",
         str(e.pipeline_parallel_size),
         *e.args,
+        *(["--enable-lora"] if e.lora and "--enable-lora" not in e.args else []),
     ]
 
 
@@ -145,6 +154,7 @@ def supervisor_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
         POD_TOKEN_FILE,
         *startup_failure_args(config),
         *precheck_args(config),
+        *lora_args(config),
         "--",
         *engine_argv(config),
     ]

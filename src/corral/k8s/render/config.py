@@ -98,6 +98,17 @@ class HostPathVolume(_Section):
     )
 
 
+class LoraAdapterSpec(_Section):
+    name: str = Field(
+        pattern=r"^[^=\s]{1,200}$", description="the model name clients send for this adapter (no '=')"
+    )
+    path: str = Field(
+        pattern=r"^/",
+        description="an absolute path: the adapter's directory in the engine container, "
+        "under an engine.volumes mount_path",
+    )
+
+
 class SecretRef(_Section):
     secret_name: str = Field(pattern=_DNS_LABEL, description="name of an existing Secret in the namespace")
     key: str = Field(min_length=1, description="the key inside that Secret")
@@ -127,6 +138,12 @@ class EngineSpec(_Section):
     memory: str | None = Field(default=None, description="memory request and limit, e.g. 64Gi")
     shm_size: str | None = Field(default="4Gi", description="size of /dev/shm (memory-backed); null for none")
     volumes: list[HostPathVolume] = Field(default_factory=list, description="hostPath volumes to mount")
+    lora: list[LoraAdapterSpec] = Field(
+        default_factory=list,
+        description="LoRA adapters every engine serves ({name, path}): the supervisor's --lora NAME=PATH, "
+        "loaded after every engine start before READY (the engine gets --enable-lora and "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 for it)",
+    )
     node_selector: dict[str, str] = Field(default_factory=dict, description="node labels the pods need")
     serving_group: str | None = Field(
         default=None,
@@ -149,6 +166,15 @@ class EngineSpec(_Section):
             if flag in _OWNED_FLAGS:
                 raise ValueError(f"{arg!r} is set by the renderer: {_OWNED_FLAGS[flag]}; remove it from args")
         return args
+
+    @field_validator("lora")
+    @classmethod
+    def _one_path_per_adapter(cls, adapters: list[LoraAdapterSpec]) -> list[LoraAdapterSpec]:
+        names = [a.name for a in adapters]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"adapter {twice[0]!r} is listed twice; give each adapter one path")
+        return adapters
 
     @field_validator("env", "secret_env")
     @classmethod

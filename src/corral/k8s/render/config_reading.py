@@ -121,12 +121,13 @@ def cross_check(config: CorralDeployment) -> list[Problem]:
     problems += _hidden_paths(config)
     problems += _startup_failure(config)
     problems += _floating_revisions(config)
+    problems += _lora(config)
     mounts = [PurePosixPath(v.mount_path) for v in config.engine.volumes]
     for i, spec in enumerate(config.dependencies.wait_for):
         gate = parse_gate(spec)
         if gate.kind in ("unix", "file"):
             path = PurePosixPath(gate.target)
-            if not any(path == m or m in path.parents for m in mounts):
+            if not _under(path, mounts):
                 problems.append(
                     Problem(
                         f"dependencies.wait_for[{i}]",
@@ -222,6 +223,38 @@ def _floating_revisions(config: CorralDeployment) -> list[Problem]:
                         f"{model.path!r}; pin {flag} to a commit, {fix}",
                     )
                 )
+    return problems
+
+
+def _under(path: PurePosixPath, mounts: list[PurePosixPath]) -> bool:
+    """Whether `path` is one of `mounts` or inside one."""
+    return any(path == m or m in path.parents for m in mounts)
+
+
+def _lora(config: CorralDeployment) -> list[Problem]:
+    """Each adapter's path inside a mounted volume, and runtime LoRA updating not turned off: the
+    supervisor loads every adapter through the engine's /v1/load_lora_adapter."""
+    mounts = [PurePosixPath(v.mount_path) for v in config.engine.volumes]
+    problems = [
+        Problem(
+            f"engine.lora[{i}].path",
+            adapter.path,
+            "not under any engine.volumes mount_path, so the engine can never load it; mount the "
+            "directory that holds it",
+        )
+        for i, adapter in enumerate(config.engine.lora)
+        if not _under(PurePosixPath(adapter.path), mounts)
+    ]
+    allowed = config.engine.env.get(commands.RUNTIME_LORA_ENV, "1").strip().lower()
+    if config.engine.lora and allowed not in ("1", "true"):
+        problems.append(
+            Problem(
+                f"engine.env.{commands.RUNTIME_LORA_ENV}",
+                config.engine.env[commands.RUNTIME_LORA_ENV],
+                "engine.lora needs it (the supervisor loads each adapter through the engine's "
+                "/v1/load_lora_adapter, which vLLM serves only with it): remove it or set it to 1",
+            )
+        )
     return problems
 
 

@@ -40,6 +40,8 @@ from corral.router.discovery.k8s_pods import (
 
 def _engine_env(config: CorralDeployment) -> list[Obj]:
     env: list[Obj] = [{"name": k, "value": v} for k, v in config.engine.env.items()]
+    if config.engine.lora and commands.RUNTIME_LORA_ENV not in config.engine.env:
+        env.append({"name": commands.RUNTIME_LORA_ENV, "value": "1"})  # the supervisor loads adapters
     env += [
         {"name": k, "valueFrom": {"secretKeyRef": {"name": ref.secret_name, "key": ref.key}}}
         for k, ref in config.engine.secret_env.items()
