@@ -198,6 +198,15 @@ class BundleInfo(OpenWireModel):
     adapters: list[str] = Field(default_factory=list)
 
 
+class AdapterInfo(OpenWireModel):
+    """`/v1/state`'s `adapters`: the desired LoRA set (name -> path, from `--lora` and runtime loads),
+    what the engine was last seen serving, and which of the desired ones runtime loads added."""
+
+    desired: dict[str, str] = Field(default_factory=dict)
+    served: list[str] = Field(default_factory=list)
+    runtime: list[str] = Field(default_factory=list)
+
+
 class RankInfo(WireModel):
     """One worker rank of the engine: its process as vLLM's log named it, and whether it lives (None
     for a pid outside the engine's process tree); `since` is when it was first seen, or found dead."""
@@ -223,6 +232,7 @@ class SupervisorState(OpenWireModel):
     evidence: dict[str, Any] = Field(default_factory=dict)
     engine: EngineInfo = Field(default_factory=EngineInfo)
     bundle: BundleInfo | None = None
+    adapters: AdapterInfo = Field(default_factory=AdapterInfo)
     bundle_name: str | None = None
     bundles_declared: list[str] = Field(default_factory=list)
     on_startup_failure: str | None = None  # restart | stay-unready | rollback=BUNDLE (absent before issue 14)

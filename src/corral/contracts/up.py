@@ -24,6 +24,7 @@ class GroupMember(WireModel):
     pid: int | None = None
     running: bool = False
     bundle: dict[str, Any] | None = None
+    adapters: list[str] = Field(default_factory=list)  # LoRA adapters served once its group was added
     log: str = ""
 
 
@@ -56,12 +57,25 @@ class GroupList(WireModel):
 
 
 class AddGroupRequest(WireModel):
-    """`POST /v1/groups`: start `size` engines of `bundle`; 201 with the `ServingGroup` once every one
-    is READY and routed, 422 with the reason if not."""
+    """`POST /v1/groups`: start `size` engines of `bundle`, each serving the LoRA `adapters` (name ->
+    path; absent: the union of the fleet's groups' desired sets) before the router hears of it; 201
+    with the `ServingGroup` once every one is READY and routed, 422 with the reason if not."""
 
     bundle: Any  # read by `corral.bundle_spec.bundle_from_json`, whose messages name the field
     size: int | None = None  # absent: the fleet's group size
     startup_timeout: float | None = None  # absent: the fleet's
+    adapters: dict[str, str] | None = None
+
+    @field_validator("adapters", mode="before")
+    @classmethod
+    def _adapters(cls, value: Any) -> dict[str, str] | None:
+        if value is None:
+            return None
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and k and isinstance(v, str) and v for k, v in value.items()
+        ):
+            raise ValueError(f"adapters {value!r}: a mapping of adapter name to path, both non-empty strings")
+        return value
 
     @field_validator("size", mode="before")
     @classmethod

@@ -17,6 +17,7 @@ import orjson
 
 from corral.engine.evidence import KINDS, KV_SHORTFALL
 from corral.engine_state import EngineState
+from corral.fleet.checks.adapters import KeptAdapters
 from corral.fleet.checks.expected_sleep import ExpectedAsleep, asleep_problems
 from corral.fleet.checks.probe import EngineView, FleetView
 from corral.fleet.checks.verify_memory import FAILED, PASSED, kv_capacity_outcome, memory_outcome
@@ -42,6 +43,7 @@ class Expectations:
     explained: dict[str, str] = field(default_factory=dict)  # evidence kind -> operator's explanation
     asleep: tuple[ExpectedAsleep, ...] = ()  # engines a planned sleep should have put to sleep
     require_measured: bool = False  # a check that could not be measured fails (--require-measured)
+    kept_adapters: KeptAdapters | None = None  # what the last change record served: none may be lost
 
     def expected_asleep(self, engine: EngineView) -> ExpectedAsleep | None:
         return next((a for a in self.asleep if a.matches(engine)), None)
@@ -103,6 +105,30 @@ def check_adapters(view: FleetView, expect: Expectations) -> Check:
         return Check("adapters", FAIL, f"engines of the fleet differ: {detail}")
     only = next(iter(sets), ())
     return Check("adapters", PASS, f"every engine has {list(only) or 'no adapters'}")
+
+
+def check_adapters_kept(view: FleetView, expect: Expectations) -> Check:
+    """Every adapter the last change record served is still served by every engine, unless the
+    operator said it was removed on purpose (--allow-adapter-removal NAME)."""
+    kept = expect.kept_adapters
+    if kept is None:
+        return Check("adapters_kept", PASS, "no earlier change record lists adapters")
+    answering = [(e.name, e.adapters) for e in view.engines if e.models is not None]
+    lost = kept.lost(answering)
+    if lost:
+        detail = "; ".join(f"adapter {n!r} not served by {', '.join(engines)}" for n, engines in lost.items())
+        return Check(
+            "adapters_kept",
+            FAIL,
+            f"{detail} (served per {kept.source}); load it again, or pass --allow-adapter-removal NAME "
+            "if it was unloaded on purpose",
+        )
+    removed = sorted(kept.names & kept.allowed_removal)
+    note = f"; removed on purpose: {', '.join(removed)}" if removed else ""
+    names = sorted(kept.names - kept.allowed_removal)
+    return Check(
+        "adapters_kept", PASS, f"every engine serves {names or 'no adapters'} as per {kept.source}{note}"
+    )
 
 
 def check_bundle(view: FleetView) -> Check:
@@ -323,6 +349,7 @@ async def run_checks(
         check_processes(view, expect),
         check_model(view, expect),
         check_adapters(view, expect),
+        check_adapters_kept(view, expect),
         check_bundle(view),
         check_health(view, expect),
         check_sleep(view, expect),

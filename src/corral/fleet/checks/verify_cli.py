@@ -13,6 +13,7 @@ from rich.table import Table
 from corral.aio import run
 from corral.clients.access import ROUTER_KEY_FLAG, FleetAccess, fleet_access_options
 from corral.engine.evidence import KINDS
+from corral.fleet.checks.adapters import adapter_baseline, last_adapters
 from corral.fleet.checks.change_record import default_record_path, new_record, read_record, write_record
 from corral.fleet.checks.expected_sleep import ExpectAsleepError, ExpectedAsleep
 from corral.fleet.checks.probe import FleetTarget, TargetError, look, read_token
@@ -58,6 +59,14 @@ def _explained(values: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option("--expect-no-adapters", is_flag=True, help="No engine may have an adapter loaded.")
 @click.option(
+    "--allow-adapter-removal",
+    "removed_adapters",
+    multiple=True,
+    metavar="NAME",
+    help="An adapter the last change record (verify, rollout or rollback) served that was unloaded on "
+    "purpose: its absence passes (repeatable). Without it, an adapter served before and not now fails.",
+)
+@click.option(
     "--expect-asleep",
     "asleep",
     multiple=True,
@@ -93,6 +102,7 @@ def verify(
     expect_model: str | None,
     adapters: tuple[str, ...],
     expect_no_adapters: bool,
+    removed_adapters: tuple[str, ...],
     asleep: tuple[str, ...],
     explain: tuple[str, ...],
     record: Path | None,
@@ -111,18 +121,23 @@ def verify(
         expected_asleep = tuple(ExpectedAsleep.parse(spec) for spec in asleep)
     except ExpectAsleepError as exc:
         raise click.BadParameter(str(exc), param_hint="--expect-asleep") from None
-    expect = Expectations(
-        expect_model, expected_adapters, _explained(explain), expected_asleep, require_measured
-    )
     path = record or default_record_path("verify", port)
     previous = read_record(path)
+    operations = [default_record_path(kind, port) for kind in ("rollout", "rollback")]
+    records = [(str(path), previous), *((str(p), read_record(p)) for p in operations)]
+    kept = last_adapters(records, removed_adapters)
+    expect = Expectations(
+        expect_model, expected_adapters, _explained(explain), expected_asleep, require_measured, kept
+    )
     view = run(look(target))
     checks, ttft_ms = run(run_checks(view, expect, previous))
     Console(width=max(120, Console().width)).print(render(checks))
     failed = [c.name for c in checks if c.verdict == FAIL]
     unmeasured = [c.name for c in checks if c.verdict == NOT_MEASURED]
     body = new_record("verify", view, started)
+    served_now = [e.adapters for e in view.engines if e.models is not None]
     body.update(
+        adapters={"served": adapter_baseline(kept, served_now)},
         ok=not failed,
         failed=failed,
         not_measured=unmeasured,
@@ -131,6 +146,7 @@ def verify(
         expected={
             "model": expect_model,
             "adapters": expected_adapters,
+            "adapters_removed_on_purpose": list(removed_adapters),
             "explained": expect.explained,
             "asleep": {a.engine: a.level for a in expected_asleep},
         },

@@ -5,9 +5,10 @@ It binds loopback only and always wants the bearer token `up` writes (mode 0600)
 file: starting processes is not something any local user should be able to ask for.
 
     GET    /v1/groups          every serving group: its bundle and members
-    POST   /v1/groups          {"bundle": {...}, "size": N, "startup_timeout": S}: start a group;
-                               201 once every member is READY (and listed in the router's
-                               backends), 422 with the reason if not
+    POST   /v1/groups          {"bundle": {...}, "size": N, "startup_timeout": S, "adapters":
+                               {NAME: PATH}}: start a group; 201 once every member is READY and
+                               serves the adapters (absent: every serving group's desired set),
+                               and is listed in the router's backends; 422 with the reason if not
     DELETE /v1/groups/{name}   drop the group from the router's backends and stop its members
 """
 
@@ -112,7 +113,7 @@ class FleetControl:
         if bundle.command:
             return _error(400, "bundle.command: a local fleet runs `corral sim`; give engine_args only")
         try:
-            group = await self.fleet.add_group(bundle, size, within)
+            group = await self.fleet.add_group(bundle, size, within, asked.adapters)
         except FleetStartError as exc:
             return _error(422, str(exc))
         return _json(

@@ -35,6 +35,7 @@ import orjson
 from corral.atomic_file import write_atomically
 from corral.bundle_spec import BundleSpec
 from corral.child_process import ChildProcess, LineSink
+from corral.fleet.local.adapters import AdapterCarryFailed, carry_adapters, desired_adapters
 from corral.fleet.local.ownership import RecordedProcess
 
 
@@ -113,6 +114,7 @@ class Member:
     engine_url: str = ""
     group: str = ""
     bundle: BundleSpec | None = None
+    adapters: list[str] = field(default_factory=list)  # what the engine served once its group was added
     started_at: float = field(default_factory=time.monotonic)
 
     def to_json(self) -> dict[str, Any]:
@@ -124,6 +126,7 @@ class Member:
             "pid": self.process.pid,
             "running": self.process.running,
             "bundle": self.bundle.to_json() if self.bundle else None,
+            "adapters": list(self.adapters),
             "log": str(self.log_path),
         }
 
@@ -299,13 +302,19 @@ class LocalFleet:
         return [self._supervised_engine(bundle, name) for _ in range(size)]
 
     async def add_group(
-        self, bundle: BundleSpec, size: int | None = None, startup_timeout: float | None = None
+        self,
+        bundle: BundleSpec,
+        size: int | None = None,
+        startup_timeout: float | None = None,
+        adapters: dict[str, str] | None = None,
     ) -> list[Member]:
-        """Start a new serving group from `bundle`; once every member is READY, hand it to the router.
-        All or nothing: if one member fails, every member started is stopped and FleetStartError
-        says which and why."""
+        """Start a new serving group from `bundle`; once every member is READY and serves `adapters`
+        (name -> path; None: the union of the serving groups' desired sets), hand it to the router.
+        All or nothing: if one member fails, or an adapter will not load, every member started is
+        stopped and FleetStartError says which and why."""
         group = self._new_group(bundle, size or self.spec.group_size)
         self._transient += group
+        token = self.supervisor_token_file.read_text().strip() if self.supervisor_token_file else None
         try:
             for member in group:
                 await member.process.start()
@@ -313,6 +322,17 @@ class LocalFleet:
                 await asyncio.gather(
                     *(self._wait_healthy(session, m, "/readyz", startup_timeout) for m in group)
                 )
+                try:
+                    if adapters is None:
+                        adapters = await desired_adapters(
+                            session, [(m.name, m.url) for m in self.engines], token
+                        )
+                    members = [(m.name, m.url) for m in group]
+                    served = await carry_adapters(session, members, adapters, token, f"add-{group[0].group}")
+                except AdapterCarryFailed as exc:
+                    raise FleetStartError(f"{group[0].group} on {bundle.name}: {exc}") from None
+            for member in group:
+                member.adapters = served.get(member.name, [])
         except BaseException:
             await asyncio.gather(*(m.process.stop(self.spec.stop_grace) for m in group))
             raise

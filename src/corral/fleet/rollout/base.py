@@ -20,6 +20,7 @@ from corral.contracts.operations import DrainRequest
 from corral.contracts.router import FleetEndpoint
 from corral.contracts.supervisor import SupervisorState
 from corral.engine_state import EngineState
+from corral.fleet.checks.adapters import AdapterConflict, KeptAdapters, fleet_adapter_set
 from corral.fleet.checks.probe import FleetTarget, look
 from corral.fleet.checks.verify import FAIL, Expectations, run_checks
 from corral.fleet.rollout.steps import Group, RolloutJob, Step, StepFailed, StepObserver
@@ -47,6 +48,9 @@ class RolloutBase:
         self.from_bundles: dict[str, dict[str, Any]] = {}
         self.replaced: list[dict[str, str]] = []
         self.fingerprints: dict[str, str] = {}
+        # the fleet's desired LoRA set at PRECHECK (name -> path), which every new group loads
+        self.adapters: dict[str, str] = {}
+        self.group_adapters: dict[str, set[str]] = {}  # each group's desired adapters at PRECHECK
         self.failure: Step | None = None  # the first step that failed
 
     @property
@@ -85,6 +89,8 @@ class RolloutBase:
             },
             "replaced": self.replaced,
             "fingerprints": self.fingerprints,
+            # what every new group loaded before ROUTED; `served` is what `corral verify` keeps
+            "adapters": {"carried": dict(self.adapters), "served": sorted(self.adapters)},
             "steps": [s.to_json() for s in self.steps],
         }
 
@@ -149,10 +155,19 @@ class RolloutBase:
         groups = await self._groups()
         if not groups:
             raise StepFailed("the fleet has no serving groups")
-        prints = await asyncio.gather(*(self._group_fingerprint(g) for g in groups))
-        for group, fingerprint in zip(groups, prints, strict=True):
-            self.fingerprints[group.name] = fingerprint
+        states = await asyncio.gather(*(self._group_states(g) for g in groups))
+        for group, group_states in zip(groups, states, strict=True):
+            self.fingerprints[group.name] = await self._group_fingerprint(group, group_states)
             self.from_bundles[group.name] = group.bundle.to_json() if group.bundle else {}
+            self.group_adapters[group.name] = {n for s in group_states for n in s.adapters.desired}
+        try:
+            self.adapters = fleet_adapter_set(
+                (m.name, s)
+                for g, ss in zip(groups, states, strict=True)
+                for m, s in zip(g.members, ss, strict=True)
+            )
+        except AdapterConflict as exc:
+            raise StepFailed(str(exc)) from None
         unrouted = self._unrouted(groups, await self._router_endpoints())
         if unrouted:
             raise StepFailed(
@@ -160,11 +175,12 @@ class RolloutBase:
                 "capacity: find out why first (`corral doctor`)"
             )
         todo = [g for g in groups if not self._is_target(g)]
+        carried = f"; adapters to carry: {', '.join(self.adapters)}" if self.adapters else ""
         step.detail = (
             f"router routes all {sum(len(g.members) for g in groups)} engines; {len(groups)} groups READY, "
-            f"one fingerprint each; {len(todo)} to move to {self.target.name}"
+            f"one fingerprint each; {len(todo)} to move to {self.target.name}{carried}"
         )
-        step.data = {"groups": {g.name: self.fingerprints[g.name] for g in groups}}
+        step.data = {"groups": {g.name: self.fingerprints[g.name] for g in groups}, "adapters": self.adapters}
         return todo
 
     @staticmethod
@@ -187,7 +203,8 @@ class RolloutBase:
             self._token,
             self.access,
         )
-        checks, ttft = await run_checks(await look(target), Expectations(), None)
+        kept = KeptAdapters(frozenset(self.adapters), f"{self.kind} {self.id} PRECHECK")
+        checks, ttft = await run_checks(await look(target), Expectations(kept_adapters=kept), None)
         step.data = {"checks": [c.to_json() for c in checks], "ttft_ms": ttft}
         failed = [c for c in checks if c.verdict == FAIL]
         if failed:
@@ -222,6 +239,26 @@ class RolloutBase:
         if len(seen) != 1:
             raise StepFailed(f"{group.name} mixes fingerprints: {seen}")
         return next(iter(seen))
+
+    async def _check_adapters(self, group: Group) -> str:
+        """Every carried adapter in each of the group's engines' own /v1/models (asked directly, with
+        the engines' key): StepFailed naming the adapter and the engine that lacks it."""
+        if not self.adapters:
+            return "no adapters to carry"
+        headers = self.access.engine_headers()
+        for member in group.members:
+            async with self.session.get(member.engine + "/v1/models", headers=headers, timeout=_SHORT) as r:
+                body = await r.json(content_type=None)
+                if r.status != 200:
+                    raise StepFailed(f"{member.name} {member.engine}/v1/models answered {r.status}: {body}")
+            served = {str(m.get("id")) for m in body.get("data") or [] if m.get("parent")}
+            missing = sorted(set(self.adapters) - served)
+            if missing:
+                raise StepFailed(
+                    f"{member.name} does not serve adapter(s) {missing} of the fleet "
+                    f"({', '.join(f'{n}={self.adapters[n]}' for n in missing)})"
+                )
+        return f"adapters {', '.join(self.adapters)} served by all {len(group.members)}"
 
     async def _router_endpoints(self) -> dict[str, FleetEndpoint]:
         try:

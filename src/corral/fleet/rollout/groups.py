@@ -79,7 +79,7 @@ class LocalRollout(RolloutBase):
         async def start(step: Step) -> Group:
             within = self.settings.recover_timeout if recovering else self.settings.start_timeout
             try:
-                group = Group.of(await self.control.add_group(bundle, size, within))
+                group = Group.of(await self.control.add_group(bundle, size, within, self.adapters))
             except APIError as exc:
                 raise StepFailed(exc.message) from None
             step.group = group.name
@@ -116,10 +116,12 @@ class LocalRollout(RolloutBase):
             raise StepFailed("smoke failed on " + "; ".join(bad))
         before = {self.fingerprints[name] for name in self.from_bundles if name in self.fingerprints}
         same = " (the same fingerprint as before: this bundle change does not change the engine)"
+        adapters = await self._check_adapters(group)
         step.detail = (
             f"fingerprint {fingerprint}{same if fingerprint in before else ''}; smoke passed on {len(smokes)}"
+            f"; {adapters}"
         )
-        step.data = {"fingerprint": fingerprint, "model": model}
+        step.data = {"fingerprint": fingerprint, "model": model, "adapters": sorted(self.adapters)}
 
     async def _retire(self, step: Step, group: Group) -> None:
         try:

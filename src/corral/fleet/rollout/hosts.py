@@ -114,6 +114,10 @@ class HostRollout(RolloutBase):
         if state.bundle_name != self.target.name:
             raise StepFailed(f"{group.name} runs bundle {state.bundle_name!r}, not {self.target.name!r}")
         fingerprint = await self._group_fingerprint(group, [state])
+        # the supervisor keeps its desired set across a switch and reloads it before READY
+        lost = sorted(self.group_adapters.get(group.name, set()) - set(state.adapters.served))
+        if lost:
+            raise StepFailed(f"{group.name} no longer serves adapter(s) {lost} it served before the switch")
         before = self.fingerprints.get(group.name)
         self.fingerprints[group.name] = fingerprint
         same = " (unchanged: this bundle starts the same engine)" if fingerprint == before else ""
