@@ -117,6 +117,18 @@ def test_every_candidate_warming_still_picks() -> None:
     assert picked == {e.url for e in endpoints}
 
 
+def test_endpoints_routable_together_share_alike() -> None:
+    """A router starting (or a whole fleet coming up): everyone ramps from the same instant, so
+    nobody is held back; there is no warm peer to carry the load."""
+    clock = Clock()
+    endpoints = fleet(4, clock.now)
+    for e in endpoints:
+        e.routable_from = clock.now
+    gate = SlowStart(build_policy("least_request", seed=2), SECONDS, clock=clock)
+    got = [gate.pick(endpoints, RouteRequest("m", {})) for _ in range(400)]
+    assert min(got.count(e) for e in endpoints) > 0.2 * len(got)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     ages=st.lists(st.floats(min_value=-5, max_value=30), min_size=1, max_size=6),

@@ -6,12 +6,14 @@ The ramp is a cap, not a nudge: while it warms, an endpoint earns `w(t) / n` of 
 pick among n candidates it is one of, `w(t) = FLOOR + (1 - FLOOR) * min(1, elapsed / S)`, and it is
 offered to the policy only while it has taken fewer requests than it earned (at most one unused
 request of credit). So its share is at most `w(t)` times the mean share, even under a policy that
-prefers it because it is idle (least request, the load scorers) — a probability or a score bias would
-let such a policy herd onto it. Affinity follows: a warming prefix or session home is skipped while it
-is over its cap, and the key goes where the ring sends it next (the prefix memory then remembers the
-key there). The pool never empties: when every candidate is warming and over its cap, all of them are
-offered. Cost on the hot path: one attribute read and compare per candidate; warming ones add a few
-float operations.
+prefers it because it is idle (least request, the load scorers), where a probability or a score bias
+would let the policy herd onto it. Weights are relative to the oldest candidate's, so endpoints that
+became routable together (a router starting, a whole fleet coming up) share alike. Affinity follows:
+a warming prefix or session home is skipped while it is over its cap, and the key goes where the
+ring sends it next (the prefix memory then remembers the key there). The pool never empties: when
+every candidate is warming and over its cap, all of them are offered. Cost on the hot path outside
+ramps: one attribute read and two compares per candidate; while one ramps, a few float operations
+per warming candidate and a new candidate list.
 """
 
 from __future__ import annotations
@@ -83,31 +85,37 @@ class SlowStart:
             return self.policy.pick(candidates, request)
         now = self._clock()
         horizon = now - seconds
-        offered: list[Endpoint] | None = None
-        warming: list[Endpoint] | None = None
-        for i, e in enumerate(candidates):
+        oldest = newest = candidates[0].routable_from
+        for e in candidates:
+            start = e.routable_from
+            if start < oldest:
+                oldest = start
+            elif start > newest:
+                newest = start
+        if newest <= horizon:  # nobody ramps: the common case
+            return self.policy.pick(candidates, request)
+        floor, rise = self.floor, (1.0 - self.floor) / seconds
+        # Weights relative to the oldest candidate's: endpoints that became routable together (a
+        # router starting, a cold fleet) share alike; a newcomer among warm peers starts at `floor`.
+        ref = 1.0 if oldest <= horizon else floor + rise * max(0.0, now - oldest)
+        offered: list[Endpoint] = []
+        admitted: list[Endpoint] = []
+        for e in candidates:
             start = e.routable_from
             if start <= horizon:
-                if offered is not None:
-                    offered.append(e)
+                offered.append(e)
                 continue
             if e.ramp_start != start:  # a new ramp: routable again since the last one
                 e.ramp_start, e.ramp_taken, e.ramp_earned = start, 0, 0.0
-            w = self.floor + (1.0 - self.floor) * max(0.0, now - start) / seconds
+            w = (floor + rise * max(0.0, now - start)) / ref
             e.ramp_earned = min(e.ramp_earned + w / n, e.ramp_taken + 1.0)
             if e.ramp_taken < e.ramp_earned:
-                (warming := warming or []).append(e)
-                if offered is not None:
-                    offered.append(e)
-            elif offered is None:
-                offered = list(candidates[:i])
-        if offered is None:
-            chosen = self.policy.pick(candidates, request)
-        elif offered:
-            chosen = self.policy.pick(offered, request)
-        else:  # every candidate warming and over its cap: never leave the pool empty
+                offered.append(e)
+                admitted.append(e)
+        if not offered:  # every candidate warming and over its cap: never leave the pool empty
             return self.policy.pick(candidates, request)
-        if warming is not None and chosen in warming:
+        chosen = self.policy.pick(offered if len(offered) < n else candidates, request)
+        if chosen in admitted:
             chosen.ramp_taken += 1
         return chosen
 
