@@ -13,13 +13,15 @@ from corral.router.telemetry.metrics import RouterCollector, RouterMetrics
 from corral.supervisor.http.admission import AdmissionGate
 from corral.supervisor.http.admission_metrics import AdmissionCollector
 from corral.supervisor.http.inflight import ForcedExit, InFlightRequests
+from corral.supervisor.lifecycle.drain import DrainPolicy, DrainSequence, DrainSettings
 from corral.supervisor.lifecycle.forced_exits import (
     FORCED_EXITS_LISTED,
     NO_GATE,
     OPEN_AFTER_EXIT,
     name_forced_exits,
 )
-from corral.supervisor.lifecycle.states import EngineState
+from corral.supervisor.lifecycle.routers import RouterSubscriptions
+from corral.supervisor.lifecycle.states import EngineState, StateMachine
 
 ROLE = b'data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
 TOKEN = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}\n\n'
@@ -150,3 +152,39 @@ def test_router_stream_failures_keep_their_series_and_add_the_split() -> None:
     for emitted in ("true", "false"):
         labels = f'how="cut",model="m",tokens_emitted="{emitted}"'
         assert f"corral_router_stream_failures_by_tokens_total{{{labels}}} 1.0" in text
+
+
+class GatedHost:
+    """A supervisor as the drain sees it, with a gate whose one open stream the engine's stop cuts."""
+
+    def __init__(self, gated: bool) -> None:
+        self.machine = StateMachine(initial=EngineState.SLEEPING, sub_state=None)
+        self.routers = RouterSubscriptions(lambda kind, **fields: {}, lambda line: None)
+        self.session = None
+        self.engine_url = "http://127.0.0.1:1"
+        self.drain_settings = DrainSettings()
+        self.engine_running = True
+        self.gate = InFlightRequests() if gated else None
+        self.request_watch = self.gate
+        self.open = self.gate.begin("r-cut", "/v1/chat/completions", "m") if self.gate else None
+
+    async def suspend_lifecycle(self) -> None:
+        pass
+
+    async def stop_engine(self, grace: float, reason: str) -> int | None:
+        if self.gate is not None and self.open is not None:
+            self.open.tokens_emitted = True
+            self.gate.end(self.open, CUT)  # as the gate sees the engine's connection close
+        self.engine_running = False
+        return -9
+
+
+async def test_the_drain_report_names_what_the_stop_cut_and_the_engine_stopped_event_carries_it() -> None:
+    host = GatedHost(gated=True)
+    report = await DrainSequence(host, lambda line: None).drain_and_stop(DrainPolicy.ABORT)
+    assert report.forced_exits is not None and report.forced_exits_unobserved is None
+    assert [(e["request_id"], e["tokens_emitted"]) for e in report.forced_exits] == [("r-cut", True)]
+    assert host.machine.current.evidence["forced_exits"] == report.forced_exits
+    bare = GatedHost(gated=False)
+    report = await DrainSequence(bare, lambda line: None).drain_and_stop(DrainPolicy.ABORT)
+    assert report.forced_exits is None and report.forced_exits_unobserved == NO_GATE

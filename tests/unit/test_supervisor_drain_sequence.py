@@ -31,6 +31,7 @@ class Host:
         self.engine_url = url
         self.drain_settings = DrainSettings(propagation_timeout=2.0, quiet_period=0.05, poll_seconds=0.02)
         self.engine_running = True
+        self.request_watch = None  # no admission gate (tests/unit/test_forced_exits.py has one)
         self.suspended = 0
         self.stops: list[tuple[float, str]] = []
 

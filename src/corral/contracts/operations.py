@@ -30,11 +30,30 @@ class OperationStep(OpenWireModel):
     evidence: dict[str, Any] = Field(default_factory=dict)
 
 
+class ForcedExit(OpenWireModel):
+    """A request the engine's side ended before its answer was complete, as the admission gate saw it:
+    `how` is cut (the engine stopped or its connection failed), engine_abort (finished with reason
+    abort) or open_after_exit (still open at the gate after the engine's exit)."""
+
+    request_id: str
+    path: str
+    model: str | None = None
+    started: float
+    tokens_emitted: bool
+    how: str
+    ended: float | None = None
+
+
 class DrainResult(OpenWireModel):
-    """What a finished drain reports; the fields a caller decides on are typed, the rest kept."""
+    """What a finished drain reports; the fields a caller decides on are typed, the rest kept.
+    `forced_exits` is None when nothing could observe them (no admission gate: see
+    `forced_exits_unobserved`), never an empty list standing for "unknown"."""
 
     routers_missing: list[str] = Field(default_factory=list)
     acknowledged_after_s: float | None = None
+    forced_exits: list[ForcedExit] | None = None
+    forced_exits_not_listed: int = 0
+    forced_exits_unobserved: str | None = None
 
 
 class OperationRecord(WireModel):

@@ -228,20 +228,25 @@ class Drainer:
             report.at_stop = sample.to_json()
         return sample
 
-    async def stop_engine(self, report: DrainReport, stop: EngineStopper, sample: LoadSample | None) -> None:
-        """Step 3: `stop` (SIGTERM, SIGKILL after the shutdown timeout); what was cut short, from `sample`."""
+    async def stop_engine(
+        self, report: DrainReport, stop: EngineStopper, sample: LoadSample | None, gated: bool = False
+    ) -> None:
+        """Step 3: `stop` (SIGTERM, SIGKILL after the shutdown timeout); what was cut short, from `sample`
+        (`gated`: an admission gate names the requests in the report's `forced_exits`)."""
         s = self.settings
         started = time.monotonic()
         code = await stop(s.shutdown_timeout)
         report.stop_seconds = time.monotonic() - started
         report.engine_exit_code = code
         report.engine_killed = code == -signal.SIGKILL
-        report.cut_short = self._cut_short(report, sample)
+        report.cut_short = self._cut_short(report, sample, gated)
         if report.cut_short:
             self._log(f"drain: {report.cut_short}")
 
-    def _cut_short(self, report: DrainReport, sample: LoadSample | None) -> str | None:
+    def _cut_short(self, report: DrainReport, sample: LoadSample | None, gated: bool) -> str | None:
         if sample is None:
+            if gated:
+                return "engine metrics unavailable at stop: the admission gate names the cut (forced_exits)"
             return (
                 "engine metrics unavailable at stop: requests cut short unknown "
                 "(no admission gate, so no request ids)"
@@ -250,7 +255,9 @@ class Drainer:
             return None
         counts = f"{sample.running:.0f} running and {sample.waiting:.0f} waiting requests at SIGTERM"
         unknown = (
-            "counts from engine metrics: without an admission gate neither the request ids nor "
+            "counts from engine metrics; the admission gate names the requests cut (forced_exits)"
+            if gated
+            else "counts from engine metrics: without an admission gate neither the request ids nor "
             "whether tokens had been sent are known"
         )
         if report.engine_killed:
@@ -403,7 +410,7 @@ class DrainSequence:
                 StoppingPhase.STOPPING_ENGINE,
                 at_stop=report.at_stop,
             )
-            await leaving.drainer.stop_engine(report, self._stop_for_drain, sample)
+            await leaving.drainer.stop_engine(report, self._stop_for_drain, sample, gated=watch is not None)
         else:
             report.notes.append(f"drain in {state_before}: nothing was routed here")
             self._transition(
