@@ -17,7 +17,7 @@ import orjson
 
 from corral.contracts.operations import OperationRecord
 from tests.integration.test_supervisor_support import Supervised, http_json, supervised
-from tests.support.procs import free_port
+from tests.support.procs import CorralProcess, free_port
 
 # a stream of 2000 tokens at 100 ms each outlives any deadline here; a prompt of 1500 tokens at 20 ms
 # per token is 30 s of prefill, so that request is still waiting for its first token at the stop
@@ -49,9 +49,8 @@ async def read_stream(
                 if not line.startswith(b"data: "):
                     continue
                 events.append(line[6:].strip())
-                if events[-1] != b"[DONE]" and any(
-                    c.get("text") for c in orjson.loads(events[-1])["choices"]
-                ):
+                event = orjson.loads(events[-1]) if events[-1] != b"[DONE]" else {}
+                if any(c.get("text") for c in event.get("choices") or ()):
                     first.set()
         except aiohttp.ClientError:
             return "cut", events
@@ -68,72 +67,102 @@ def wait_operation(sup: Supervised, op_id: str, within: float) -> dict[str, Any]
         time.sleep(0.2)
 
 
-def metrics(sup: Supervised) -> str:
-    with urllib.request.urlopen(sup.url + "/metrics", timeout=10) as resp:
+def metrics(url: str) -> str:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
         return resp.read().decode()
+
+
+def start_router(backend: str) -> tuple[CorralProcess, str]:
+    """A router with the gate as its one static backend, once it routes there."""
+    port = free_port()
+    router = CorralProcess(["router", "--host", "127.0.0.1", "--port", str(port), "--backend", backend])
+    url = f"http://127.0.0.1:{port}"
+    router.wait_http(url + "/health")
+    deadline = time.monotonic() + 30
+    while not any(e["routable"] for e in http_json(url + "/v1/fleet")[1]["endpoints"]):
+        assert time.monotonic() < deadline, router.output()[-2000:]
+        time.sleep(0.1)
+    return router, url
 
 
 async def test_a_drain_past_its_deadline_names_the_requests_it_cut() -> None:
     gate_port = free_port()
     gate_args = ("--gate-port", str(gate_port), "--gate-host", "127.0.0.1")
-    with supervised(sim_args=SIM_ARGS, sup_args=(*gate_args, *DRAIN_ARGS)) as sup:
-        await asyncio.to_thread(sup.wait_state, "READY", 30)
-        url = f"http://127.0.0.1:{gate_port}/v1/completions"
-        long_stream = {"model": "sim-model", "prompt": "hi", "max_tokens": 2000, "stream": True}
-        long_prefill = {"model": "sim-model", "prompt": " the" * 1500, "max_tokens": 4, "stream": True}
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-            streaming_first, waiting_first = asyncio.Event(), asyncio.Event()
-            streaming = asyncio.create_task(
-                read_stream(session, url, long_stream, "fx-streaming", streaming_first)
-            )
-            await asyncio.wait_for(streaming_first.wait(), 30)
-            waiting = asyncio.create_task(
-                read_stream(session, url, long_prefill, "fx-waiting", waiting_first)
-            )
-            deadline = time.monotonic() + 30
-            while (await asyncio.to_thread(sup.state))["gate"]["in_flight"] != {"sim-model": 2}:
-                assert time.monotonic() < deadline and not waiting.done()
-                await asyncio.sleep(0.05)
+    router: CorralProcess | None = None
+    try:
+        with supervised(sim_args=SIM_ARGS, sup_args=(*gate_args, *DRAIN_ARGS)) as sup:
+            await asyncio.to_thread(sup.wait_state, "READY", 30)
+            gate = f"http://127.0.0.1:{gate_port}"
+            url = gate + "/v1/completions"
+            router, router_url = await asyncio.to_thread(start_router, gate)
+            long_stream = {"model": "sim-model", "prompt": "hi", "max_tokens": 2000, "stream": True}
+            long_prefill = {"model": "sim-model", "prompt": " the" * 1500, "max_tokens": 4, "stream": True}
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+                streaming_first, waiting_first = asyncio.Event(), asyncio.Event()
+                # the stream through the router (which forwards the client's id), the waiting request direct
+                streaming = asyncio.create_task(
+                    read_stream(
+                        session, router_url + "/v1/completions", long_stream, "fx-streaming", streaming_first
+                    )
+                )
+                await asyncio.wait_for(streaming_first.wait(), 30)
+                waiting = asyncio.create_task(
+                    read_stream(session, url, long_prefill, "fx-waiting", waiting_first)
+                )
+                deadline = time.monotonic() + 30
+                while (await asyncio.to_thread(sup.state))["gate"]["in_flight"] != {"sim-model": 2}:
+                    assert time.monotonic() < deadline and not waiting.done()
+                    await asyncio.sleep(0.05)
 
-            status, op = await asyncio.to_thread(http_json, sup.url + "/v1/drain", "POST", {})
-            assert status == 202, op
-            op = await asyncio.to_thread(wait_operation, sup, op["operation_id"], 60)
-            stream_end, stream_events = await asyncio.wait_for(streaming, 30)
-            waiting_end, waiting_events = await asyncio.wait_for(waiting, 30)
+                status, op = await asyncio.to_thread(http_json, sup.url + "/v1/drain", "POST", {})
+                assert status == 202, op
+                op = await asyncio.to_thread(wait_operation, sup, op["operation_id"], 60)
+                stream_end, stream_events = await asyncio.wait_for(streaming, 30)
+                waiting_end, waiting_events = await asyncio.wait_for(waiting, 30)
 
-        assert op["status"] == "succeeded", op
-        report = op["result"]
-        # the deadline forced the stop: the engine (whose own shutdown aborts and never answers) was
-        # SIGKILLed, and both requests were cut there, never replayed nor ended as if complete
-        assert report["in_flight_drained"] is False and report["engine_killed"] is True, report
-        assert stream_end == "cut" and len(stream_events) >= 1 and b"[DONE]" not in stream_events
-        assert waiting_end == "cut" and not waiting_first.is_set(), waiting_events
-        forced = {e["request_id"]: e for e in report["forced_exits"]}
-        print("drain report forced_exits:", orjson.dumps(report["forced_exits"]).decode())
-        assert set(forced) == {"fx-streaming", "fx-waiting"}, forced
-        assert forced["fx-streaming"]["tokens_emitted"] is True
-        assert forced["fx-waiting"]["tokens_emitted"] is False
-        for exit_ in forced.values():
-            assert exit_["how"] == "cut" and exit_["path"] == "/v1/completions"
-            assert exit_["model"] == "sim-model" and exit_["started"] <= exit_["ended"]
-        assert report["forced_exits_not_listed"] == 0 and report["forced_exits_unobserved"] is None
-        typed = OperationRecord.model_validate(op).drain_result().forced_exits
-        assert typed is not None and {e.request_id: e.tokens_emitted for e in typed} == {
-            "fx-streaming": True,
-            "fx-waiting": False,
-        }
+            assert op["status"] == "succeeded", op
+            report = op["result"]
+            # the deadline forced the stop: the engine (whose own shutdown aborts and never answers) was
+            # SIGKILLed, and both requests were cut there, never replayed nor ended as if complete
+            assert report["in_flight_drained"] is False and report["engine_killed"] is True, report
+            # the router's client gets the error event naming the request (vLLM's [DONE] after it), no replay
+            error_event = stream_events[-2] if len(stream_events) >= 2 else b""
+            assert stream_end == "done" and error_event.startswith(b'{"error"'), stream_events[-3:]
+            assert b"request fx-streaming was not replayed" in error_event, error_event
+            assert waiting_end == "cut" and not waiting_first.is_set(), waiting_events
+            forced = {e["request_id"]: e for e in report["forced_exits"]}
+            print("drain report forced_exits:", orjson.dumps(report["forced_exits"]).decode())
+            assert set(forced) == {"fx-streaming", "fx-waiting"}, forced
+            assert forced["fx-streaming"]["tokens_emitted"] is True
+            assert forced["fx-waiting"]["tokens_emitted"] is False
+            for exit_ in forced.values():
+                assert exit_["how"] == "cut" and exit_["path"] == "/v1/completions"
+                assert exit_["model"] == "sim-model" and exit_["started"] <= exit_["ended"]
+            assert report["forced_exits_not_listed"] == 0 and report["forced_exits_unobserved"] is None
+            typed = OperationRecord.model_validate(op).drain_result().forced_exits
+            assert typed is not None and {e.request_id: e.tokens_emitted for e in typed} == {
+                "fx-streaming": True,
+                "fx-waiting": False,
+            }
 
-        records = [r for r in sup.oplog() if r["record"] == "forced_exit"]
-        assert {(r["request_id"], r["tokens_emitted"]) for r in records} == {
-            ("fx-streaming", True),
-            ("fx-waiting", False),
-        }, records
-        stopped = sup.transitions()[-1]
-        assert stopped["sub_state"] == "engine_stopped"
-        assert {e["request_id"] for e in stopped["evidence"]["forced_exits"]} == set(forced)
-        text = await asyncio.to_thread(metrics, sup)
-        assert 'corral_supervisor_forced_exit_requests_total{tokens_emitted="true"} 1.0' in text
-        assert 'corral_supervisor_forced_exit_requests_total{tokens_emitted="false"} 1.0' in text
+            records = [r for r in sup.oplog() if r["record"] == "forced_exit"]
+            assert {(r["request_id"], r["tokens_emitted"]) for r in records} == {
+                ("fx-streaming", True),
+                ("fx-waiting", False),
+            }, records
+            stopped = sup.transitions()[-1]
+            assert stopped["sub_state"] == "engine_stopped"
+            assert {e["request_id"] for e in stopped["evidence"]["forced_exits"]} == set(forced)
+            text = await asyncio.to_thread(metrics, sup.url)
+            assert 'corral_supervisor_forced_exit_requests_total{tokens_emitted="true"} 1.0' in text
+            assert 'corral_supervisor_forced_exit_requests_total{tokens_emitted="false"} 1.0' in text
+            routed = await asyncio.to_thread(metrics, router_url)
+            assert 'corral_router_stream_failures_total{how="cut",model="sim-model"} 1.0' in routed
+            split = 'how="cut",model="sim-model",tokens_emitted="true"'
+            assert f"corral_router_stream_failures_by_tokens_total{{{split}}} 1.0" in routed, routed
+    finally:
+        if router is not None:
+            router.stop()
 
 
 def test_without_a_gate_forced_exits_are_not_observable_rather_than_none() -> None:
@@ -148,4 +177,4 @@ def test_without_a_gate_forced_exits_are_not_observable_rather_than_none() -> No
             and OperationRecord.model_validate(op).drain_result().forced_exits is None
         )
         assert "--gate-port" in report["forced_exits_unobserved"]
-        assert "forced_exit_requests" not in metrics(sup)
+        assert "forced_exit_requests" not in metrics(sup.url)
