@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
+import aiohttp
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry, generate_latest
 
 from corral.engine.stream_ending import CUT, ENGINE_ABORT, FirstToken, StreamEnding
@@ -188,3 +191,57 @@ async def test_the_drain_report_names_what_the_stop_cut_and_the_engine_stopped_e
     bare = GatedHost(gated=False)
     report = await DrainSequence(bare, lambda line: None).drain_and_stop(DrainPolicy.ABORT)
     assert report.forced_exits is None and report.forced_exits_unobserved == NO_GATE
+
+
+async def test_the_gate_names_requests_and_records_only_what_the_engine_side_ended() -> None:
+    """A gate before a tiny engine on loopback: an id the gate assigns is forwarded and answered with;
+    a stream finished with reason abort after a token is a forced exit with tokens_emitted; a whole
+    stream is not; and neither is a request the engine refused at connect (it never had it)."""
+    seen_ids: list[str] = []
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        seen_ids.append(request.headers.get("x-request-id", ""))
+        body = await request.json()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(TEXT)
+        if body.get("prompt") == "abort":
+            await resp.write(ABORT)
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    engine_app = web.Application()
+    engine_app.router.add_post("/v1/completions", completions)
+    engine = TestServer(engine_app, host="127.0.0.1")
+    await engine.start_server()
+    heard: list[ForcedExit] = []
+    gate = AdmissionGate(str(engine.make_url("")), lambda: EngineState.READY, on_forced_exit=heard.append)
+    front = TestServer(gate.app(), host="127.0.0.1")
+    await front.start_server()
+    try:
+        async with aiohttp.ClientSession() as session:
+            url = str(front.make_url("/v1/completions"))
+            async with session.post(url, json={"model": "m", "prompt": "whole", "stream": True}) as resp:
+                assert resp.status == 200 and (await resp.read()).endswith(b"data: [DONE]\n\n")
+                assigned = resp.headers["X-Request-Id"]
+            assert seen_ids == [assigned] and len(assigned) == 32 and heard == []
+            named = {"x-request-id": "client-7"}
+            body = {"model": "m", "prompt": "abort", "stream": True}
+            async with session.post(url, json=body, headers=named) as resp:
+                await resp.read()
+            assert [(e.request.request_id, e.how, e.request.tokens_emitted) for e in heard] == [
+                ("client-7", ENGINE_ABORT, True)
+            ]
+            gone = AdmissionGate("http://127.0.0.1:1", lambda: EngineState.READY, on_forced_exit=heard.append)
+            refused = TestServer(gone.app(), host="127.0.0.1")
+            await refused.start_server()
+            try:
+                async with session.post(str(refused.make_url("/v1/completions")), json=body) as resp:
+                    assert resp.status == 502
+            finally:
+                await refused.close()
+            assert len(heard) == 1 and gone.requests.forced.total() == 0 and gone.requests.open() == []
+    finally:
+        await front.close()
+        await engine.close()
