@@ -83,6 +83,10 @@ def test_the_newest_record_that_lists_adapters_is_the_baseline_and_a_loss_stays_
     kept = last_adapters([("v.json", old_verify), ("r.json", rollout), ("x.json", None)], ["chat"])
     assert kept == KeptAdapters(frozenset({"sql"}), "rollout r.json", frozenset({"chat"}))
     assert last_adapters([("x.json", None)]) is None
+    other = {**rollout, "router": "http://10.0.0.9:8000", "finished": 30.0}
+    assert last_adapters(
+        [("o.json", other), ("r.json", rollout)], (), "http://127.0.0.1:8000"
+    ) == KeptAdapters(frozenset({"sql"}), "rollout r.json")
     # a failed verify writes the lost adapter into its record: the next verify still misses it
     assert adapter_baseline(kept, [[], ["chat"]]) == ["chat", "sql"]
     allowed = KeptAdapters(kept.names, kept.source, frozenset({"sql"}))

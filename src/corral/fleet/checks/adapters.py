@@ -73,14 +73,19 @@ def recorded_adapters(record: dict[str, Any]) -> frozenset[str] | None:
 
 
 def last_adapters(
-    records: Iterable[tuple[str, dict[str, Any] | None]], allowed_removal: Iterable[str] = ()
+    records: Iterable[tuple[str, dict[str, Any] | None]],
+    allowed_removal: Iterable[str] = (),
+    router: str | None = None,
 ) -> KeptAdapters | None:
     """From (where, record) pairs, the newest record (by `finished`) that says which adapters the
-    fleet served; None when none does."""
+    fleet served, skipping those of another router than `router` (when both say); None when none
+    does."""
     best: tuple[float, str, frozenset[str]] | None = None
     for where, record in records:
         if record is None:
             continue
+        if router and record.get("router") and str(record["router"]).rstrip("/") != router.rstrip("/"):
+            continue  # another fleet's record under the same port
         names = recorded_adapters(record)
         finished = record.get("finished")
         if names is None or not isinstance(finished, int | float):

@@ -125,7 +125,7 @@ def verify(
     previous = read_record(path)
     operations = [default_record_path(kind, port) for kind in ("rollout", "rollback")]
     records = [(str(path), previous), *((str(p), read_record(p)) for p in operations)]
-    kept = last_adapters(records, removed_adapters)
+    kept = last_adapters(records, removed_adapters, target.router)
     expect = Expectations(
         expect_model, expected_adapters, _explained(explain), expected_asleep, require_measured, kept
     )
