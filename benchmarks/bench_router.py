@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -215,6 +216,12 @@ def main() -> None:
     parser.add_argument("--vllm-router", default=None, help="path to the vllm-router console script")
     parser.add_argument("--corral-policy", default="round_robin")
     parser.add_argument(
+        "--corral-args",
+        default="",
+        help="extra flags for the `corral` target only (not corral-baseline), shell-split, e.g. "
+        "'--slow-start-seconds 60' to price a flag against the parent that lacks it",
+    )
+    parser.add_argument(
         "--pin", action="store_true", help="pin the router under test to CPU 1 and everything else to CPU 0"
     )
     parser.add_argument(
@@ -297,6 +304,7 @@ def main() -> None:
                 "--policy",
                 args.corral_policy,
                 *limit_flags,
+                *(shlex.split(args.corral_args) if name == "corral" else []),
             ]
             for s in sims:
                 argv += ["--backend", s.url]
