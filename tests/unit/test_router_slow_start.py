@@ -16,9 +16,11 @@ from corral.engine_state import EngineState
 from corral.router.membership.endpoint import Endpoint
 from corral.router.membership.groups import group_tag
 from corral.router.membership.membership import Membership
-from corral.router.routing.config import PolicyConfigError, load_routing_config
+from corral.router.routing.config import PolicyConfigError, RoutingConfig, load_routing_config
+from corral.router.routing.load_board import LoadBoard
+from corral.router.routing.prefix_memory import PrefixMemory
 from corral.router.routing.request import POLICY_NAMES, Policy, RouteRequest
-from corral.router.routing.selector import build_policy
+from corral.router.routing.selector import build_policy, build_scored
 from corral.router.routing.slow_start import FLOOR, SlowStart, SlowStartError, warmup_weight
 
 SECONDS = 10.0
@@ -211,3 +213,26 @@ def test_a_group_ramps_from_when_it_became_whole() -> None:
     a.routable_from = -1.0
     b = membership.add(Endpoint("http://10.0.0.2:8000", frozenset({"m"}), EngineState.READY, group=tag), "t")
     assert a.routable_from > -1.0 and b.in_routing
+
+
+@pytest.mark.parametrize("seconds", [SECONDS, 0.0])
+def test_a_warming_prefix_home_takes_new_prefixes_gradually(seconds: float) -> None:
+    """The prefix memory learns where each new key went: over the first fifth of the ramp the warming
+    engine becomes the holder of far fewer keys than a warm peer (with 0 s, as many)."""
+    clock = Clock()
+    endpoints = fleet(4, clock.now)
+    new = endpoints[-1]
+    new.routable_from = clock.now
+    memory = PrefixMemory()
+    policy = build_scored("prefix", RoutingConfig(), LoadBoard(), "x-session-id", 5, memory)
+    gate = SlowStart(policy, seconds, clock=clock)
+    make = request_maker("prefix")
+    for i in range(PICKS // 5):
+        clock.now = 1000.0 + i * SECONDS / PICKS
+        gate.pick(endpoints, make(i))
+    peers = sum(memory.keys_of(e) for e in endpoints[:-1]) / 3
+    print(f"slow start {seconds} s: keys held by the new engine {memory.keys_of(new)}, a peer {peers:.0f}")
+    if seconds:
+        assert memory.keys_of(new) < 0.35 * peers
+    else:
+        assert memory.keys_of(new) > 0.6 * peers
