@@ -22,11 +22,13 @@ from tests.integration.test_supervisor_partial_wake import run_op
 from tests.integration.test_supervisor_sleep_ops import DEV
 from tests.integration.test_supervisor_support import kill_leftovers, start_supervised
 from tests.support.procs import CorralProcess, free_port, start_sim
+from tests.support.prom import sample
 
 SECONDS = 5.0  # the ramp
 FAST = ("--seed", "0", "--ttft-base-ms", "5", "--itl-ms", "2", "--max-model-len", "256")
 WORKERS = 6
 FINISHED = "vllm:request_success_total"
+WEIGHT = "corral_router_endpoint_warmup_weight"
 
 
 @dataclass
@@ -36,12 +38,13 @@ class Shares:
     requests: tuple[int, int]  # requests counted in each window
     full: float  # its full share: 1 / engines
     weight_seen: float | None  # /v1/fleet's slow_start.weight when it turned routable
+    gauge_seen: float | None  # corral_router_endpoint_warmup_weight then
 
     def __str__(self) -> str:
         return (
             f"first fifth {self.first_fifth:.3f} of {self.requests[0]} requests, after the ramp "
             f"{self.after:.3f} of {self.requests[1]}; full share {self.full:.3f}; "
-            f"weight when routable {self.weight_seen}"
+            f"weight when routable {self.weight_seen} (gauge {self.gauge_seen})"
         )
 
 
@@ -124,6 +127,8 @@ async def measure(router: str, engines: list[str], new: str, trigger: Callable[[
             ramp = seen["slow_start"]
             since = ramp["since"] if ramp is not None else time.time()
             c0 = await _counts(s, engines)
+            async with s.get(router + "/metrics") as resp:
+                gauge = sample((await resp.read()).decode(), WEIGHT, endpoint=new)
             await _until(since + SECONDS / 5)
             c1 = await _counts(s, engines)
             await _until(since + SECONDS + 0.2)
@@ -142,6 +147,7 @@ async def measure(router: str, engines: list[str], new: str, trigger: Callable[[
         requests=(int(sum(early)), int(sum(late))),
         full=1 / len(engines),
         weight_seen=ramp["weight"] if ramp is not None else None,
+        gauge_seen=gauge,
     )
 
 
@@ -167,7 +173,9 @@ def test_a_backend_added_to_the_backends_file_ramps_up_to_its_share(tmp_path: Pa
         if seconds:
             assert shares.first_fifth < 0.5 * shares.full, shares
             assert shares.weight_seen is not None and shares.weight_seen < 0.3
+            assert shares.gauge_seen is not None and shares.gauge_seen < 0.5
         else:
+            assert shares.weight_seen is None and shares.gauge_seen is None  # off: neither shown
             assert shares.first_fifth > 0.75 * shares.full, shares
     finally:
         router.stop()
