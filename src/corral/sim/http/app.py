@@ -209,13 +209,17 @@ class SimApi:
         enc = StreamEncoder(r.chat, resp_id, created, model, self.fingerprint)
         try:
             await resp.prepare(request)
-            if r.chat:
-                await resp.write(enc.role())
+            # vLLM sends the chat role event with the engine's first output, not before prefill: a hung
+            # engine core answers headers and then nothing, which a router may still retry elsewhere
+            role_due = r.chat
             n = plan.num_tokens
             i = 0
             async with contextlib.aclosing(self.engine.stream(job)) as tokens:
                 async for delta in tokens:
                     i += 1
+                    if role_due:
+                        await resp.write(enc.role())
+                        role_due = False
                     if i < n:
                         await resp.write(enc.delta(delta))
                     else:
@@ -232,6 +236,8 @@ class SimApi:
                 await resp.write_eof()
                 return resp
             if job.aborted:
+                if role_due:
+                    await resp.write(enc.role())
                 await resp.write(enc.last("", "abort", None, with_fingerprint=not r.include_usage))
             if r.include_usage:
                 await resp.write(enc.usage(job.req.prompt_len, job.emitted))
