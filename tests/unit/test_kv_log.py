@@ -10,7 +10,7 @@ import pytest
 
 from corral.engine.kv_log import GIB, EngineLogFigures, kv_cache_size, kv_capacity
 
-SAMPLES = Path("/work/shared/vllm-samples/engine_startup_and_shutdown.log")
+SAMPLES = Path(__file__).resolve().parents[1] / "data" / "vllm-samples" / "engine_startup_and_shutdown.log"
 CPU_LINE = (
     "(EngineCore pid=22075) INFO 12-02 09:43:40 [kv_cache_utils.py:2327] CPU KV cache size: 2,097,152 "
     "tokens, Maximum concurrency for 256 tokens per request: 8192.00x"
@@ -44,7 +44,6 @@ def test_other_lines_carry_no_size(line: str) -> None:
     assert kv_cache_size(line) is None
 
 
-@pytest.mark.skipif(not SAMPLES.exists(), reason="the shared vLLM samples are not on this machine")
 def test_a_whole_real_log_gives_its_one_size() -> None:
     figures = EngineLogFigures()
     for line in SAMPLES.read_text().splitlines():
