@@ -82,6 +82,23 @@ def flag_value(argv: Sequence[str], *names: str) -> str | None:
     return found
 
 
+def positive_int_flag(argv: Sequence[str], *names: str, default: int = 1) -> int:
+    """The last of `names` in `argv` as a positive integer (a parallel size), `default` when absent;
+    ValueError names the flag, the value and what to write."""
+    value = flag_value(argv, *names)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ValueError(
+            f"engine command: {names[0]} {value!r} is not a positive integer; give e.g. {names[0]} 2"
+        )
+    return number
+
+
 def _values_after(argv: Sequence[str], i: int) -> list[str]:
     """The arguments that follow a bare `--api-key` at index `i`, up to the next option."""
     values: list[str] = []

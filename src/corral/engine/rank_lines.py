@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from corral.engine.flags import serving_settings
+from corral.engine.flags import positive_int_flag
 
 # `(NAME pid=N)` or `(NAME pid=N, ip=…)`, vLLM's `decorate_logs` prefix; several may nest (Ray, DP).
 _PREFIX = re.compile(r"\((?P<name>[A-Za-z][\w\- =]*?) pid=(?P<pid>\d+)(?:, ip=[^)]*)?\)")
@@ -54,22 +54,11 @@ class ParallelSize:
 
 def parallel_size(argv: Sequence[str]) -> ParallelSize:
     """TP, PP and DP from a vLLM command line (1 where not given); ValueError names a bad value."""
-    settings = serving_settings(argv)
-    sizes: list[int] = []
-    for name, flag in (
-        ("tensor_parallel_size", "--tensor-parallel-size"),
-        ("pipeline_parallel_size", "--pipeline-parallel-size"),
-        ("data_parallel_size", "--data-parallel-size"),
-    ):
-        raw = settings.get(name, "1")
-        try:
-            size = int(str(raw))
-        except ValueError:
-            size = 0
-        if size < 1:
-            raise ValueError(f"{flag} {raw!r} is not a positive whole number; give e.g. {flag} 2")
-        sizes.append(size)
-    return ParallelSize(*sizes)
+    return ParallelSize(
+        positive_int_flag(argv, "--tensor-parallel-size", "-tp"),
+        positive_int_flag(argv, "--pipeline-parallel-size", "-pp"),
+        positive_int_flag(argv, "--data-parallel-size", "-dp"),
+    )
 
 
 @dataclass(frozen=True)

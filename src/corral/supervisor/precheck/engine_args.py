@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from corral.engine import flags as engine_flags
 from corral.engine.flags import flag_value, serving_settings
 from corral.engine.model_config import ModelConfig, hub_snapshot
 
@@ -22,16 +23,10 @@ class EngineArgError(ValueError):
 
 def positive_int_flag(argv: Sequence[str], *names: str, default: int = 1) -> int:
     """The last of `names` in `argv` as a positive integer, `default` when absent."""
-    value = flag_value(argv, *names)
-    if value is None:
-        return default
     try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise EngineArgError(f"engine command: {names[0]} {value!r} is not a positive integer")
-    return number
+        return engine_flags.positive_int_flag(argv, *names, default=default)
+    except ValueError as exc:
+        raise EngineArgError(str(exc)) from exc
 
 
 _HUMAN_INT = re.compile(r"^(\d+(?:\.\d+)?)([kmgtKMGT]?)$")
