@@ -17,6 +17,7 @@ from typing import Any
 
 from corral.engine.flags import flag_value
 from corral.engine.gpus import GpuDevice, read_gpus
+from corral.engine.rank_lines import parallel_size
 
 GIB = 1 << 30
 
@@ -136,10 +137,11 @@ def simulated_device(argv: Sequence[str]) -> GpuInventory | None:
         raise InventoryError(f"corral sim --gpu-memory-gib {memory!r} is not a number of GiB") from None
     if gib <= 0:
         raise InventoryError(f"corral sim --gpu-memory-gib {memory}: give the device memory in GiB, > 0")
-    ranks = 1
-    for names in (("--tensor-parallel-size", "-tp"), ("--pipeline-parallel-size", "-pp")):
-        value = flag_value(argv, *names)
-        ranks *= int(value) if value is not None and value.isdigit() and int(value) > 0 else 1
+    try:
+        size = parallel_size(argv)
+        ranks = size.tensor * size.pipeline
+    except ValueError:  # the parallel identity check refuses the bad value, naming it
+        ranks = 1
     device = [
         GpuDevice(index=i, uuid="", model="simulated", total_bytes=int(gib * GIB)) for i in range(ranks)
     ]
