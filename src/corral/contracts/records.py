@@ -1,6 +1,14 @@
-"""Change records: the JSON file one fleet operation (`corral verify`, `rollout`, `rollback`) leaves
-behind (`~/.corral/<kind>-<port>.json`), which the next operation reads back and a person audits.
-Each kind keeps the fields it adds beyond the typed ones."""
+"""Change records: the one schema every change Corral makes leaves behind — a fleet operation (`corral
+verify`, `rollout`, `rollback`: `$XDG_STATE_HOME/corral/<kind>-<port>.json`) and a runbook operation
+on one engine (sleep, wake, reload, switch_bundle, lora_load, lora_unload, shutdown: the operation's
+result and its `change_record` oplog record). The next operation reads it back and a person audits it.
+
+Seed 004 asks of every record: the operation and bundle versions, start and end, each step with its
+timing, the request failures during the operation, the memory delta, warmup apart from steady-state
+latency, the rollback point and the requests a forced exit cut. Each is a typed section here; a
+section nothing could measure is None (or empty) and says so in `not_measured`, never a made-up zero.
+Fields a kind adds beyond these are kept as they came (`OpenWireModel`).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +16,12 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from corral.contracts.operations import ForcedExit
+from corral.contracts.traffic import WindowSummary, WindowVerdict
 from corral.contracts.wire import OpenWireModel, WireModel
 from corral.engine_state import EngineState
+
+RECORD_SCHEMA = 2  # 1: the untyped records before issue 15 (read back as far as they go)
 
 
 class EngineRecord(WireModel):
@@ -27,13 +39,94 @@ class EngineRecord(WireModel):
     health: int | None = None
 
 
-class ChangeRecord(OpenWireModel):
-    """What every change record holds."""
+class StepRecord(OpenWireModel):
+    """One step, timed: `started` is wall-clock seconds, `seconds` its duration; `group` the serving
+    group it acted on (None for a step on the record's own engine or the whole fleet); `data` the
+    evidence it kept, when it kept any."""
 
-    kind: str  # verify | rollout | rollback
+    step: str
+    group: str | None = None
+    started: float
+    seconds: float = 0.0
+    ok: bool = False
+    detail: str = ""
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class RequestCounts(WireModel):
+    """Cumulative counters read from one source (a router's `/metrics`, a gate's figures)."""
+
+    requests: int = 0
+    errors: int = 0  # 5xx answered by or through the router, streams cut or ended by an error
+    stream_failures: int = 0
+
+
+class RequestFailures(WireModel):
+    """Request failures during the operation: the router's counters read at its start and at its end
+    (`during` is the difference). `source` is the router (or gate) they were read from."""
+
+    source: str
+    before: RequestCounts
+    after: RequestCounts
+    during: RequestCounts
+
+
+class MemoryDelta(WireModel):
+    """One engine's memory before and after the operation, in bytes, and where the figures came from
+    (`nvml`, `engine_metrics`, `sim`); a figure not measured is None."""
+
+    engine: str
+    source: str
+    before_bytes: int | None = None
+    after_bytes: int | None = None
+    delta_bytes: int | None = None
+
+
+class LatencyRecord(WireModel):
+    """Warmup apart from steady state: `warmup_ttft_ms` is each started or woken engine's first
+    request's TTFT; `steady` the window observed after the change, `baseline` what it was compared with
+    (PRECHECK's window, the old groups', the last record's), `verdict` the comparison."""
+
+    warmup_ttft_ms: dict[str, float] = Field(default_factory=dict)
+    steady: WindowSummary | None = None
+    baseline: WindowSummary | None = None
+    verdict: WindowVerdict | None = None
+
+
+class RollbackPoint(WireModel):
+    """Where a rollback of this change goes back to: the bundle(s) the fleet or engine ran before it,
+    and the command that does it."""
+
+    bundles: dict[str, dict[str, Any] | None] = Field(default_factory=dict)
+    command: str = ""
+
+
+class ChangeRecord(OpenWireModel):
+    """Every change record. `kind` is verify | rollout | rollback or the runbook operation's kind;
+    `outcome` succeeded | failed (| refused for a runbook operation PRECHECK turned down)."""
+
+    schema_version: int = Field(default=RECORD_SCHEMA, alias="schema")
+    kind: str
+    id: str | None = None
+    corral_version: str | None = None
     started: float
     finished: float
+    outcome: str = ""
+    reason: str = ""
     router: str | None = None
+    from_bundles: dict[str, dict[str, Any] | None] = Field(default_factory=dict)
+    to_bundle: dict[str, Any] | None = None
+    steps: list[StepRecord] = Field(default_factory=list)
+    request_failures: RequestFailures | None = None
+    memory: list[MemoryDelta] = Field(default_factory=list)
+    latency: LatencyRecord = Field(default_factory=LatencyRecord)
+    rollback_point: RollbackPoint | None = None
+    forced_exits: list[ForcedExit] | None = None  # None: nothing could observe them
+    not_measured: list[str] = Field(default_factory=list)  # sections nothing could measure, and why
+
+    def to_file(self) -> dict[str, Any]:
+        """The JSON-ready dict written to the record file."""
+        return self.model_dump(mode="json", by_alias=True)
 
 
 class VerifyRecord(ChangeRecord):
@@ -43,29 +136,14 @@ class VerifyRecord(ChangeRecord):
     ok: bool | None = None
     failed: list[str] = Field(default_factory=list)
     checks: list[dict[str, Any]] = Field(default_factory=list)
-    ttft_ms: float | None = None
-
-
-class RolloutStepRecord(OpenWireModel):
-    """One rollout step, timed; `data` is there only when the step kept evidence."""
-
-    step: str
-    group: str | None = None
-    started: float
-    seconds: float = 0.0
-    ok: bool = False
-    detail: str = ""
+    ttft_ms: float | None = None  # the smoke request's TTFT (one probe, not a steady-state figure)
 
 
 class RolloutRecord(ChangeRecord):
     """A rollout's or rollback's record; rollback reads `from_bundles` back from it."""
 
-    id: str
-    outcome: str
-    reason: str = ""
-    to_bundle: dict[str, Any] | None = None
-    from_bundles: dict[str, dict[str, Any] | None] = Field(default_factory=dict)
-    settings: dict[str, int] = Field(default_factory=dict)
+    settings: dict[str, Any] = Field(default_factory=dict)
     replaced: list[dict[str, Any]] = Field(default_factory=list)
     fingerprints: dict[str, str] = Field(default_factory=dict)
-    steps: list[RolloutStepRecord] = Field(default_factory=list)
+    adapters: dict[str, Any] = Field(default_factory=dict)
+    canary: list[WindowVerdict] = Field(default_factory=list)  # one per new group that had a canary
