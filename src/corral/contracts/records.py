@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from corral.contracts.operations import ForcedExit
-from corral.contracts.traffic import WindowSummary, WindowVerdict
+from corral.contracts.traffic import RequestCounts, WindowSummary, WindowVerdict
 from corral.contracts.wire import OpenWireModel, WireModel
 from corral.engine_state import EngineState
 
@@ -51,14 +51,6 @@ class StepRecord(OpenWireModel):
     ok: bool = False
     detail: str = ""
     data: dict[str, Any] = Field(default_factory=dict)
-
-
-class RequestCounts(WireModel):
-    """Cumulative counters read from one source (a router's `/metrics`, a gate's figures)."""
-
-    requests: int = 0
-    errors: int = 0  # 5xx answered by or through the router, streams cut or ended by an error
-    stream_failures: int = 0
 
 
 class RequestFailures(WireModel):

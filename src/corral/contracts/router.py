@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from corral.contracts.traffic import RequestCounts, TrafficFigures
 from corral.contracts.wire import WireModel
 from corral.engine_state import EngineState
 
@@ -53,6 +54,9 @@ class FleetEndpoint(WireModel):
     why: str = ""
     supervisor: SupervisorLink | None = None
     slow_start: SlowStartRamp | None = None  # None: slow start off
+    # what the router saw of this endpoint's answers since it was first listed (contracts/traffic.py);
+    # None from a router that does not count them
+    traffic: TrafficFigures | None = None
 
     @property
     def supervisor_url(self) -> str:
@@ -82,6 +86,7 @@ class RouterFleet(WireModel):
     source: str = ""
     endpoints: list[FleetEndpoint] = Field(default_factory=list)
     left_routing: list[RoutingExitRecord] = Field(default_factory=list)
+    totals: RequestCounts | None = None  # the router's own counters, all endpoints and models
 
     @field_validator("endpoints", "left_routing", mode="before")
     @classmethod

@@ -19,6 +19,7 @@ from corral.clients.supervisor import OperationStillRunning, SupervisorClient
 from corral.contracts.operations import DrainRequest
 from corral.contracts.router import FleetEndpoint
 from corral.contracts.supervisor import SupervisorState
+from corral.contracts.traffic import WindowVerdict
 from corral.engine_state import EngineState
 from corral.fleet.checks.adapters import AdapterConflict, KeptAdapters, fleet_adapter_set
 from corral.fleet.checks.probe import FleetTarget, look
@@ -52,6 +53,10 @@ class RolloutBase:
         self.adapters: dict[str, str] = {}
         self.group_adapters: dict[str, set[str]] = {}  # each group's desired adapters at PRECHECK
         self.failure: Step | None = None  # the first step that failed
+        # issue 15: filled by the CANARY step (one verdict per new group that had a canary) and by the
+        # new groups' VERIFY (each new engine's first request's TTFT, ms); the record keeps both
+        self.canary: list[WindowVerdict] = []
+        self.warmup_ttft_ms: dict[str, float] = {}
 
     @property
     def batch(self) -> int:
