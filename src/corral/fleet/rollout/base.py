@@ -24,6 +24,7 @@ from corral.engine_state import EngineState
 from corral.fleet.checks.adapters import AdapterConflict, KeptAdapters, fleet_adapter_set
 from corral.fleet.checks.probe import FleetTarget, look
 from corral.fleet.checks.verify import FAIL, Expectations, run_checks
+from corral.fleet.rollout import canary
 from corral.fleet.rollout.steps import Group, RolloutJob, Step, StepFailed, StepObserver
 
 _SHORT = aiohttp.ClientTimeout(total=5)
@@ -288,6 +289,22 @@ class RolloutBase:
                 verb = "route" if routable else "drop"
                 raise StepFailed(f"router did not {verb} within {self.settings.routed_timeout:g}s: {why}")
             await asyncio.sleep(0.1)
+
+    async def _canary(self, step: Step, new: list[str], old: list[str]) -> None:
+        """CANARY: the `new` engines' window of real traffic against the `old` ones' over the same
+        seconds (fleet/rollout/canary.py); the verdict is kept whatever it is, and anything but
+        passed fails the step with the figures."""
+        settings = self.settings.canary
+        try:
+            verdict = await canary.watch(self._router_endpoints, new, old, settings)
+        except canary.CanaryBlind as exc:
+            raise StepFailed(str(exc)) from None
+        self.canary.append(verdict)
+        step.data = {"verdict": verdict.to_wire(), "new": list(new), "old": list(old)}
+        why = canary.failure(verdict, step.group or "the new group", settings)
+        if why is not None:
+            raise StepFailed(why)
+        step.detail = canary.summary(verdict, step.group or "the new group")
 
     async def _drain(self, step: Step, group: Group) -> None:
         """Each member's confirmed drain, through its supervisor, concurrently; every report kept."""

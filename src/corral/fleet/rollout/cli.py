@@ -8,6 +8,8 @@ exit code is 0 only when every step and the post-check passed.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -22,8 +24,10 @@ from corral.aio import run
 from corral.bundle_spec import BundleError, BundleSpec, bundle_from_json, load_bundle
 from corral.clients.access import FleetAccess, fleet_access_options
 from corral.clients.up import UpControlClient
+from corral.contracts.traffic import WindowThresholds
 from corral.fleet.checks.change_record import default_record_path, read_record, write_record
 from corral.fleet.rollout.base import RolloutBase
+from corral.fleet.rollout.canary import CanarySettings
 from corral.fleet.rollout.groups import LocalRollout
 from corral.fleet.rollout.hosts import HostRollout
 from corral.fleet.rollout.steps import RolloutJob, RolloutSettings, Step
@@ -175,7 +179,67 @@ def _settings_options(f: Any) -> Any:
     ]
     for option in reversed(options):
         f = option(f)
-    return fleet_access_options()(f)
+    return canary_options(fleet_access_options()(f))
+
+
+_LIMITS = WindowThresholds()  # the canary's defaults are the one comparison's
+
+
+def canary_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--canary-seconds and its thresholds, given to the command as `canary: CanarySettings`."""
+
+    @functools.wraps(command)
+    def with_canary(
+        *args: Any,
+        canary_seconds: float,
+        canary_max_error_ratio: float,
+        canary_max_ttft_ratio: float,
+        canary_min_requests: int,
+        **kwargs: Any,
+    ) -> Any:
+        limits = WindowThresholds(
+            max_error_ratio=canary_max_error_ratio,
+            max_ttft_ratio=canary_max_ttft_ratio,
+            min_requests=canary_min_requests,
+        )
+        return command(*args, canary=CanarySettings(canary_seconds, limits), **kwargs)
+
+    options = [
+        click.option(
+            "--canary-seconds",
+            default=0.0,
+            show_default=True,
+            type=click.FloatRange(min=0),
+            help="After each new group is routed, compare its errors and TTFT with the old groups' over "
+            "this many seconds of real traffic before the old group is drained; 0: no canary.",
+        ),
+        click.option(
+            "--canary-max-error-ratio",
+            default=_LIMITS.max_error_ratio,
+            show_default=True,
+            type=click.FloatRange(0, 1),
+            help="How far the new group's error ratio may exceed the old groups' (0.05: five points).",
+        ),
+        click.option(
+            "--canary-max-ttft-ratio",
+            default=_LIMITS.max_ttft_ratio,
+            show_default=True,
+            type=click.FloatRange(min=1),
+            help=f"How many times the old groups' TTFT p99 the new group's may be (differences under "
+            f"{_LIMITS.ttft_slack_ms:g} ms never fail).",
+        ),
+        click.option(
+            "--canary-min-requests",
+            default=_LIMITS.min_requests,
+            show_default=True,
+            type=click.IntRange(min=0),
+            help="Requests the new group must serve in the window to be judged; fewer fails the canary "
+            "(0 accepts a quiet window).",
+        ),
+    ]
+    for option in reversed(options):
+        with_canary = option(with_canary)
+    return with_canary
 
 
 def _execute(
@@ -216,7 +280,7 @@ def _execute(
 
 
 def _settings(
-    max_surge: int, max_unavailable: int, routed_timeout: float, start_timeout: float
+    max_surge: int, max_unavailable: int, routed_timeout: float, start_timeout: float, canary: CanarySettings
 ) -> RolloutSettings:
     if max_surge == 0 and max_unavailable == 0:
         raise click.UsageError("--max-surge 0 needs --max-unavailable of at least 1 (or nothing moves)")
@@ -225,6 +289,7 @@ def _settings(
         max_unavailable=max_unavailable,
         routed_timeout=routed_timeout,
         start_timeout=start_timeout,
+        canary=canary,
     )
 
 
@@ -244,13 +309,14 @@ def rollout(
     record: Path | None,
     supervisor_token_file: Path | None,
     access: FleetAccess,
+    canary: CanarySettings,
 ) -> None:
     """Move a Corral-run fleet to another bundle, one serving group at a time, losing no request."""
     try:
         target = load_bundle(to)
     except BundleError as exc:
         raise click.UsageError(str(exc)) from None
-    settings = _settings(max_surge, max_unavailable, routed_timeout, start_timeout)
+    settings = _settings(max_surge, max_unavailable, routed_timeout, start_timeout, canary)
     _execute("rollout", target, FleetRef.load(fleet, port), settings, record, supervisor_token_file, access)
 
 
@@ -272,6 +338,7 @@ def rollback(
     record: Path | None,
     supervisor_token_file: Path | None,
     access: FleetAccess,
+    canary: CanarySettings,
 ) -> None:
     """Move the fleet back to the bundle the last rollout started from, the same way."""
     ref = FleetRef.load(fleet, port)
@@ -289,5 +356,5 @@ def rollback(
         target = bundle_from_json(next(iter(bundles.values())), str(source))
     except BundleError as exc:
         raise click.UsageError(str(exc)) from None
-    settings = _settings(max_surge, max_unavailable, routed_timeout, start_timeout)
+    settings = _settings(max_surge, max_unavailable, routed_timeout, start_timeout, canary)
     _execute("rollback", target, ref, settings, record, supervisor_token_file, access)

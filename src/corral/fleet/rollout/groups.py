@@ -8,6 +8,11 @@ For each serving group still on another bundle, with surge (`max_surge` > 0, the
     VERIFY    every new member READY, one fingerprint in the group, a streamed and a non-streamed
               smoke request straight to each new engine (usage and finish reason)
     ROUTED    the router lists every new engine as routable (checked on its /v1/fleet, not assumed)
+    CANARY    (with --canary-seconds) the new group serves real traffic, its slow-start share, while
+              its errors and TTFT over the window are compared with the old groups' over the same
+              seconds (fleet/rollout/canary.py); worse than the thresholds, or too little traffic to
+              judge, and RECOVER takes the new group out (confirmed drain, retire, gone): the old
+              group, never drained, keeps serving, and the rollout stops
     DRAIN     the old group's confirmed drain: every router acknowledged the removal, in-flight
               requests finished, the engine stopped (the supervisor's drain report is kept)
     RETIRE    the old group's processes stopped and gone from the router's backends
@@ -49,24 +54,54 @@ class LocalRollout(RolloutBase):
     ) -> None:
         super().__init__(session, job, observer)
         self.control = control
+        self._old_engines: set[str] = set()
 
     async def _groups(self) -> list[Group]:
         return [Group.of(g) for g in (await self.control.groups()).groups]
+
+    async def _precheck(self, step: Step) -> list[Group]:
+        todo = await super()._precheck(step)
+        # a canary's baseline: the engines still serving on a bundle other than the target
+        self._old_engines = {e for g in todo for e in g.engines}
+        return todo
 
     async def _move(self, old: Group) -> None:
         size = len(old.members)
         if self.settings.max_surge:
             new = await self._bring_up(old, self.target, size)
+            await self._watch_canary(new)
             await self._take_down(old)
         else:
             await self._take_down(old)
             try:
                 new = await self._bring_up(old, self.target, size)
+                await self._watch_canary(new)
             except StepFailed:
                 if old.bundle is not None:
                     await self._step("RECOVER", old.name, lambda s: self._recover(s, old, size))
                 raise
         self.replaced.append({"old": old.name, "new": new.name, "fingerprint": self.fingerprints[new.name]})
+
+    async def _watch_canary(self, new: Group) -> None:
+        """CANARY for a routed new group (nothing without --canary-seconds); a failed one takes the
+        group out again, its in-flight requests finishing, and goes on up."""
+        if not self.settings.canary.seconds:
+            return
+        old = sorted(self._old_engines)
+        try:
+            await self._step("CANARY", new.name, lambda s: self._canary(s, new.engines, old))
+        except StepFailed:
+            await self._step("RECOVER", new.name, lambda s: self._withdraw(s, new))
+            raise
+
+    async def _withdraw(self, step: Step, group: Group) -> None:
+        """A routed group out of the fleet the way an old one leaves: confirmed drain, retire, gone."""
+        await self._drain(step, group)
+        drained = step.detail
+        await self._retire(step, group)
+        retired = step.detail
+        await self._wait_routed(step, group.engines, False)
+        step.detail = f"{group.name} taken out: {drained}; {retired}; {step.detail}"
 
     async def _recover(self, step: Step, old: Group, size: int) -> None:
         assert old.bundle is not None
@@ -96,6 +131,7 @@ class LocalRollout(RolloutBase):
         return group
 
     async def _take_down(self, old: Group) -> None:
+        self._old_engines.difference_update(old.engines)
         await self._step("DRAIN", old.name, lambda s: self._drain(s, old))
         await self._step("RETIRE", old.name, lambda s: self._retire(s, old))
         await self._step("GONE", old.name, lambda s: self._wait_routed(s, old.engines, False))
@@ -114,6 +150,10 @@ class LocalRollout(RolloutBase):
         ]
         if bad:
             raise StepFailed("smoke failed on " + "; ".join(bad))
+        # the streamed smoke is the new engine's first request through the rollout: its warmup TTFT
+        self.warmup_ttft_ms.update(
+            {e: s.ttft_ms for e, s in zip(group.engines, smokes, strict=True) if s.ttft_ms is not None}
+        )
         before = {self.fingerprints[name] for name in self.from_bundles if name in self.fingerprints}
         same = " (the same fingerprint as before: this bundle change does not change the engine)"
         adapters = await self._check_adapters(group)

@@ -10,6 +10,10 @@ There is no spare host to surge into, so `max_unavailable` supervisors are switc
               smoke and readiness; on any failure its RECOVER puts the old bundle back
     VERIFY    READY on the target bundle, with a fingerprint
     ROUTED    the router lists the engine behind that supervisor as routable again
+    CANARY    (with --canary-seconds) that host's window of real traffic against the hosts not yet
+              switched, over the same seconds (fleet/rollout/canary.py); worse than the thresholds,
+              or too little traffic to judge, and RECOVER switches the host back to its previous
+              bundle (the same runbook operation) and the rollout stops
 
 PRECHECK also refuses a rollout to a bundle some host has not declared, before anything moves.
 """
@@ -42,6 +46,7 @@ class HostRollout(RolloutBase):
         super().__init__(session, job, observer)
         self.supervisor_urls = [u.rstrip("/") for u in supervisors]
         self._declared_by: dict[str, list[str]] = {}  # host group -> the bundles its supervisor declares
+        self._unmoved: set[str] = set()  # supervisors still on their bundle: a canary's baseline
 
     @property
     def batch(self) -> int:
@@ -69,6 +74,7 @@ class HostRollout(RolloutBase):
                 f"bundle {self.target.name!r} is not declared on {', '.join(lacking)}; "
                 "add `--bundle FILE` to those supervisors first"
             )
+        self._unmoved = {g.supervisors[0] for g in todo}
         return todo
 
     def _declared(self, group: Group) -> list[str]:
@@ -79,15 +85,37 @@ class HostRollout(RolloutBase):
 
     async def _move(self, old: Group) -> None:
         supervisor = old.supervisors[0]
-        await self._step("SWITCH", old.name, lambda s: self._switch(s, supervisor))
+        self._unmoved.discard(supervisor)
+        target = self.target.name
+        await self._step("SWITCH", old.name, lambda s: self._switch(s, supervisor, target))
         await self._step("VERIFY", old.name, lambda s: self._verify_switched(s, old))
         await self._step("ROUTED", old.name, lambda s: self._wait_supervised_routed(s, supervisor))
+        await self._watch_canary(old, supervisor)
         self.replaced.append({"old": old.name, "new": old.name, "fingerprint": self.fingerprints[old.name]})
 
-    async def _switch(self, step: Step, supervisor: str) -> None:
-        client, op_id = self.supervisor(supervisor), f"{self.id}-switch"
+    async def _watch_canary(self, group: Group, supervisor: str) -> None:
+        """CANARY for a switched host (nothing without --canary-seconds); a failed one switches the
+        host back to the bundle it ran before and goes on up."""
+        if not self.settings.canary.seconds:
+            return
+        try:
+            await self._step("CANARY", group.name, lambda s: self._host_canary(s, supervisor))
+        except StepFailed:
+            if group.bundle is not None:
+                back = group.bundle.name
+                await self._step("RECOVER", group.name, lambda s: self._switch(s, supervisor, back, "back"))
+            raise
+
+    async def _host_canary(self, step: Step, supervisor: str) -> None:
+        listed = (await self._router_endpoints()).values()
+        new = [e.url for e in listed if e.supervisor_url == supervisor]
+        old = [e.url for e in listed if e.supervisor_url in self._unmoved]
+        await self._canary(step, new, old)
+
+    async def _switch(self, step: Step, supervisor: str, bundle: str, why: str = "switch") -> None:
+        client, op_id = self.supervisor(supervisor), f"{self.id}-{why}"
         request = SwitchBundleRequest(
-            name=self.target.name, operation_id=op_id, ready_timeout=self.settings.start_timeout
+            name=bundle, operation_id=op_id, ready_timeout=self.settings.start_timeout
         )
         try:
             record, _ = await client.start(request)
@@ -107,7 +135,9 @@ class HostRollout(RolloutBase):
         step.data = {"operation": op_id, "steps": [(s.step, s.status, s.seconds) for s in steps]}
         if not record.succeeded:
             raise StepFailed(f"{supervisor}: {record.error}")
-        step.detail = f"{supervisor} switched: " + ", ".join(f"{s.step} {s.seconds:.2f}s" for s in steps)
+        step.detail = f"{supervisor} switched to {bundle}: " + ", ".join(
+            f"{s.step} {s.seconds:.2f}s" for s in steps
+        )
 
     async def _verify_switched(self, step: Step, group: Group) -> None:
         state: SupervisorState = await self._state(group.supervisors[0])

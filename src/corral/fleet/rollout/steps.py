@@ -11,6 +11,7 @@ from typing import Any
 from corral.bundle_spec import BundleSpec
 from corral.clients.access import FleetAccess
 from corral.contracts.up import GroupMember, ServingGroup
+from corral.fleet.rollout.canary import CanarySettings
 
 
 class StepFailed(Exception):
@@ -27,6 +28,7 @@ class RolloutSettings:
     # for RECOVER's start of the previous bundle: known to work, so given time even when the new
     # bundle's start timeout is short
     recover_timeout: float = 600.0
+    canary: CanarySettings = field(default_factory=CanarySettings)  # seconds 0: no CANARY step
 
     @property
     def batch(self) -> int:

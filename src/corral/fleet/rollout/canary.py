@@ -1,0 +1,129 @@
+"""A rollout's CANARY: a new serving group's window of real traffic, read from the router's
+per-endpoint figures (`GET /v1/fleet`), judged against the old groups' over the same seconds with the
+one comparison in contracts/traffic.py; it stops early once the new group is judged worse."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass, field
+
+from corral.contracts.router import FleetEndpoint
+from corral.contracts.traffic import (
+    FAILED,
+    INCONCLUSIVE,
+    PASSED,
+    TrafficFigures,
+    WindowSummary,
+    WindowThresholds,
+    WindowVerdict,
+    compare_windows,
+)
+
+SOURCE = "router"
+CHECK_SECONDS = 0.5  # how often the window is judged while it runs
+
+Listing = Callable[[], Awaitable[dict[str, FleetEndpoint]]]
+
+
+class CanaryBlind(Exception):
+    """The router does not report the figures a canary needs; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class CanarySettings:
+    """`seconds` 0: no canary. `thresholds`: how much worse than the old groups the new one may be."""
+
+    seconds: float = 0.0
+    thresholds: WindowThresholds = field(default_factory=WindowThresholds)
+    check_seconds: float = CHECK_SECONDS
+
+    def __post_init__(self) -> None:
+        if self.seconds < 0:
+            raise ValueError(f"canary seconds must be 0 (no canary) or more, not {self.seconds:g}")
+        if self.check_seconds <= 0:
+            raise ValueError(f"the canary's check interval must be above 0, not {self.check_seconds:g}")
+
+
+def window_of(
+    start: dict[str, FleetEndpoint], now: dict[str, FleetEndpoint], engines: Collection[str]
+) -> TrafficFigures | None:
+    """What `engines` served between two listings, summed; None when none of them is listed now.
+    An engine not listed at the start contributes everything it has (it joined inside the window);
+    one no longer listed at the end contributes nothing (its last figures are gone with it)."""
+    total: TrafficFigures | None = None
+    for url in engines:
+        later = now.get(url)
+        if later is None:
+            continue
+        if later.traffic is None:
+            raise CanaryBlind(
+                f"the router does not report per-endpoint traffic for {url} (no `traffic` in its "
+                "/v1/fleet): run a router that does, or roll out without a canary (--canary-seconds 0)"
+            )
+        earlier = start.get(url)
+        before = earlier.traffic if earlier is not None else None
+        window = later.traffic.minus(before) if before is not None else later.traffic
+        total = window if total is None else total.plus(window)
+    return total
+
+
+def judge(
+    new: TrafficFigures | None,
+    old: TrafficFigures | None,
+    seconds: float,
+    thresholds: WindowThresholds,
+) -> WindowVerdict:
+    """The new group's window against the old groups' (None: no old group serves, so the new one is
+    held to the error ratio alone)."""
+    window = WindowSummary.of(new or TrafficFigures(), seconds, SOURCE)
+    baseline = WindowSummary.of(old, seconds, SOURCE) if old is not None else None
+    return compare_windows(window, baseline, thresholds)
+
+
+async def watch(
+    listing: Listing,
+    new: Collection[str],
+    old: Collection[str],
+    settings: CanarySettings,
+) -> WindowVerdict:
+    """Judge the new engines against the old over `settings.seconds`, every `check_seconds`: the
+    first failed verdict ends the window at once (fewer clients meet the bad group); otherwise the
+    verdict at the end, passed or inconclusive."""
+    start = await listing()
+    began = time.monotonic()
+    while True:
+        elapsed = time.monotonic() - began
+        await asyncio.sleep(max(0.0, min(settings.check_seconds, settings.seconds - elapsed)))
+        now = await listing()
+        elapsed = time.monotonic() - began
+        baseline = window_of(start, now, old) if old else None
+        verdict = judge(window_of(start, now, new), baseline, elapsed, settings.thresholds)
+        if verdict.verdict == FAILED or elapsed >= settings.seconds:
+            return verdict
+
+
+def failure(verdict: WindowVerdict, group: str, settings: CanarySettings) -> str | None:
+    """Why a verdict stops the rollout (None: it passed). Inconclusive stops it too: a canary nobody
+    could judge must not read as passed."""
+    if verdict.verdict == PASSED:
+        return None
+    window = verdict.window
+    if verdict.verdict == INCONCLUSIVE:
+        return (
+            f"canary inconclusive: {group} served {window.requests} requests in {window.seconds:g}s, fewer "
+            f"than the {settings.thresholds.min_requests} needed to judge it; send traffic during the "
+            "rollout, lengthen --canary-seconds, or pass --canary-min-requests 0 to accept a quiet window"
+        )
+    return f"canary failed after {window.seconds:g}s: {group} {verdict.reason}"
+
+
+def summary(verdict: WindowVerdict, group: str) -> str:
+    """A passed verdict in one line, for the step's detail."""
+    window, baseline = verdict.window, verdict.baseline
+    against = f" against {baseline.requests} on the old groups" if baseline is not None else ""
+    return (
+        f"canary passed: {group} served {window.requests} requests in {window.seconds:g}s{against}; "
+        f"{verdict.reason}"
+    )
