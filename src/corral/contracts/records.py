@@ -72,6 +72,8 @@ class MemoryDelta(WireModel):
     before_bytes: int | None = None
     after_bytes: int | None = None
     delta_bytes: int | None = None
+    # a rollout: the new engine that took this one's place (`after_bytes` is its first figure)
+    replaced_by: str | None = None
 
 
 class LatencyRecord(WireModel):
@@ -91,6 +93,7 @@ class RollbackPoint(WireModel):
 
     bundles: dict[str, dict[str, Any] | None] = Field(default_factory=dict)
     command: str = ""
+    undoes: str | None = None  # a rollback: the record of the rollout it undid
 
 
 class ChangeRecord(OpenWireModel):
