@@ -61,14 +61,19 @@ class MetricsUnavailable(Exception):
     """The engine did not answer `/metrics` with 200 and parseable text."""
 
 
-async def fetch_load(session: aiohttp.ClientSession, engine_url: str, within: float = 2.0) -> LoadSample:
+async def fetch_metrics_text(session: aiohttp.ClientSession, engine_url: str, within: float = 2.0) -> str:
+    """The engine's `/metrics` text; raises MetricsUnavailable when it does not answer 200."""
     try:
         async with session.get(engine_url + "/metrics", timeout=aiohttp.ClientTimeout(total=within)) as resp:
             if resp.status != 200:
                 raise MetricsUnavailable(f"/metrics answered HTTP {resp.status}")
-            text = await resp.text()
+            return await resp.text()
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise MetricsUnavailable(f"/metrics: {type(exc).__name__}: {exc}") from exc
+
+
+async def fetch_load(session: aiohttp.ClientSession, engine_url: str, within: float = 2.0) -> LoadSample:
+    text = await fetch_metrics_text(session, engine_url, within)
     try:
         return parse_load(text)
     except ValueError as exc:

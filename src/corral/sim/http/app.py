@@ -160,6 +160,7 @@ class SimApi:
         if fault is Fault.CRASH:
             engine.crash()
         if fault is Fault.FAIL:
+            engine.stats.success["error"] += 1  # as vLLM counts a request its engine failed
             return error_response(
                 500,
                 "EngineCore failed to process the request (simulated by --fail-rate).",
