@@ -320,6 +320,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
                 "prefix_memory": prefix_memory.to_json(e),
                 "slow_start": slow_start.to_json(e),
                 "group": str(e.group) if e.group is not None else None,
+                "traffic": e.traffic.to_json(),
             }
             for e in membership.endpoints()
         ]
@@ -332,6 +333,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
                 "endpoints": endpoints,
                 "groups": membership.groups.to_json(),
                 "left_routing": exits,
+                "totals": metrics.totals().to_wire(),
             }
         )
 

@@ -31,6 +31,7 @@ from corral.router.membership.endpoint import Endpoint
 from corral.router.membership.membership import Membership
 from corral.router.routing.request import Policy, RouteRequest
 from corral.router.telemetry.metrics import RouterMetrics
+from corral.router.telemetry.traffic import StreamTimes
 
 log = logging.getLogger("corral.router.proxy")
 
@@ -218,6 +219,7 @@ class Proxy:
             if not candidates:
                 return self._reject(self._unavailable(model, last_failure), model, request_id, start)
             endpoint = self._policy.pick(candidates, route)
+            dispatched = time.monotonic()  # the endpoint's own latencies count from here, not `start`
             endpoint.requests_sent += 1
             endpoint.in_flight += 1
             endpoint.dispatching += 1  # until the engine answers: a removal's ack waits for this
@@ -234,6 +236,7 @@ class Proxy:
                     streaming = upstream.content_type == "text/event-stream"
                     first = await upstream.readany() if streaming else await upstream.read()
                 except UPSTREAM_FAILURES as exc:
+                    endpoint.traffic.ended(failed=True)  # against this endpoint, retried or not
                     last_failure = f"{endpoint.url}: {_describe(exc)}"
                     self._eject(endpoint, last_failure, request_id, attempt)
                     if attempt < self._config.max_retries:
@@ -253,12 +256,27 @@ class Proxy:
                     metrics.count_request(model, status)
                     if status >= 500:
                         metrics.errors += 1
+                    endpoint.traffic.ended(failed=status >= 500)
+                    if status < 400:
+                        endpoint.traffic.first_token(
+                            time.monotonic() - dispatched, dispatched, endpoint.routable_from
+                        )
                     elapsed = time.perf_counter() - start
                     metrics.ttft.observe(elapsed)
                     metrics.duration.observe(elapsed)
                     return answer
                 return await self._relay(
-                    request, upstream, first, status, headers, endpoint, route, request_id, attempt, start
+                    request,
+                    upstream,
+                    first,
+                    status,
+                    headers,
+                    endpoint,
+                    route,
+                    request_id,
+                    attempt,
+                    start,
+                    dispatched,
                 )
             finally:
                 endpoint.in_flight -= 1
@@ -279,17 +297,20 @@ class Proxy:
         request_id: str,
         attempt: int,
         start: float,
+        dispatched: float,
     ) -> web.StreamResponse:
         """Relay an SSE answer chunk by chunk; a failure now can only end the client's stream."""
         metrics = self._metrics
+        ending = StreamEnding()
+        ending.feed(first)
+        times = StreamTimes(endpoint.traffic, dispatched, endpoint.routable_from)
+        times.feed(first, ending.tokens_emitted)
         answer = web.StreamResponse(status=status, headers=headers)
         await answer.prepare(request)
         await answer.write(first)
         metrics.ttft.observe(time.perf_counter() - start)
         code = status
         content = upstream
-        ending = StreamEnding()
-        ending.feed(first)
         while True:
             try:
                 chunk = await content.readany()
@@ -320,7 +341,9 @@ class Proxy:
             if not chunk:
                 break
             ending.feed(chunk)
+            times.feed(chunk, ending.tokens_emitted)
             await answer.write(chunk)
+        endpoint.traffic.ended(failed=ending.failure is not None or code >= 500)
         await answer.write_eof()
         if ending.failure is not None:
             metrics.count_stream_failure(route.model, ending.failure, ending.tokens_emitted)

@@ -15,6 +15,7 @@ from typing import Any
 
 from corral.engine_state import EngineState
 from corral.router.membership.groups import GroupTag
+from corral.router.telemetry.traffic import EndpointTraffic
 
 # Repeated ejections double the ejection time, up to this many times the base.
 MAX_EJECTION_FACTOR = 32
@@ -93,6 +94,7 @@ class Endpoint:
         "source_state",
         "state",
         "supervisor",
+        "traffic",
         "url",
         "withdrawn_models",
     )
@@ -147,6 +149,8 @@ class Endpoint:
         self.dispatching = 0
         self.ejected_until = 0.0  # time.monotonic() deadline; 0 when not ejected
         self.consecutive_failures = 0
+        # What the router saw of its answers (requests, errors, TTFT, ITL, warmup): /v1/fleet `traffic`.
+        self.traffic = EndpointTraffic()
 
     def __repr__(self) -> str:
         return f"Endpoint({self.url!r}, {self.state}, in_flight={self.in_flight})"

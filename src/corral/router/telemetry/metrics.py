@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -14,8 +15,11 @@ from prometheus_client.core import (
     Metric,
 )
 
+from corral.contracts.traffic import RequestCounts
 from corral.metric_families import labelled_counter
-from corral.router.membership.endpoint import Endpoint
+
+if TYPE_CHECKING:  # membership keeps a telemetry recorder on each endpoint: no run-time import back
+    from corral.router.membership.endpoint import Endpoint
 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 REMOVAL_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -108,6 +112,15 @@ class RouterMetrics:
     def count_hold_outcome(self, model: str, outcome: str) -> None:
         key = (model, outcome)
         self.hold_outcomes[key] = self.hold_outcomes.get(key, 0) + 1
+
+    def totals(self) -> RequestCounts:
+        """`/v1/fleet`'s `totals`: every request answered (any code, as `corral_router_requests_total`
+        counts them), `errors`, and every stream that did not end normally."""
+        return RequestCounts(
+            requests=sum(self.requests.values()),
+            errors=self.errors,
+            stream_failures=sum(self.stream_failures.values()),
+        )
 
 
 class RouterCollector:
