@@ -15,7 +15,9 @@ from aiohttp import web
 from corral.contracts.router import RouterFleet
 from corral.contracts.traffic import LATENCY_BOUNDS, TrafficFigures
 from corral.router.membership.endpoint import Endpoint
+from corral.router.telemetry.metrics import TTFT_BUCKETS, Histogram
 from corral.router.telemetry.traffic import EndpointTraffic, StreamTimes
+from tests.support.prom import sample
 from tests.unit.test_router_proxy import CHAT, MODEL, Fleet, fleet_of
 
 # -- the recorder -------------------------------------------------------------------------------
@@ -107,6 +109,24 @@ def test_figures_are_a_traffic_figures_body_on_the_default_bounds() -> None:
     assert TrafficFigures.model_validate(orjson.loads(orjson.dumps(body))) == t.figures()
 
 
+def test_a_fine_histogram_folds_exactly_into_the_coarse_ttft_buckets() -> None:
+    values = [0.0004, 0.001, 0.0011, 0.0025, 0.003, 0.04, 0.05, 0.051, 0.7, 1.0, 2.6, 29.0, 30.0, 31.0, 400.0]
+    fine, coarse = Histogram(LATENCY_BOUNDS), Histogram(TTFT_BUCKETS)
+    for value in values:
+        fine.observe(value)
+        coarse.observe(value)
+    assert fine.folded(TTFT_BUCKETS) == coarse.cumulative()
+
+
+def test_folding_into_a_bound_the_histogram_lacks_is_refused() -> None:
+    try:
+        Histogram(LATENCY_BOUNDS).folded((0.0011,))
+    except ValueError as exc:
+        assert "0.0011" in str(exc)
+    else:
+        raise AssertionError("folded into a bound that is not one of the histogram's")
+
+
 # -- through the router -------------------------------------------------------------------------
 
 
@@ -143,6 +163,21 @@ async def test_a_retried_request_is_one_error_on_the_first_endpoint_and_one_ok_o
         assert good.warmup_ttft_s is not None and good.ttft.count == 3
         assert fleet.totals is not None
         assert (fleet.totals.requests, fleet.totals.errors, fleet.totals.stream_failures) == (4, 0, 0)
+
+        async with f.client.get(f.url + "/metrics") as resp:
+            text = await resp.text()
+        requests = "corral_router_endpoint_requests_total"
+        assert sample(text, requests, endpoint=broken.url, outcome="error") == 1
+        assert sample(text, requests, endpoint=broken.url, outcome="ok") == 0
+        assert sample(text, requests, endpoint=healthy.url, outcome="ok") == 4
+        assert sample(text, requests, endpoint=healthy.url, outcome="error") == 0
+        assert sample(text, "corral_router_endpoint_ttft_seconds_count", endpoint=healthy.url) == 3
+        assert sample(text, "corral_router_endpoint_ttft_seconds_count", endpoint=broken.url) == 0
+        warmup = "corral_router_endpoint_warmup_ttft_seconds"
+        seen = sample(text, warmup, endpoint=healthy.url)
+        assert seen is not None and good.warmup_ttft_s is not None
+        assert abs(seen - good.warmup_ttft_s) <= 1e-6  # /v1/fleet rounds to the microsecond
+        assert sample(text, warmup, endpoint=broken.url) is None
 
 
 async def test_engine_5xx_stream_cut_and_abort_count_against_their_endpoint_and_4xx_does_not() -> None:
