@@ -10,6 +10,9 @@ from typing import Any, cast
 
 import pytest
 
+from corral.bundle_spec import BundleSpec
+from corral.supervisor.checks.adapters import AdapterSet
+from corral.supervisor.lifecycle.config import SupervisorConfig
 from corral.supervisor.lifecycle.operation_lock import EngineHeld, OperationLock
 from corral.supervisor.lifecycle.operations import OperationLedger
 from corral.supervisor.lifecycle.sleep_status import SleepStatus
@@ -62,12 +65,20 @@ class _Records:
 
 
 class _Engine:
-    """The part of `EngineAccess` that `start_operation` uses, with the real lock and ledger."""
+    """The part of `EngineAccess` that `start_operation` uses, with the real lock and ledger; no
+    engine process and no admission gate (what its change record reads)."""
 
     def __init__(self) -> None:
         self.operation_lock = OperationLock()
         self.operations = OperationLedger(lambda op: None)
         self.oplog = _Records()
+        self.config = SupervisorConfig(engine_argv=())
+        self.gate = None
+        self.engine = None
+        self.bundle = None
+        self.running_bundle = BundleSpec(name="initial")
+        self.sleep_status = None
+        self.adapters = AdapterSet()
 
     def log(self, message: str) -> None:
         pass
@@ -118,7 +129,8 @@ async def test_an_operation_holds_the_lock_from_precheck_to_its_end() -> None:
     plan.go.set()
     await op.done.wait()
     assert op.status == "succeeded" and engine.operation_lock.holder is None
-    assert "runbook_step" in engine.oplog.types
+    assert "runbook_step" in engine.oplog.types and engine.oplog.types[-1] == "change_record"
+    assert op.result is not None and op.result["change_record"]["outcome"] == "succeeded"
 
 
 async def test_a_refused_precheck_leaves_the_lock_free() -> None:
@@ -126,3 +138,4 @@ async def test_a_refused_precheck_leaves_the_lock_free() -> None:
     with pytest.raises(Refused):
         await start_operation(cast(EngineAccess, engine), _Plan(refuse=True), None)
     assert engine.operation_lock.holder is None
+    assert engine.oplog.types == ["change_record"]  # the refusal's record (outcome refused)

@@ -65,10 +65,12 @@ class RequestFailures(WireModel):
 
 class MemoryDelta(WireModel):
     """One engine's memory before and after the operation, in bytes, and where the figures came from
-    (`nvml`, `engine_metrics`, `sim`); a figure not measured is None."""
+    (`nvml`, `engine_metrics`, `sim`); a figure not measured is None. `pool` is the memory measured:
+    `gpu`, or `host` (the CPU backup a level-1 sleep moves the weights to)."""
 
     engine: str
     source: str
+    pool: str = "gpu"
     before_bytes: int | None = None
     after_bytes: int | None = None
     delta_bytes: int | None = None
@@ -132,6 +134,8 @@ class VerifyRecord(ChangeRecord):
     failed: list[str] = Field(default_factory=list)
     checks: list[dict[str, Any]] = Field(default_factory=list)
     ttft_ms: float | None = None  # the smoke request's TTFT (one probe, not a steady-state figure)
+    # with --observe-seconds: each engine's window (by name) against the fleet's
+    endpoint_windows: dict[str, WindowVerdict] = Field(default_factory=dict)
 
 
 class RolloutRecord(ChangeRecord):

@@ -1,12 +1,16 @@
 """Starting a runbook operation: PRECHECK first (a refusal is a 409 with nothing changed), then the
-runbook under the operation ledger, so the same operation id returns the same run."""
+runbook under the operation ledger, so the same operation id returns the same run. Every run ends
+with its change record (`change_record.py`) in the result, next to the steps, failed or not; a
+refusal leaves one (outcome refused) in the oplog only."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from corral.supervisor.lifecycle.operation_lock import EngineHeld
 from corral.supervisor.lifecycle.operations import Operation
+from corral.supervisor.runbook.change_record import ChangeWitness
 from corral.supervisor.runbook.template import Refused, Runbook, RunbookPlan
 
 if TYPE_CHECKING:
@@ -20,19 +24,35 @@ async def start_operation(sup: EngineAccess, plan: RunbookPlan, op_id: str | Non
         if existing is not None:
             return sup.operations.start(plan.kind, op_id, _never)  # same run, or a conflict
     lock = sup.operation_lock
+    witness = ChangeWitness(sup, plan.kind)
+    checking = time.monotonic()
     try:
         lock.take(f"{plan.kind} (precheck)")
     except EngineHeld as exc:
+        witness.refused(op_id, f"{plan.kind} refused: {exc}", checking)
         raise Refused(f"{plan.kind} refused: {exc}") from None
     try:
         evidence = await plan.precheck()
+    except Refused as exc:
+        lock.release()
+        witness.refused(op_id, str(exc), checking)
+        raise
     except BaseException:
         lock.release()
         raise
 
     async def body(op: Operation) -> dict[str, Any]:
+        runbook = Runbook(plan, op.id, sup.oplog.append, sup.log)
         try:
-            return await Runbook(plan, op.id, sup.oplog.append, sup.log).run(evidence)
+            await witness.begin()
+            try:
+                result = await runbook.run(evidence, checking)
+            except Exception as exc:  # a failed run keeps its steps and record in the result too
+                record = await witness.close(op.id, runbook.steps, str(exc))
+                op.result = {"steps": runbook.steps, "change_record": record.to_file()}
+                raise
+            record = await witness.close(op.id, runbook.steps)
+            return {**result, "change_record": record.to_file()}
         finally:
             lock.release()
 

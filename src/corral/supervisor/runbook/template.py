@@ -5,7 +5,8 @@ not apply returns why, and that is recorded too) and writes each step's start, o
 to the operation log as a `runbook_step` record.
 
 PRECHECK runs before the operation is accepted, so a refused operation (`Refused`, HTTP 409) has
-changed nothing; its evidence is recorded as the first step once the operation runs.
+changed nothing; its evidence is recorded as the first step once the operation runs. Asked for, an
+`Observer` closes the operation with OBSERVE, a window of traffic after POSTCHECK.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Step(StrEnum):
     VERIFY = "verify"
     RECOVER = "recover"
     POSTCHECK = "postcheck"
+    OBSERVE = "observe"  # after POSTCHECK, only when asked (`observe.py`); not in ORDER
 
 
 ORDER = (Step.REMOVE_FROM_ROUTING, Step.DRAIN_POLICY, Step.EXECUTE, Step.VERIFY)
@@ -67,21 +69,36 @@ class RunbookPlan(Protocol):
     async def postcheck(self) -> Evidence: ...
 
 
+class Observer(Protocol):
+    """OBSERVE (`runbook/observe.py`): a baseline read at PRECHECK, a window after POSTCHECK that
+    raises StepFailed when it is worse; `recovers` when that failure runs the plan's RECOVER."""
+
+    recovers: bool
+
+    async def baseline(self) -> Evidence: ...
+    async def observe(self) -> Evidence: ...
+
+
 class Runbook:
     """Runs one plan under one operation id, recording every step."""
 
-    def __init__(self, plan: RunbookPlan, operation_id: str, record: Record, log: Log) -> None:
+    def __init__(
+        self, plan: RunbookPlan, operation_id: str, record: Record, log: Log, observer: Observer | None = None
+    ) -> None:
         self.plan = plan
+        self.observer = observer
         self.operation_id = operation_id
         self._record = record
         self._log = log
         self.steps: list[dict[str, Any]] = []
 
     def _note(self, step: Step, status: str, evidence: Evidence, started: float) -> None:
+        seconds = time.monotonic() - started  # `started` is monotonic; the record shows wall clock
         entry = {
             "step": step.value,
             "status": status,
-            "seconds": round(time.monotonic() - started, 4),
+            "started": round(time.time() - seconds, 4),
+            "seconds": round(seconds, 4),
             "evidence": evidence,
         }
         self.steps.append(entry)
@@ -100,9 +117,10 @@ class Runbook:
             raise StepFailed(f"{type(exc).__name__}: {exc}") from exc
         self._note(step, "done", evidence, started)
 
-    async def run(self, precheck_evidence: Evidence) -> dict[str, Any]:
-        """Every step in order; on a failure RECOVER runs and `OperationFailed` is raised."""
-        self._note(Step.PRECHECK, "done", precheck_evidence, time.monotonic())
+    async def run(self, precheck_evidence: Evidence, precheck_started: float | None = None) -> dict[str, Any]:
+        """Every step in order; on a failure RECOVER runs and `OperationFailed` is raised.
+        `precheck_started` is when PRECHECK began (monotonic), which ran before the operation did."""
+        self._note(Step.PRECHECK, "done", precheck_evidence, precheck_started or time.monotonic())
         bodies = {
             Step.REMOVE_FROM_ROUTING: self.plan.remove_from_routing,
             Step.DRAIN_POLICY: self.plan.drain,
@@ -115,7 +133,19 @@ class Runbook:
             except StepFailed as exc:
                 await self._recover(step, str(exc))
         await self._step(Step.POSTCHECK, self.plan.postcheck)
+        if self.observer is not None:
+            await self._observe(self.observer)
         return {"steps": self.steps}
+
+    async def _observe(self, observer: Observer) -> None:
+        """A failed window fails the operation (the step's error names the figures); RECOVER runs
+        first where the observer says so."""
+        try:
+            await self._step(Step.OBSERVE, observer.observe)
+        except StepFailed as exc:
+            if observer.recovers:
+                await self._recover(Step.OBSERVE, str(exc))
+            raise
 
     async def _recover(self, failed_step: Step, cause: str) -> None:
         started = time.monotonic()
