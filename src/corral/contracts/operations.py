@@ -1,7 +1,8 @@
 """The supervisor's operations: the request bodies of `POST /v1/{drain,shutdown,sleep,wake,reload,
 bundle,lora/load,lora/unload}` and the operation record every one of them (and `GET
 /v1/operations/{id}`) answers with. An `operation_id` (or the `Idempotency-Key` header) names one
-run: asking again with it joins that run.
+run: asking again with it joins that run. A runbook operation's body may add `observe_seconds` and the
+thresholds of its OBSERVE window (`ObservedRequest`).
 
 The request validators raise the messages the supervisor answers a bad body with (HTTP 400)."""
 
@@ -12,7 +13,10 @@ from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
 
+from corral.contracts.traffic import WindowThresholds
 from corral.contracts.wire import OpenWireModel, WireModel
+
+OBSERVE_SECONDS_MAX = 3600.0
 
 
 class OperationStatus(StrEnum):
@@ -120,7 +124,53 @@ class ShutdownRequest(OperationRequest):
     route = "/v1/shutdown"
 
 
-class SleepRequest(OperationRequest):
+class ObservedRequest(OperationRequest):
+    """A runbook operation's request: `observe_seconds` S > 0 closes it with OBSERVE, one window of S
+    seconds of the engine's traffic after POSTCHECK compared with its PRECHECK baseline; the three
+    thresholds default to `WindowThresholds`'."""
+
+    observe_seconds: float | None = None
+    max_error_ratio: float | None = None
+    max_ttft_ratio: float | None = None
+    min_requests: int | None = None
+
+    @field_validator("observe_seconds", "max_error_ratio", "max_ttft_ratio", mode="before")
+    @classmethod
+    def _observe_figure(cls, value: Any, info: Any) -> float | None:
+        if value is None:
+            return None
+        name = info.field_name
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{name} must be a number, not {value!r}")
+        low, high, what = {
+            "observe_seconds": (0.0, OBSERVE_SECONDS_MAX, "seconds (0: no OBSERVE)"),
+            "max_error_ratio": (0.0, 1.0, "an error ratio"),
+            "max_ttft_ratio": (1.0, 1000.0, "how many times the baseline's TTFT p99"),
+        }[name]
+        if not low <= value <= high:
+            raise ValueError(f"{name} must be {what} from {low:g} to {high:g}, not {value!r}")
+        return float(value)
+
+    @field_validator("min_requests", mode="before")
+    @classmethod
+    def _min_requests(cls, value: Any) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"min_requests must be a whole number of requests, at least 1, not {value!r}")
+        return value
+
+    def thresholds(self) -> WindowThresholds:
+        """The thresholds asked for, the others at their defaults."""
+        asked = {
+            "max_error_ratio": self.max_error_ratio,
+            "max_ttft_ratio": self.max_ttft_ratio,
+            "min_requests": self.min_requests,
+        }
+        return WindowThresholds.model_validate({k: v for k, v in asked.items() if v is not None})
+
+
+class SleepRequest(ObservedRequest):
     route = "/v1/sleep"
     level: int = 1
     mode: str = "wait"
@@ -142,7 +192,7 @@ class SleepRequest(OperationRequest):
         return value
 
 
-class WakeRequest(OperationRequest):
+class WakeRequest(ObservedRequest):
     route = "/v1/wake"
     tags: list[str] | None = None
     reload: bool = False
@@ -162,7 +212,7 @@ class WakeRequest(OperationRequest):
         return value
 
 
-class ReloadRequest(OperationRequest):
+class ReloadRequest(ObservedRequest):
     route = "/v1/reload"
     mode: str = "wait"
 
@@ -174,7 +224,7 @@ class ReloadRequest(OperationRequest):
         return value
 
 
-class SwitchBundleRequest(OperationRequest):
+class SwitchBundleRequest(ObservedRequest):
     route = "/v1/bundle"
     name: str = Field(default=None, validate_default=True)
     ready_timeout: float | None = None
@@ -198,7 +248,7 @@ class SwitchBundleRequest(OperationRequest):
         return value
 
 
-class LoadAdapterRequest(OperationRequest):
+class LoadAdapterRequest(ObservedRequest):
     """The plan checks the name and path (its messages name the adapter): read as sent."""
 
     route = "/v1/lora/load"
@@ -206,6 +256,6 @@ class LoadAdapterRequest(OperationRequest):
     adapter_path: Any = Field(default=None, alias="path")
 
 
-class UnloadAdapterRequest(OperationRequest):
+class UnloadAdapterRequest(ObservedRequest):
     route = "/v1/lora/unload"
     name: Any = None

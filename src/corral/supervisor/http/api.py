@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from corral.contracts.operations import (
     DrainRequest,
     LoadAdapterRequest,
-    OperationRequest,
+    ObservedRequest,
     ReloadRequest,
     SleepRequest,
     SwitchBundleRequest,
@@ -49,6 +49,7 @@ from corral.supervisor.lifecycle.operations import Operation, OperationConflict
 from corral.supervisor.lifecycle.states import EngineState, StateEvent
 from corral.supervisor.lifecycle.supervisor import EngineSupervisor
 from corral.supervisor.runbook.lora import LoadAdapterPlan, UnloadAdapterPlan
+from corral.supervisor.runbook.observe import ObservedWindow
 from corral.supervisor.runbook.reload import ReloadPlan
 from corral.supervisor.runbook.run import start_operation
 from corral.supervisor.runbook.sleep import SleepPlan
@@ -57,7 +58,7 @@ from corral.supervisor.runbook.template import Refused
 from corral.supervisor.runbook.wake import WakePlan
 
 HEARTBEAT_LIMITS = (0.2, 60.0)
-R = TypeVar("R", bound=OperationRequest)
+R = TypeVar("R", bound=ObservedRequest)
 _STARTED_STATES = frozenset(
     {EngineState.READY, EngineState.DRAINING, EngineState.PAUSED, EngineState.SLEEPING, EngineState.WAKING}
 )
@@ -303,8 +304,10 @@ class SupervisorAPI:
             return parsed
         op_id, body = parsed
         try:
-            plan = make_plan(asked.model_validate(body))
-            op, started = await start_operation(self.supervisor, plan, op_id)
+            validated = asked.model_validate(body)
+            plan = make_plan(validated)
+            observer = ObservedWindow.asked(self.supervisor, plan.kind, validated)
+            op, started = await start_operation(self.supervisor, plan, op_id, observer)
         except Refused as exc:
             return _error(409, str(exc), "conflict_error")
         except OperationConflict as exc:

@@ -11,14 +11,17 @@ from typing import TYPE_CHECKING, Any
 from corral.supervisor.lifecycle.operation_lock import EngineHeld
 from corral.supervisor.lifecycle.operations import Operation
 from corral.supervisor.runbook.change_record import ChangeWitness
-from corral.supervisor.runbook.template import Refused, Runbook, RunbookPlan
+from corral.supervisor.runbook.template import Observer, Refused, Runbook, RunbookPlan
 
 if TYPE_CHECKING:
     from corral.supervisor.runbook.engine_access import EngineAccess
 
 
-async def start_operation(sup: EngineAccess, plan: RunbookPlan, op_id: str | None) -> tuple[Operation, bool]:
-    """Raises `Refused` (PRECHECK) or `OperationConflict` (the id names another kind of operation)."""
+async def start_operation(
+    sup: EngineAccess, plan: RunbookPlan, op_id: str | None, observer: Observer | None = None
+) -> tuple[Operation, bool]:
+    """Raises `Refused` (PRECHECK) or `OperationConflict` (the id names another kind of operation).
+    With an `observer`, PRECHECK also reads OBSERVE's baseline and the run ends with OBSERVE."""
     if op_id is not None:
         existing = sup.operations.get(op_id)
         if existing is not None:
@@ -33,6 +36,8 @@ async def start_operation(sup: EngineAccess, plan: RunbookPlan, op_id: str | Non
         raise Refused(f"{plan.kind} refused: {exc}") from None
     try:
         evidence = await plan.precheck()
+        if observer is not None:  # the engine's steady state before the change
+            evidence["observe_baseline"] = await observer.baseline()
     except Refused as exc:
         lock.release()
         witness.refused(op_id, str(exc), checking)
@@ -42,7 +47,7 @@ async def start_operation(sup: EngineAccess, plan: RunbookPlan, op_id: str | Non
         raise
 
     async def body(op: Operation) -> dict[str, Any]:
-        runbook = Runbook(plan, op.id, sup.oplog.append, sup.log)
+        runbook = Runbook(plan, op.id, sup.oplog.append, sup.log, observer)
         try:
             await witness.begin()
             try:

@@ -1,0 +1,113 @@
+"""OBSERVE, the step that closes a runbook operation when asked (`observe_seconds` > 0): one window of
+normal traffic on the engine after POSTCHECK, from its own `/metrics`, compared with the baseline read
+at PRECHECK (the engine's figures since it started: its steady state so far) by the one comparison
+every observer makes (`contracts.traffic.compare_windows`).
+
+A window worse than the thresholds fails the step and with it the operation, the figures in the
+error; a bundle switch then runs RECOVER (back to the bundle it came from, drained first), the other
+operations leave the engine serving (there is nothing known-better to go back to). A window with too
+few requests is inconclusive: recorded, never a pass, and the operation stands. An engine that is not
+READY after the operation (a sleep, a partial wake) has no traffic to observe: not applicable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+from corral.contracts.operations import ObservedRequest
+from corral.contracts.traffic import FAILED, TrafficFigures, WindowSummary, WindowThresholds, compare_windows
+from corral.engine.load_sample import MetricsUnavailable
+from corral.engine.traffic_source import ENGINE_METRICS, fetch_traffic
+from corral.supervisor.lifecycle.states import EngineState
+from corral.supervisor.runbook.template import Evidence, StepFailed
+
+if TYPE_CHECKING:
+    from corral.supervisor.runbook.engine_access import EngineAccess
+
+S = EngineState
+RECOVERING_KINDS = ("switch_bundle",)  # a failed window takes the engine back to the bundle it came from
+PROGRESS_EVERY_S = 10.0
+
+
+class ObservedWindow:
+    """One operation's OBSERVE: its baseline (read at PRECHECK) and its window (after POSTCHECK)."""
+
+    def __init__(self, sup: EngineAccess, kind: str, seconds: float, limits: WindowThresholds) -> None:
+        self.sup = sup
+        self.kind = kind
+        self.seconds = seconds
+        self.limits = limits
+        self.recovers = kind in RECOVERING_KINDS
+        self.baseline_summary: WindowSummary | None = None
+        self.baseline_note: str | None = None
+
+    @classmethod
+    def asked(cls, sup: EngineAccess, kind: str, request: ObservedRequest) -> ObservedWindow | None:
+        """The OBSERVE a request asks for; None without `observe_seconds` (or with 0)."""
+        if not request.observe_seconds:
+            return None
+        return cls(sup, kind, request.observe_seconds, request.thresholds())
+
+    async def _read(self) -> TrafficFigures:
+        return await fetch_traffic(self.sup.session, self.sup.config.engine_url)
+
+    async def baseline(self) -> Evidence:
+        """PRECHECK's reading: the engine's figures since it started. Never raises: a baseline that
+        cannot be read is named, and the window is then judged on its error ratio alone."""
+        engine = self.sup.engine
+        identity = engine.identity if engine is not None and engine.running else None
+        if identity is None:
+            self.baseline_note = "no engine process runs: no baseline"
+            return {"baseline": None, "note": self.baseline_note}
+        try:
+            figures = await self._read()
+        except MetricsUnavailable as exc:
+            self.baseline_note = f"the engine's /metrics could not be read: {exc}"
+            return {"baseline": None, "note": self.baseline_note}
+        uptime = max(0.0, time.time() - identity.create_time)
+        self.baseline_summary = WindowSummary.of(figures, uptime, ENGINE_METRICS)
+        return {"baseline": self.baseline_summary.to_wire(), "since": "the engine's start"}
+
+    async def observe(self) -> Evidence:
+        """The window after POSTCHECK and its verdict; raises StepFailed on a failed verdict."""
+        sup = self.sup
+        state = sup.machine.state
+        if state is not S.READY:
+            why = f"the engine is {state} after the {self.kind}: no traffic reaches it to observe"
+            return {"verdict": None, "not_applicable": why}
+        try:
+            first = await self._read()
+            started = time.monotonic()
+            await self._wait()
+            last = await self._read()
+        except MetricsUnavailable as exc:
+            raise StepFailed(f"the observed window could not be read: {exc}") from exc
+        elapsed = time.monotonic() - started
+        if sup.machine.state is not S.READY:
+            raise StepFailed(f"the engine left READY during the observed window: it is {sup.machine.state}")
+        window = WindowSummary.of(last.minus(first), elapsed, ENGINE_METRICS)
+        verdict = compare_windows(window, self.baseline_summary, self.limits)
+        evidence: Evidence = {
+            "window": window.to_wire(),
+            "baseline": self.baseline_summary.to_wire() if self.baseline_summary is not None else None,
+            "verdict": verdict.to_wire(),
+            "thresholds": self.limits.to_wire(),
+        }
+        if self.baseline_note is not None:
+            evidence["baseline_note"] = self.baseline_note
+        sup.log(f"{self.kind}: observed {elapsed:.1f}s: {verdict.verdict}: {verdict.reason}")
+        if verdict.verdict == FAILED:
+            raise StepFailed(f"the observed window failed: {verdict.reason}", **evidence)
+        return evidence
+
+    async def _wait(self) -> None:
+        """The window's seconds, with a progress line every `PROGRESS_EVERY_S`."""
+        started = time.monotonic()
+        self.sup.log(f"{self.kind}: observing {self.seconds:g}s of traffic against the PRECHECK baseline")
+        while (left := self.seconds - (time.monotonic() - started)) > 0:
+            await asyncio.sleep(min(left, PROGRESS_EVERY_S))
+            elapsed = time.monotonic() - started
+            if elapsed < self.seconds:
+                self.sup.log(f"{self.kind}: observing: {elapsed:.0f}s of {self.seconds:g}s")
