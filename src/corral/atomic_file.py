@@ -13,8 +13,21 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 from pathlib import Path
+
+_TEMP_NAME = re.compile(r"^\..+\.[0-9a-f]{16}\.tmp$")
+
+
+def temp_name(path: Path) -> Path:
+    """A fresh temp name beside `path` (`.NAME.<16 hex>.tmp`)."""
+    return path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+
+
+def is_temp_name(name: str) -> bool:
+    """A name `temp_name` gives: such a file still there long after its write is a crash's leftover."""
+    return _TEMP_NAME.match(name) is not None
 
 
 def write_atomically(
@@ -26,7 +39,7 @@ def write_atomically(
     leaving no temp file behind."""
     if make_dirs:
         path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    tmp = temp_name(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
         with os.fdopen(fd, "wb") as fh:

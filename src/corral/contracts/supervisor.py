@@ -257,3 +257,48 @@ class SupervisorState(OpenWireModel):
     def progress(self) -> str:
         """One line for a terminal: state/sub-state: reason."""
         return f"{self.state}/{self.sub_state}: {self.reason}"
+
+
+LeftoverVerdict = Literal["clean", "found", "not_measured"]
+
+
+class Leftover(WireModel):
+    """One thing an operation left behind, named: a process (pid), a file or socket (path), and what
+    it holds (bytes) where that is known."""
+
+    kind: str
+    what: str
+    path: str | None = None
+    pid: int | None = None
+    bytes: int | None = None
+
+
+class LeftoverCheck(WireModel):
+    """One kind of leftover looked for: `clean` (looked, nothing there), `found` (named in `found`) or
+    `not_measured` (could not look: never clean); `fails` says whether a find fails POSTCHECK."""
+
+    kind: str
+    verdict: LeftoverVerdict
+    reason: str
+    fails: bool = False
+    found: list[Leftover] = Field(default_factory=list)
+
+
+class LeftoverReport(WireModel):
+    """`GET /v1/leftovers` and the `leftovers` evidence of a POSTCHECK: every kind looked for."""
+
+    checked_at: float
+    checks: list[LeftoverCheck] = Field(default_factory=list)
+
+    @property
+    def failures(self) -> list[LeftoverCheck]:
+        return [c for c in self.checks if c.verdict == "found" and c.fails]
+
+    @property
+    def warnings(self) -> list[LeftoverCheck]:
+        return [c for c in self.checks if c.verdict == "found" and not c.fails]
+
+    def named(self, checks: list[LeftoverCheck] | None = None) -> str:
+        """The leftovers of `checks` (default: every find) in one line."""
+        chosen = checks if checks is not None else [c for c in self.checks if c.verdict == "found"]
+        return "; ".join(f.what for c in chosen for f in c.found)

@@ -48,6 +48,7 @@ from corral.supervisor.lifecycle.drain import DrainPolicy
 from corral.supervisor.lifecycle.operations import Operation, OperationConflict
 from corral.supervisor.lifecycle.states import EngineState, StateEvent
 from corral.supervisor.lifecycle.supervisor import EngineSupervisor
+from corral.supervisor.runbook.cleanup import current_leftovers
 from corral.supervisor.runbook.lora import LoadAdapterPlan, UnloadAdapterPlan
 from corral.supervisor.runbook.observe import ObservedWindow
 from corral.supervisor.runbook.reload import ReloadPlan
@@ -95,6 +96,7 @@ class SupervisorAPI:
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/v1/state", self.state)
         app.router.add_get("/v1/state/watch", self.watch)
+        app.router.add_get("/v1/leftovers", self.leftovers)
         app.router.add_post("/v1/acks", self.ack)
         app.router.add_post("/v1/drain", self.drain)
         app.router.add_post("/v1/shutdown", self.shutdown)
@@ -158,6 +160,10 @@ class SupervisorAPI:
         body = self.supervisor.state_body()
         body["operations"] = [op.to_json() for op in self.supervisor.operations.all()]
         return _json(body)
+
+    async def leftovers(self, request: web.Request) -> web.Response:
+        """What operations left behind, looked for now (`corral verify`'s cleanup check)."""
+        return _json((await current_leftovers(self.supervisor)).to_wire())
 
     async def watch(self, request: web.Request) -> web.StreamResponse:
         machine = self.supervisor.machine

@@ -28,6 +28,7 @@ from corral.supervisor.lifecycle.drain import DrainPolicy, DrainReport, DrainSeq
 from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPolicy, RestartRecord
 from corral.supervisor.lifecycle.failure_strategy import RollbackStarter, StartupFailure, Verdict, decide
 from corral.supervisor.lifecycle.forced_exits import RequestWatch
+from corral.supervisor.lifecycle.leftover_scene import EngineSnapshot, stopped_leftovers
 from corral.supervisor.lifecycle.memory_checks import MemoryRecord, MemoryVerdict
 from corral.supervisor.lifecycle.metrics import SupervisorMetrics
 from corral.supervisor.lifecycle.operation_lock import OperationLock
@@ -145,12 +146,17 @@ class EngineSupervisor:
 
     async def close(self) -> None:
         await cancel_tasks(self._lifecycle)
+        stopping = await EngineSnapshot.take(self.engine)  # what must be gone once all is stopped
         if self.engine is not None:  # an engine that exited may still leave ranks: the stop ends them
             await self.stop_engine(self.config.drain.shutdown_timeout, "supervisor exiting")
         if self.preload is not None:  # only after the engine, which may map the daemon's memory
             await self.preload.stop(self.config.drain.shutdown_timeout, self.oplog.append)
         if self._session is not None:
             await self._session.close()
+        left = await stopped_leftovers(self.config, self.preload, stopping)
+        self.oplog.append("leftovers", operation="shutdown", **left.to_wire())
+        if left.failures or left.warnings:
+            self._log(f"shutdown left: {left.named()}")
         self.oplog.append("supervisor_exited")
         self.oplog.close()
 

@@ -13,6 +13,7 @@ from corral.supervisor.lifecycle.device_memory import DeviceReading
 from corral.supervisor.lifecycle.drain import Leaving
 from corral.supervisor.lifecycle.sleep_status import SleepStatus
 from corral.supervisor.lifecycle.states import EngineState
+from corral.supervisor.runbook.cleanup import postcheck_leftovers
 from corral.supervisor.runbook.common import (
     SLEEP_MODES,
     admin_for,
@@ -93,4 +94,8 @@ class ReloadPlan:
     async def postcheck(self) -> Evidence:
         if self.sup.machine.state is not S.READY:
             raise StepFailed(f"state {self.sup.machine.state} after the reload")
-        return {"state": "READY"}
+        figures = await self.admin.figures()
+        leftovers = await postcheck_leftovers(
+            self.sup, self.kind, awake=True, cpu_backup_bytes=figures.cpu_backup_bytes
+        )
+        return {"state": "READY", "leftovers": leftovers}

@@ -31,7 +31,9 @@ from corral.supervisor.checks.engine_auth import redact_argv
 from corral.supervisor.checks.readiness import NotReady
 from corral.supervisor.lifecycle.drain import Leaving
 from corral.supervisor.lifecycle.failure_strategy import LIFECYCLE_ENDED, StartupFailure, Verdict
+from corral.supervisor.lifecycle.leftover_scene import EngineSnapshot
 from corral.supervisor.lifecycle.states import EngineState, StateEvent
+from corral.supervisor.runbook.cleanup import postcheck_leftovers
 from corral.supervisor.runbook.common import apply_policy, leave_routing
 from corral.supervisor.runbook.run import start_operation
 from corral.supervisor.runbook.template import Evidence, Refused, Step, StepFailed
@@ -71,6 +73,7 @@ class SwitchBundlePlan:
         self._failed_start: str | None = None  # the reason of the failed start this plan moves on from
         self._drainer: Leaving | None = None
         self._executed = False
+        self._replaced: EngineSnapshot | None = None  # the engine the switch stops: gone by POSTCHECK
 
     async def precheck(self) -> Evidence:
         sup = self.sup
@@ -95,6 +98,7 @@ class SwitchBundlePlan:
         }
         if self._failed_start is not None:
             evidence["failed_start"] = self._failed_start
+        self._replaced = await EngineSnapshot.take(sup.engine)
         return evidence
 
     async def remove_from_routing(self) -> Evidence:
@@ -120,8 +124,13 @@ class SwitchBundlePlan:
     async def verify(self) -> Evidence:
         # after a failed start the new start's own deadlines bound the wait (its verdict is awaited)
         await self._ready_again(None if self._failed_start is not None else self.ready_timeout)
-        bundle = self.sup.bundle
-        return {"fingerprint": bundle.fingerprint if bundle else None, "bundle": self.target.name}
+        bundle, smoke = self.sup.bundle, self.sup.last_smoke
+        return {
+            "fingerprint": bundle.fingerprint if bundle else None,
+            "bundle": self.target.name,
+            # the new engine's first request (its startup smoke); steady state is OBSERVE's
+            "warmup_ttft_ms": smoke.warmup_ttft_ms if smoke is not None else None,
+        }
 
     async def _ready_again(self, within: float | None) -> None:
         """Until the restarted engine is READY (its full startup passed), or fails, or time is up;
@@ -167,6 +176,11 @@ class SwitchBundlePlan:
             sup.transition(S.READY, f"bundle switch abandoned: {cause}", None, **smoke.to_json())
             sup.resume_serving()
             return {"outcome": f"still on {self.previous.name}, READY again"}
+        if failed_step is Step.OBSERVE and sup.machine.state is S.READY:  # serving: leave routing first
+            reason = f"bundle {self.target.name} failed its observed window: back to {self.previous.name}"
+            with contextlib.suppress(StepFailed):
+                leaving, _ = await leave_routing(sup, reason, "wait")
+                await apply_policy(sup, leaving, "wait")
         sup.use_bundle(self.previous)
         await sup.restart_in_place(f"bundle switch to {self.target.name} failed: {cause}")
         try:
@@ -178,7 +192,9 @@ class SwitchBundlePlan:
     async def postcheck(self) -> Evidence:
         if self.sup.machine.state is not S.READY:
             raise StepFailed(f"state {self.sup.machine.state} after the bundle switch")
-        return {"state": "READY", "bundle": self.sup.running_bundle.name}
+        # the old engine, its ranks and its sockets are gone
+        leftovers = await postcheck_leftovers(self.sup, self.kind, before=self._replaced)
+        return {"state": "READY", "bundle": self.sup.running_bundle.name, "leftovers": leftovers}
 
 
 async def roll_back(sup: EngineAccess, failure: StartupFailure) -> str | None:

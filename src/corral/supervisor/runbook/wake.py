@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from corral.engine.dev_api import EngineFigures, parse_figures
 from corral.supervisor.lifecycle.device_memory import DeviceReading
+from corral.supervisor.lifecycle.leftover_scene import EngineSnapshot
 from corral.supervisor.lifecycle.memory_checks import wake_verdict
 from corral.supervisor.lifecycle.sleep_status import SleepStatus
 from corral.supervisor.lifecycle.states import EngineState
+from corral.supervisor.runbook.cleanup import postcheck_leftovers, rss_proxy
 from corral.supervisor.runbook.common import (
     admin_for,
     device_reading,
@@ -65,6 +67,7 @@ class WakePlan:
         self.sleeping: SleepStatus | None = None  # as PRECHECK found it
         self.status: dict[str, Any] = {}  # the same, as the evidence shows it
         self.steps: WakeSteps | None = None
+        self.asleep: EngineSnapshot | None = None  # the engine's processes and RSS while asleep
 
     @property
     def _steps(self) -> WakeSteps:
@@ -82,6 +85,7 @@ class WakePlan:
             raise Refused(
                 "wake refused: the engine does not report is_sleeping; the supervisor's state is stale"
             )
+        self.asleep = await EngineSnapshot.take(sup.engine)
         return {
             "sleep": self.status,
             "sequence": self._steps.sequence,
@@ -173,7 +177,15 @@ class WakePlan:
             return {"state": self.sup.machine.state.value, "figures": figures.to_json()}
         if figures.sleep_state not in (None, "awake"):
             raise StepFailed(f"sleep state {figures.sleep_state} after the wake")
-        return {"state": self.sup.machine.state.value, "figures": figures.to_json()}
+        # awake: no CPU weight backup may remain (at level 1 one was expected while asleep)
+        leftovers = await postcheck_leftovers(
+            self.sup,
+            self.kind,
+            awake=True,
+            cpu_backup_bytes=figures.cpu_backup_bytes,
+            rss=await rss_proxy(self.sup, self.asleep, self.status),
+        )
+        return {"state": self.sup.machine.state.value, "figures": figures.to_json(), "leftovers": leftovers}
 
 
 __all__ = ["WakePlan", "parse_figures"]
