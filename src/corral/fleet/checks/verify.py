@@ -6,34 +6,24 @@ Check names are stable; they are what the table, the change record and the tests
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-import orjson
-
+from corral.contracts.traffic import WindowSummary, WindowThresholds
 from corral.engine.evidence import KINDS, KV_SHORTFALL
 from corral.engine_state import EngineState
 from corral.fleet.checks.adapters import KeptAdapters
+from corral.fleet.checks.check import FAIL as FAIL
+from corral.fleet.checks.check import NOT_MEASURED as NOT_MEASURED
+from corral.fleet.checks.check import PASS as PASS
+from corral.fleet.checks.check import WARN as WARN
+from corral.fleet.checks.check import Check as Check
 from corral.fleet.checks.expected_sleep import ExpectedAsleep, asleep_problems
 from corral.fleet.checks.probe import EngineView, FleetView
+from corral.fleet.checks.smoke import SmokeSample as SmokeSample
+from corral.fleet.checks.smoke import smoke as smoke
 from corral.fleet.checks.verify_memory import FAILED, PASSED, kv_capacity_outcome, memory_outcome
-
-PASS, FAIL, WARN = "pass", "fail", "warn"
-NOT_MEASURED = "not measured"  # nothing could measure it: never a pass; fails with --require-measured
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    verdict: str
-    detail: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"check": self.name, "verdict": self.verdict, "detail": self.detail}
 
 
 @dataclass(frozen=True)
@@ -47,6 +37,24 @@ class Expectations:
 
     def expected_asleep(self, engine: EngineView) -> ExpectedAsleep | None:
         return next((a for a in self.asleep if a.matches(engine)), None)
+
+
+@dataclass(frozen=True)
+class SteadyBaseline:
+    """The steady window of the newest change record that has one, and which record it came from."""
+
+    summary: WindowSummary
+    source: str
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What `--observe-seconds` brought: the `traffic` check, the fleet's steady window (None when
+    nothing could be read) and the baseline it was compared with."""
+
+    traffic: Check
+    steady: WindowSummary | None = None
+    baseline: SteadyBaseline | None = None
 
 
 def _names(engines: list[EngineView]) -> str:
@@ -259,92 +267,47 @@ def check_evidence(view: FleetView, expect: Expectations) -> Check:
     return Check("evidence", PASS, detail + (f"; explained: {'; '.join(explained)}" if explained else ""))
 
 
-@dataclass
-class SmokeSample:
-    check: Check
-    ttft_ms: float | None = None
-
-
-def _no_hint(status: int) -> str:
-    return ""
-
-
-async def smoke(
-    base_url: str,
-    model: str,
-    headers: dict[str, str] | None = None,
-    refused: Callable[[int], str] = _no_hint,
-) -> SmokeSample:
-    """One non-streamed and one streamed chat completion: usage and finish_reason on both (`headers`:
-    the engine's key, or a tenant key for a router with tenants; `refused(status)`: what to do when
-    `base_url` answers that status, put first in the check's detail)."""
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": [{"role": "user", "content": "corral verify"}],
-        "max_tokens": 4,
-        "temperature": 0,
-    }
-    limit = aiohttp.ClientTimeout(total=20)
-    url = base_url + "/v1/chat/completions"
-    try:
-        async with aiohttp.ClientSession() as session:
-            async with session.post(url, json=body, headers=headers or {}, timeout=limit) as resp:
-                if resp.status != 200:
-                    hint = refused(resp.status)
-                    said = hint or (await resp.text())[:200]
-                    return SmokeSample(Check("smoke", FAIL, f"non-streamed: {resp.status}: {said}"))
-                reply = await resp.json()
-            finish = (reply.get("choices") or [{}])[0].get("finish_reason")
-            if not finish or not (reply.get("usage") or {}).get("completion_tokens"):
-                return SmokeSample(
-                    Check("smoke", FAIL, f"non-streamed: finish {finish}, usage {reply.get('usage')}")
-                )
-            started = time.monotonic()
-            ttft: float | None = None
-            stream_finish, stream_usage = None, None
-            streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
-            async with session.post(url, json=streamed, headers=headers or {}, timeout=limit) as resp:
-                if resp.status != 200:
-                    hint = refused(resp.status)
-                    return SmokeSample(
-                        Check("smoke", FAIL, f"streamed: {resp.status}" + (f": {hint}" if hint else ""))
-                    )
-                async for raw in resp.content:
-                    line = raw.decode().strip()
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    chunk = orjson.loads(line[6:])
-                    for choice in chunk.get("choices") or []:
-                        if ttft is None and (choice.get("delta") or {}).get("content"):
-                            ttft = (time.monotonic() - started) * 1000
-                        stream_finish = choice.get("finish_reason") or stream_finish
-                    stream_usage = chunk.get("usage") or stream_usage
-            if not stream_finish or not stream_usage:
-                detail = f"streamed: finish {stream_finish}, usage {stream_usage}"
-                return SmokeSample(Check("smoke", FAIL, detail), ttft)
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-        return SmokeSample(Check("smoke", FAIL, f"{url}: {type(exc).__name__} {exc}"))
-    return SmokeSample(
-        Check("smoke", PASS, f"via {base_url}: finish {finish}/{stream_finish}, usage on both"), ttft
+def check_latency(
+    ttft_ms: float | None, previous: dict[str, Any] | None, observed: Observation | None = None
+) -> Check:
+    """Reported, never failed on (the `traffic` check judges the window): steady state against the
+    last record's steady state when a window was observed; else one probe against the last probe,
+    which is noise, not a trend."""
+    steady = observed.steady if observed is not None else None
+    if observed is not None and steady is not None and steady.ttft_p99_ms is not None:
+        now, p50 = steady.ttft_p99_ms, steady.ttft_p50_ms or 0.0
+        line = f"steady TTFT p99 {now:.1f} ms (p50 {p50:.1f} ms) over {steady.requests} requests"
+        base = observed.baseline
+        before = base.summary.ttft_p99_ms if base is not None else None
+        if base is None or before is None:
+            return Check("latency", PASS, f"{line}; no earlier record has a steady window to compare")
+        return _compared("latency", now, before, f"{line}, steady p99 {before:.1f} ms in {base.source}")
+    probe = "one probe request, not steady state (--observe-seconds measures it)"
+    if ttft_ms is None:
+        return Check("latency", WARN, f"no TTFT sample (smoke did not stream a token); {probe}")
+    before = (previous or {}).get("ttft_ms")
+    if not isinstance(before, int | float):
+        return Check("latency", PASS, f"TTFT {ttft_ms:.1f} ms from {probe}; no earlier record to compare")
+    return _compared(
+        "latency", ttft_ms, before, f"TTFT {ttft_ms:.1f} ms from {probe}, last record's {before:.1f} ms"
     )
 
 
-def check_latency(ttft_ms: float | None, previous: dict[str, Any] | None) -> Check:
-    """Reported, never failed on: one sample is noise; a trend needs the records side by side."""
-    if ttft_ms is None:
-        return Check("latency", WARN, "no TTFT sample (smoke did not stream a token)")
-    before = (previous or {}).get("ttft_ms")
-    if not isinstance(before, int | float):
-        return Check("latency", PASS, f"TTFT {ttft_ms:.1f} ms (no earlier record to compare)")
-    ratio = ttft_ms / before if before > 0 else 1.0
-    verdict = WARN if ratio > 2.0 and ttft_ms - before > 50 else PASS
-    return Check("latency", verdict, f"TTFT {ttft_ms:.1f} ms, last record {before:.1f} ms (×{ratio:.2f})")
+def _compared(name: str, now: float, before: float, line: str) -> Check:
+    limits = WindowThresholds()
+    ratio = now / before if before > 0 else 1.0
+    worse = ratio > limits.max_ttft_ratio and now - before > limits.ttft_slack_ms
+    return Check(name, WARN if worse else PASS, f"{line} (×{ratio:.2f})")
 
 
 async def run_checks(
-    view: FleetView, expect: Expectations, previous: dict[str, Any] | None
+    view: FleetView,
+    expect: Expectations,
+    previous: dict[str, Any] | None,
+    observed: Observation | None = None,
 ) -> tuple[list[Check], float | None]:
-    """Every check, in the checklist's order, and the TTFT sample for the change record."""
+    """Every check, in the checklist's order (`traffic` when a window was observed), and the smoke
+    request's TTFT for the change record."""
     checks = [
         check_processes(view, expect),
         check_model(view, expect),
@@ -370,5 +333,6 @@ async def run_checks(
         sample = await smoke(view.target.router, model, access.router_headers(), access.router_refused)
     elif base is not None:
         sample = await smoke(base, model, view.target.access.engine_headers())
-    checks += [sample.check, check_latency(sample.ttft_ms, previous), check_evidence(view, expect)]
+    checks += [sample.check, *([observed.traffic] if observed is not None else [])]
+    checks += [check_latency(sample.ttft_ms, previous, observed), check_evidence(view, expect)]
     return checks, sample.ttft_ms

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -12,14 +13,32 @@ from rich.table import Table
 
 from corral.aio import run
 from corral.clients.access import ROUTER_KEY_FLAG, FleetAccess, fleet_access_options
+from corral.contracts.records import LatencyRecord, StepRecord
+from corral.contracts.traffic import WindowThresholds
 from corral.engine.evidence import KINDS
 from corral.fleet.checks.adapters import adapter_baseline, last_adapters
-from corral.fleet.checks.change_record import default_record_path, new_record, read_record, write_record
+from corral.fleet.checks.change_record import (
+    default_record_path,
+    new_record,
+    newest_record,
+    read_record,
+    write_record,
+)
 from corral.fleet.checks.expected_sleep import ExpectAsleepError, ExpectedAsleep
+from corral.fleet.checks.observe import (
+    ObservedWindow,
+    endpoint_names,
+    judge,
+    last_steady,
+    observe,
+    warmup_ttft_ms,
+)
 from corral.fleet.checks.probe import FleetTarget, TargetError, look, read_token
 from corral.fleet.checks.verify import FAIL, NOT_MEASURED, PASS, Check, Expectations, run_checks
+from corral.fleet.checks.verify_memory import memory_deltas
 
 _COLOUR = {PASS: "green", FAIL: "red", NOT_MEASURED: "magenta"}
+_LIMITS = WindowThresholds()
 
 
 def render(checks: list[Check]) -> Table:
@@ -41,6 +60,35 @@ def _explained(values: tuple[str, ...]) -> dict[str, str]:
                 f"{value!r}: expected KIND=WHY with KIND one of {', '.join(KINDS)}", param_hint="--explain"
             )
         found[kind] = why.strip()
+    return found
+
+
+def _newest(
+    records: list[tuple[str, dict[str, Any] | None]], router: str | None, section: str
+) -> dict[str, Any] | None:
+    found = newest_record(records, router, lambda record: bool(record.get(section)))
+    return found[1] if found is not None else None
+
+
+def _unmeasured(
+    window: ObservedWindow | None, warmup: dict[str, float], memory_why: str, router_error: str
+) -> list[str]:
+    """The record's sections nothing measured, each with why."""
+    if window is None:
+        no_window = "no traffic window observed (--observe-seconds 0)"
+        found = [f"latency.steady: {no_window}", f"request_failures: {no_window}"]
+    else:
+        found = [f"latency.steady: {window.why_not}"] if window.fleet is None else []
+        if window.request_failures is None:
+            found.append(f"request_failures: {window.why_not or 'the router reports no request totals'}")
+    if not warmup:
+        why = (
+            router_error
+            or "no routed engine has answered a request since it became routable (or the router does not say)"
+        )
+        found.append(f"latency.warmup_ttft_ms: {why}")
+    if memory_why:
+        found.append(f"memory: {memory_why}")
     return found
 
 
@@ -93,6 +141,37 @@ def _explained(values: tuple[str, ...]) -> dict[str, str]:
     help="A check nothing could measure (memory without engine figures or NVML, KV size without a "
     "budget) fails instead of reporting NOT MEASURED.",
 )
+@click.option(
+    "--observe-seconds",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Observe this many seconds of the fleet's traffic through the router first: the `traffic` "
+    "check compares the window with the last change record's steady window, and each engine's with "
+    "the fleet's; `latency` then compares steady state. 0: no window (one probe only).",
+)
+@click.option(
+    "--max-error-ratio",
+    type=click.FloatRange(min=0, max=1),
+    default=_LIMITS.max_error_ratio,
+    show_default=True,
+    help="With --observe-seconds: how far the window's error ratio may exceed the baseline's.",
+)
+@click.option(
+    "--max-ttft-ratio",
+    type=click.FloatRange(min=1),
+    default=_LIMITS.max_ttft_ratio,
+    show_default=True,
+    help="With --observe-seconds: how many times the baseline's TTFT p99 the window's may be.",
+)
+@click.option(
+    "--min-requests",
+    type=click.IntRange(min=1),
+    default=_LIMITS.min_requests,
+    show_default=True,
+    help="With --observe-seconds: fewer requests in the window cannot be judged (a warning; a "
+    "failure with --require-measured).",
+)
 @click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @fleet_access_options()
 def verify(
@@ -107,6 +186,10 @@ def verify(
     explain: tuple[str, ...],
     record: Path | None,
     require_measured: bool,
+    observe_seconds: float,
+    max_error_ratio: float,
+    max_ttft_ratio: float,
+    min_requests: int,
     token_file: Path | None,
     access: FleetAccess,
 ) -> None:
@@ -129,18 +212,43 @@ def verify(
     expect = Expectations(
         expect_model, expected_adapters, _explained(explain), expected_asleep, require_measured, kept
     )
+    limits = WindowThresholds(
+        max_error_ratio=max_error_ratio, max_ttft_ratio=max_ttft_ratio, min_requests=min_requests
+    )
+    window = run(observe(target, observe_seconds, click.echo)) if observe_seconds > 0 else None
+    looked = time.time()
     view = run(look(target))
-    checks, ttft_ms = run(run_checks(view, expect, previous))
+    names = endpoint_names(view, view.router_endpoints or [])
+    baseline = last_steady(records, target.router)
+    judged = None if window is None else judge(window, baseline, limits, names, require_measured)
+    observation = judged.observation if judged is not None else None
+    checks, ttft_ms = run(run_checks(view, expect, previous, observation))
     Console(width=max(120, Console().width)).print(render(checks))
     failed = [c.name for c in checks if c.verdict == FAIL]
     unmeasured = [c.name for c in checks if c.verdict == NOT_MEASURED]
-    body = new_record("verify", view, started)
     served_now = [e.adapters for e in view.engines if e.models is not None]
-    body.update(
+    memory, memory_why = memory_deltas(view.engines, _newest(records, target.router, "memory"))
+    warmup = warmup_ttft_ms(view.router_endpoints or [], names)
+    steps = [StepRecord(step="checklist", started=looked, seconds=time.time() - looked, ok=not failed)]
+    if judged is not None:
+        observed = StepRecord(
+            step="observe", started=started, seconds=judged.window.seconds, ok=judged.check.verdict == PASS
+        )
+        steps.insert(0, observed)
+    body = new_record(
+        view,
+        started,
+        outcome="failed" if failed else "succeeded",
+        reason=f"failed: {', '.join(failed)}" if failed else "",
+        steps=steps,
+        request_failures=judged.window.request_failures if judged is not None else None,
+        memory=memory,
+        latency=judged.latency(warmup) if judged is not None else LatencyRecord(warmup_ttft_ms=warmup),
+        endpoint_windows=judged.endpoints if judged is not None else {},
+        not_measured=unmeasured + _unmeasured(window, warmup, memory_why, view.router_error),
         adapters={"served": adapter_baseline(kept, served_now)},
         ok=not failed,
         failed=failed,
-        not_measured=unmeasured,
         checks=[c.to_json() for c in checks],
         ttft_ms=ttft_ms if ttft_ms is not None else (previous or {}).get("ttft_ms"),
         expected={
@@ -150,7 +258,7 @@ def verify(
             "explained": expect.explained,
             "asleep": {a.engine: a.level for a in expected_asleep},
         },
-    )
+    ).to_file()
     write_record(path, body)
     click.echo(f"change record: {path}")
     if view.router_refused:

@@ -1,0 +1,225 @@
+"""`corral verify --observe-seconds`: one window of the fleet's normal traffic, read from the router's
+per-endpoint figures (`/v1/fleet` `traffic`) at its start and end, judged with `compare_windows`
+against the last change record's steady window, and each endpoint against the fleet's own window, so
+one bad engine hidden in a big fleet is named."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from pydantic import ValidationError
+
+from corral.clients.access import RouterAdminError
+from corral.clients.router import RouterAdminClient
+from corral.contracts.records import LatencyRecord, RequestFailures
+from corral.contracts.router import FleetEndpoint, RouterFleet
+from corral.contracts.traffic import (
+    FAILED,
+    INCONCLUSIVE,
+    TrafficFigures,
+    WindowSummary,
+    WindowThresholds,
+    WindowVerdict,
+    compare_windows,
+)
+from corral.fleet.checks.change_record import newest_record
+from corral.fleet.checks.check import FAIL, NOT_MEASURED, PASS, WARN, Check
+from corral.fleet.checks.probe import FleetTarget, FleetView
+from corral.fleet.checks.verify import Observation, SteadyBaseline
+
+SOURCE = "router"
+PROGRESS_EVERY = 10.0  # seconds between "observed" lines on a long window
+
+
+@dataclass
+class ObservedWindow:
+    """What the router saw between two readings: per endpoint (by URL) and for the fleet (their sum),
+    and the router's request counters at both ends. `fleet` None: nothing could be read, `why_not`
+    says why."""
+
+    seconds: float
+    fleet: WindowSummary | None = None
+    endpoints: dict[str, WindowSummary] = field(default_factory=dict)
+    request_failures: RequestFailures | None = None
+    why_not: str = ""
+    last: RouterFleet | None = None  # the later reading (warmup TTFTs are read from it)
+
+
+def _figures(fleet: RouterFleet) -> dict[str, TrafficFigures]:
+    return {e.url: e.traffic for e in fleet.endpoints if e.traffic is not None}
+
+
+def window_between(before: RouterFleet, after: RouterFleet, seconds: float, router: str) -> ObservedWindow:
+    """The window between two `/v1/fleet` readings: each endpoint's figures less its earlier ones (an
+    endpoint first listed inside the window counts whole), summed for the fleet."""
+    observed = ObservedWindow(seconds, last=after)
+    if after.totals is not None and before.totals is not None:
+        observed.request_failures = RequestFailures(
+            source=router, before=before.totals, after=after.totals, during=after.totals.minus(before.totals)
+        )
+    now, earlier = _figures(after), _figures(before)
+    if not now:
+        listed = len(after.endpoints)
+        observed.why_not = (
+            f"the router at {router} reports no per-endpoint traffic figures ({listed} endpoints listed, "
+            "none with `traffic`: a router older than Corral's traffic windows)"
+        )
+        return observed
+    total: TrafficFigures | None = None
+    try:
+        for url, figures in sorted(now.items()):
+            window = figures.minus(earlier.get(url, TrafficFigures()))
+            observed.endpoints[url] = WindowSummary.of(window, seconds, SOURCE)
+            total = window if total is None else total.plus(window)
+    except ValueError as exc:  # histograms on different bounds: not one series
+        observed.endpoints.clear()
+        observed.why_not = f"the router's traffic figures cannot be added up: {exc}"
+        return observed
+    assert total is not None
+    observed.fleet = WindowSummary.of(total, seconds, SOURCE)
+    return observed
+
+
+async def _read(admin: RouterAdminClient) -> RouterFleet | str:
+    try:
+        return await admin.fleet()
+    except RouterAdminError as exc:
+        return str(exc)
+
+
+async def observe(target: FleetTarget, seconds: float, say: Callable[[str], None]) -> ObservedWindow:
+    """Read the router's fleet, wait `seconds` (saying so, and how far it is on a long window), read
+    it again: the window between the two readings."""
+    if not target.router:
+        return ObservedWindow(seconds, why_not="no router given: traffic is read from the router (--router)")
+    async with aiohttp.ClientSession() as session:
+        admin = RouterAdminClient(session, target.access.router_admin(target.router))
+        first = await _read(admin)
+        if isinstance(first, str):
+            return ObservedWindow(seconds, why_not=f"the router's traffic could not be read: {first}")
+        say(f"observing {seconds:g} s of traffic through {target.router} …")
+        started = time.monotonic()
+        while (left := seconds - (time.monotonic() - started)) > 0:
+            await asyncio.sleep(min(left, PROGRESS_EVERY))
+            elapsed = time.monotonic() - started
+            if elapsed < seconds:
+                say(f"observed {elapsed:.0f}/{seconds:g} s")
+        second = await _read(admin)
+        elapsed = time.monotonic() - started
+    if isinstance(second, str):
+        return ObservedWindow(elapsed, why_not=f"the router's traffic could not be read again: {second}")
+    return window_between(first, second, elapsed, target.router)
+
+
+def _steady(record: dict[str, Any]) -> WindowSummary | None:
+    latency = record.get("latency")
+    steady = latency.get("steady") if isinstance(latency, dict) else None
+    try:
+        return WindowSummary.model_validate(steady) if isinstance(steady, dict) else None
+    except ValidationError:
+        return None
+
+
+def last_steady(
+    records: Iterable[tuple[str, dict[str, Any] | None]], router: str | None = None
+) -> SteadyBaseline | None:
+    """The steady window (`latency.steady`) of the newest record (of this router) that has one."""
+    found = newest_record(records, router, lambda record: _steady(record) is not None)
+    if found is None:
+        return None
+    where, record = found
+    summary = _steady(record)
+    assert summary is not None
+    return SteadyBaseline(summary, f"{record.get('kind', 'record')} {where}")
+
+
+def endpoint_names(view: FleetView, endpoints: Iterable[FleetEndpoint] = ()) -> dict[str, str]:
+    """Engine URL -> the name a person knows it by: the supervised engine's, else the router's."""
+    names = {e.url: e.name or e.url for e in endpoints}
+    names.update({e.engine_url: e.name for e in view.engines if e.engine_url and e.supervisor_url})
+    return names
+
+
+def warmup_ttft_ms(endpoints: Iterable[FleetEndpoint], names: Mapping[str, str]) -> dict[str, float]:
+    """Each endpoint's first request's TTFT since it last became routable, by engine name."""
+    return {
+        names.get(e.url, e.url): round(e.traffic.warmup_ttft_s * 1000.0, 3)
+        for e in endpoints
+        if e.traffic is not None and e.traffic.warmup_ttft_s is not None
+    }
+
+
+@dataclass(frozen=True)
+class TrafficJudgement:
+    """The window, its baseline, the `traffic` check, the fleet's verdict and each endpoint's
+    (against the fleet's window), by name."""
+
+    window: ObservedWindow
+    baseline: SteadyBaseline | None
+    check: Check
+    verdict: WindowVerdict | None = None
+    endpoints: dict[str, WindowVerdict] = field(default_factory=dict)
+
+    @property
+    def observation(self) -> Observation:
+        return Observation(self.check, self.window.fleet, self.baseline)
+
+    def latency(self, warmup_ttft_ms: dict[str, float]) -> LatencyRecord:
+        """The record's `latency`: warmup apart from the steady window and what it was compared with."""
+        return LatencyRecord(
+            warmup_ttft_ms=warmup_ttft_ms,
+            steady=self.window.fleet,
+            baseline=self.baseline.summary if self.baseline is not None else None,
+            verdict=self.verdict,
+        )
+
+
+def _figures_line(window: WindowSummary) -> str:
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    return (
+        f"{window.requests} requests in {window.seconds:g}s, TTFT p50/p99 {ms(window.ttft_p50_ms)}/"
+        f"{ms(window.ttft_p99_ms)} ms, ITL p99 {ms(window.itl_p99_ms)} ms"
+    )
+
+
+def judge(
+    window: ObservedWindow,
+    baseline: SteadyBaseline | None,
+    limits: WindowThresholds,
+    names: Mapping[str, str],
+    require_measured: bool = False,
+) -> TrafficJudgement:
+    """The fleet's window against the baseline, and each endpoint's against the fleet's: any failed
+    fails the check (naming the endpoints); too few requests to judge warns (fails with
+    --require-measured); no figures is NOT MEASURED."""
+    fleet = window.fleet
+    if fleet is None:
+        unmeasured = Check("traffic", FAIL if require_measured else NOT_MEASURED, window.why_not)
+        return TrafficJudgement(window, baseline, unmeasured)
+    verdict = compare_windows(fleet, baseline.summary if baseline is not None else None, limits)
+    against = (
+        f"baseline: {baseline.source}" if baseline is not None else "no earlier record has a steady window"
+    )
+    endpoints = {  # each against the fleet's window, which the record keeps once (`latency.steady`)
+        names.get(url, url): compare_windows(w, fleet, limits).model_copy(update={"baseline": None})
+        for url, w in window.endpoints.items()
+    }
+    bad = sorted((name, v) for name, v in endpoints.items() if v.verdict == FAILED)
+    problems = [f"fleet: {verdict.reason} ({against})"] if verdict.verdict == FAILED else []
+    problems += [f"{name}: {v.reason} (its baseline: the fleet's window)" for name, v in bad]
+    if problems:
+        failed = Check("traffic", FAIL, "; ".join(problems))
+        return TrafficJudgement(window, baseline, failed, verdict, endpoints)
+    line = f"{_figures_line(fleet)} over {len(window.endpoints)} endpoints"
+    if verdict.verdict == INCONCLUSIVE:
+        check = Check("traffic", FAIL if require_measured else WARN, f"{verdict.reason}; {line}")
+        return TrafficJudgement(window, baseline, check, verdict, endpoints)
+    detail = f"{line}; {verdict.reason}; {against}; no endpoint worse than the fleet"
+    return TrafficJudgement(window, baseline, Check("traffic", PASS, detail), verdict, endpoints)
