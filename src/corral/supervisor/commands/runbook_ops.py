@@ -1,21 +1,31 @@
 """`corral sleep|wake|reload|lora|switch-bundle --supervisor URL`: start a runbook operation on a
 supervised engine and follow it step by step until it is done. Exit 0 when it succeeded, 1 when it
 failed (RECOVER ran; the step and cause are printed), 2 when it was refused (409: a precondition,
-nothing changed) or the request was bad."""
+nothing changed) or the request was bad. A run that ended, failed or not, leaves its change record in
+`$XDG_STATE_HOME/corral/<kind>-<supervisor port>.json` (the last one of that kind there)."""
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import click
+import orjson
+from pydantic import ValidationError
 
 from corral.aio import run as run_on_uvloop
+from corral.atomic_file import write_atomically
 from corral.clients.calls import APIError
 from corral.clients.supervisor import OperationStillRunning, SupervisorClient
 from corral.contracts.operations import (
+    OBSERVE_SECONDS_MAX,
     LoadAdapterRequest,
+    OperationRecord,
     OperationRequest,
     ReloadRequest,
     SleepRequest,
@@ -23,6 +33,8 @@ from corral.contracts.operations import (
     UnloadAdapterRequest,
     WakeRequest,
 )
+from corral.contracts.records import ChangeRecord
+from corral.contracts.wire import first_message
 from corral.fleet.local.ownership import supervisor_token_for
 from corral.state_home import corral_state_dir
 from corral.supervisor_tokens import TokenFileError, read_management_token
@@ -44,8 +56,66 @@ _op_id = click.option("--operation-id", default=None, help="Idempotency key: the
 _timeout = click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=1.0))
 
 
+# `--observe-seconds S` closes any runbook operation with OBSERVE: S seconds of the engine's traffic
+# compared with its PRECHECK baseline (`runbook/observe.py`).
+_OBSERVE_OPTIONS = (
+    click.option(
+        "--observe-seconds",
+        type=click.FloatRange(0.0, OBSERVE_SECONDS_MAX),
+        default=None,
+        help="Close the operation with S seconds of the engine's traffic compared with its PRECHECK "
+        "baseline (OBSERVE); a worse window fails the operation [default: no OBSERVE].",
+    ),
+    click.option(
+        "--observe-max-error-ratio",
+        type=click.FloatRange(0.0, 1.0),
+        default=None,
+        help="How far the window's error ratio may exceed the baseline's [default: 0.05].",
+    ),
+    click.option(
+        "--observe-max-ttft-ratio",
+        type=click.FloatRange(1.0, 1000.0),
+        default=None,
+        help="How many times the baseline's TTFT p99 the window's may be [default: 2].",
+    ),
+    click.option(
+        "--observe-min-requests",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Fewer requests in the window cannot be judged: inconclusive [default: 20].",
+    ),
+)
+
+
+def _observed(command: Callable[..., None]) -> Callable[..., None]:
+    """The OBSERVE options, handed to the command as one `observe` dict of request fields."""
+
+    @functools.wraps(command)
+    def with_observe(**kwargs: Any) -> None:
+        observe = {
+            "observe_seconds": kwargs.pop("observe_seconds"),
+            "max_error_ratio": kwargs.pop("observe_max_error_ratio"),
+            "max_ttft_ratio": kwargs.pop("observe_max_ttft_ratio"),
+            "min_requests": kwargs.pop("observe_min_requests"),
+        }
+        command(observe=observe, **kwargs)
+
+    wrapped: Callable[..., None] = with_observe
+    for option in reversed(_OBSERVE_OPTIONS):
+        wrapped = option(wrapped)
+    return wrapped
+
+
 def _say(line: str) -> None:
     click.echo(line)
+
+
+def observed_line(evidence: dict[str, Any]) -> str:
+    """OBSERVE's outcome in one line: the verdict and its reason, or why there was none."""
+    verdict = evidence.get("verdict")
+    if isinstance(verdict, dict):
+        return f"{verdict.get('verdict')}: {verdict.get('reason')}"
+    return str(evidence.get("not_applicable") or evidence.get("error") or "no verdict")
 
 
 async def follow_operation(url: str, request: OperationRequest, token: str | None, limit_s: float) -> int:
@@ -70,11 +140,41 @@ async def follow_operation(url: str, request: OperationRequest, token: str | Non
             return 1
     for step in record.steps:
         _say(f"  {step.step}: {step.status} ({step.seconds}s)")
+        if step.step == "observe":
+            _say(f"    {observed_line(step.evidence)}")
+    keep_change_record(url, record)
     if record.succeeded:
         _say(f"{record.kind} {op_id} succeeded")
         return 0
     _say(f"{record.kind} {op_id} failed: {record.error}")
     return 1
+
+
+def change_record_file(kind: str, url: str) -> Path:
+    """Where `corral sleep|wake|…` keeps the last change record of `kind` on the supervisor at `url`."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return corral_state_dir() / f"{kind}-{port}.json"
+
+
+def keep_change_record(url: str, record: OperationRecord) -> None:
+    """The operation's change record (in its result) written to `change_record_file`, and its path
+    printed; a supervisor that sent none, or a record off the schema, is said so and nothing written."""
+    body = (record.result or {}).get("change_record")
+    if not isinstance(body, dict):
+        _say("no change record in the operation's result (a supervisor from before change records?)")
+        return
+    path = change_record_file(record.kind, url)
+    try:
+        change = ChangeRecord.model_validate(body)
+        write_atomically(path, orjson.dumps(change.to_file(), option=orjson.OPT_INDENT_2))
+    except ValidationError as exc:
+        _say(f"the operation's change record does not match the schema ({first_message(exc)}); not written")
+        return
+    except OSError as exc:
+        _say(f"could not write the change record to {path}: {exc.strerror or exc}")
+        return
+    _say(f"change record: {path}")
 
 
 def _run(url: str, request: OperationRequest, token_file: Path | None, limit_s: float) -> None:
@@ -99,6 +199,7 @@ def _run(url: str, request: OperationRequest, token_file: Path | None, limit_s: 
 @click.option("--level", type=click.IntRange(0, 2), default=1, show_default=True)
 @click.option("--mode", type=click.Choice(["wait", "abort", "keep"]), default="wait", show_default=True)
 @click.option("--release-kv", is_flag=True, help="With --level 0 --mode keep: also free the KV cache.")
+@_observed
 def sleep_command(
     supervisor_url: str,
     token_file: Path | None,
@@ -107,9 +208,10 @@ def sleep_command(
     level: int,
     mode: str,
     release_kv: bool,
+    observe: dict[str, Any],
 ) -> None:
     """Take the engine out of routing, drain it by MODE, and put it to sleep at LEVEL."""
-    asked = SleepRequest(level=level, mode=mode, release_kv=release_kv, operation_id=operation_id)
+    asked = SleepRequest(level=level, mode=mode, release_kv=release_kv, operation_id=operation_id, **observe)
     _run(supervisor_url, asked, token_file, timeout)
 
 
@@ -128,6 +230,7 @@ def sleep_command(
     help="Wake only these (weights, kv_cache, scheduling), e.g. --tags weights: a partial wake keeps "
     "the engine SLEEPING and out of routing until a wake of the remaining tags (or without tags).",
 )
+@_observed
 def wake_command(
     supervisor_url: str,
     token_file: Path | None,
@@ -136,10 +239,11 @@ def wake_command(
     reload_weights: bool,
     tags: tuple[str, ...],
     tag_list: str | None,
+    observe: dict[str, Any],
 ) -> None:
     """Wake the sleeping engine, verify it and make it READY again (or wake it in steps: --tags)."""
     wanted = [*tags, *(t.strip() for t in (tag_list or "").split(",") if t.strip())]
-    asked = WakeRequest(reload=reload_weights, tags=wanted or None, operation_id=operation_id)
+    asked = WakeRequest(reload=reload_weights, tags=wanted or None, operation_id=operation_id, **observe)
     _run(supervisor_url, asked, token_file, timeout)
 
 
@@ -149,11 +253,17 @@ def wake_command(
 @_op_id
 @_timeout
 @click.option("--mode", type=click.Choice(["wait", "abort", "keep"]), default="wait", show_default=True)
+@_observed
 def reload_command(
-    supervisor_url: str, token_file: Path | None, operation_id: str | None, timeout: float, mode: str
+    supervisor_url: str,
+    token_file: Path | None,
+    operation_id: str | None,
+    timeout: float,
+    mode: str,
+    observe: dict[str, Any],
 ) -> None:
     """Reload the engine's weights in place (level-2 sleep, wake weights, reload, wake KV cache)."""
-    _run(supervisor_url, ReloadRequest(mode=mode, operation_id=operation_id), token_file, timeout)
+    _run(supervisor_url, ReloadRequest(mode=mode, operation_id=operation_id, **observe), token_file, timeout)
 
 
 @click.group(name="lora")
@@ -168,6 +278,7 @@ def lora_group() -> None:
 @_timeout
 @click.argument("name")
 @click.argument("path")
+@_observed
 def lora_load_command(
     supervisor_url: str,
     token_file: Path | None,
@@ -175,9 +286,10 @@ def lora_load_command(
     timeout: float,
     name: str,
     path: str,
+    observe: dict[str, Any],
 ) -> None:
     """Load adapter NAME from PATH; it joins the desired set reloaded after every engine restart."""
-    asked = LoadAdapterRequest(name=name, path=path, operation_id=operation_id)
+    asked = LoadAdapterRequest(name=name, path=path, operation_id=operation_id, **observe)
     _run(supervisor_url, asked, token_file, timeout)
 
 
@@ -187,11 +299,18 @@ def lora_load_command(
 @_op_id
 @_timeout
 @click.argument("name")
+@_observed
 def lora_unload_command(
-    supervisor_url: str, token_file: Path | None, operation_id: str | None, timeout: float, name: str
+    supervisor_url: str,
+    token_file: Path | None,
+    operation_id: str | None,
+    timeout: float,
+    name: str,
+    observe: dict[str, Any],
 ) -> None:
     """Withdraw adapter NAME from routing, wait for its requests to finish, then unload it."""
-    _run(supervisor_url, UnloadAdapterRequest(name=name, operation_id=operation_id), token_file, timeout)
+    asked = UnloadAdapterRequest(name=name, operation_id=operation_id, **observe)
+    _run(supervisor_url, asked, token_file, timeout)
 
 
 @click.command(name="switch-bundle")
@@ -206,6 +325,7 @@ def lora_unload_command(
     help="Seconds the restarted engine may take to be READY [default: the supervisor's startup timeout].",
 )
 @click.argument("name")
+@_observed
 def switch_bundle_command(
     supervisor_url: str,
     token_file: Path | None,
@@ -213,10 +333,11 @@ def switch_bundle_command(
     timeout: float,
     ready_timeout: float | None,
     name: str,
+    observe: dict[str, Any],
 ) -> None:
     """Move the engine to bundle NAME, declared on its host (`corral supervise --bundle FILE`): out of
     routing, drained, restarted on the bundle, READY again; the old bundle comes back on failure."""
-    asked = SwitchBundleRequest(name=name, ready_timeout=ready_timeout, operation_id=operation_id)
+    asked = SwitchBundleRequest(name=name, ready_timeout=ready_timeout, operation_id=operation_id, **observe)
     _run(supervisor_url, asked, token_file, timeout)
 
 
