@@ -14,6 +14,7 @@ from corral.contracts.operations import OperationRecord, OperationRequest
 from corral.contracts.supervisor import (
     AckRecord,
     AckRequest,
+    LeftoverReport,
     SupervisorState,
     UnusableLine,
     WatchLine,
@@ -50,6 +51,11 @@ class SupervisorClient:
     async def state(self) -> SupervisorState:
         status, raw = await self._api.call("GET", "/v1/state")
         return self._api.parse(SupervisorState, "/v1/state", status, raw)
+
+    async def leftovers(self) -> LeftoverReport:
+        """What operations left behind on the supervisor's host, looked for now (`GET /v1/leftovers`)."""
+        status, raw = await self._api.call("GET", "/v1/leftovers")
+        return self._api.parse(LeftoverReport, "/v1/leftovers", status, raw)
 
     async def start(
         self, request: OperationRequest, idempotency_key: str | None = None

@@ -20,6 +20,7 @@ from corral.fleet.checks.check import PASS as PASS
 from corral.fleet.checks.check import WARN as WARN
 from corral.fleet.checks.check import Check as Check
 from corral.fleet.checks.expected_sleep import ExpectedAsleep, asleep_problems
+from corral.fleet.checks.leftovers import check_cleanup
 from corral.fleet.checks.probe import EngineView, FleetView
 from corral.fleet.checks.smoke import SmokeSample as SmokeSample
 from corral.fleet.checks.smoke import smoke as smoke
@@ -319,6 +320,7 @@ async def run_checks(
         check_memory(view, expect),
         check_kv_capacity(view, expect),
         check_membership(view),
+        await check_cleanup(view, expect.require_measured),  # what operations left behind
     ]
     model = expect.model or next((m for e in view.engines for m in e.base_models), None)
     ready = next(  # a sleeping engine answers /health 200 but would hold the smoke request

@@ -168,8 +168,10 @@ def old_processes(
                     bytes=rss,
                 )
             )
-    looked = len(previous) + (1 if engine_argvs else 0)
-    return _check(OLD_PROCESS, found, f"no earlier engine process alive ({looked} looked for)")
+    parts = [f"none of {len(previous)} earlier engine processes alive"] if previous else []
+    if engine_argvs:
+        parts.append("no process runs the engine command outside the engine")
+    return _check(OLD_PROCESS, found, "; ".join(parts))
 
 
 def unix_listeners(pids: Iterable[int]) -> dict[str, int]:
