@@ -2,7 +2,8 @@
 backup (the wake's POSTCHECK says so from the engine's own figure); a dependency socket nobody listens
 on any more and an old temp file in the state dir are named by `GET /v1/leftovers` and by `corral
 verify`'s cleanup check; a live process holding the preload daemon's socket that is not the
-supervisor's daemon is named as an orphan, and still at shutdown. Real processes, real sockets."""
+supervisor's daemon is named as an orphan, and still at shutdown; a bundle switch's POSTCHECK finds the
+replaced engine gone. Real processes, real sockets."""
 
 from __future__ import annotations
 
@@ -12,14 +13,16 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from corral.atomic_file import temp_name
 from corral.fleet.checks.check import FAIL, PASS, WARN
 from corral.fleet.checks.leftovers import check_cleanup
 from corral.fleet.checks.probe import FleetTarget, look
+from tests.integration.test_supervisor_failure_strategy import bundle_file
 from tests.integration.test_supervisor_preload import daemon_command, preload_supervised
-from tests.integration.test_supervisor_support import http_json, short_tmp_dir, supervised
+from tests.integration.test_supervisor_support import gone, http_json, short_tmp_dir, sim_command, supervised
 from tests.support.procs import free_port
 from tests.support.waits import wait_until
 
@@ -137,3 +140,17 @@ def test_an_orphan_holding_the_preload_socket_is_named_and_still_at_shutdown() -
     finally:
         orphan.kill()
         orphan.wait(10)
+
+
+def test_a_bundle_switch_leaves_no_old_engine(tmp_path: Path) -> None:
+    port = free_port()
+    other = bundle_file(tmp_path, "other", sim_command(port, "--itl-ms", "3"))
+    with supervised(engine_port=port, sup_args=(*SUP_ARGS, "--bundle", str(other))) as sup:
+        old_pid = sup.wait_state("READY", timeout=60)["engine"]["pid"]
+        switch = _operation(sup.url, "/v1/bundle", {"name": "other", "operation_id": "b1"})
+        assert switch["status"] == "succeeded", switch
+        checks = _by_kind(_postcheck(sup.oplog(), "b1")["evidence"]["leftovers"])
+        print("switch POSTCHECK old_process:", checks["old_process"])
+        assert checks["old_process"]["verdict"] == "clean" and checks["old_process"]["fails"]
+        assert "earlier engine processes alive" in checks["old_process"]["reason"]
+        assert gone(old_pid) and sup.state()["engine"]["pid"] != old_pid
