@@ -18,6 +18,7 @@ import aiohttp
 import orjson
 import psutil
 
+from tests.integration.test_rollout_record import check_complete_record
 from tests.integration.test_up import descendants, local_fleet_file_under, start_up
 from tests.support.procs import CorralProcess
 from tests.support.streams import stream_once
@@ -164,9 +165,11 @@ async def test_rollout_and_rollback_under_load_lose_nothing(tmp_path: Path) -> N
         load_task = asyncio.create_task(load.run())
         watch_task = asyncio.create_task(watch.run(stop_watch))
         await asyncio.sleep(1.0)
+        before_forward = load.total
         forward = await corral(state, "rollout", "--port", url.rsplit(":", 1)[1], "--to", str(bundle))
         after_forward = load.total
         back = await corral(state, "rollback", "--port", url.rsplit(":", 1)[1], "--max-surge", "2")
+        after_back = load.total
         await asyncio.sleep(1.0)
         load.stop.set()
         stop_watch.set()
@@ -186,6 +189,15 @@ async def test_rollout_and_rollback_under_load_lose_nothing(tmp_path: Path) -> N
         forward_record = orjson.loads(
             (state / "corral" / f"rollout-{url.rsplit(':', 1)[1]}.json").read_bytes()
         )
+        # both records complete (tests/integration/test_rollout_record.py): counters, memory, rollback point
+        port, first = url.rsplit(":", 1)[1], {e["name"] for e in fleet["engines"]}
+        forward_path, back_path = (
+            state / "corral" / f"{kind}-{port}.json" for kind in ("rollout", "rollback")
+        )
+        forward_typed = check_complete_record(forward_path, after_forward - before_forward, first, port)
+        second = {m.replaced_by or m.engine for m in forward_typed.memory}
+        back_typed = check_complete_record(back_path, after_back - after_forward, second, port)
+        assert back_typed.rollback_point is not None and back_typed.rollback_point.undoes == str(forward_path)
         back_record = orjson.loads((state / "corral" / f"rollback-{url.rsplit(':', 1)[1]}.json").read_bytes())
         for record, target in ((forward_record, "v2"), (back_record, "initial")):
             assert record["outcome"] == "succeeded", record["reason"]

@@ -17,6 +17,7 @@ from corral.clients.calls import APIError
 from corral.clients.router import RouterAdminClient
 from corral.clients.supervisor import OperationStillRunning, SupervisorClient
 from corral.contracts.operations import DrainRequest
+from corral.contracts.records import RolloutRecord
 from corral.contracts.router import FleetEndpoint
 from corral.contracts.supervisor import SupervisorState
 from corral.contracts.traffic import WindowVerdict
@@ -25,6 +26,7 @@ from corral.fleet.checks.adapters import AdapterConflict, KeptAdapters, fleet_ad
 from corral.fleet.checks.probe import FleetTarget, look
 from corral.fleet.checks.verify import FAIL, Expectations, run_checks
 from corral.fleet.rollout import canary
+from corral.fleet.rollout.record import RecordReadings, rollout_record
 from corral.fleet.rollout.steps import Group, RolloutJob, Step, StepFailed, StepObserver
 
 _SHORT = aiohttp.ClientTimeout(total=5)
@@ -58,6 +60,9 @@ class RolloutBase:
         # new groups' VERIFY (each new engine's first request's TTFT, ms); the record keeps both
         self.canary: list[WindowVerdict] = []
         self.warmup_ttft_ms: dict[str, float] = {}
+        # the router's totals and each engine's memory, read at PRECHECK and at the end (the record's)
+        self.readings = RecordReadings(self._router_admin)
+        self.rollback_command, self.undoes = job.rollback_command, job.undoes
 
     @property
     def batch(self) -> int:
@@ -78,27 +83,11 @@ class RolloutBase:
 
     # -- the record ---------------------------------------------------------------------------
 
-    def record(self, outcome: str, reason: str, started: float) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "id": self.id,
-            "outcome": outcome,
-            "reason": reason,
-            "started": started,
-            "finished": time.time(),
-            "router": self.router,
-            "to_bundle": self.target.to_json(),
-            "from_bundles": self.from_bundles,
-            "settings": {
-                "max_surge": self.settings.max_surge,
-                "max_unavailable": self.settings.max_unavailable,
-            },
-            "replaced": self.replaced,
-            "fingerprints": self.fingerprints,
-            # what every new group loaded before ROUTED; `served` is what `corral verify` keeps
-            "adapters": {"carried": dict(self.adapters), "served": sorted(self.adapters)},
-            "steps": [s.to_json() for s in self.steps],
-        }
+    async def record(self, outcome: str, reason: str, started: float) -> RolloutRecord:
+        """The change record: the fleet read once more (router totals, memory), then every section
+        assembled (fleet/rollout/record.py)."""
+        await self.readings.at_end(self._groups, lambda url: self._state(url))
+        return rollout_record(self, outcome, reason, started)
 
     async def _step(self, name: str, group: str | None, body: Callable[[Step], Awaitable[T]]) -> T:
         """Run one step, timing it; a StepFailed (or a network error) marks it failed and goes on up."""
@@ -126,7 +115,7 @@ class RolloutBase:
 
     # -- the whole ----------------------------------------------------------------------------
 
-    async def run(self) -> dict[str, Any]:
+    async def run(self) -> RolloutRecord:
         started = time.time()
         try:
             todo = await self._step("PRECHECK", None, self._precheck)
@@ -144,9 +133,9 @@ class RolloutBase:
             where = f"{failed.step} {failed.group or ''}".strip() if failed else "?"
             detail = failed.detail if failed else str(exc)
             untouched = f"; groups not reached keep serving on their bundle: {self._serving_note()}"
-            return self.record("failed", f"{where}: {detail}{untouched}", started)
+            return await self.record("failed", f"{where}: {detail}{untouched}", started)
         reason = postcheck if todo else f"every group already runs {self.target.name}; {postcheck}"
-        return self.record("succeeded", reason, started)
+        return await self.record("succeeded", reason, started)
 
     def _serving_note(self) -> str:
         done = {r["old"] for r in self.replaced}
@@ -162,6 +151,7 @@ class RolloutBase:
         if not groups:
             raise StepFailed("the fleet has no serving groups")
         states = await asyncio.gather(*(self._group_states(g) for g in groups))
+        await self.readings.at_start(groups, states)
         for group, group_states in zip(groups, states, strict=True):
             self.fingerprints[group.name] = await self._group_fingerprint(group, group_states)
             self.from_bundles[group.name] = group.bundle.to_json() if group.bundle else {}

@@ -9,6 +9,7 @@ exit code is 0 only when every step and the post-check passed.
 from __future__ import annotations
 
 import functools
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,14 @@ from corral.aio import run
 from corral.bundle_spec import BundleError, BundleSpec, bundle_from_json, load_bundle
 from corral.clients.access import FleetAccess, fleet_access_options
 from corral.clients.up import UpControlClient
+from corral.contracts.records import RolloutRecord
 from corral.contracts.traffic import WindowThresholds
-from corral.fleet.checks.change_record import default_record_path, read_record, write_record
+from corral.fleet.checks.change_record import (
+    RecordError,
+    default_record_path,
+    read_change_record,
+    write_record,
+)
 from corral.fleet.rollout.base import RolloutBase
 from corral.fleet.rollout.canary import CanarySettings
 from corral.fleet.rollout.groups import LocalRollout
@@ -250,6 +257,8 @@ def _execute(
     record_path: Path | None,
     supervisor_token_file: Path | None,
     access: FleetAccess,
+    fleet_options: str,
+    undoes: Path | None = None,
 ) -> None:
     console = Console(highlight=False, soft_wrap=True)
     token = _read_token(supervisor_token_file) if supervisor_token_file else ref.supervisor_token
@@ -258,9 +267,13 @@ def _execute(
     console.print(f"{kind} of {ref.router} ({where}) to bundle [bold]{target.name}[/bold]", markup=True)
     observer = _print_step(console)
 
-    job = RolloutJob(ref.router, target, settings, kind, token, access)
+    # the command that undoes this change: a rollback from this very record (it reads `from_bundles`)
+    command = f"corral rollback --from-record {shlex.quote(str(path))} {fleet_options}"
+    job = RolloutJob(
+        ref.router, target, settings, kind, token, access, command, str(undoes) if undoes else None
+    )
 
-    async def go() -> dict[str, Any]:
+    async def go() -> RolloutRecord:
         async with aiohttp.ClientSession() as session:
             rollout: RolloutBase
             if ref.control is not None and ref.control_token is not None:
@@ -272,11 +285,16 @@ def _execute(
 
     record = run(go())
     write_record(path, record)
-    console.print(_summary(record))
-    colour = "green" if record["outcome"] == "succeeded" else "red"
-    console.print(f"[{colour}]{record['outcome']}[/{colour}]: {record['reason']}", markup=True)
+    console.print(_summary(record.to_file()))
+    colour = "green" if record.outcome == "succeeded" else "red"
+    console.print(f"[{colour}]{record.outcome}[/{colour}]: {record.reason}", markup=True)
     console.print(f"change record: {path}")
-    raise SystemExit(0 if record["outcome"] == "succeeded" else 1)
+    raise SystemExit(0 if record.outcome == "succeeded" else 1)
+
+
+def _fleet_options(fleet: Path | None, port: int) -> str:
+    """The options that name this fleet again, for the record's rollback command."""
+    return f"--fleet {shlex.quote(str(fleet))}" if fleet is not None else f"--port {port}"
 
 
 def _settings(
@@ -317,14 +335,17 @@ def rollout(
     except BundleError as exc:
         raise click.UsageError(str(exc)) from None
     settings = _settings(max_surge, max_unavailable, routed_timeout, start_timeout, canary)
-    _execute("rollout", target, FleetRef.load(fleet, port), settings, record, supervisor_token_file, access)
+    ref = FleetRef.load(fleet, port)
+    options = _fleet_options(fleet, port)
+    _execute("rollout", target, ref, settings, record, supervisor_token_file, access, options)
 
 
 @click.command()
 @click.option(
     "--from-record",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="The rollout's change record [default: $XDG_STATE_HOME/corral/rollout-PORT.json].",
+    help="The record of the rollout (or rollback) to undo "
+    "[default: $XDG_STATE_HOME/corral/rollout-PORT.json].",
 )
 @_settings_options
 def rollback(
@@ -343,13 +364,21 @@ def rollback(
     """Move the fleet back to the bundle the last rollout started from, the same way."""
     ref = FleetRef.load(fleet, port)
     source = from_record or default_record_path("rollout", ref.port)
-    previous = read_record(source)
-    if previous is None or previous.get("kind") != "rollout":
-        raise click.UsageError(f"{source} is not a rollout change record; pass --from-record PATH")
-    bundles = {str(b): b for b in (previous.get("from_bundles") or {}).values() if b}
+    try:
+        previous = read_change_record(source)
+    except RecordError as exc:
+        raise click.UsageError(f"{exc}; pass --from-record PATH") from None
+    if previous is None:
+        raise click.UsageError(f"no change record {source}: roll out first, or pass --from-record PATH")
+    if not isinstance(previous, RolloutRecord):
+        raise click.UsageError(
+            f"{source} is a {previous.kind} record, not a rollout's (or a rollback's); "
+            "pass --from-record PATH"
+        )
+    bundles = {str(b): b for b in previous.from_bundles.values() if b}
     if len(bundles) != 1:
         raise click.UsageError(
-            f"{source}: the rollout started from {len(bundles)} bundles, not one; "
+            f"{source}: the {previous.kind} started from {len(bundles)} bundles, not one; "
             "roll out to the one you want with `corral rollout --to`"
         )
     try:
@@ -357,4 +386,5 @@ def rollback(
     except BundleError as exc:
         raise click.UsageError(str(exc)) from None
     settings = _settings(max_surge, max_unavailable, routed_timeout, start_timeout, canary)
-    _execute("rollback", target, ref, settings, record, supervisor_token_file, access)
+    options = _fleet_options(fleet, port)
+    _execute("rollback", target, ref, settings, record, supervisor_token_file, access, options, source)

@@ -133,6 +133,8 @@ class HostRollout(RolloutBase):
             ) from None
         steps = record.steps
         step.data = {"operation": op_id, "steps": [(s.step, s.status, s.seconds) for s in steps]}
+        # the switch's own change record (its forced exits go into the rollout's record)
+        step.data["change_record"] = (record.result or {}).get("change_record")
         if not record.succeeded:
             raise StepFailed(f"{supervisor}: {record.error}")
         step.detail = f"{supervisor} switched to {bundle}: " + ", ".join(

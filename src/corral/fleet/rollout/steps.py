@@ -45,6 +45,10 @@ class RolloutJob:
     kind: str = "rollout"  # or "rollback"
     supervisor_token: str | None = field(default=None, repr=False)  # where supervisors want one
     access: FleetAccess = field(default_factory=FleetAccess)  # the router's admin side, the engines' key
+    # the record's rollback point: the command that undoes this change, and (a rollback) the record
+    # of the rollout it undoes
+    rollback_command: str = ""
+    undoes: str | None = None
 
 
 @dataclass
