@@ -211,7 +211,11 @@ async def bounded_load(router_url: str, out: Outcomes, stop: asyncio.Event) -> N
 
 
 @contextlib.asynccontextmanager
-async def loaded_fleet(victim_sim_args: tuple[str, ...] = ()) -> AsyncIterator[LoadedFleet]:
+async def loaded_fleet(
+    victim_sim_args: tuple[str, ...] = (),
+    victim_sup_args: tuple[str, ...] = (),
+    victim_engine_port: int | None = None,
+) -> AsyncIterator[LoadedFleet]:
     """Start the fleet, wait until the router routes to both engines and the victim's supervisor has the
     router subscribed, start the admission sampler on the victim and the load, and yield once both
     engines have answered load. Everything is stopped on the way out, the engines killed if need be."""
@@ -221,9 +225,13 @@ async def loaded_fleet(victim_sim_args: tuple[str, ...] = ()) -> AsyncIterator[L
     fleet: LoadedFleet | None = None
     try:
         for i in range(2):
-            extra = victim_sim_args if i == 0 else ()
+            extra, sup_extra = (victim_sim_args, victim_sup_args) if i == 0 else ((), ())
+            sim_args = (*SIM_ARGS, "--seed", str(i), *extra)
+            port = victim_engine_port if i == 0 else None
             sups.append(
-                start_supervised(sim_args=(*SIM_ARGS, "--seed", str(i), *extra), sup_args=SUP_ARGS, env=DEV)
+                start_supervised(
+                    sim_args=sim_args, sup_args=(*SUP_ARGS, *sup_extra), env=DEV, engine_port=port
+                )
             )
         for sup in sups:
             await asyncio.to_thread(sup.wait_state, "READY", 30)

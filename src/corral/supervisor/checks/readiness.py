@@ -5,11 +5,15 @@ and a deterministic smoke completion (max_tokens ≤ 4, temperature 0) returns n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
 import orjson
+
+from corral.contracts.traffic import TrafficFigures
+from corral.engine.load_sample import MetricsUnavailable
+from corral.engine.traffic_source import fetch_traffic, first_request_ttft_s
 
 SMOKE_PROMPT = "The capital of France is"
 SMOKE_MAX_TOKENS = 4
@@ -30,12 +34,23 @@ class EngineNotAnswering(NotReady):
 
 @dataclass(frozen=True)
 class SmokeResult:
+    """`warmup_ttft_ms`: the TTFT the engine measured for this smoke when it was the first request
+    since a start or a wake (`first_smoke`), kept apart from any steady-state figure."""
+
     model: str
     text: str
     completion_tokens: int | None
+    warmup_ttft_ms: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"model": self.model, "text": self.text, "completion_tokens": self.completion_tokens}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "text": self.text,
+            "completion_tokens": self.completion_tokens,
+        }
+        if self.warmup_ttft_ms is not None:
+            body["warmup_ttft_ms"] = self.warmup_ttft_ms
+        return body
 
 
 class ReadinessCheck:
@@ -111,6 +126,21 @@ class ReadinessCheck:
         if not text:
             raise NotReady("smoke", f"completion returned empty text: {raw[:200]!r}")
         return SmokeResult(model, text, int(tokens) if isinstance(tokens, int) else None)
+
+    async def first_smoke(self, session: aiohttp.ClientSession, model: str) -> SmokeResult:
+        """The smoke as the first request since a start or a wake, with its warmup TTFT: the growth of
+        the engine's TTFT histogram sum across it (None when its /metrics cannot tell)."""
+        before = await self._traffic(session)
+        smoke = await self.smoke(session, model)
+        after = await self._traffic(session) if before is not None else None
+        seconds = first_request_ttft_s(before, after) if before is not None and after is not None else None
+        return smoke if seconds is None else replace(smoke, warmup_ttft_ms=round(seconds * 1000.0, 3))
+
+    async def _traffic(self, session: aiohttp.ClientSession) -> TrafficFigures | None:
+        try:
+            return await fetch_traffic(session, self.engine_url, self.timeout)
+        except MetricsUnavailable:
+            return None
 
     async def earn(self, session: aiohttp.ClientSession) -> SmokeResult:
         """All three checks in order; raises NotReady naming the first that fails."""

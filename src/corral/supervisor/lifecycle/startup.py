@@ -320,7 +320,7 @@ class EngineStartup:
                         S.STARTING, "engine answers /health 200", StartingPhase.SMOKE_TESTING
                     )
                 model = await self._sup.readiness.served_model(self._sup.session)
-                smoke = await self._sup.readiness.smoke(self._sup.session, model)
+                smoke = await self._sup.readiness.first_smoke(self._sup.session, model)
             except (EngineNotAnswering, aiohttp.ClientError):
                 await asyncio.sleep(0.2)  # still loading: vLLM answers nothing until it is
                 continue

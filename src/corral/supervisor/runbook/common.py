@@ -206,11 +206,12 @@ async def verify_awake(
         model = await sup.readiness.served_model(sup.session)
         if sup.served_model is not None and model != sup.served_model:
             raise StepFailed(f"the engine serves {model!r}, not {sup.served_model!r}")
-        smoke = await sup.readiness.smoke(sup.session, model)
+        smoke = await sup.readiness.first_smoke(sup.session, model)
     except NotReady as exc:
         raise StepFailed(f"readiness after wake: {exc}") from exc
     sup.note_smoke(smoke)
     checked: Evidence = {"is_sleeping": False, "figures": figures.to_json(), "model": model}
+    checked["warmup_ttft_ms"] = smoke.warmup_ttft_ms  # the first request's; steady state is OBSERVE's
     if memory is not None:
         checked["memory"] = memory
     return {**checked, "smoke": smoke.to_json()}

@@ -7,7 +7,8 @@ A window worse than the thresholds fails the step and with it the operation, the
 error; a bundle switch then runs RECOVER (back to the bundle it came from, drained first), the other
 operations leave the engine serving (there is nothing known-better to go back to). A window with too
 few requests is inconclusive: recorded, never a pass, and the operation stands. An engine that is not
-READY after the operation (a sleep, a partial wake) has no traffic to observe: not applicable.
+READY after the operation (a sleep, a partial wake) has no traffic to observe: not applicable. The
+window opens when traffic comes back (routers learn of READY first), waiting at most its own length.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 S = EngineState
 RECOVERING_KINDS = ("switch_bundle",)  # a failed window takes the engine back to the bundle it came from
 PROGRESS_EVERY_S = 10.0
+TRAFFIC_POLL_S = 0.2  # how closely the window's start follows the first request back
 
 
 class ObservedWindow:
@@ -78,9 +80,8 @@ class ObservedWindow:
             why = f"the engine is {state} after the {self.kind}: no traffic reaches it to observe"
             return {"verdict": None, "not_applicable": why}
         try:
-            first = await self._read()
-            started = time.monotonic()
-            await self._wait()
+            first, started, waited = await self._traffic_back()
+            await self._wait(started)
             last = await self._read()
         except MetricsUnavailable as exc:
             raise StepFailed(f"the observed window could not be read: {exc}") from exc
@@ -90,6 +91,7 @@ class ObservedWindow:
         window = WindowSummary.of(last.minus(first), elapsed, ENGINE_METRICS)
         verdict = compare_windows(window, self.baseline_summary, self.limits)
         evidence: Evidence = {
+            "waited_for_traffic_s": round(waited, 3),
             "window": window.to_wire(),
             "baseline": self.baseline_summary.to_wire() if self.baseline_summary is not None else None,
             "verdict": verdict.to_wire(),
@@ -102,9 +104,23 @@ class ObservedWindow:
             raise StepFailed(f"the observed window failed: {verdict.reason}", **evidence)
         return evidence
 
-    async def _wait(self) -> None:
-        """The window's seconds, with a progress line every `PROGRESS_EVERY_S`."""
-        started = time.monotonic()
+    async def _traffic_back(self) -> tuple[TrafficFigures, float, float]:
+        """The reading that opens the window, when it was taken, and how long traffic took to come
+        back: routers route to the engine again only once they learn it is READY, so the window opens
+        at the last reading before the engine's first answered request (or after `seconds` of none,
+        and then holds what came in its own `seconds`)."""
+        began = time.monotonic()
+        earlier, at = await self._read(), time.monotonic()
+        while time.monotonic() - began < self.seconds:
+            await asyncio.sleep(TRAFFIC_POLL_S)
+            now = await self._read()
+            if (now.requests, now.ttft.count) != (earlier.requests, earlier.ttft.count):
+                return earlier, at, at - began
+            earlier, at = now, time.monotonic()
+        return earlier, at, at - began
+
+    async def _wait(self, started: float) -> None:
+        """The window's seconds from `started`, with a progress line every `PROGRESS_EVERY_S`."""
         self.sup.log(f"{self.kind}: observing {self.seconds:g}s of traffic against the PRECHECK baseline")
         while (left := self.seconds - (time.monotonic() - started)) > 0:
             await asyncio.sleep(min(left, PROGRESS_EVERY_S))

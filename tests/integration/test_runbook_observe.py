@@ -1,0 +1,101 @@
+"""OBSERVE closes a runbook operation: with `observe_seconds`, a supervised `corral sim` behind a router
+under bounded streamed load ends its wake with a window of the engine's own traffic (requests, p50/p99
+TTFT and ITL) judged against the PRECHECK baseline, and VERIFY carries the first request's TTFT apart
+(warmup); a sleep says OBSERVE is not applicable (never a pass); a bundle whose engine fails 30% of its
+requests fails OBSERVE, naming the error ratio, and RECOVER takes the engine back to its old bundle."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.integration.test_supervisor_support import Supervised, http_json
+from tests.support.procs import free_port
+from tests.support.sleep_load import SIM_ARGS, finish_op, loaded_fleet, run_op
+
+WINDOW = {"observe_seconds": 2, "min_requests": 5}
+
+
+def operation(sup: Supervised, op_id: str) -> dict[str, Any]:
+    status, body = http_json(f"{sup.url}/v1/operations/{op_id}")
+    assert status == 200, body
+    return dict(body)
+
+
+def steps_of(sup: Supervised, op_id: str) -> dict[str, dict[str, Any]]:
+    return {s["step"]: s for s in operation(sup, op_id)["result"]["steps"]}
+
+
+def bundle_file(tmp_path: Path, name: str, command: list[str]) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(json.dumps({"name": name, "command": command}))  # JSON is YAML
+    return path
+
+
+async def test_observe_closes_sleep_wake_and_a_bundle_switch(tmp_path: Path) -> None:
+    port = free_port()
+    faulty = [sys.executable, "-m", "corral", "sim", "--host", "127.0.0.1", "--port", str(port)]
+    faulty += ["--model", "sim-model", *SIM_ARGS, "--seed", "0", "--fail-rate", "0.3"]
+    bundle = bundle_file(tmp_path, "faulty", faulty)
+    async with loaded_fleet(victim_sup_args=("--bundle", str(bundle)), victim_engine_port=port) as fleet:
+        victim = fleet.victim
+        await asyncio.sleep(1.0)  # the victim's steady state: the baseline
+        await sleep_has_nothing_to_observe(victim)
+        await wake_is_observed_and_its_warmup_kept_apart(victim)
+        await a_failing_bundle_fails_observe_and_goes_back(victim)
+        fleet.stop.set()
+
+
+async def sleep_has_nothing_to_observe(victim: Supervised) -> None:
+    slept = await asyncio.to_thread(run_op, victim, "/v1/sleep", {"level": 1, **WINDOW})
+    observe = steps_of(victim, slept["operation_id"])["observe"]
+    assert observe["status"] == "done" and observe["evidence"]["verdict"] is None, observe
+    assert "SLEEPING" in observe["evidence"]["not_applicable"], observe
+
+
+async def wake_is_observed_and_its_warmup_kept_apart(victim: Supervised) -> None:
+    woken = await asyncio.to_thread(run_op, victim, "/v1/wake", WINDOW)
+    steps = operation(victim, woken["operation_id"])["result"]["steps"]
+    assert [s["step"] for s in steps][-2:] == ["postcheck", "observe"], steps
+    evidence = steps[-1]["evidence"]
+    window, baseline, verdict = evidence["window"], evidence["baseline"], evidence["verdict"]
+    print(
+        f"wake: window {window}\n      baseline {baseline}\n      {verdict['verdict']}: {verdict['reason']}"
+    )
+    assert window["source"] == "engine_metrics" and window["requests"] > 0, window
+    assert window["ttft_p50_ms"] is not None and window["ttft_p99_ms"] >= window["ttft_p50_ms"]
+    assert window["itl_p50_ms"] is not None and window["itl_p99_ms"] is not None
+    assert window["errors"] == 0 and baseline["requests"] > 0, baseline
+    assert verdict["verdict"] == "passed", verdict
+    precheck = steps[0]["evidence"]["observe_baseline"]
+    assert precheck["baseline"] == baseline, precheck
+
+    verify = next(s for s in steps if s["step"] == "verify")["evidence"]
+    warmup = verify["warmup_ttft_ms"]
+    print(f"wake: warmup TTFT {warmup} ms (the smoke, the first request after the wake)")
+    assert isinstance(warmup, float) and warmup > 0, verify
+    assert verify["smoke"]["warmup_ttft_ms"] == warmup
+
+
+async def a_failing_bundle_fails_observe_and_goes_back(victim: Supervised) -> None:
+    status, started = await asyncio.to_thread(
+        http_json, victim.url + "/v1/bundle", "POST", {"name": "faulty", **WINDOW}
+    )
+    assert status == 202, started
+    failed = await asyncio.to_thread(finish_op, victim, started["operation_id"], "failed")
+    record = operation(victim, failed["operation_id"])
+    steps = {s["step"]: s for s in record["result"]["steps"]}
+    observe, recover = steps["observe"], steps["recover"]
+    verdict = observe["evidence"]["verdict"]
+    print(f"switch_bundle: {verdict['reason']}\n  recover: {recover['evidence']['outcome']}")
+    assert observe["status"] == "failed" and verdict["verdict"] == "failed", observe
+    assert verdict["window"]["errors"] > 0 and "error ratio" in verdict["reason"], verdict
+    assert "error ratio" in record["error"] and "observe" in record["error"], record["error"]
+    assert recover["evidence"]["failed_step"] == "observe", recover
+    assert "back on initial, READY again" in recover["evidence"]["outcome"], recover
+    assert steps["verify"]["evidence"]["warmup_ttft_ms"] > 0, steps["verify"]  # the new engine's smoke
+    state = await asyncio.to_thread(victim.wait_state, "READY", 30)
+    assert state["bundle_name"] == "initial", state
