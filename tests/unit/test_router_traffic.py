@@ -11,10 +11,12 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from corral.contracts.router import RouterFleet
 from corral.contracts.traffic import LATENCY_BOUNDS, TrafficFigures
 from corral.router.membership.endpoint import Endpoint
+from corral.router.telemetry.endpoint_series import endpoint_series
 from corral.router.telemetry.metrics import TTFT_BUCKETS, Histogram
 from corral.router.telemetry.traffic import EndpointTraffic, StreamTimes
 from tests.support.prom import sample
@@ -125,6 +127,39 @@ def test_folding_into_a_bound_the_histogram_lacks_is_refused() -> None:
         assert "0.0011" in str(exc)
     else:
         raise AssertionError("folded into a bound that is not one of the histogram's")
+
+
+def test_the_endpoint_series_read_back_as_prometheus_client_would_have_written_them() -> None:
+    odd = Endpoint('http://e:1/a"b\\c', frozenset({MODEL}))  # a quote and a backslash to escape
+    plain = Endpoint("http://e:2", frozenset({MODEL}))
+    for value in (0.0004, 0.003, 0.003, 0.7, 31.0):
+        odd.traffic.ended(failed=False)
+        odd.traffic.first_token(value, dispatched_at=0.0, routable_from=1.0)
+    odd.traffic.ended(failed=True)
+    odd.traffic.first_token(0.25, dispatched_at=2.0, routable_from=1.0)  # the warmup
+    families = {f.name: f for f in text_string_to_metric_families(endpoint_series([odd, plain]).decode())}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples
+    }
+
+    def at(name: str, url: str = odd.url, **labels: str) -> float:
+        return samples[(name, tuple(sorted({"endpoint": url, **labels}.items())))]
+
+    assert families["corral_router_endpoint_requests"].type == "counter"
+    assert families["corral_router_endpoint_ttft_seconds"].type == "histogram"
+    assert at("corral_router_endpoint_requests_total", outcome="ok") == 5
+    assert at("corral_router_endpoint_requests_total", outcome="error") == 1
+    expected = Histogram(TTFT_BUCKETS)
+    for value in (0.0004, 0.003, 0.003, 0.7, 31.0):
+        expected.observe(value)
+    for le, running in expected.cumulative():
+        assert at("corral_router_endpoint_ttft_seconds_bucket", le=le) == running, le
+    assert at("corral_router_endpoint_ttft_seconds_count") == 5
+    assert abs(at("corral_router_endpoint_ttft_seconds_sum") - 31.7064) < 1e-9
+    assert at("corral_router_endpoint_warmup_ttft_seconds") == 0.25
+    assert at("corral_router_endpoint_ttft_seconds_count", plain.url) == 0
+    assert at("corral_router_endpoint_requests_total", plain.url, outcome="ok") == 0
+    assert ("corral_router_endpoint_warmup_ttft_seconds", (("endpoint", plain.url),)) not in samples
 
 
 # -- through the router -------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from corral.router.membership.membership import Membership, RoutingExit
 from corral.router.routing.config import RoutingConfig
 from corral.router.routing.prefix_memory import PrefixMemory
 from corral.router.routing.selector import Routing
+from corral.router.telemetry.endpoint_series import endpoint_series
 from corral.router.telemetry.metrics import RouterCollector, RouterMetrics
 
 # POST paths served by vLLM outside /v1 that are per-request inference, hence routable.
@@ -338,7 +339,8 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
         )
 
     async def prometheus(request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry), headers={"Content-Type": METRICS_CONTENT_TYPE})
+        body = generate_latest(registry) + endpoint_series(membership.endpoints())
+        return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def engine_only(request: web.Request) -> web.Response:
         return error_response(

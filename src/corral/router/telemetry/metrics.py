@@ -267,7 +267,6 @@ class RouterCollector:
         for endpoint in self._endpoints():
             in_flight.add_metric([endpoint.url], endpoint.in_flight)
         yield in_flight
-        yield from _endpoint_traffic(list(self._endpoints()))
         if self._warmup is not None:
             warmup = GaugeMetricFamily(
                 "corral_router_endpoint_warmup_weight",
@@ -302,40 +301,6 @@ class RouterCollector:
             "Time from request arrival to the first byte sent to the client.",
             m.ttft,
         )
-
-
-def _endpoint_traffic(endpoints: list[Endpoint]) -> Iterator[Metric]:
-    """Each endpoint's `EndpointTraffic` (corral.router.telemetry.traffic), as /v1/fleet's `traffic`."""
-    answered = CounterMetricFamily(
-        "corral_router_endpoint_requests",
-        "Attempts each endpoint ended, by outcome: error when the serving side failed it (5xx, a "
-        "connection failure after it was picked, retried elsewhere or not, a stream cut or ended by the "
-        "engine's error or abort event), ok otherwise (a client's 4xx included).",
-        labels=["endpoint", "outcome"],
-    )
-    ttft = HistogramMetricFamily(
-        "corral_router_endpoint_ttft_seconds",
-        "Each endpoint's time to first token, from when it was picked to its first token-carrying "
-        "chunk (a non-stream: the whole answer), steady state: the first one since it became routable "
-        "is corral_router_endpoint_warmup_ttft_seconds.",
-        labels=["endpoint"],
-    )
-    warmup = GaugeMetricFamily(
-        "corral_router_endpoint_warmup_ttft_seconds",
-        "The TTFT of each endpoint's first request since it last became routable (first READY, a wake, "
-        "back from an ejection, its group whole again); absent before that request.",
-        labels=["endpoint"],
-    )
-    for endpoint in endpoints:
-        traffic = endpoint.traffic
-        answered.add_metric([endpoint.url, "ok"], traffic.requests - traffic.errors)
-        answered.add_metric([endpoint.url, "error"], traffic.errors)
-        ttft.add_metric([endpoint.url], traffic.ttft.folded(TTFT_BUCKETS), traffic.ttft.total)
-        if traffic.warmup_ttft_s is not None:
-            warmup.add_metric([endpoint.url], traffic.warmup_ttft_s)
-    yield answered
-    yield ttft
-    yield warmup
 
 
 def _histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:

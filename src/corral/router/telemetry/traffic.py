@@ -86,10 +86,11 @@ class StreamTimes:
     but the `[DONE]` terminator and a usage-only one (`"choices":[]`) an inter-token gap. A chunk
     holding several events counts as one gap: the router sees chunks, not tokens."""
 
-    __slots__ = ("_dispatched", "_routable_from", "_token_at", "_traffic")
+    __slots__ = ("_dispatched", "_gaps", "_routable_from", "_token_at", "_traffic")
 
     def __init__(self, traffic: EndpointTraffic, dispatched: float, routable_from: float) -> None:
         self._traffic = traffic
+        self._gaps = traffic.itl.observe  # bound once: this runs on every chunk
         self._dispatched = dispatched
         self._routable_from = routable_from
         self._token_at: float | None = None
@@ -104,4 +105,4 @@ class StreamTimes:
         if chunk.startswith(b"data: [DONE]") or b'"choices":[]' in chunk:
             return
         self._token_at = now = time.monotonic()
-        self._traffic.gap(now - last)
+        self._gaps(now - last)
