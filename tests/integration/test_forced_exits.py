@@ -16,6 +16,7 @@ import aiohttp
 import orjson
 
 from corral.contracts.operations import OperationRecord
+from corral.contracts.records import ChangeRecord
 from tests.integration.test_supervisor_support import Supervised, http_json, supervised
 from tests.support.procs import CorralProcess, free_port
 
@@ -150,6 +151,17 @@ async def test_a_drain_past_its_deadline_names_the_requests_it_cut() -> None:
                 ("fx-streaming", True),
                 ("fx-waiting", False),
             }, records
+            # the drain's change record (its result and the oplog) names them too, with the gate's counts
+            change = ChangeRecord.model_validate(report["change_record"])
+            assert change.kind == "drain" and change.forced_exits is not None
+            assert {e.request_id: e.tokens_emitted for e in change.forced_exits} == {
+                "fx-streaming": True,
+                "fx-waiting": False,
+            }
+            assert change.request_failures is not None and change.request_failures.during.stream_failures == 2
+            assert [s.step for s in change.steps] == ["remove_from_routing", "drain_policy", "stop_engine"]
+            assert not change.steps[2].ok and "SIGKILL" in change.steps[2].detail, change.steps
+            assert [r["id"] for r in sup.oplog() if r["record"] == "change_record"] == [op["operation_id"]]
             stopped = sup.transitions()[-1]
             assert stopped["sub_state"] == "engine_stopped"
             assert {e["request_id"] for e in stopped["evidence"]["forced_exits"]} == set(forced)
@@ -177,4 +189,7 @@ def test_without_a_gate_forced_exits_are_not_observable_rather_than_none() -> No
             and OperationRecord.model_validate(op).drain_result().forced_exits is None
         )
         assert "--gate-port" in report["forced_exits_unobserved"]
+        change = ChangeRecord.model_validate(report["change_record"])
+        assert change.forced_exits is None and change.request_failures is None
+        assert any(n.startswith("forced_exits: no admission gate") for n in change.not_measured), change
         assert "forced_exit_requests" not in metrics(sup.url)

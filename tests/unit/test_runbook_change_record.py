@@ -1,7 +1,7 @@
 """A runbook operation's change record assembled from its steps and the two readings of the engine:
 timed steps, memory before/after per pool (a side not read is None and named), forced exits None
 without a gate and listed with one, warmup apart from the OBSERVE window, the gate's counters as the
-request failures, and the rollback command each kind leaves."""
+request failures, and the rollback command each kind leaves; and a drain's record from its report."""
 
 from __future__ import annotations
 
@@ -17,7 +17,10 @@ from corral.contracts.traffic import (
 )
 from corral.engine_state import EngineState
 from corral.supervisor.http.admission import NOT_READY, AdmissionGate
+from corral.supervisor.lifecycle.drain import DrainReport
+from corral.supervisor.lifecycle.drain_record import drain_change_record
 from corral.supervisor.lifecycle.forced_exits import FORCED_EXITS_LISTED
+from corral.supervisor.lifecycle.operations import Operation as LedgerOperation
 from corral.supervisor.runbook.change_record import (
     FAILED,
     REFUSED,
@@ -26,7 +29,6 @@ from corral.supervisor.runbook.change_record import (
     MemoryReading,
     Operation,
     assemble,
-    gate_counts,
     management_url,
 )
 
@@ -242,10 +244,63 @@ def test_the_gate_counts_refusals_and_forced_exits_as_failures() -> None:
     gate.refused[("", "path_not_served")] += 5  # the client's own error, not a failure
     gate.requests.forced[True] += 1
     gate.requests.forced[False] += 2
-    assert gate_counts(gate) == RequestCounts(requests=9, errors=5, stream_failures=3)
+    assert gate.counts() == RequestCounts(requests=9, errors=5, stream_failures=3)
 
 
 def test_the_rollback_command_reaches_a_wildcard_supervisor_on_loopback() -> None:
     assert management_url("0.0.0.0", 8081) == "http://127.0.0.1:8081"
     assert management_url("::1", 9) == "http://[::1]:9"
     assert management_url("10.0.0.2", 8081) == "http://10.0.0.2:8081"
+
+
+def test_a_drain_record_times_its_steps_and_names_what_its_stop_cut() -> None:
+    report = DrainReport(
+        policy="wait",
+        removal_epoch=4,
+        quiet_reached=True,
+        propagation_seconds=1.25,
+        drain_seconds=2.0,
+        stop_seconds=0.5,
+        engine_killed=True,
+        cut_short="1 running at SIGTERM; SIGKILLed",
+        forced_exits=[
+            {
+                "request_id": "r-9",
+                "path": "/v1/completions",
+                "started": 1.0,
+                "tokens_emitted": True,
+                "how": "cut",
+            }
+        ],
+    )
+    drain = LedgerOperation("drain-1", "drain", started=1000.0)
+    gated = drain_change_record(
+        drain,
+        report,
+        ENGINE,
+        BUNDLE,
+        RequestCounts(requests=5),
+        RequestCounts(requests=6, errors=1, stream_failures=1),
+    )
+    assert [(s.step, s.started, s.seconds, s.ok) for s in gated.steps] == [
+        ("remove_from_routing", 1000.0, 1.25, True),
+        ("drain_policy", 1001.25, 2.0, False),  # wait, and the requests did not finish
+        ("stop_engine", 1003.25, 0.5, False),
+    ]
+    assert gated.steps[2].detail == "1 running at SIGTERM; SIGKILLed" and gated.to_bundle is None
+    assert gated.forced_exits is not None and [e.request_id for e in gated.forced_exits] == ["r-9"]
+    assert gated.request_failures is not None and gated.request_failures.during == RequestCounts(
+        requests=1, errors=1, stream_failures=1
+    )
+    assert gated.memory == [] and any(n.startswith("memory:") for n in gated.not_measured)
+    unobserved = DrainReport(
+        policy="wait",
+        notes=["drain in SLEEPING: nothing was routed here"],
+        forced_exits_unobserved="no admission gate",
+    )
+    ungated = drain_change_record(
+        LedgerOperation("sd-1", "shutdown", started=5.0), unobserved, ENGINE, BUNDLE, None, None
+    )
+    assert ungated.kind == "shutdown" and ungated.forced_exits is None and ungated.request_failures is None
+    assert "forced_exits: no admission gate" in ungated.not_measured
+    assert ungated.steps[0].detail == "drain in SLEEPING: nothing was routed here" and ungated.steps[1].ok

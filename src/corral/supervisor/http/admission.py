@@ -26,6 +26,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from corral.contracts.traffic import RequestCounts
 from corral.engine.stream_ending import CUT, ENGINE_ABORT, StreamEnding
 from corral.engine_state import EngineState
 from corral.openai_errors import error_response
@@ -97,6 +98,15 @@ class AdmissionGate:
                 "no_tokens": self.requests.forced[False],
             },
         }
+
+    def counts(self) -> RequestCounts:
+        """The gate's cumulative counts as request counters (a change record reads them before and
+        after): its 503 refusals and its forced exits are failures clients saw; a refused path is the
+        client's own error, not counted."""
+        refused = self._refused_for(NOT_READY)
+        cut = self.requests.forced[True] + self.requests.forced[False]
+        admitted = self.admitted.total()
+        return RequestCounts(requests=admitted + refused, errors=refused + cut, stream_failures=cut)
 
     def _refused_for(self, reason: str) -> int:
         return sum(n for (_, why), n in self.refused.items() if why == reason)

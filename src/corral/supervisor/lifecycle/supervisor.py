@@ -16,6 +16,7 @@ import aiohttp
 from corral.aio import cancel_tasks
 from corral.bundle_spec import BundleSpec
 from corral.child_process import LineSink
+from corral.contracts.traffic import RequestCounts
 from corral.engine.evidence import EvidenceBook
 from corral.supervisor.checks.adapters import AdapterSet
 from corral.supervisor.checks.bundle import Bundle
@@ -25,6 +26,7 @@ from corral.supervisor.checks.readiness import ReadinessCheck, SmokeResult
 from corral.supervisor.checks.stall import Stall, StallWatch
 from corral.supervisor.lifecycle.config import SupervisorConfig
 from corral.supervisor.lifecycle.drain import DrainPolicy, DrainReport, DrainSequence, DrainSettings
+from corral.supervisor.lifecycle.drain_record import bundle_of, drain_change_record
 from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPolicy, RestartRecord
 from corral.supervisor.lifecycle.failure_strategy import RollbackStarter, StartupFailure, Verdict, decide
 from corral.supervisor.lifecycle.forced_exits import RequestWatch
@@ -445,24 +447,32 @@ class EngineSupervisor:
     # -- drain and shutdown ---------------------------------------------------------------------
 
     def request_drain(self, op_id: str | None, policy: DrainPolicy | None = None) -> tuple[Operation, bool]:
-        return self.operations.start("drain", op_id, lambda op: self._drain_op(policy))
+        return self.operations.start("drain", op_id, lambda op: self._drain_op(op, policy))
 
     def request_shutdown(
         self, op_id: str | None, reason: str = "shutdown requested"
     ) -> tuple[Operation, bool]:
-        return self.operations.start("shutdown", op_id, lambda op: self._shutdown_op(reason))
+        return self.operations.start("shutdown", op_id, lambda op: self._shutdown_op(op, reason))
 
-    async def _drain_op(self, policy: DrainPolicy | None) -> dict[str, Any]:
-        report = await self.drain(policy)
-        return report.to_json()
+    async def _drain_op(self, op: Operation, policy: DrainPolicy | None) -> dict[str, Any]:
+        counts = self.gate.counts() if self.gate is not None else None
+        return self._drained(op, await self.drain(policy), counts)
 
-    async def _shutdown_op(self, reason: str) -> dict[str, Any]:
+    async def _shutdown_op(self, op: Operation, reason: str) -> dict[str, Any]:
         self._log(f"shutdown: {reason}")
+        counts = self.gate.counts() if self.gate is not None else None
         try:
-            report = await self.drain(None)
+            return self._drained(op, await self.drain(None), counts)
         finally:  # whatever went wrong in the drain, a shutdown asked for is a shutdown done
             self.exit_requested.set()
-        return report.to_json()
+
+    def _drained(self, op: Operation, report: DrainReport, counts: RequestCounts | None) -> dict[str, Any]:
+        """The drain report as the operation's result, with its change record (in the oplog too)."""
+        after = self.gate.counts() if self.gate is not None else None
+        bundle = bundle_of(self.running_bundle, self.bundle)
+        record = drain_change_record(op, report, self.config.engine_url, bundle, counts, after)
+        self.oplog.append("change_record", **record.to_file())
+        return {**report.to_json(), "change_record": record.to_file()}
 
     def on_signal(self, sig: signal.Signals) -> None:
         self.request_shutdown(f"signal-{sig.name}", f"received {sig.name}")

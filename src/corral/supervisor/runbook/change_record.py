@@ -23,25 +23,20 @@ from corral.contracts.records import (
     ChangeRecord,
     LatencyRecord,
     MemoryDelta,
-    RequestFailures,
     RollbackPoint,
     StepRecord,
 )
 from corral.contracts.traffic import RequestCounts, WindowSummary, WindowVerdict
 from corral.engine.dev_api import AdminCallFailed
+from corral.supervisor.lifecycle.drain_record import NO_GATE_FAILURES, bundle_of, request_failures
 from corral.supervisor.lifecycle.forced_exits import FORCED_EXITS_LISTED
 from corral.supervisor.lifecycle.memory_checks import ENGINE_METRICS, NO_SOURCE, reported
 from corral.supervisor.runbook.common import admin_for, device_reading
 
 if TYPE_CHECKING:
-    from corral.supervisor.http.admission import AdmissionGate
     from corral.supervisor.runbook.engine_access import EngineAccess
 
 SUCCEEDED, FAILED, REFUSED = "succeeded", "failed", "refused"
-NO_GATE_FAILURES = (
-    "request_failures: no admission gate (--gate-port): the router's counters are read by fleet "
-    "operations (rollout, verify)"
-)
 NO_GATE_EXITS = (
     "forced_exits: no admission gate (--gate-port): requests the operation cut or aborted are not "
     "observable by request id"
@@ -73,24 +68,14 @@ class EngineReading:
     memory_unread: str = "not read"  # why `memory` is None
 
 
-def gate_counts(gate: AdmissionGate) -> RequestCounts:
-    """The gate's cumulative counts as request counters: its 503 refusals (the engine not READY) and
-    its forced exits are the failures clients saw; path refusals are the clients' own errors."""
-    shown = gate.to_json()
-    refused, forced = int(shown["refused_not_ready"]), shown["forced_exits"]
-    cut = int(forced["tokens_emitted"]) + int(forced["no_tokens"])
-    return RequestCounts(requests=int(shown["admitted"]) + refused, errors=refused + cut, stream_failures=cut)
-
-
 def read_engine(sup: EngineAccess) -> EngineReading:
     """The readings that cost nothing (no call to the engine); `read_memory` adds the memory."""
     gate = sup.gate
     status = sup.sleep_status
-    fingerprint = sup.bundle.fingerprint if sup.bundle is not None else None
     return EngineReading(
         at=time.time(),
-        bundle={"name": sup.running_bundle.name, "fingerprint": fingerprint},
-        gate=gate_counts(gate) if gate is not None else None,
+        bundle=bundle_of(sup.running_bundle, sup.bundle),
+        gate=gate.counts() if gate is not None else None,
         forced_mark=gate.requests.mark() if gate is not None else None,
         sleep_level=status.level if status is not None else None,
         adapters=dict(sup.adapters.desired),
@@ -211,14 +196,6 @@ def _delta(engine: str, source: str, pool: str, before: int | None, after: int |
     )
 
 
-def requests_of(before: EngineReading, after: EngineReading) -> RequestFailures | None:
-    if before.gate is None or after.gate is None:
-        return None
-    return RequestFailures(
-        source="gate", before=before.gate, after=after.gate, during=after.gate.minus(before.gate)
-    )
-
-
 def rollback_point(
     kind: str, supervisor: str, engine: str, before: EngineReading, after: EngineReading
 ) -> RollbackPoint:
@@ -270,7 +247,7 @@ def assemble(
     missing += unread
     if op.outcome == REFUSED:
         return _refused(op, timed, before)
-    failures = requests_of(before, after)
+    failures = request_failures(before.gate, after.gate)
     if failures is None:
         missing.append(NO_GATE_FAILURES)
     exits: list[ForcedExit] | None = None
