@@ -118,7 +118,8 @@ def test_an_orphan_holding_the_preload_socket_is_named_and_still_at_shutdown() -
     try:
         assert orphan.stdout is not None and orphan.stdout.readline().strip() == b"bound"
         health = free_port()
-        sup = preload_supervised(daemon_command(health, daemon_socket), health, daemon_socket, "copy")
+        daemon = daemon_command(health, daemon_socket, "--startup-seconds", "0.5")
+        sup = preload_supervised(daemon, health, daemon_socket, "copy", *SUP_ARGS)
         try:
             sup.wait_for("READY", lambda b: b.get("state") == "READY", 60)
             status, now = http_json(sup.url + "/v1/leftovers")

@@ -100,16 +100,21 @@ def host_rss(processes: Iterable[KnownProcess]) -> int | None:
     return sum(known) if known else None
 
 
-def _own_processes() -> Iterable[psutil.Process]:
-    """This user's processes but this one and its ancestors (whose command lines end with the
-    engine's command: `corral supervise ... -- CMD`, and whatever wraps it)."""
+Processes = list[tuple[psutil.Process, tuple[str, ...]]]  # this user's processes and their command lines
+
+
+def own_processes() -> Processes:
+    """This user's processes, read once per look, but this one and its ancestors (whose command lines
+    end with the engine's command: `corral supervise ... -- CMD`, and whatever wraps it)."""
     uid = os.getuid()
     me = psutil.Process()
     skip = {me.pid, *(p.pid for p in me.parents())}
-    for proc in psutil.process_iter(["pid", "uids", "cmdline", "create_time"]):
+    found: Processes = []
+    for proc in psutil.process_iter(["uids", "cmdline"]):
         uids = proc.info.get("uids")
         if uids is not None and uids.real == uid and proc.pid not in skip:
-            yield proc
+            found.append((proc, tuple(proc.info.get("cmdline") or ())))
+    return found
 
 
 def runs_command(cmdline: Sequence[str], argv: Sequence[str]) -> bool:
@@ -129,6 +134,7 @@ def old_processes(
     previous: Sequence[KnownProcess],
     engine_argvs: Collection[tuple[str, ...]] = (),
     current: Collection[int] = (),
+    processes: Processes | None = None,
 ) -> LeftoverCheck:
     """An engine process or rank from before (`previous`), or a process running one of this
     supervisor's engine commands (`engine_argvs`) outside the current engine's tree (`current`)."""
@@ -152,8 +158,7 @@ def old_processes(
             )
         )
     if engine_argvs:
-        for proc in _own_processes():
-            cmdline = tuple(proc.info.get("cmdline") or ())
+        for proc, cmdline in own_processes() if processes is None else processes:
             if proc.pid in current or proc.pid in named:
                 continue
             if not any(runs_command(cmdline, argv) for argv in engine_argvs):
@@ -267,17 +272,19 @@ def _holders(paths: Iterable[str]) -> dict[int, set[str]]:
 
 
 def orphaned_daemons(
-    daemon_argv: Sequence[str], sockets: Iterable[str], own_pid: int | None
+    daemon_argv: Sequence[str],
+    sockets: Iterable[str],
+    own_pid: int | None,
+    processes: Processes | None = None,
 ) -> LeftoverCheck:
     """A weight-cache daemon that is not the supervisor's own (`own_pid`, None once it is stopped):
     one running the daemon command, or one holding a daemon socket; each holds a copy of the weights."""
     argv = tuple(daemon_argv)
     holding = _holders(sockets)
     found: list[Leftover] = []
-    for proc in _own_processes():
+    for proc, cmdline in own_processes() if processes is None else processes:
         if proc.pid == own_pid:
             continue
-        cmdline = tuple(proc.info.get("cmdline") or ())
         held = sorted(holding.get(proc.pid, ()))
         if not runs_command(cmdline, argv) and not held:
             continue
@@ -356,13 +363,16 @@ class Scene:
 
 def leftovers(scene: Scene) -> LeftoverReport:
     """Every detector that applies to `scene` (blocking: psutil and the file system; run it off the loop)."""
+    processes = own_processes() if scene.engine_argvs or scene.preload_argv else []
     checks = [
-        old_processes(scene.old, scene.engine_argvs, scene.current),
+        old_processes(scene.old, scene.engine_argvs, scene.current, processes),
         stale_sockets(scene.served_sockets, scene.gone_sockets),
     ]
     if scene.awake:
         checks.append(cpu_backup(scene.cpu_backup_bytes, scene.rss))
     if scene.preload_argv:  # a daemon someone else runs (a sidecar) is not ours to call orphaned
-        checks.append(orphaned_daemons(scene.preload_argv, scene.preload_sockets, scene.preload_pid))
+        checks.append(
+            orphaned_daemons(scene.preload_argv, scene.preload_sockets, scene.preload_pid, processes)
+        )
     checks.append(temp_files(scene.state_dirs))
     return LeftoverReport(checked_at=time.time(), checks=[c for c in checks if c.kind not in scene.skip])

@@ -5,11 +5,14 @@ Unix sockets its dependency gates name, and the command it runs its engine with.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from corral.contracts.supervisor import LeftoverReport
 from corral.supervisor.checks.leftovers import (
@@ -32,8 +35,15 @@ def engine_processes(engine: EngineProcess | None) -> tuple[KnownProcess, ...]:
         return ()
     root = engine.identity
     names = {r["pid"]: f"rank {r['rank']} ({r['name']})" for r in engine.ranks.ranks_json()}
+    tree = engine.ranks.survivors()
+    # and its descendants now: a process forked since the rank watch last looked has its parent's
+    # command line, and must not read as a stray copy of the engine
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(root.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                tree.setdefault(child.pid, child.create_time())
     found = [KnownProcess(root.pid, root.create_time, "engine")]
-    for pid, created in sorted(engine.ranks.survivors().items()):
+    for pid, created in sorted(tree.items()):
         if pid != root.pid:
             found.append(KnownProcess(pid, created, names.get(pid, "engine child process")))
     return tuple(found)
