@@ -55,3 +55,11 @@ def test_fault_sequence_is_repeatable_and_thresholds_hold() -> None:
     assert [hang.next() for _ in range(4)] == [Fault.NONE, Fault.NONE, Fault.HANG, Fault.HANG]
     crash = FaultInjector(crash_after=1, hang_after=0)
     assert [crash.next() for _ in range(2)] == [Fault.HANG, Fault.CRASH]
+
+
+def test_fail_rate_after_spares_the_first_requests_then_fails_at_the_rate() -> None:
+    late = FaultInjector(fail_rate=1.0, fail_rate_after=3)
+    assert [late.next() for _ in range(5)] == [Fault.NONE] * 3 + [Fault.FAIL] * 2
+    injector = FaultInjector(fail_rate=0.2, fail_rate_after=10)
+    flaky = [injector.next() for _ in range(500)]
+    assert Fault.FAIL not in flaky[:10] and 50 < flaky.count(Fault.FAIL) < 150

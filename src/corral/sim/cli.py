@@ -129,6 +129,14 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
     help="Fraction of inference requests answered 500.",
 )
 @click.option(
+    "--fail-rate-after",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="--fail-rate spares the first N inference requests (a bundle that passes its smoke tests and "
+    "fails under real traffic).",
+)
+@click.option(
     "--crash-after",
     default=None,
     type=click.IntRange(min=0),

@@ -33,6 +33,7 @@ class SimConfig:
     seed: int = 0
     shutdown_timeout: float = 0.0
     fail_rate: float = 0.0
+    fail_rate_after: int = 0  # --fail-rate spares the first N inference requests
     crash_after: int | None = None
     hang_after: int | None = None
     fail_wake_tags: tuple[str, ...] = field(default_factory=tuple)

@@ -70,7 +70,9 @@ class Engine:
             config.ttft_base_ms, config.prefill_ms_per_token, config.itl_ms, config.max_num_seqs
         )
         self.generator = Generator(config.seed, config.default_max_tokens)
-        self.faults = FaultInjector(config.fail_rate, config.crash_after, config.hang_after, config.seed)
+        self.faults = FaultInjector(
+            config.fail_rate, config.crash_after, config.hang_after, config.seed, config.fail_rate_after
+        )
         self.stats = EngineStats()
         self.inflight = 0
         self.aborted = False

@@ -1,6 +1,7 @@
 """Injected failures, decided per inference request in arrival order: error answers, a hung engine, a crash.
 
-- `--fail-rate F`: that fraction of requests gets a 500 InternalServerError (a seeded, repeatable sequence).
+- `--fail-rate F`: that fraction of requests gets a 500 InternalServerError (a seeded, repeatable sequence);
+  `--fail-rate-after N` spares the first N (a bundle that passes its smoke tests, then fails real traffic).
 - `--hang-after N`: requests after the N-th are accepted and counted as running but never produce a token,
   while `/health` stays 200 (vLLM's hung engine core).
 - `--crash-after N`: the (N+1)-th request kills the process (exit 1) with the others still in flight.
@@ -26,8 +27,10 @@ class FaultInjector:
         crash_after: int | None = None,
         hang_after: int | None = None,
         seed: int = 0,
+        fail_rate_after: int = 0,
     ) -> None:
         self.fail_rate = fail_rate
+        self.fail_rate_after = fail_rate_after
         self.crash_after = crash_after
         self.hang_after = hang_after
         self._rng = random.Random(seed * 7919 + 17)
@@ -40,6 +43,6 @@ class FaultInjector:
             return Fault.CRASH
         if self.hang_after is not None and self.seen > self.hang_after:
             return Fault.HANG
-        if self.fail_rate > 0 and self._rng.random() < self.fail_rate:
+        if self.fail_rate > 0 and self.seen > self.fail_rate_after and self._rng.random() < self.fail_rate:
             return Fault.FAIL
         return Fault.NONE
