@@ -1,0 +1,137 @@
+"""The rollout canary on a local fleet of 2 simulated engines (2 serving groups) under continuous
+bounded load through the router: a new bundle that answers a fifth of its requests with errors is
+stopped by the canary and taken out again, the old groups never drained and no client failing beyond
+the canary's share; a healthy bundle passes the canary and the rollout succeeds."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from tests.integration.test_rollout import SIM, Load, corral, fleet_file, read_token, routable, stop_up
+from tests.integration.test_up import start_up
+
+CANARY = ("--canary-seconds", "20")  # a ceiling: a failing group is judged within a second or two
+
+
+async def supervisor_state(url: str, token: str) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with aiohttp.ClientSession() as session, session.get(url + "/v1/state", headers=headers) as r:
+        body: dict[str, Any] = await r.json()
+        return body
+
+
+def oplog_kinds(fleet: dict[str, Any], engine: dict[str, Any]) -> list[str]:
+    """Every operation kind the engine's supervisor logged, from its oplog file."""
+    path = Path(fleet["logs"]) / f"{engine['name']}.state" / "oplog.jsonl"
+    assert path.exists(), sorted(p.name for p in Path(fleet["logs"]).iterdir())
+    lines = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    return [str(entry.get("kind") or entry.get("operation") or "") for entry in lines]
+
+
+def record_of(state: Path, port: str) -> dict[str, Any]:
+    body: dict[str, Any] = orjson.loads((state / "corral" / f"rollout-{port}.json").read_bytes())
+    return body
+
+
+async def test_a_bundle_failing_a_fifth_of_its_requests_is_stopped_by_the_canary(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    proc, url = start_up("--engines", "2", *SIM, state_home=state)
+    port = url.rsplit(":", 1)[1]
+    try:
+        fleet = fleet_file(state, url)
+        token = read_token(fleet, "supervisor_token_file")
+        before = {e["name"]: await supervisor_state(e["supervisor"], token) for e in fleet["engines"]}
+        bundle = tmp_path / "flaky.yaml"
+        # the first 10 requests spared: the supervisor's startup smoke and VERIFY's pass, and the errors
+        # meet real traffic, as a bundle's that passes its smoke tests and fails under load would
+        flaky = '["--itl-ms", "5", "--fail-rate", "0.2", "--fail-rate-after", "10"]'
+        bundle.write_text(f"name: flaky\nengine_args: {flaky}\n")
+        load = Load(url)
+        load_task = asyncio.create_task(load.run())
+        await asyncio.sleep(0.5)
+        code, output = await corral(state, "rollout", "--port", port, "--to", str(bundle), *CANARY)
+        await asyncio.sleep(0.5)  # the old groups still serve everything after the rollout stopped
+        load.stop.set()
+        await load_task
+
+        assert code == 1, output
+        record = record_of(state, port)
+        assert record["outcome"] == "failed"
+        steps = [(s["step"], s["ok"]) for s in record["steps"]]
+        assert steps == [
+            ("PRECHECK", True),
+            ("START", True),
+            ("VERIFY", True),
+            ("ROUTED", True),
+            ("CANARY", False),
+            ("RECOVER", True),
+        ], steps
+        new_group = record["steps"][1]["group"]
+        assert {s["group"] for s in record["steps"][1:]} == {new_group}  # nothing touched g0 or g1
+        # the reason names the step, the group and the figures
+        assert record["reason"].startswith(f"CANARY {new_group}: canary failed"), record["reason"]
+        assert "error ratio" in record["reason"] and "0.000 for the baseline" in record["reason"]
+        canary = next(s for s in record["steps"] if s["step"] == "CANARY")
+        verdict = canary["data"]["verdict"]
+        window, baseline = verdict["window"], verdict["baseline"]
+        print(f"canary window {window}; baseline {baseline}; load {dict(load.outcomes)}")
+        assert verdict["verdict"] == "failed" and window["errors"] > 0 and baseline["errors"] == 0
+        # the clients' failures are the bad group's 500s, no more than its share of the traffic
+        failed = load.outcomes["failed_before_stream"]
+        assert 0 < failed <= window["requests"], (failed, window, load.problems[:5])
+        assert all("EngineCore failed" in p for p in load.problems), load.problems[:5]
+        assert load.outcomes["broken"] == 0, load.problems[:5]
+        # the old groups were never drained: same process, same epoch, READY and routed throughout
+        after = fleet_file(state, url)
+        assert after["engines"] == fleet["engines"]
+        assert await routable(url) == {e["engine"] for e in fleet["engines"]}
+        for engine in fleet["engines"]:
+            now = await supervisor_state(engine["supervisor"], token)
+            was = before[engine["name"]]
+            assert now["state"] == "READY" and now["epoch"] == was["epoch"], (was["epoch"], now)
+            assert now["engine"]["pid"] == was["engine"]["pid"]
+            assert "drain" not in oplog_kinds(fleet, engine)
+        recover = next(s for s in record["steps"] if s["step"] == "RECOVER")
+        assert "taken out" in recover["detail"] and recover["data"]["reports"], recover
+    finally:
+        stop_up(proc)
+
+
+async def test_a_healthy_bundle_passes_the_canary(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    proc, url = start_up("--engines", "2", *SIM, state_home=state)
+    port = url.rsplit(":", 1)[1]
+    try:
+        bundle = tmp_path / "v2.yaml"
+        bundle.write_text('name: v2\nengine_args: ["--itl-ms", "5", "--version-string", "0.33.1"]\n')
+        load = Load(url)
+        load_task = asyncio.create_task(load.run())
+        await asyncio.sleep(0.5)
+        code, output = await corral(
+            state, "rollout", "--port", port, "--to", str(bundle), "--canary-seconds", "2"
+        )
+        load.stop.set()
+        await load_task
+
+        assert code == 0, output
+        record = record_of(state, port)
+        assert record["outcome"] == "succeeded", record["reason"]
+        canaries = [s for s in record["steps"] if s["step"] == "CANARY"]
+        assert len(canaries) == 2 and all(s["ok"] for s in canaries), canaries
+        for step in canaries:  # each new group judged on real traffic against the old ones, then drained
+            verdict = step["data"]["verdict"]
+            print(f"{step['group']}: {step['detail']}")
+            assert verdict["verdict"] == "passed" and verdict["window"]["requests"] >= 20, verdict
+            assert verdict["baseline"]["requests"] > 0
+            mine = [s["step"] for s in record["steps"] if s["group"] == step["group"]]
+            assert mine == ["START", "VERIFY", "ROUTED", "CANARY"], mine
+        per_group = [s["step"] for s in record["steps"][1:-1]]
+        assert per_group == ["START", "VERIFY", "ROUTED", "CANARY", "DRAIN", "RETIRE", "GONE"] * 2
+        assert load.outcomes["failed_before_stream"] == 0 and load.outcomes["broken"] == 0, load.problems[:5]
+    finally:
+        stop_up(proc)
