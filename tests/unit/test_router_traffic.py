@@ -71,6 +71,27 @@ def test_a_new_endpoint_arms_its_warmup_from_the_slow_start_seam() -> None:
     assert endpoint.traffic.warmup_ttft_s == 0.3
 
 
+def test_a_wake_and_a_return_from_ejection_re_arm_the_warmup_through_the_endpoint() -> None:
+    from corral.engine_state import EngineState
+
+    endpoint = Endpoint("http://e:1", frozenset({MODEL}), EngineState.READY, "ready")
+    traffic = endpoint.traffic
+
+    def answered(seconds: float) -> None:
+        traffic.first_token(seconds, time.monotonic(), endpoint.routable_from)
+
+    answered(0.5)
+    answered(0.01)
+    endpoint.set_state(EngineState.SLEEPING, "slept")
+    endpoint.set_state(EngineState.READY, "woken")
+    answered(0.7)  # the first since the wake
+    answered(0.02)
+    assert (traffic.warmup_ttft_s, traffic.ttft.count) == (0.7, 2)
+    endpoint.eject(time.monotonic(), base_seconds=0.0)  # back at once: routable_from moved to now
+    answered(0.9)
+    assert (traffic.warmup_ttft_s, traffic.ttft.count) == (0.9, 2)
+
+
 def _event(payload: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
