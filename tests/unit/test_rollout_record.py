@@ -90,7 +90,7 @@ def test_a_host_switch_brings_its_own_records_forced_exits() -> None:
         "change_record": {"forced_exits": None, "not_measured": ["forced_exits: no admission gate"]}
     }
     exits, notes = forced_exits([switched, ungated])
-    assert exits is None and notes == ["forced exits: SWITCH host-1: forced_exits: no admission gate"]
+    assert exits is None and notes == ["forced exits: SWITCH host-1: no admission gate"]
 
 
 def test_nothing_drained_means_no_forced_exit() -> None:

@@ -225,7 +225,8 @@ def forced_exits(steps: list[Step]) -> tuple[list[ForcedExit] | None, list[str]]
             switched = switched if isinstance(switched, Mapping) else {}
             listed = switched.get("forced_exits")
             if not isinstance(listed, list):
-                why = "; ".join(n for n in switched.get("not_measured") or [] if "forced" in str(n))
+                notes = [str(n) for n in switched.get("not_measured") or [] if "forced" in str(n)]
+                why = "; ".join(n.removeprefix("forced_exits: ") for n in notes)
                 unobserved.append(f"{where}: {why or 'the switch operation listed no forced exits'}")
                 continue
             found.extend(ForcedExit.model_validate(e) for e in listed)
@@ -256,7 +257,11 @@ def forced_exits(steps: list[Step]) -> tuple[list[ForcedExit] | None, list[str]]
 
 def latency(warmup_ttft_ms: dict[str, float], canary: list[WindowVerdict]) -> tuple[LatencyRecord, list[str]]:
     """Warmup TTFTs of the new engines; steady state, baseline and verdict from the last canary."""
-    notes = [] if warmup_ttft_ms else ["latency: no warmup TTFT recorded (no new engine reached VERIFY)"]
+    notes = (
+        []
+        if warmup_ttft_ms
+        else ["latency: no warmup TTFT recorded (no new engine's first request was seen)"]
+    )
     if not canary:
         notes.append("latency: no steady-state window (no canary ran: --canary-seconds 0, or none reached)")
         return LatencyRecord(warmup_ttft_ms=dict(warmup_ttft_ms)), notes
