@@ -12,9 +12,12 @@ from typing import Any
 import pytest
 
 from corral.bundle_spec import BundleSpec
+from corral.clients.calls import APIError
 from corral.contracts.records import RolloutRecord
+from corral.contracts.router import RouterFleet
 from corral.contracts.supervisor import SupervisorState
 from corral.contracts.traffic import RequestCounts, WindowSummary, WindowVerdict
+from corral.contracts.up import GroupMember
 from corral.fleet.checks.change_record import RecordError, read_change_record, write_record
 from corral.fleet.rollout.record import (
     EngineMemory,
@@ -26,7 +29,7 @@ from corral.fleet.rollout.record import (
     request_failures,
     rollout_record,
 )
-from corral.fleet.rollout.steps import RolloutSettings, Step
+from corral.fleet.rollout.steps import Group, RolloutSettings, Step
 
 GIB = 1 << 30
 
@@ -124,6 +127,61 @@ def state(memory: dict[str, Any] | None) -> SupervisorState:
     return SupervisorState.model_validate(
         {"state": "READY", "epoch": 1, **({"memory": memory} if memory else {})}
     )
+
+
+class Router:
+    """The one call the readings make of the router: its /v1/fleet, with or without totals."""
+
+    def __init__(self, *totals: RequestCounts | None) -> None:
+        self.totals = list(totals)
+
+    async def fleet(self) -> RouterFleet:
+        return RouterFleet(totals=self.totals.pop(0))
+
+
+SIM_MEMORY = {
+    "last": {"source": "engine_metrics", "figures": {"gpu_weights_bytes": GIB, "gpu_kv_cache_bytes": GIB}}
+}
+
+
+def group(name: str, *members: str) -> Group:
+    return Group(
+        name, None, [GroupMember(name=m, group=name, supervisor=f"http://{m}", engine="") for m in members]
+    )
+
+
+async def test_the_end_reading_keeps_what_it_could_read_and_names_the_rest() -> None:
+    found = RecordReadings(Router(RequestCounts(requests=5), RequestCounts(requests=9)))  # type: ignore[arg-type]
+    await found.at_start([group("g0", "e0", "e1")], [[state(SIM_MEMORY), state(None)]])
+
+    async def groups() -> list[Group]:
+        return [group("g0'", "e2", "e3")]
+
+    async def state_of(url: str) -> SupervisorState:
+        if url == "http://e3":
+            raise APIError("http://e3/v1/state", None, "connection refused")
+        return state(SIM_MEMORY)
+
+    await found.at_end(groups, state_of)
+    assert found.end is not None and found.end.totals == RequestCounts(requests=9)
+    assert found.end.memory == {"e2": EngineMemory("engine_metrics", 2 * GIB)}
+    assert "its supervisor did not answer" in found.end.memory_missing["e3"]
+    deltas, missing = memory_deltas(found, [{"old": "g0", "new": "g0'"}])
+    assert [(d.engine, d.replaced_by, d.delta_bytes) for d in deltas] == [("e0", "e2", 0)]
+    assert missing == [
+        "memory of e1: before: the supervisor reports no memory",
+        "memory of e3: after: its supervisor did not answer: http://e3/v1/state: connection refused",
+    ]
+
+    async def unreadable() -> list[Group]:
+        raise APIError("http://control/v1/groups", None, "connection refused")
+
+    lost = RecordReadings(Router(None, None))  # type: ignore[arg-type]
+    await lost.at_start([group("g0", "e0")], [[state(SIM_MEMORY)]])
+    await lost.at_end(unreadable, state_of)
+    assert "could not be read at the end" in lost.end_missing
+    failures, why = request_failures("http://r", lost)
+    assert failures is None and "no request totals" in why
 
 
 def test_memory_is_read_from_the_supervisors_last_verdict() -> None:

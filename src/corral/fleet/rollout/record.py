@@ -104,9 +104,10 @@ class RecordReadings:
         except (StepFailed, APIError, aiohttp.ClientError, OSError, TimeoutError) as exc:
             self.end_missing = f"the fleet's groups could not be read at the end: {exc}"
             now = []
+        asked = [state_of(u) for group in now for u in group.supervisors]  # all at once: one timeout at most
+        answers = iter(await asyncio.gather(*asked, return_exceptions=True))
         for group in now:
-            answers = await asyncio.gather(*(state_of(u) for u in group.supervisors), return_exceptions=True)
-            self._note(reading, group, answers)
+            self._note(reading, group, [next(answers) for _ in group.members])
         self.end = reading
 
     @staticmethod
