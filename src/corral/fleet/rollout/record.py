@@ -48,16 +48,14 @@ def memory_of(state: SupervisorState) -> tuple[EngineMemory | None, str]:
     memory = (state.model_extra or {}).get("memory")
     last = memory.get("last") if isinstance(memory, dict) else None
     if not isinstance(last, dict):
-        return None, "no memory verdict yet" if isinstance(
-            memory, dict
-        ) else "the supervisor reports no memory"
+        why = "no memory verdict yet" if isinstance(memory, dict) else "the supervisor reports no memory"
+        return None, why
     figures, reading = last.get("figures"), last.get("after") or last.get("reading")
     if last.get("source") == "engine_metrics" and isinstance(figures, dict):
         weights, kv = figures.get("gpu_weights_bytes"), figures.get("gpu_kv_cache_bytes")
         if isinstance(weights, int | float):
-            return EngineMemory(
-                "engine_metrics", int(weights + (kv if isinstance(kv, int | float) else 0))
-            ), ""
+            held = weights + (kv if isinstance(kv, int | float) else 0)
+            return EngineMemory("engine_metrics", int(held)), ""
     if last.get("source") == "nvml" and isinstance(reading, dict):
         total = reading.get("total_bytes")
         if isinstance(total, int) and total > 0:
@@ -230,7 +228,12 @@ def forced_exits(steps: list[Step]) -> tuple[list[ForcedExit] | None, list[str]]
                 why = "; ".join(n.removeprefix("forced_exits: ") for n in notes)
                 unobserved.append(f"{where}: {why or 'the switch operation listed no forced exits'}")
                 continue
-            found.extend(ForcedExit.model_validate(e) for e in listed)
+            try:
+                found.extend(ForcedExit.model_validate(e) for e in listed)
+            except ValidationError as exc:
+                unobserved.append(
+                    f"{where}: its forced exits are not a list of them ({exc.error_count()} errors)"
+                )
             continue
         if step.step != "DRAIN":
             continue
