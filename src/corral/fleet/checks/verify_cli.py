@@ -33,7 +33,7 @@ from corral.fleet.checks.observe import (
     observe,
     warmup_ttft_ms,
 )
-from corral.fleet.checks.probe import FleetTarget, TargetError, look, read_token
+from corral.fleet.checks.probe import FleetTarget, FleetView, TargetError, look, read_token
 from corral.fleet.checks.verify import FAIL, NOT_MEASURED, PASS, Check, Expectations, run_checks
 from corral.fleet.checks.verify_memory import memory_deltas
 
@@ -71,7 +71,7 @@ def _newest(
 
 
 def _unmeasured(
-    window: ObservedWindow | None, warmup: dict[str, float], memory_why: str, router_error: str
+    window: ObservedWindow | None, warmup: dict[str, float], memory_why: str, view: FleetView
 ) -> list[str]:
     """The record's sections nothing measured, each with why."""
     if window is None:
@@ -82,9 +82,10 @@ def _unmeasured(
         if window.request_failures is None:
             found.append(f"request_failures: {window.why_not or 'the router reports no request totals'}")
     if not warmup:
-        why = (
-            router_error
-            or "no routed engine has answered a request since it became routable (or the router does not say)"
+        why = view.router_error or (
+            "no routed engine has answered a request since it became routable (or the router does not say)"
+            if view.target.router
+            else "no router given: warmup TTFT is the router's figure (--router)"
         )
         found.append(f"latency.warmup_ttft_ms: {why}")
     if memory_why:
@@ -245,7 +246,7 @@ def verify(
         memory=memory,
         latency=judged.latency(warmup) if judged is not None else LatencyRecord(warmup_ttft_ms=warmup),
         endpoint_windows=judged.endpoints if judged is not None else {},
-        not_measured=unmeasured + _unmeasured(window, warmup, memory_why, view.router_error),
+        not_measured=unmeasured + _unmeasured(window, warmup, memory_why, view),
         adapters={"served": adapter_baseline(kept, served_now)},
         ok=not failed,
         failed=failed,
