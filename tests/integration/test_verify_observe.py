@@ -109,6 +109,7 @@ def test_a_healthy_fleet_passes_and_the_next_verify_compares_steady_state(tmp_pa
             assert failures["during"]["errors"] == 0
             assert [m["engine"] for m in first["memory"]] == ["engine-0", "engine-1"]
             assert (first["schema"], first["kind"], first["outcome"]) == (2, "verify", "succeeded")
+            assert first["id"].startswith("verify-") and first["corral_version"]
             assert first["ok"] is True and isinstance(first["ttft_ms"], float)  # the probe, as before
             assert "no earlier record has a steady window" in check(first, "latency")["detail"]
 

@@ -5,6 +5,7 @@ one schema of contracts/records.py, written atomically (temp file, then rename),
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -103,6 +104,7 @@ def engines_section(view: FleetView) -> list[EngineRecord]:
 def new_record(view: FleetView, started: float, **sections: Any) -> VerifyRecord:
     """A verify's record of `view`: the fleet's members as they were, and the `sections` it measured."""
     return VerifyRecord(
+        id=f"verify-{uuid.uuid4().hex[:10]}",
         corral_version=__version__,
         started=started,
         finished=time.time(),
