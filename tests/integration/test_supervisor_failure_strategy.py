@@ -61,6 +61,15 @@ def test_restart_is_todays_bounded_restarts_then_failed_and_not_live() -> None:
         assert sup.probe("/startupz")[0] == 503
 
 
+def finished_operation(sup: Supervised, op_id: str) -> dict[str, Any]:
+    """The operation once it ended: READY comes at VERIFY, POSTCHECK and the change record follow."""
+    deadline = time.monotonic() + 30
+    while (finished := http_json(f"{sup.url}/v1/operations/{op_id}")[1])["status"] == "running":
+        assert time.monotonic() < deadline, finished
+        time.sleep(0.1)
+    return dict(finished)
+
+
 def test_stay_unready_holds_the_pod_live_unready_and_restarts_nothing(tmp_path: Path) -> None:
     port = free_port()
     good = bundle_file(tmp_path, "good", sim_command(port))
@@ -93,7 +102,7 @@ def test_stay_unready_holds_the_pod_live_unready_and_restarts_nothing(tmp_path: 
         assert status == 202, op
         body = sup.wait_state("READY", timeout=60)
         assert body["bundle_name"] == "good"
-        finished = http_json(f"{sup.url}/v1/operations/{op['operation_id']}")[1]
+        finished = finished_operation(sup, op["operation_id"])
         assert finished["status"] == "succeeded", finished
         precheck = finished["result"]["steps"][0]["evidence"]
         assert precheck["from"] == "initial" and "exited with code 1" in precheck["failed_start"]
@@ -113,7 +122,7 @@ def test_rollback_switches_to_the_declared_bundle_and_records_why(tmp_path: Path
         assert failure["bundle"] == "initial" and failure["verdict"] == "rolling_back"
         assert failure["rollback_to"] == "good" and "exited with code 1" in failure["reason"]
         [op] = [o for o in body["operations"] if o["kind"] == "rollback"]
-        assert op["status"] == "succeeded"
+        assert finished_operation(sup, op["operation_id"])["status"] == "succeeded"
         steps = rollback_steps(sup)
         assert [s["step"] for s in steps] == [
             "precheck",
