@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -44,7 +46,7 @@ async def test_observe_closes_sleep_wake_and_a_bundle_switch(tmp_path: Path) -> 
         victim = fleet.victim
         await asyncio.sleep(1.0)  # the victim's steady state: the baseline
         await sleep_has_nothing_to_observe(victim)
-        await wake_is_observed_and_its_warmup_kept_apart(victim)
+        await wake_is_observed_and_its_warmup_kept_apart(victim, tmp_path / "state")
         await a_failing_bundle_fails_observe_and_goes_back(victim)
         fleet.stop.set()
 
@@ -56,9 +58,22 @@ async def sleep_has_nothing_to_observe(victim: Supervised) -> None:
     assert "SLEEPING" in observe["evidence"]["not_applicable"], observe
 
 
-async def wake_is_observed_and_its_warmup_kept_apart(victim: Supervised) -> None:
-    woken = await asyncio.to_thread(run_op, victim, "/v1/wake", WINDOW)
-    steps = operation(victim, woken["operation_id"])["result"]["steps"]
+async def wake_is_observed_and_its_warmup_kept_apart(victim: Supervised, state_home: Path) -> None:
+    """Through `corral wake --observe-seconds`: the flags reach the request, the verdict is printed."""
+    flags = ["--observe-seconds", "2", "--observe-min-requests", "5"]
+    woke = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "corral", "wake", "--supervisor", victim.url, *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "XDG_STATE_HOME": str(state_home)},
+    )
+    assert woke.returncode == 0 and "  observe: done" in woke.stdout, woke
+    assert "    passed: error ratio 0.000" in woke.stdout, woke.stdout
+    op_id = woke.stdout.split()[1]  # "wake <id> started"
+    steps = operation(victim, op_id)["result"]["steps"]
     assert [s["step"] for s in steps][-2:] == ["postcheck", "observe"], steps
     evidence = steps[-1]["evidence"]
     window, baseline, verdict = evidence["window"], evidence["baseline"], evidence["verdict"]
