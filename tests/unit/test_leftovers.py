@@ -168,16 +168,16 @@ def test_a_daemon_holding_the_socket_that_is_not_ours_is_orphaned(
 ) -> None:
     path = short_dir / "vllm_weight_cache_x.sock"
     pid = _listener(children, path)
-    check = orphaned_daemons(("corral", "sim", "preload"), [str(path)], own_pid=None)
+    check = orphaned_daemons(("corral", "sim", "preload"), [str(path)], own=())
     assert check.verdict == "found" and check.fails
     assert check.found[0].pid == pid and check.found[0].path == str(path)
-    assert orphaned_daemons(("corral", "sim", "preload"), [str(path)], own_pid=pid).verdict == "clean"
+    assert orphaned_daemons(("corral", "sim", "preload"), [str(path)], own={pid}).verdict == "clean"
 
 
 def test_two_daemons_for_one_command_name_the_one_not_ours(children: list[subprocess.Popen[bytes]]) -> None:
     ours = _spawn(children, SLEEPER)
     other = _spawn(children, SLEEPER)
-    check = orphaned_daemons(SLEEPER, [], own_pid=ours.pid)
+    check = orphaned_daemons(SLEEPER, [], own={ours.pid})
     assert [f.pid for f in check.found] == [other.pid]
 
 

@@ -274,16 +274,17 @@ def _holders(paths: Iterable[str]) -> dict[int, set[str]]:
 def orphaned_daemons(
     daemon_argv: Sequence[str],
     sockets: Iterable[str],
-    own_pid: int | None,
+    own: Collection[int],
     processes: Processes | None = None,
 ) -> LeftoverCheck:
-    """A weight-cache daemon that is not the supervisor's own (`own_pid`, None once it is stopped):
+    """A weight-cache daemon that is not the supervisor's own (`own`: its daemon's process tree, empty
+    once it is stopped):
     one running the daemon command, or one holding a daemon socket; each holds a copy of the weights."""
     argv = tuple(daemon_argv)
     holding = _holders(sockets)
     found: list[Leftover] = []
     for proc, cmdline in own_processes() if processes is None else processes:
-        if proc.pid == own_pid:
+        if proc.pid in own:
             continue
         held = sorted(holding.get(proc.pid, ()))
         if not runs_command(cmdline, argv) and not held:
@@ -354,7 +355,7 @@ class Scene:
     gone_sockets: tuple[str, ...] = ()
     preload_argv: tuple[str, ...] = ()
     preload_sockets: tuple[str, ...] = ()
-    preload_pid: int | None = None
+    preload_pids: frozenset[int] = frozenset()  # the supervisor's daemon and its descendants
     awake: bool = False  # the engine is awake: no CPU backup may remain
     cpu_backup_bytes: float | None = None
     rss: RssProxy | None = None
@@ -372,7 +373,7 @@ def leftovers(scene: Scene) -> LeftoverReport:
         checks.append(cpu_backup(scene.cpu_backup_bytes, scene.rss))
     if scene.preload_argv:  # a daemon someone else runs (a sidecar) is not ours to call orphaned
         checks.append(
-            orphaned_daemons(scene.preload_argv, scene.preload_sockets, scene.preload_pid, processes)
+            orphaned_daemons(scene.preload_argv, scene.preload_sockets, scene.preload_pids, processes)
         )
     checks.append(temp_files(scene.state_dirs))
     return LeftoverReport(checked_at=time.time(), checks=[c for c in checks if c.kind not in scene.skip])

@@ -96,6 +96,16 @@ def backup_size(engine: EngineProcess | None, figures_weights: float | None) -> 
     return engine.log_figures.weights_bytes * max(1, engine.ranks.size.world)
 
 
+def _tree(pid: int | None) -> frozenset[int]:
+    """A process and its descendants now (a daemon run through a shell is the shell's child)."""
+    if pid is None:
+        return frozenset()
+    found = {pid}
+    with contextlib.suppress(psutil.Error):
+        found.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+    return frozenset(found)
+
+
 def scene_of(
     config: SupervisorConfig,
     engine: EngineProcess | None,
@@ -128,7 +138,7 @@ def scene_of(
         gone_sockets=tuple(gone),
         preload_argv=tuple(config.preload_argv),
         preload_sockets=daemon_sockets,
-        preload_pid=preload.pid if daemon_running and preload is not None else None,
+        preload_pids=_tree(preload.pid) if daemon_running and preload is not None else frozenset(),
         awake=awake,
         cpu_backup_bytes=cpu_backup_bytes,
         rss=rss,
