@@ -26,10 +26,19 @@ with each drained engine's confirmed-drain report (router acknowledgement, leavi
 drain, engine stop). Every request that did not complete is listed with its time, phase and error.
 The whole result is also written to benchmarks/out/bench_rollout.json.
 
+With `--compare`, the same run starts two fleets one after the other under the same load and rolls
+each forward once (no rollback): "plain" (router without slow start, no canary) and "guarded" (`corral up
+--router-arg=--slow-start-seconds=S`, `corral rollout --canary-seconds C`), and prints each one's baseline
+and rollout phases, then the guarded/plain ratios of TTFT p50/p99 during the rollout (raw, and each
+rollout against its own baseline, since the two fleets run minutes apart), the failures of each and the
+guarded rollout's canary verdicts. The simulator has no warm-up cost of its own: what the guarded run
+can show is the price of the canary's wait and the ramp, not a cold engine's first requests spared.
+
 Loopback only; bounded in count (`--max-requests`) and time (`--max-seconds` for the load, a timeout
 for each command). Whatever happens, the fleet is stopped at the end (SIGINT to `corral up`, a wait,
 then SIGKILL to whatever of it is left).
     .venv/bin/python benchmarks/bench_rollout.py [--baseline-seconds 15] [--clients 16] [--markdown]
+    .venv/bin/python benchmarks/bench_rollout.py --compare [--slow-start-seconds 10] [--canary-seconds 5]
 """
 
 from __future__ import annotations
@@ -318,7 +327,14 @@ async def operation(
 
 
 async def measure(
-    args: argparse.Namespace, url: str, port: int, env: dict[str, str], work: Path, children: list[Child]
+    args: argparse.Namespace,
+    url: str,
+    port: int,
+    env: dict[str, str],
+    work: Path,
+    children: list[Child],
+    canary_seconds: float = 0.0,
+    rollback: bool = True,
 ) -> tuple[Load, list[Operation]]:
     bundle = work / "v2.yaml"
     engine_args = [*args.sim_arg, "--version-string", args.version_string]
@@ -331,12 +347,11 @@ async def measure(
         load.enter("baseline")
         await asyncio.sleep(args.baseline_seconds)
         load.enter("rollout")
-        ops.append(
-            await operation("rollout", ["--to", str(bundle)], env, work, port, args.op_timeout, children)
-        )
+        forward = ["--to", str(bundle), "--canary-seconds", str(canary_seconds)]
+        ops.append(await operation("rollout", forward, env, work, port, args.op_timeout, children))
         load.enter("settle")
         await asyncio.sleep(args.settle_seconds)
-        if ops[0].code == 0:
+        if ops[0].code == 0 and rollback:
             load.enter("rollback")
             ops.append(await operation("rollback", [], env, work, port, args.op_timeout, children))
             load.enter("tail")
@@ -483,6 +498,97 @@ def report(load: Load, ops: list[Operation], args: argparse.Namespace, out: Path
     return 0 if ok else 1
 
 
+def start_fleet(
+    args: argparse.Namespace, work: Path, env: dict[str, str], port: int, extra: list[str]
+) -> Child:
+    up_args = ["up", "--engines", "4", "--group-size", "2", "--port", str(port), *extra]
+    up_args += [f"--sim-arg={a}" for a in args.sim_arg]
+    up_args += ["--log-dir", str(work / "logs")]
+    (work / "logs").mkdir(parents=True)
+    return Child.start("up", up_args, env, work)
+
+
+def stop_all(children: list[Child]) -> None:
+    for child in reversed(children):
+        grace = 90.0 if child.name == "up" else 10.0
+        note = child.stop(signal.SIGINT, grace)
+        if "already exited" not in note or child.name == "up":
+            print(note, flush=True)
+
+
+VARIANTS = ("plain", "guarded")  # guarded: router slow start + the rollout's canary
+
+
+def run_variant(args: argparse.Namespace, variant: str) -> dict[str, Any]:
+    """One fresh fleet, its baseline and one rollout under the load; the phases' figures."""
+    guarded = variant == "guarded"
+    work = Path(tempfile.mkdtemp(prefix=f"bench-rollout-{variant}-"))
+    env = {"XDG_STATE_HOME": str(work / "state")}
+    port = free_port()
+    extra = [f"--router-arg=--slow-start-seconds={args.slow_start_seconds:g}"] if guarded else []
+    children: list[Child] = []
+    try:
+        up = start_fleet(args, work, env, port, extra)
+        children.append(up)
+        url = wait_router_url(up, 120)
+        canary = args.canary_seconds if guarded else 0.0
+        load, ops = asyncio.run(measure(args, url, port, env, work, children, canary, rollback=False))
+    finally:
+        stop_all(children)
+    record = ops[0].record or {}
+    verdicts = [
+        f"{s['group']}: {(s.get('data') or {}).get('verdict', {}).get('verdict')} ({s['detail']})"
+        for s in record.get("steps", [])
+        if s["step"] == "CANARY"
+    ]
+    base, moving = load.stats("baseline"), load.stats("rollout")
+    return {
+        "variant": variant,
+        "slow_start_seconds": args.slow_start_seconds if guarded else 0.0,
+        "canary_seconds": canary,
+        "baseline": base,
+        "rollout": moving,
+        # each variant against its own baseline: the two fleets run minutes apart on a shared machine
+        "rollout_vs_baseline": {k: ratio(moving[k], base[k]) for k in RATIO_KEYS},
+        "outcome": record.get("outcome"),
+        "rollout_seconds": round(total(ops[0]), 2),
+        "canary": verdicts,
+        "failures": [f"{s.phase} {s.kind}: {s.detail}" for s in load.samples if s.kind != "completed"][:20],
+    }
+
+
+def compare(args: argparse.Namespace) -> int:
+    results = [run_variant(args, v) for v in VARIANTS]
+    for r in results:
+        print(orjson.dumps(r).decode(), flush=True)
+    plain, guarded = (r["rollout"] for r in results)
+    keys = ("ttft_p50_ms", "ttft_p99_ms", "latency_p99_ms", "rps")
+    ratios = {k: ratio(guarded[k], plain[k]) for k in keys}
+    a, b = (r["rollout_vs_baseline"] for r in results)
+    relative = {k: ratio(b[k], a[k]) for k in keys}
+    print(orjson.dumps({"guarded_vs_plain_during_rollout": ratios}).decode())
+    print(orjson.dumps({"guarded_vs_plain_each_against_its_baseline": relative}).decode())
+    if args.markdown:
+        print(
+            "| variant | rollout s | phase | completed | failed | cut | req/s | TTFT p50 ms | TTFT p99 ms |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in results:
+            for phase in ("baseline", "rollout"):
+                p = r[phase]
+                cells = [r["variant"], str(r["rollout_seconds"]), phase, str(p["completed"])]
+                cells += [str(p["failed_before_stream"]), str(p["streams_cut"]), str(p["rps"])]
+                cells += [str(p["ttft_p50_ms"]), str(p["ttft_p99_ms"])]
+                print("| " + " | ".join(cells) + " |")
+        print(f"\nguarded / plain during the rollout: {ratios}")
+        print(f"guarded / plain, each rollout against its own baseline: {relative}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_rollout_compare.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
+    ok = all(r["outcome"] == "succeeded" and not r["failures"] for r in results)
+    return 0 if ok else 1
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--clients", type=int, default=16, help="closed-loop clients")
@@ -501,9 +607,14 @@ def main() -> None:
     )
     parser.add_argument("--version-string", default="0.33.1", help="what the new bundle changes")
     parser.add_argument("--markdown", action="store_true", help="also print Markdown tables")
+    parser.add_argument("--compare", action="store_true", help="plain vs slow start + canary (see above)")
+    parser.add_argument("--slow-start-seconds", type=float, default=10.0, help="the guarded router's")
+    parser.add_argument("--canary-seconds", type=float, default=5.0, help="the guarded rollout's")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/out"))
     args = parser.parse_args()
     args.sim_arg = args.sim_arg or ["--itl-ms=5"]
+    if args.compare:
+        raise SystemExit(compare(args))
 
     work = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
     env = {"XDG_STATE_HOME": str(work / "state")}
@@ -511,11 +622,7 @@ def main() -> None:
     children: list[Child] = []
     code = 1
     try:
-        up_args = ["up", "--engines", "4", "--group-size", "2", "--port", str(port)]
-        up_args += [f"--sim-arg={a}" for a in args.sim_arg]
-        up_args += ["--log-dir", str(work / "logs")]
-        (work / "logs").mkdir()
-        up = Child.start("up", up_args, env, work)
+        up = start_fleet(args, work, env, port, [])
         children.append(up)
         started = time.monotonic()
         url = wait_router_url(up, 120)
@@ -523,11 +630,7 @@ def main() -> None:
         load, ops = asyncio.run(measure(args, url, port, env, work, children))
         code = report(load, ops, args, Path(args.out))
     finally:
-        for child in reversed(children):
-            grace = 90.0 if child.name == "up" else 10.0
-            note = child.stop(signal.SIGINT, grace)
-            if "already exited" not in note or child.name == "up":
-                print(note, flush=True)
+        stop_all(children)
     raise SystemExit(code)
 
 

@@ -81,6 +81,9 @@ async def test_a_bundle_failing_a_fifth_of_its_requests_is_stopped_by_the_canary
         window, baseline = verdict["window"], verdict["baseline"]
         print(f"canary window {window}; baseline {baseline}; load {dict(load.outcomes)}")
         assert verdict["verdict"] == "failed" and window["errors"] > 0 and baseline["errors"] == 0
+        assert [v["verdict"] for v in record["canary"]] == ["failed"]
+        # the new engine's first request through the rollout (VERIFY's streamed smoke) is its warmup
+        assert set(record["latency"]["warmup_ttft_ms"]) == set(canary["data"]["new"])
         # the clients' failures are the bad group's 500s, no more than its share of the traffic
         failed = load.outcomes["failed_before_stream"]
         assert 0 < failed <= window["requests"], (failed, window, load.problems[:5])
@@ -130,6 +133,9 @@ async def test_a_healthy_bundle_passes_the_canary(tmp_path: Path) -> None:
             assert verdict["baseline"]["requests"] > 0
             mine = [s["step"] for s in record["steps"] if s["group"] == step["group"]]
             assert mine == ["START", "VERIFY", "ROUTED", "CANARY"], mine
+        assert [v["verdict"] for v in record["canary"]] == ["passed", "passed"]
+        new_engines = {e for step in canaries for e in step["data"]["new"]}
+        assert len(new_engines) == 2 and set(record["latency"]["warmup_ttft_ms"]) == new_engines
         per_group = [s["step"] for s in record["steps"][1:-1]]
         assert per_group == ["START", "VERIFY", "ROUTED", "CANARY", "DRAIN", "RETIRE", "GONE"] * 2
         assert load.outcomes["failed_before_stream"] == 0 and load.outcomes["broken"] == 0, load.problems[:5]
