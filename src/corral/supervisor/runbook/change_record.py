@@ -13,9 +13,9 @@ import shlex
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from corral import __version__
 from corral.contracts.operations import ForcedExit
@@ -28,6 +28,7 @@ from corral.contracts.records import (
 )
 from corral.contracts.traffic import RequestCounts, WindowSummary, WindowVerdict
 from corral.engine.dev_api import AdminCallFailed
+from corral.supervisor.lifecycle.device_memory import NVML
 from corral.supervisor.lifecycle.drain_record import NO_GATE_FAILURES, bundle_of, request_failures
 from corral.supervisor.lifecycle.forced_exits import FORCED_EXITS_LISTED
 from corral.supervisor.lifecycle.memory_checks import ENGINE_METRICS, NO_SOURCE, reported
@@ -41,6 +42,7 @@ NO_GATE_EXITS = (
     "forced_exits: no admission gate (--gate-port): requests the operation cut or aborted are not "
     "observable by request id"
 )
+M = TypeVar("M", bound=BaseModel)
 STARTS_ENGINE = ("wake", "reload", "switch_bundle", "rollback")  # a warmup TTFT is expected of these
 
 
@@ -102,15 +104,15 @@ async def read_memory(sup: EngineAccess, reading: EngineReading) -> EngineReadin
     if device.total_bytes <= 0:
         why = f"NVML attributes no GPU memory to the engine's processes {list(device.pids)} (a CPU engine?)"
         return dataclasses.replace(reading, memory_unread=why)
-    return dataclasses.replace(reading, memory=MemoryReading("nvml", device.total_bytes))
+    return dataclasses.replace(reading, memory=MemoryReading(NVML, device.total_bytes))
 
 
 def step_records(steps: Sequence[dict[str, Any]], fallback_start: float) -> list[StepRecord]:
     """The runbook's step entries (`template.Runbook.steps`) as the schema's timed steps."""
     records = []
     for entry in steps:
-        evidence = entry.get("evidence") if isinstance(entry.get("evidence"), dict) else {}
-        assert isinstance(evidence, dict)
+        raw = entry.get("evidence")
+        evidence: dict[str, Any] = raw if isinstance(raw, dict) else {}
         detail = evidence.get("error") or evidence.get("skipped") or evidence.get("outcome") or ""
         records.append(
             StepRecord(
@@ -165,7 +167,7 @@ def latency_of(kind: str, engine: str, steps: Sequence[StepRecord]) -> tuple[Lat
     return LatencyRecord(warmup_ttft_ms=warmup, steady=steady, baseline=baseline, verdict=verdict), missing
 
 
-def _model(model: Any, body: Any) -> Any:
+def _model(model: type[M], body: Any) -> M | None:
     return model.model_validate(body) if isinstance(body, dict) else None
 
 
@@ -177,7 +179,7 @@ def memory_of(
     b, a = before.memory, after.memory
     if b is None and a is None:
         return [], [f"memory: {before.memory_unread}"]
-    source = (b or a).source if (b or a) is not None else ""  # type: ignore[union-attr]
+    source = b.source if b is not None else a.source if a is not None else ""
     deltas = [_delta(engine, source, "gpu", b.gpu_bytes if b else None, a.gpu_bytes if a else None)]
     host_before, host_after = (b.host_bytes if b else None), (a.host_bytes if a else None)
     if host_before is not None or host_after is not None:
