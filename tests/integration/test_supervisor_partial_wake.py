@@ -7,6 +7,7 @@ would resume scheduling early are refused with 409 and nothing changed. Real pro
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from typing import Any
@@ -104,6 +105,7 @@ async def test_partial_wake_stays_unroutable_until_the_remaining_tags_complete_i
         woke = await asyncio.to_thread(
             subprocess.run,
             [sys.executable, "-m", "corral", "wake", "--supervisor", sup.url, "--tags", "kv_cache"],
+            env={**os.environ, "XDG_STATE_HOME": str(sup.state_dir.parent)},  # its change record goes there
             capture_output=True,
             text=True,
             timeout=120,

@@ -11,8 +11,10 @@ the `corral_sim_*` memory figures move as VERIFY expects."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
+import tempfile
 from typing import Any
 
 from tests.support.sleep_load import (
@@ -35,8 +37,14 @@ AWAKE = sleep_gauge("awake")
 
 
 def corral(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "XDG_STATE_HOME": tempfile.mkdtemp(prefix="corral-state-")}  # the change record's
     return subprocess.run(
-        [sys.executable, "-m", "corral", *args], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-m", "corral", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
     )
 
 
