@@ -98,6 +98,7 @@ async def start_gate(supervisor: Any, config: SupervisorConfig) -> web.AppRunner
     from corral.supervisor.http.admission import AdmissionGate
     from corral.supervisor.http.admission_metrics import AdmissionCollector
     from corral.supervisor.http.inflight import ForcedExit
+    from corral.supervisor.lifecycle.states import DrainPhase
 
     if config.gate_port is None:
         return None
@@ -108,7 +109,12 @@ async def start_gate(supervisor: Any, config: SupervisorConfig) -> web.AppRunner
         emitted = "after tokens were sent" if ended.request.tokens_emitted else "before any token"
         supervisor_log(f"forced exit: request {ended.request.request_id} ({ended.how}) {emitted}")
 
-    gate = AdmissionGate(config.engine_url, lambda: supervisor.machine.state, on_forced_exit=forced_exit)
+    gate = AdmissionGate(
+        config.engine_url,
+        lambda: supervisor.machine.state,
+        on_forced_exit=forced_exit,
+        leaving_routing=lambda: supervisor.machine.sub_state == DrainPhase.LEAVING_ROUTING,
+    )
     supervisor.gate = gate
     supervisor.metrics.registry.register(AdmissionCollector(gate))
     runner = web.AppRunner(gate.app(), access_log=None, shutdown_timeout=2.0)

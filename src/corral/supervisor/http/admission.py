@@ -1,8 +1,10 @@
 """The admission gate (`corral supervise --gate-port`): the supervisor's data port in front of an engine
 bound to loopback. It forwards only the OpenAI inference paths (plus `/v1/models`, `/health` and a
 GET of `/metrics`), so the development endpoints that `VLLM_SERVER_DEV_MODE=1` exposes are
-unreachable from the data port; it answers 503 with Retry-After unless the engine is READY, so
-nothing reaches an engine out of routing however late a client is; and it counts in-flight requests
+unreachable from the data port; it answers 503 with Retry-After unless the engine is READY (or still
+leaving routing: a drain's first step, whose quiet period expects what routers sent before they
+acknowledged the removal), so nothing reaches an engine out of routing however late a client is;
+and it counts in-flight requests
 per model or adapter, which makes an adapter's drain exact, and admissions and refusals per model
 (`corral.supervisor.http.admission_metrics` shows them on the supervisor's `/metrics`).
 
@@ -67,9 +69,11 @@ class AdmissionGate:
         state: Callable[[], EngineState],
         retry_after: int = 2,
         on_forced_exit: ForcedExitListener | None = None,
+        leaving_routing: Callable[[], bool] = lambda: False,
     ) -> None:
         self.engine_url = engine_url.rstrip("/")
         self._state = state
+        self._leaving_routing = leaving_routing
         self.retry_after = retry_after
         self.requests = InFlightRequests(on_forced_exit)
         self.in_flight: Counter[str] = Counter()
@@ -108,6 +112,11 @@ class AdmissionGate:
         admitted = self.admitted.total()
         return RequestCounts(requests=admitted + refused, errors=refused + cut, stream_failures=cut)
 
+    def _admitting(self) -> bool:
+        """READY, or DRAINING while routers may still send here (their requests in dispatch before
+        the acknowledgement reach the engine, which still serves, as they would without a gate)."""
+        return self._state() is EngineState.READY or self._leaving_routing()
+
     def _refused_for(self, reason: str) -> int:
         return sum(n for (_, why), n in self.refused.items() if why == reason)
 
@@ -129,7 +138,7 @@ class AdmissionGate:
             return error_response(404, f"{path} is not served on the data port", "NotFoundError")
         body = await request.read()
         model = _model_of(body) if path in INFERENCE_PATHS else None
-        if path in INFERENCE_PATHS and self._state() is not EngineState.READY:
+        if path in INFERENCE_PATHS and not self._admitting():
             self.refused[(model or "", NOT_READY)] += 1
             answer = error_response(
                 503,
