@@ -66,9 +66,13 @@ def test_a_healthy_fleet_passes_and_a_sleeping_engine_fails_the_sleep_check(tmp_
         assert len(fingerprints) == 1 and None not in fingerprints
         assert isinstance(record["ttft_ms"], float)
 
-        engine = orjson.loads(local_fleet_file_under(tmp_path, int(port)).read_bytes())["engines"][0][
-            "engine"
-        ]
+        # behind Corral's back, on the engine itself (its admission gate does not forward /sleep)
+        fleet = orjson.loads(local_fleet_file_under(tmp_path, int(port)).read_bytes())
+        token = Path(fleet["supervisor_token_file"]).read_text().strip()
+        state = httpx.get(
+            fleet["engines"][0]["supervisor"] + "/v1/state", headers={"Authorization": f"Bearer {token}"}
+        ).json()
+        engine = state["engine"]["url"]
         assert httpx.post(engine + "/sleep", params={"level": 1}, timeout=10).status_code == 200
         code, out = verify("--port", port, state_home=tmp_path)
         assert code == 1, out

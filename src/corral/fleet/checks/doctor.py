@@ -201,8 +201,8 @@ async def diagnose_engine(
         return Diagnosis(
             e.name,
             "not-ready/sleeping",
-            f"{e.engine_url}/is_sleeping is true" + memory_note(e),
-            f"curl -X POST '{e.engine_url}/wake_up' (then smoke before readiness returns)",
+            f"{e.dev_url}/is_sleeping is true" + memory_note(e),
+            f"curl -X POST '{e.dev_url}/wake_up' (then smoke before readiness returns)",
         )
     evidence = e.evidence
     for kind, branch, command in (

@@ -12,6 +12,7 @@ import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
@@ -20,6 +21,7 @@ from corral.clients.access import ENGINE_KEY_ENV, ENGINE_KEY_FLAG, FleetAccess, 
 from corral.clients.router import RouterAdminClient
 from corral.contracts.router import FleetEndpoint
 from corral.engine.metrics_text import Sample, samples
+from corral.router.edge.admin_access import is_loopback_host
 from corral.state_home import local_fleet_file, read_supervisor_token
 from corral.supervisor_tokens import TokenFileError, read_management_token
 
@@ -83,6 +85,13 @@ class EngineView:
     models: list[dict[str, Any]] | None = None
     models_status: int | None = None  # what /v1/models answered (401: the engine wants its API key)
     metrics: str | None = None
+    # the engine's own URL as its supervisor knows it, where the development endpoints (/is_sleeping,
+    # /wake_up) answer: behind an admission gate `engine_url` is the gate, which does not forward them
+    own_url: str | None = None
+
+    @property
+    def dev_url(self) -> str | None:
+        return self.own_url or self.engine_url
 
     @property
     def lifecycle(self) -> str:
@@ -154,6 +163,15 @@ def _json(raw: bytes) -> Any:
         return None
 
 
+def _reachable(own_url: str, supervisor_url: str) -> str | None:
+    """The engine's own URL, unless it is on loopback while its supervisor is not (another machine's
+    loopback: asking it here would reach whatever listens on this one)."""
+    if not own_url:
+        return None
+    on_loopback = is_loopback_host(urlsplit(own_url).hostname or "")
+    return own_url if not on_loopback or is_loopback_host(urlsplit(supervisor_url).hostname or "") else None
+
+
 async def _look_at_engine(
     session: aiohttp.ClientSession, view: EngineView, token: str | None, access: FleetAccess
 ) -> None:
@@ -163,7 +181,8 @@ async def _look_at_engine(
         body = _json(raw) if status == 200 else None
         if isinstance(body, dict):
             view.state = body
-            view.engine_url = view.engine_url or str((body.get("engine") or {}).get("url") or "") or None
+            view.own_url = _reachable(str((body.get("engine") or {}).get("url") or ""), view.supervisor_url)
+            view.engine_url = view.engine_url or view.own_url
         else:
             view.state_error = f"/v1/state answered {status}" if status else "supervisor unreachable"
     if view.engine_url is None:
@@ -176,7 +195,7 @@ async def _look_at_engine(
         (metrics_status, metrics_raw),
     ) = await asyncio.gather(
         _get(session, url + "/health", keyed),
-        _get(session, url + "/is_sleeping", keyed),
+        _get(session, (view.dev_url or url) + "/is_sleeping", keyed),
         _get(session, url + "/v1/models", keyed),
         _get(session, url + "/metrics", keyed),
     )
@@ -202,7 +221,9 @@ async def look(target: FleetTarget) -> FleetView:
             except RouterAdminError as exc:
                 if view.router_endpoints is None:
                     view.router_error, view.router_refused = str(exc), exc.refused
-        view.engines = [EngineView(name, url, None) for name, url in target.supervisors]
+        # the URL the router routes to for each supervisor's engine: its admission gate, if it has one
+        routed = {e.supervisor_url: e.url for e in view.router_endpoints or [] if e.supervisor_url}
+        view.engines = [EngineView(name, url, routed.get(url)) for name, url in target.supervisors]
         await asyncio.gather(
             *(_look_at_engine(session, e, target.token, target.access) for e in view.engines)
         )

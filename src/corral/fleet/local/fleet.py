@@ -5,6 +5,11 @@ Engines come in serving groups (`--group-size`, default 1): a group is started w
 and retired whole, never changed member by member, so a group never mixes bundles. `add_group` and
 `retire_group` are what `corral rollout` drives through the fleet's control API (fleet/local/control.py).
 
+Each supervisor runs its admission gate (`corral supervise --gate-port`) in front of an engine bound
+to loopback, and the gate's URL is the engine URL the rest of the fleet reaches (the router's
+backends, the fleet file, the control API's members): every request passes the gate, which names
+the requests a drain's deadline cuts (`--no-gate` on `corral up`: the engine itself is the URL).
+
 The router reads the fleet's backends file (`ENGINE_URL=SUPERVISOR_URL` per engine, and
 `group=NAME/SIZE` for the members of a group of more than one engine, which the router routes to
 only while the whole group is READY on one bundle) and follows every supervisor's state stream, so a
@@ -37,6 +42,8 @@ from corral.bundle_spec import BundleSpec
 from corral.child_process import ChildProcess, LineSink
 from corral.fleet.local.adapters import AdapterCarryFailed, carry_adapters, desired_adapters
 from corral.fleet.local.ownership import RecordedProcess
+
+LOOPBACK = "127.0.0.1"
 
 
 def free_port(host: str) -> int:
@@ -92,6 +99,8 @@ class FleetSpec:
     quiet_period: float = 0.5
     drain_timeout: float = 10.0
     engine_shutdown_timeout: float = 5.0
+    router_args: tuple[str, ...] = ()  # extra `corral router` flags, e.g. --slow-start-seconds
+    gate: bool = True  # each supervisor's admission gate is the engine URL clients reach
 
     @property
     def initial_bundle(self) -> BundleSpec:
@@ -105,7 +114,8 @@ class FleetSpec:
 @dataclass
 class Member:
     """One process of the fleet: `url` is what the rest of the fleet talks to (for an engine, the
-    supervisor's probes and management API; the engine itself answers at `engine_url`)."""
+    supervisor's probes and management API; the engine answers at `engine_url`: its supervisor's
+    admission gate, or the engine itself without one)."""
 
     name: str
     url: str
@@ -198,11 +208,17 @@ class LocalFleet:
         spec, host = self.spec, self.spec.host
         i = self._next_engine
         self._next_engine += 1
-        engine_port, supervisor_port = free_port(host), free_port(host)
-        engine_url = f"http://{host}:{engine_port}"
-        sim = [sys.executable, "-m", "corral", "sim", "--host", host, "--port", str(engine_port)]
+        # behind a gate the engine listens on loopback only: its dev endpoints stay off the network
+        engine_host = LOOPBACK if spec.gate else host
+        engine_port, supervisor_port = free_port(engine_host), free_port(host)
+        engine_url = f"http://{engine_host}:{engine_port}"
+        sim = [sys.executable, "-m", "corral", "sim", "--host", engine_host, "--port", str(engine_port)]
         sim += ["--model", spec.model, "--seed", str(i), *bundle.engine_args]
         args = ["supervise", "--host", host, "--port", str(supervisor_port), "--engine-url", engine_url]
+        if spec.gate:
+            gate_port = free_port(host)
+            args += ["--gate-port", str(gate_port), "--gate-host", host]
+            engine_url = f"http://{host}:{gate_port}"
         args += ["--model", spec.model, "--state-dir", str(self.log_dir / f"engine-{i}.state")]
         args += ["--propagation-timeout", str(spec.propagation_timeout)]
         args += ["--quiet-period", str(spec.quiet_period), "--drain-timeout", str(spec.drain_timeout)]
@@ -291,6 +307,7 @@ class LocalFleet:
             router_args += ["--backends-file", str(self.backends_file), "--models-refresh-seconds", "1"]
             if self.supervisor_token_file is not None:
                 router_args += ["--supervisor-token-file", str(self.supervisor_token_file)]
+            router_args += list(spec.router_args)
             self.router = self._spawn("router", self.router_url, router_args)
             await self.router.process.start()
             self._write_fleet_file()

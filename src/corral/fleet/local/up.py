@@ -84,12 +84,33 @@ from corral.state_home import corral_state_dir, state_dir_problem
     help="Bundle file (name, engine_args, env, fingerprint) the engines start from; a fingerprint is "
     "every supervisor's --expect-fingerprint. Default: a bundle named 'initial' made of the --sim-arg's.",
 )
+@click.option(
+    "--drain-timeout",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Every supervisor's drain deadline (`corral supervise --drain-timeout`): in-flight requests "
+    "still running after it are cut, and the admission gate names them.",
+)
+@click.option(
+    "--no-gate",
+    is_flag=True,
+    help="Route straight to the engines instead of through each supervisor's admission gate (which "
+    "names the requests a drain's deadline cuts); the engines then listen on --host.",
+)
 @click.option("--verbose", "-v", is_flag=True, help="Also print every member's log lines.")
 @click.option(
     "--sim-arg",
     "sim_args",
     multiple=True,
     help="Extra argument passed to every `corral sim` (repeatable), e.g. --sim-arg=--itl-ms=5.",
+)
+@click.option(
+    "--router-arg",
+    "router_args",
+    multiple=True,
+    help="Extra argument passed to the `corral router` (repeatable), e.g. "
+    "--router-arg=--slow-start-seconds=10.",
 )
 def up(
     engines: int,
@@ -102,8 +123,11 @@ def up(
     log_dir: Path | None,
     verbose: bool,
     sim_args: tuple[str, ...],
+    router_args: tuple[str, ...],
     group_size: int,
     bundle_file: Path | None,
+    drain_timeout: float,
+    no_gate: bool,
 ) -> None:
     """Start a local fleet: simulated engines and a router on loopback, until Ctrl-C."""
     console = Console(highlight=False, soft_wrap=True)
@@ -129,8 +153,11 @@ def up(
         startup_timeout=startup_timeout,
         stop_grace=stop_grace,
         sim_args=sim_args,
+        router_args=router_args,
         group_size=group_size,
         bundle=bundle,
+        drain_timeout=drain_timeout,
+        gate=not no_gate,
     )
     files = _preflight(host, port)
     try:
