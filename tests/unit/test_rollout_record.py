@@ -88,6 +88,10 @@ def test_a_host_switch_brings_its_own_records_forced_exits() -> None:
     switched.data = {"change_record": {"forced_exits": [exit_("s", True)], "not_measured": []}}
     exits, notes = forced_exits([switched])
     assert exits is not None and [e.request_id for e in exits] == ["s"] and notes == []
+    back = Step("RECOVER", "host-0", ok=True)  # switched back: a drain of its own
+    back.data = {"change_record": {"forced_exits": [exit_("r", False)], "not_measured": []}}
+    exits, _ = forced_exits([switched, back])
+    assert exits is not None and [e.request_id for e in exits] == ["s", "r"]
     ungated = Step("SWITCH", "host-1", ok=True)
     ungated.data = {
         "change_record": {"forced_exits": None, "not_measured": ["forced_exits: no admission gate"]}

@@ -219,7 +219,8 @@ def forced_exits(steps: list[Step]) -> tuple[list[ForcedExit] | None, list[str]]
     partial: list[str] = []  # a drain that listed some and counted the rest
     for step in steps:
         where = f"{step.step} {step.group or ''}".strip()
-        if step.step == "SWITCH":  # the supervisor's switch drained its engine itself: its own record
+        if step.step == "SWITCH" or "change_record" in step.data:  # a host's switch (or switch back)
+            # drained its engine itself: its forced exits are in the operation's own record
             switched = step.data.get("change_record")
             switched = switched if isinstance(switched, Mapping) else {}
             listed = switched.get("forced_exits")
