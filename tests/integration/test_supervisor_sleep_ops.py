@@ -5,8 +5,10 @@ step named, and the engine is restarted in place. Real processes."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -192,8 +194,14 @@ def test_a_wake_that_fails_leaves_the_engine_failed_with_the_step_named(token_fi
 
 
 def corral(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "XDG_STATE_HOME": tempfile.mkdtemp(prefix="corral-state-")}  # the change record's
     return subprocess.run(
-        [sys.executable, "-m", "corral", *args], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-m", "corral", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
     )
 
 
