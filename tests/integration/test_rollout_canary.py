@@ -1,7 +1,8 @@
 """The rollout canary on a local fleet of 2 simulated engines (2 serving groups) under continuous
 bounded load through the router: a new bundle that answers a fifth of its requests with errors is
 stopped by the canary and taken out again, the old groups never drained and no client failing beyond
-the canary's share; a healthy bundle passes the canary and the rollout succeeds."""
+the canary's share; a healthy bundle passes the canary and the rollout succeeds. Across hosts, a host
+failing its canary is switched back to its bundle and the others never move."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import aiohttp
 import orjson
 
 from tests.integration.test_rollout import SIM, Load, corral, fleet_file, read_token, routable, stop_up
+from tests.integration.test_rollout_hosts import hosts
+from tests.integration.test_rollout_hosts import record as host_record
 from tests.integration.test_up import start_up
 
 CANARY = ("--canary-seconds", "20")  # a ceiling: a failing group is judged within a second or two
@@ -141,3 +144,40 @@ async def test_a_healthy_bundle_passes_the_canary(tmp_path: Path) -> None:
         assert load.outcomes["failed_before_stream"] == 0 and load.outcomes["broken"] == 0, load.problems[:5]
     finally:
         stop_up(proc)
+
+
+async def test_a_host_failing_its_canary_is_switched_back_and_the_others_never_move(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    flaky = tmp_path / "flaky.yaml"
+    flaky.write_text('name: flaky\nengine_args: ["--fail-rate", "0.2", "--fail-rate-after", "10"]\n')
+    with hosts(tmp_path, more=(flaky,)) as (sups, url, fleet):
+        pids = {s.url: s.state()["engine"]["pid"] for s in sups}
+        load = Load(url)
+        load_task = asyncio.create_task(load.run())
+        await asyncio.sleep(0.5)
+        code, output = await corral(state, "rollout", "--fleet", str(fleet), "--to", str(flaky), *CANARY)
+        load.stop.set()
+        await load_task
+
+        assert code == 1, output
+        rec = host_record(state, "rollout", url)
+        steps = [(s["step"], s["group"], s["ok"]) for s in rec["steps"]]
+        assert steps == [
+            ("PRECHECK", None, True),
+            ("SWITCH", "host-0", True),
+            ("VERIFY", "host-0", True),
+            ("ROUTED", "host-0", True),
+            ("CANARY", "host-0", False),
+            ("RECOVER", "host-0", True),
+        ], steps
+        assert rec["reason"].startswith("CANARY host-0: canary failed") and "error ratio" in rec["reason"]
+        verdict = rec["steps"][4]["data"]["verdict"]
+        assert verdict["baseline"]["requests"] > 0 and verdict["baseline"]["errors"] == 0, verdict
+        # host-0 is back on v1 (a new engine process), host-1 never moved
+        first, second = sups
+        assert first.state()["bundle_name"] == "v1" and first.state()["state"] == "READY"
+        assert second.state()["engine"]["pid"] == pids[second.url]
+        assert "switched to v1" in rec["steps"][5]["detail"]
+        assert await routable(url) == {s.engine_url for s in sups}
+        failed = load.outcomes["failed_before_stream"] + load.outcomes["broken"]
+        assert failed <= verdict["window"]["requests"], (failed, verdict["window"], load.problems[:5])

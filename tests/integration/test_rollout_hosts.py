@@ -25,11 +25,15 @@ SUP = ("--propagation-timeout", "5", "--quiet-period", "0.3", "--drain-timeout",
 
 
 @contextmanager
-def hosts(tmp_path: Path, count: int = 2) -> Iterator[tuple[list[Supervised], str, Path]]:
-    """`count` supervised sims that declare bundles v2 and broken, a router over them, a fleet file."""
+def hosts(
+    tmp_path: Path, count: int = 2, more: tuple[Path, ...] = ()
+) -> Iterator[tuple[list[Supervised], str, Path]]:
+    """`count` supervised sims that declare bundles v2 and broken (and the bundle files `more`), a
+    router over them, a fleet file."""
     (tmp_path / "v2.yaml").write_text('name: v2\nengine_args: ["--version-string", "0.33.1"]\n')
     (tmp_path / "broken.yaml").write_text('name: broken\nengine_args: ["--fail-rate", "1.0"]\n')
     declared = ("--bundle", str(tmp_path / "v2.yaml"), "--bundle", str(tmp_path / "broken.yaml"))
+    declared += tuple(arg for path in more for arg in ("--bundle", str(path)))
     with ExitStack() as stack:
         sups: list[Supervised] = []
         for _ in range(count):

@@ -103,8 +103,15 @@ class HostRollout(RolloutBase):
         except StepFailed:
             if group.bundle is not None:
                 back = group.bundle.name
-                await self._step("RECOVER", group.name, lambda s: self._switch(s, supervisor, back, "back"))
+                await self._step("RECOVER", group.name, lambda s: self._switch_back(s, supervisor, back))
             raise
+
+    async def _switch_back(self, step: Step, supervisor: str, bundle: str) -> None:
+        """The host on the bundle it ran before, and routed again."""
+        await self._switch(step, supervisor, bundle, "back")
+        switched = step.detail
+        await self._wait_supervised_routed(step, supervisor)
+        step.detail = f"{switched}; {step.detail}"
 
     async def _host_canary(self, step: Step, supervisor: str) -> None:
         listed = (await self._router_endpoints()).values()
