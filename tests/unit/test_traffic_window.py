@@ -17,6 +17,8 @@ from corral.contracts.traffic import (
     WindowSummary,
     WindowThresholds,
     compare_windows,
+    summed,
+    windows_between,
 )
 from corral.router.telemetry.metrics import TTFT_BUCKETS
 
@@ -84,3 +86,17 @@ def test_too_few_requests_is_inconclusive_and_no_baseline_holds_errors_alone() -
     assert compare_windows(_summary(40, 20, 10), None, WindowThresholds()).verdict == FAILED
     unmeasured = compare_windows(_summary(40, None, 10), None, WindowThresholds())
     assert unmeasured.verdict == PASSED and "not measured" in unmeasured.reason
+
+
+def test_windows_between_readings_count_a_newcomer_whole_and_a_leaver_not_at_all() -> None:
+    one = TrafficFigures(requests=10, errors=0, ttft=LatencyHistogram.of_values([0.01] * 10))
+    two = TrafficFigures(requests=25, errors=5, ttft=LatencyHistogram.of_values([0.01] * 25))
+    earlier = {"a": one, "gone": one}
+    later = {"a": two, "new": one}
+    windows = windows_between(earlier, later)
+    assert set(windows) == {"a", "new"}
+    assert (windows["a"].requests, windows["a"].errors) == (15, 5)
+    assert windows["new"] == one
+    total = summed(windows.values())
+    assert total is not None and (total.requests, total.errors, total.ttft.count) == (25, 5, 25)
+    assert summed([]) is None

@@ -21,6 +21,7 @@ bucket the way Prometheus' `histogram_quantile` does.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable, Mapping
 from typing import Literal
 
 from pydantic import Field
@@ -183,6 +184,23 @@ class TrafficFigures(WireModel):
             itl=_added(self.itl, other.itl),
             warmup_ttft_s=self.warmup_ttft_s if other.warmup_ttft_s is None else other.warmup_ttft_s,
         )
+
+
+def windows_between(
+    earlier: Mapping[str, TrafficFigures], later: Mapping[str, TrafficFigures]
+) -> dict[str, TrafficFigures]:
+    """Each source's window between two readings keyed alike (by endpoint URL): a source first seen in
+    `later` joined inside the window and counts whole; one gone from `later` counts nothing (its last
+    figures went with it). ValueError when a source's two readings are not one series."""
+    return {key: now.minus(earlier[key]) if key in earlier else now for key, now in later.items()}
+
+
+def summed(windows: Iterable[TrafficFigures]) -> TrafficFigures | None:
+    """Several sources' windows as one (a serving group's, a fleet's); None when there are none."""
+    total: TrafficFigures | None = None
+    for window in windows:
+        total = window if total is None else total.plus(window)
+    return total
 
 
 def _added(a: LatencyHistogram, b: LatencyHistogram) -> LatencyHistogram:

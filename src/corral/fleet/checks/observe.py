@@ -26,6 +26,8 @@ from corral.contracts.traffic import (
     WindowThresholds,
     WindowVerdict,
     compare_windows,
+    summed,
+    windows_between,
 )
 from corral.fleet.checks.change_record import newest_record
 from corral.fleet.checks.check import FAIL, NOT_MEASURED, PASS, WARN, Check
@@ -70,16 +72,13 @@ def window_between(before: RouterFleet, after: RouterFleet, seconds: float, rout
             "none with `traffic`: a router older than Corral's traffic windows)"
         )
         return observed
-    total: TrafficFigures | None = None
     try:
-        for url, figures in sorted(now.items()):
-            window = figures.minus(earlier.get(url, TrafficFigures()))
-            observed.endpoints[url] = WindowSummary.of(window, seconds, SOURCE)
-            total = window if total is None else total.plus(window)
+        windows = windows_between(earlier, now)
     except ValueError as exc:  # histograms on different bounds: not one series
-        observed.endpoints.clear()
         observed.why_not = f"the router's traffic figures cannot be added up: {exc}"
         return observed
+    observed.endpoints = {url: WindowSummary.of(w, seconds, SOURCE) for url, w in sorted(windows.items())}
+    total = summed(windows.values())
     assert total is not None
     observed.fleet = WindowSummary.of(total, seconds, SOURCE)
     return observed

@@ -19,6 +19,8 @@ from corral.contracts.traffic import (
     WindowThresholds,
     WindowVerdict,
     compare_windows,
+    summed,
+    windows_between,
 )
 
 SOURCE = "router"
@@ -52,21 +54,19 @@ def window_of(
     """What `engines` served between two listings, summed; None when none of them is listed now.
     An engine not listed at the start contributes everything it has (it joined inside the window);
     one no longer listed at the end contributes nothing (its last figures are gone with it)."""
-    total: TrafficFigures | None = None
-    for url in engines:
-        later = now.get(url)
-        if later is None:
-            continue
-        if later.traffic is None:
-            raise CanaryBlind(
-                f"the router does not report per-endpoint traffic for {url} (no `traffic` in its "
-                "/v1/fleet): run a router that does, or roll out without a canary (--canary-seconds 0)"
-            )
-        earlier = start.get(url)
-        before = earlier.traffic if earlier is not None else None
-        window = later.traffic.minus(before) if before is not None else later.traffic
-        total = window if total is None else total.plus(window)
-    return total
+    blind = [url for url in engines if url in now and now[url].traffic is None]
+    if blind:
+        raise CanaryBlind(
+            f"the router does not report per-endpoint traffic for {blind[0]} (no `traffic` in its "
+            "/v1/fleet): run a router that does, or roll out without a canary (--canary-seconds 0)"
+        )
+    return summed(windows_between(_figures(start, engines), _figures(now, engines)).values())
+
+
+def _figures(listing: dict[str, FleetEndpoint], engines: Collection[str]) -> dict[str, TrafficFigures]:
+    return {
+        url: e.traffic for url in engines if (e := listing.get(url)) is not None and e.traffic is not None
+    }
 
 
 def judge(

@@ -23,6 +23,7 @@ import psutil
 
 from corral.atomic_file import is_temp_name
 from corral.contracts.supervisor import Leftover, LeftoverCheck, LeftoverReport
+from corral.process_identity import live_process
 
 OLD_PROCESS = "old_process"
 STALE_SOCKET = "stale_socket"
@@ -74,18 +75,6 @@ def _not_measured(kind: str, why: str) -> LeftoverCheck:
     return LeftoverCheck(kind=kind, verdict="not_measured", reason=why, fails=FAILS[kind])
 
 
-def _alive(pid: int, create_time: float | None) -> psutil.Process | None:
-    try:
-        proc = psutil.Process(pid)
-        if create_time is not None and abs(proc.create_time() - create_time) > 0.01:
-            return None
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-    except psutil.Error:
-        return None
-    return proc
-
-
 def _rss(proc: psutil.Process) -> int | None:
     try:
         return int(proc.memory_info().rss)
@@ -95,7 +84,7 @@ def _rss(proc: psutil.Process) -> int | None:
 
 def host_rss(processes: Iterable[KnownProcess]) -> int | None:
     """The resident host memory of the processes still alive (None when none is)."""
-    sizes = [_rss(p) for k in processes if (p := _alive(k.pid, k.create_time)) is not None]
+    sizes = [_rss(p) for k in processes if (p := live_process(k.pid, k.create_time)) is not None]
     known = [s for s in sizes if s is not None]
     return sum(known) if known else None
 
@@ -143,7 +132,7 @@ def old_processes(
     found: list[Leftover] = []
     named: set[int] = set()
     for known in previous:
-        proc = _alive(known.pid, known.create_time)
+        proc = live_process(known.pid, known.create_time)
         if proc is None or known.pid in current:
             continue
         named.add(known.pid)

@@ -21,6 +21,7 @@ from corral.engine.rank_lines import (
     rank_failure,
     rank_of_name,
 )
+from corral.process_identity import live_process
 
 
 @dataclass
@@ -70,19 +71,6 @@ _FAILURE_WORDS = {
 }
 
 
-def _process(pid: int, create_time: float | None) -> psutil.Process | None:
-    """The process at `pid` if it is still the one first seen there (pid reuse) and not a zombie."""
-    try:
-        proc = psutil.Process(pid)
-        if create_time is not None and abs(proc.create_time() - create_time) > 0.01:
-            return None
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-    except psutil.Error:
-        return None
-    return proc
-
-
 class EngineRanks:
     """The ranks of one engine run. Fed every engine log line (`note_line`); `refresh()` reads the
     process tree; `watch()` returns the first `RankLoss`; `reap()` ends what outlived the engine."""
@@ -130,7 +118,7 @@ class EngineRanks:
             if name != "Worker":
                 known.name = name
             return
-        proc = _process(pid, None)
+        proc = live_process(pid, None)
         ours = proc is not None and (pid == self._root_pid or pid in self._descendants())
         create_time = _create_time(proc)
         alive: bool | None = True if ours else (None if proc is not None else False)
@@ -162,11 +150,11 @@ class EngineRanks:
         return self._root[0] if self._root is not None else None
 
     def _root_alive(self) -> bool:
-        return self._root is not None and _process(*self._root) is not None
+        return self._root is not None and live_process(*self._root) is not None
 
     def _descendants(self) -> dict[int, float]:
         """The engine's descendants now (pid -> create time), added to every one seen before."""
-        if self._root is None or (root := _process(*self._root)) is None:
+        if self._root is None or (root := live_process(*self._root)) is None:
             return {}
         now: dict[int, float] = {}
         with contextlib.suppress(psutil.Error):
@@ -185,7 +173,7 @@ class EngineRanks:
         for rank in self._ranks.values():
             if rank.alive is not True:
                 continue
-            if _process(rank.pid, rank.create_time) is None:
+            if live_process(rank.pid, rank.create_time) is None:
                 rank.alive = False
                 rank.since = time.time()
                 if lose and self._root_alive():  # a rank gone with its whole engine is its exit
@@ -232,7 +220,7 @@ class EngineRanks:
         for rank in self._ranks.values():
             if rank.alive is not None and rank.create_time is not None:  # never a pid seen only by name
                 seen.setdefault(rank.pid, rank.create_time)
-        return {pid: created for pid, created in seen.items() if _process(pid, created) is not None}
+        return {pid: created for pid, created in seen.items() if live_process(pid, created) is not None}
 
     async def reap(self, within: float = 5.0) -> list[int]:
         """SIGKILL whatever of the engine's tree outlived it (a rank in a session of its own escapes
@@ -240,13 +228,13 @@ class EngineRanks:
         left = self.survivors()
         killed = sorted(left)
         for pid, created in left.items():
-            if (proc := _process(pid, created)) is not None:
+            if (proc := live_process(pid, created)) is not None:
                 with contextlib.suppress(psutil.Error):
                     proc.kill()
         deadline = time.monotonic() + within
         while left and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-            left = {pid: c for pid, c in left.items() if _process(pid, c) is not None}
+            left = {pid: c for pid, c in left.items() if live_process(pid, c) is not None}
         self.refresh(tree=False)
         return killed
 
