@@ -55,6 +55,28 @@ SIM_WEIGHTS_VALID = "corral_sim_weights_valid"
 SIM_PREFIX_CACHE_BLOCKS = "corral_sim_prefix_cache_blocks"  # blocks cached now
 SIM_PREFIX_CACHE_RESETS = "corral_sim_prefix_cache_resets_total"  # whole-cache resets since start
 
+# vLLM's NIXL connector families (kv_connector/v1/nixl/stats.py), shown by an engine with a NIXL
+# --kv-transfer-config; xfer time and bytes are histograms observed by the engine that pulls (decode),
+# expired requests are counted on the prefill engine whose held blocks timed out.
+NIXL_XFER_TIME = "vllm:nixl_xfer_time_seconds"
+NIXL_POST_TIME = "vllm:nixl_post_time_seconds"
+NIXL_BYTES_TRANSFERRED = "vllm:nixl_bytes_transferred"
+NIXL_NUM_DESCRIPTORS = "vllm:nixl_num_descriptors"
+NIXL_FAILED_TRANSFERS = "vllm:nixl_num_failed_transfers_total"
+NIXL_FAILED_NOTIFICATIONS = "vllm:nixl_num_failed_notifications_total"
+NIXL_KV_EXPIRED_REQS = "vllm:nixl_num_kv_expired_reqs_total"
+# A prompt's tokens by where their KV came from (label `source`): local_compute | local_cache_hit |
+# external_kv_transfer; a decode engine counts a transferred prompt under external_kv_transfer, while
+# vllm:prompt_tokens_total counts every prompt token whatever its source.
+PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+NIXL_COUNTERS = (NIXL_FAILED_TRANSFERS, NIXL_FAILED_NOTIFICATIONS, NIXL_KV_EXPIRED_REQS)
+NIXL_HISTOGRAMS = (NIXL_XFER_TIME, NIXL_POST_TIME, NIXL_BYTES_TRANSFERRED, NIXL_NUM_DESCRIPTORS)
+
+# Only `corral sim` exposes these (a real engine keeps them inside its connector); a drain reads them.
+SIM_KV_TRANSFERS_HELD = "corral_sim_kv_transfers_held"  # prefill: requests whose blocks await a pull
+SIM_KV_PULLS_IN_FLIGHT = "corral_sim_kv_pulls_in_flight"  # decode: pulls started, not finished
+
 
 def family(sample_name: str) -> str:
     """The metric family a counter sample belongs to (`vllm:prompt_tokens_total` → `vllm:prompt_tokens`)."""
