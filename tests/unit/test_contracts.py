@@ -42,6 +42,8 @@ STATE_LINE = {
     "since": 1764760000.123456,
     "fingerprint": "3f2a9c1d0e4b5a67",
     "prefix_epoch": None,
+    "role": "prefill",
+    "pairing": "9c1d0e4b5a673f2a",
 }
 
 

@@ -25,6 +25,8 @@ class SupervisorLink(WireModel):
     heard_seconds_ago: float | None = None
     acked_epoch: int | None = None
     acks_sent: int = 0
+    role: str | None = None  # what the supervisor's state stream says (issue 16)
+    pairing: str | None = None
 
 
 class SlowStartRamp(WireModel):
@@ -57,6 +59,10 @@ class FleetEndpoint(WireModel):
     # what the router saw of this endpoint's answers since it was first listed (contracts/traffic.py);
     # None from a router that does not count them
     traffic: TrafficFigures | None = None
+    # prefill | decode | both as routing uses it (the supervisor's word, else the declared role), and
+    # the P/D pairing identity (None: unknown, paired with nothing); absent before issue 16
+    role: str = "both"
+    pairing: str | None = None
 
     @property
     def supervisor_url(self) -> str:
@@ -78,6 +84,19 @@ class RoutingExitRecord(WireModel):
     requests_sent: int = 0
 
 
+class ModelPairs(WireModel):
+    """For one model served in a prefill or decode role: the routable prefill and decode endpoints
+    (`both` counts for either), the compatible (prefill, decode) pairs they make, the prefill endpoints
+    that have none, and why there is no pair when there is none."""
+
+    model: str
+    prefill_routable: int = 0
+    decode_routable: int = 0
+    pairs: int = 0
+    unpaired_prefill: list[str] = Field(default_factory=list)
+    why: str = ""
+
+
 class RouterFleet(WireModel):
     """`GET /v1/fleet`."""
 
@@ -87,8 +106,9 @@ class RouterFleet(WireModel):
     endpoints: list[FleetEndpoint] = Field(default_factory=list)
     left_routing: list[RoutingExitRecord] = Field(default_factory=list)
     totals: RequestCounts | None = None  # the router's own counters, all endpoints and models
+    pairs: list[ModelPairs] = Field(default_factory=list)  # P/D pairs per model (issue 16)
 
-    @field_validator("endpoints", "left_routing", mode="before")
+    @field_validator("endpoints", "left_routing", "pairs", mode="before")
     @classmethod
     def _objects_only(cls, value: Any) -> list[Any]:
         # what readers always did: a listed value that is not an object is skipped

@@ -44,6 +44,10 @@ class StateLine(WireModel):
     # changes whenever the engine's prefix cache may have been emptied (reset, new engine process);
     # compared for equality only; absent from supervisors before issue 14
     prefix_epoch: str | None = None
+    # prefill | decode | both, and the P/D pairing identity (engine/pd_protocol.pairing_identity over
+    # the running bundle's parts); absent from supervisors before issue 16
+    role: str | None = None
+    pairing: str | None = None
 
     @field_validator("from_", "to", mode="before")
     @classmethod
@@ -60,7 +64,7 @@ class StateLine(WireModel):
     def _reason(cls, value: Any) -> str:
         return str(value)
 
-    @field_validator("prefix_epoch", mode="before")
+    @field_validator("prefix_epoch", "role", "pairing", mode="before")
     @classmethod
     def _prefix_epoch(cls, value: Any) -> str | None:
         return value if isinstance(value, str) else None
@@ -128,13 +132,15 @@ def decode_watch_line(raw: bytes) -> WatchLine | None:
 class AckRequest(WireModel):
     """`POST /v1/acks`: the router has taken the engine out of its routing for `epoch` and every
     request it had picked for the engine has reached it (`undispatched` counts those that had not
-    when it stopped waiting)."""
+    when it stopped waiting); for a prefill engine, every decode leg it started from the engine's KV
+    transfers has reached its decode engine (`transfers_unconfirmed` counts those that had not)."""
 
     router_id: str = Field(default=None, validate_default=True)
     epoch: int = Field(default=None, validate_default=True)
     state: EngineState | None = None
     removal_latency_s: float | None = None
     undispatched: int = 0
+    transfers_unconfirmed: int = 0
 
     @field_validator("router_id", mode="before")
     @classmethod
@@ -160,10 +166,10 @@ class AckRequest(WireModel):
     def _latency(cls, value: Any) -> float | None:
         return float(value) if isinstance(value, int | float) else None
 
-    @field_validator("undispatched", mode="before")
+    @field_validator("undispatched", "transfers_unconfirmed", mode="before")
     @classmethod
     def _undispatched(cls, value: Any) -> int:
-        return value if isinstance(value, int) else 0
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 class AckRecord(WireModel):
@@ -177,6 +183,7 @@ class AckRecord(WireModel):
     state: EngineState | None = None
     removal_latency_s: float | None = None  # router side: line read -> out of its routing table
     undispatched: int = 0
+    transfers_unconfirmed: int = 0  # decode legs from the engine's transfers not confirmed at decode
 
     @field_validator("state", mode="before")
     @classmethod
@@ -247,6 +254,9 @@ class SupervisorState(OpenWireModel):
     # the engine's worker ranks and the world size (TP x PP x DP) its command asks for (issue 14)
     world_size: int | None = None
     ranks: list[RankInfo] = Field(default_factory=list)
+    # prefill | decode | both and the P/D pairing identity (None until the bundle is known; issue 16)
+    role: str | None = None
+    pairing: str | None = None
     operations: list[OperationRecord] = Field(default_factory=list)
 
     @property

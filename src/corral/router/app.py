@@ -36,6 +36,7 @@ from corral.router.edge.expect_continue import expect_handler
 from corral.router.edge.tenants import TenantCollector, TenantGate, Tenants, tenant_of
 from corral.router.membership.consumer import MembershipConsumer
 from corral.router.membership.membership import Membership, RoutingExit
+from corral.router.membership.pairs import model_pairs
 from corral.router.routing.config import RoutingConfig
 from corral.router.routing.prefix_memory import PrefixMemory
 from corral.router.routing.selector import Routing
@@ -75,6 +76,8 @@ class RouterConfig:
     backends: Sequence[str] = ()
     # engine url -> its supervisor's url (`--supervised ENGINE=SUPERVISOR`); these are in `backends` too
     supervisors: Mapping[str, str] = field(default_factory=dict)
+    # engine url -> its declared role (`--prefill`, `--decode`); these are in `backends` too
+    roles: Mapping[str, str] = field(default_factory=dict)
     backends_file: Path | None = None
     kubernetes: KubernetesDiscovery | None = None
     retry_budget: RetryBudgetConfig = field(default_factory=RetryBudgetConfig)
@@ -173,6 +176,7 @@ async def build_source(
         metrics=metrics,
         supervisors=config.supervisors,
         probe_headers=config.engine_headers(),
+        roles=config.roles,
     )
 
 
@@ -245,6 +249,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
                 eject_seconds=config.eject_seconds,
                 retry_budget=config.retry_budget,
             ),
+            decode_policy=routing.selector.policies["load"],  # P/D decode legs: load-aware
         )
         if config.wake_hold_seconds > 0:
             holder["proxy"].wake_on_demand = WakeOnDemand(
@@ -322,6 +327,8 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
                 "slow_start": slow_start.to_json(e),
                 "group": str(e.group) if e.group is not None else None,
                 "traffic": e.traffic.to_json(),
+                "role": e.role,
+                "pairing": e.pairing,
             }
             for e in membership.endpoints()
         ]
@@ -335,6 +342,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
                 "groups": membership.groups.to_json(),
                 "left_routing": exits,
                 "totals": metrics.totals().to_wire(),
+                "pairs": model_pairs(membership, now),
             }
         )
 

@@ -32,6 +32,7 @@ from corral.supervisor_tokens import FleetKeyError, TokenFileError, read_fleet_k
 log = logging.getLogger("corral.router")
 
 _SUPERVISED = re.compile(r"^(https?://[^=\s]+)=(https?://\S+)$")
+_ENGINE_URL = re.compile(r"^https?://[^=\s]+$")
 
 
 def parse_supervised(specs: tuple[str, ...]) -> dict[str, str]:
@@ -46,6 +47,26 @@ def parse_supervised(specs: tuple[str, ...]) -> dict[str, str]:
             )
         pairs[match.group(1).rstrip("/")] = match.group(2).rstrip("/")
     return pairs
+
+
+def parse_roles(prefill: tuple[str, ...], decode: tuple[str, ...]) -> dict[str, str]:
+    """Engine url -> role from --prefill and --decode; a usage error names a URL given both roles or
+    one that is not an http(s) URL."""
+    roles: dict[str, str] = {}
+    for flag, role, urls in (("--prefill", "prefill", prefill), ("--decode", "decode", decode)):
+        for spec in urls:
+            url = spec.strip().rstrip("/")
+            if not _ENGINE_URL.match(url):
+                raise click.UsageError(
+                    f"{flag} {spec!r}: give the engine's base URL, e.g. http://127.0.0.1:9001"
+                )
+            if roles.get(url, role) != role:
+                raise click.UsageError(
+                    f"{url} is given as --prefill and --decode; an engine has one role (run it with "
+                    'kv_role "kv_both" and list it once with --backend to let it do both)'
+                )
+            roles[url] = role
+    return roles
 
 
 def read_supervisor_token(path: Path | None) -> str | None:
@@ -64,6 +85,21 @@ def read_supervisor_token(path: Path | None) -> str | None:
     "backends",
     multiple=True,
     help="Engine base URL, e.g. http://127.0.0.1:9001 (repeat for each engine). Discovery `static`.",
+)
+@click.option(
+    "--prefill",
+    "prefill",
+    multiple=True,
+    metavar="URL",
+    help="A prefill engine for prefill/decode disaggregation (repeatable; as vllm-router's "
+    "--pd-disaggregation --prefill). Its supervisor's role, when it has one, wins. Discovery `static`.",
+)
+@click.option(
+    "--decode",
+    "decode",
+    multiple=True,
+    metavar="URL",
+    help="A decode engine for prefill/decode disaggregation (repeatable; as vllm-router's --decode).",
 )
 @click.option(
     "--supervised",
@@ -115,8 +151,8 @@ def read_supervisor_token(path: Path | None) -> str | None:
     "--backends-file",
     type=click.Path(dir_okay=False, path_type=Path),
     help="File with one engine per line (URL, or ENGINE_URL=SUPERVISOR_URL, optionally followed by "
-    "group=NAME/SIZE for a member of a serving group, routed only whole), read again whenever it "
-    "changes. Discovery `file`.",
+    "group=NAME/SIZE for a member of a serving group, routed only whole, and role=prefill|decode|both), "
+    "read again whenever it changes. Discovery `file`.",
 )
 @click.option(
     "--discovery",
@@ -234,6 +270,8 @@ def router(
     host: str,
     port: int,
     backends: tuple[str, ...],
+    prefill: tuple[str, ...],
+    decode: tuple[str, ...],
     supervised: tuple[str, ...],
     supervisor_port: int | None,
     supervisor_token_file: Path | None,
@@ -270,7 +308,8 @@ def router(
     if discovery is None:
         discovery = "file" if backends_file is not None else "static"
     supervisors = parse_supervised(supervised)
-    backends = tuple(dict.fromkeys([*backends, *supervisors]))
+    roles = parse_roles(prefill, decode)
+    backends = tuple(dict.fromkeys([*(b.rstrip("/") for b in backends), *supervisors, *roles]))
     token = read_supervisor_token(supervisor_token_file)
     tokens = _per_pod_tokens(supervisor_token_key_file, supervisor_token_file, discovery)
     kubernetes: KubernetesDiscovery | None = None
@@ -278,7 +317,10 @@ def router(
         raise click.UsageError("--supervisor-port is for --discovery k8s; use --supervised otherwise.")
     if discovery == "k8s":
         if backends or backends_file:
-            raise click.UsageError("--discovery k8s takes no --backend, --supervised or --backends-file.")
+            raise click.UsageError(
+                "--discovery k8s takes no --backend, --prefill, --decode, --supervised or --backends-file "
+                "(label the pods corral.dev/role=prefill|decode instead)."
+            )
         if not namespace or not selector:
             raise click.UsageError(
                 "--discovery k8s needs --namespace NS and --selector LABELS (e.g. app=vllm)."
@@ -294,14 +336,18 @@ def router(
         )
     elif discovery == "file":
         if backends_file is None or backends:
-            raise click.UsageError("--discovery file needs --backends-file PATH and no --backend.")
+            raise click.UsageError(
+                "--discovery file needs --backends-file PATH and no --backend, --prefill or --decode "
+                "(write role=prefill|decode on the file's lines instead)."
+            )
         try:
             read_backends(backends_file)
         except BackendsFileError as exc:
             raise click.UsageError(str(exc)) from None
     elif not backends:
         raise click.UsageError(
-            "Name the engines: --backend URL or --supervised ENGINE_URL=SUPERVISOR_URL (repeatable), "
+            "Name the engines: --backend URL, --prefill URL and --decode URL, or "
+            "--supervised ENGINE_URL=SUPERVISOR_URL (repeatable), "
             "--backends-file PATH, or --discovery k8s --namespace NS --selector LABELS."
         )
     elif backends_file is not None:
@@ -309,6 +355,7 @@ def router(
     config = RouterConfig(
         backends=backends,
         supervisors=supervisors,
+        roles=roles,
         streams=StreamSettings(
             router_id=router_id or default_router_id(),
             token=token,

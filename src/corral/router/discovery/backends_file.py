@@ -2,10 +2,11 @@
 an engine URL, or `ENGINE_URL=SUPERVISOR_URL` for an engine run under `corral supervise` (routed only
 while its supervisor says READY, each removal confirmed, as with `--supervised`). A line may end in
 `group=NAME/SIZE`: the engine is a member of serving group NAME of SIZE engines, routed to only while
-the whole group is READY on one bundle fingerprint. The file is read again whenever its modification
-time, size or inode changes, and the list it names replaces the previous one (probing is
-`StaticSource`'s job). This is how a fleet that Corral runs changes the router's members at run time:
-write the new file atomically (temp file, then rename)."""
+the whole group is READY on one bundle fingerprint, and/or `role=prefill|decode|both`: the engine's
+role in prefill/decode disaggregation (its supervisor's word, when it has one, wins). The file is
+read again whenever its modification time, size or inode changes, and the list it names replaces the
+previous one (probing is `StaticSource`'s job). This is how a fleet that Corral runs changes the
+router's members at run time: write the new file atomically (temp file, then rename)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from corral.aio import cancel_tasks
 from corral.atomic_file import file_stamp
+from corral.engine.pd_protocol import ROLES
 from corral.router.discovery.static import StaticSource
 from corral.router.membership.events import MembershipSink
 from corral.router.membership.groups import GroupTag, GroupTagError, group_tag
@@ -32,22 +34,25 @@ class BackendsFileError(Exception):
 
 _LINE = re.compile(r"^(https?://[^=\s]+?)/?(?:=(https?://\S+?)/?)?$")
 _GROUP = re.compile(r"^group=([^/\s]*)/(\S*)$")
+MARKERS = ("group=", "role=")
 
 
 @dataclass(frozen=True, slots=True)
 class Backends:
     """What a backends file names: engine URLs in file order, the supervisor of those that have one,
-    and the serving group of those in one."""
+    the serving group of those in one, and the declared role of those that declare one."""
 
     urls: list[str]
     supervisors: dict[str, str]
     groups: dict[str, GroupTag] = field(default_factory=dict)
+    roles: dict[str, str] = field(default_factory=dict)
 
 
 def parse_backends(text: str, path: Path) -> Backends:
     urls: list[str] = []
     supervisors: dict[str, str] = {}
     groups: dict[str, GroupTag] = {}
+    roles: dict[str, str] = {}
     counted: dict[str, list[int]] = {}  # group name -> the line numbers naming it
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
@@ -55,14 +60,19 @@ def parse_backends(text: str, path: Path) -> Backends:
             continue
         engine, *markers = line.split()
         match = _LINE.match(engine)
-        if match is None or (markers and not markers[0].startswith("group=")):
+        if match is None or (markers and not markers[0].startswith(MARKERS)):
             raise BackendsFileError(
                 f"{path}:{number}: {line!r} is not an engine; write one http(s)://host:port per line, "
-                "or ENGINE_URL=SUPERVISOR_URL for a supervised engine, optionally followed by group=NAME/SIZE"
+                "or ENGINE_URL=SUPERVISOR_URL for a supervised engine, optionally followed by "
+                "group=NAME/SIZE and role=prefill|decode|both"
             )
         urls.append(match.group(1))
         if match.group(2):
             supervisors[match.group(1)] = match.group(2)
+        role_markers = [m for m in markers if m.startswith("role=")]
+        markers = [m for m in markers if not m.startswith("role=")]
+        if role_markers:
+            roles[match.group(1)] = _role_marker(role_markers, path, number)
         if markers:
             tag = _group_marker(markers, path, number)
             first = next((t for t in groups.values() if t.name == tag.name), None)
@@ -78,7 +88,17 @@ def parse_backends(text: str, path: Path) -> Backends:
                     f"(lines {', '.join(map(str, counted[tag.name]))}); fix its size or its members"
                 )
             groups[match.group(1)] = tag
-    return Backends(urls, supervisors, groups)
+    return Backends(urls, supervisors, groups, roles)
+
+
+def _role_marker(markers: list[str], path: Path, number: int) -> str:
+    role = markers[0].removeprefix("role=")
+    if len(markers) > 1 or role not in ROLES:
+        raise BackendsFileError(
+            f"{path}:{number}: {' '.join(markers)!r} is not a role marker; write one role=ROLE with ROLE "
+            f"one of {', '.join(ROLES)} (e.g. role=prefill), or nothing for an engine that does both"
+        )
+    return role
 
 
 def _group_marker(markers: list[str], path: Path, number: int) -> GroupTag:
@@ -127,6 +147,7 @@ class FileSource:
             metrics=metrics,
             supervisors=first.supervisors,
             groups=first.groups,
+            roles=first.roles,
             probe_headers=probe_headers,
         )
         self._task: asyncio.Task[None] | None = None
@@ -159,11 +180,12 @@ class FileSource:
             log.error("%s; keeping the previous %d backends", exc, len(self._static.urls))
             return False
         log.info(
-            "backends file %s changed: %d backends, %d supervised, %d in serving groups",
+            "backends file %s changed: %d backends, %d supervised, %d in serving groups, %d with a role",
             self._path,
             len(backends.urls),
             len(backends.supervisors),
             len(backends.groups),
+            len(backends.roles),
         )
-        self._static.set_urls(backends.urls, backends.supervisors, backends.groups)
+        self._static.set_urls(backends.urls, backends.supervisors, backends.groups, backends.roles)
         return True

@@ -14,7 +14,9 @@ follows the supervisor's state stream on the pod IP and is routable only while t
 Pods labelled `corral.dev/serving-group=NAME`, with the group's pod count in the annotation (or label)
 `corral.dev/serving-group-size`, are one serving group: routed to only while every one of them is
 READY on one bundle fingerprint. A pod whose group size is missing or not a number keeps its group
-out of routing (its reason says which pod and what to fix) rather than routing it alone.
+out of routing (its reason says which pod and what to fix) rather than routing it alone. The label
+`corral.dev/role=prefill|decode|both` declares the pod's role in prefill/decode disaggregation (its
+supervisor's word wins); a pod with another value stays out of routing, its reason naming the fix.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ import aiohttp
 
 from corral.aio import cancel_tasks
 from corral.engine.models_probe import PROBE_FAILURES, describe, probe_models
+from corral.engine.pd_protocol import ROLES
 from corral.engine_state import EngineState
 from corral.k8s.watch.client import PodApi, PodList, WatchEvent
 from corral.k8s.watch.informer import InformerConfig, PodInformer
 from corral.k8s.watch.workqueue import KeyedQueue, QueueShutDown
+from corral.router.discovery.engine_identity import probe_pairing
 from corral.router.membership.endpoint import SupervisorView
 from corral.router.membership.events import EndpointAdded, EndpointRemoved, EndpointUpdated, MembershipSink
 from corral.router.membership.groups import GroupTag, GroupTagError, group_tag
@@ -44,6 +48,7 @@ SOURCE = "k8s"
 SUPERVISOR_PORT_ANNOTATION = "corral.dev/supervisor-port"
 SERVING_GROUP_LABEL = "corral.dev/serving-group"
 SERVING_GROUP_SIZE_ANNOTATION = "corral.dev/serving-group-size"
+ROLE_LABEL = "corral.dev/role"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +68,8 @@ class PodView:
     supervisor_port: int | None = None  # from the corral.dev/supervisor-port annotation
     group: GroupTag | None = None  # from the corral.dev/serving-group label (and its size)
     group_error: str = ""  # the pod says it is in a group but its group marker is unusable
+    role: str | None = None  # from the corral.dev/role label
+    role_error: str = ""  # the label names no role
 
     def blocker(self) -> tuple[str, str] | None:
         """(cause, reason) that keeps this pod out of routing, or None when it is routable."""
@@ -78,6 +85,8 @@ class PodView:
             return ("not_ready", f"pod {self.key} is not Ready (phase {self.phase})")
         if self.group_error:
             return ("bad_group", f"pod {self.key}: {self.group_error}")
+        if self.role_error:
+            return ("bad_role", f"pod {self.key}: {self.role_error}")
         return None
 
 
@@ -97,7 +106,15 @@ def pod_view(obj: dict[str, Any], deleted: bool = False, gone_why: str = "") -> 
         except (TypeError, ValueError):
             log.warning("pod annotation %s=%r is not a port; ignored", SUPERVISOR_PORT_ANNOTATION, port_text)
     group, group_error = _serving_group(metadata)
+    labels = metadata.get("labels")
+    role = labels.get(ROLE_LABEL) if isinstance(labels, dict) else None
+    role_error = ""
+    if role is not None and role not in ROLES:
+        role_error = f"label {ROLE_LABEL}={role!r} is not a role; label it one of {', '.join(ROLES)}"
+        role = None
     return PodView(
+        role=role,
+        role_error=role_error,
         group=group,
         group_error=group_error,
         supervisor_port=supervisor_port if supervisor_port and 0 < supervisor_port < 65536 else None,
@@ -280,6 +297,7 @@ class PodSource:
                     supervisor_url=supervisor.url if supervisor is not None else None,
                     event_version=view.version,
                     group=view.group,
+                    role=view.role,
                 )
             )
             self._members[key] = (identity, url)
@@ -363,6 +381,7 @@ class PodSource:
                 self._sink.emit(EndpointUpdated(identity, f"pod {key} Ready; /v1/models: {describe(exc)}"))
                 self._retry_later(key)
             return
+        pairing = await probe_pairing(self._session, url, cards, self._config.probe_headers)
         if not self._current(key, view):
             return  # deleted, unready or moved while the probe ran: the answer is stale
         self._answered.add(key)
@@ -373,6 +392,7 @@ class PodSource:
                 state=EngineState.READY,
                 models=frozenset(c["id"] for c in cards),
                 model_cards=cards,
+                pairing=pairing,
             )
         )
 

@@ -1,9 +1,11 @@
 """Membership from a list of backend URLs (`--backend`, `--supervised`, or a backends file through
 `FileSource`): each becomes READY once its /v1/models answers (and, for an engine with a supervisor,
-once the supervisor's state stream says READY too).
+once the supervisor's state stream says READY too). A backend may be declared a prefill or decode
+engine (`--prefill`, `--decode`, a backends file's `role=`).
 
 A background task asks every backend concurrently, with a timeout, at start and then every
-`refresh_seconds`; the answers update what each endpoint serves. Nothing here runs on the
+`refresh_seconds`; the answers update what each endpoint serves, and its `/version` the P/D pairing
+identity (`engine_identity`) that an engine without a supervisor has. Nothing here runs on the
 request path.
 """
 
@@ -18,6 +20,7 @@ import aiohttp
 from corral.aio import cancel_tasks
 from corral.engine.models_probe import PROBE_FAILURES, describe, probe_models
 from corral.engine_state import EngineState
+from corral.router.discovery.engine_identity import probe_pairing
 from corral.router.membership.events import EndpointAdded, EndpointRemoved, EndpointUpdated, MembershipSink
 from corral.router.membership.groups import GroupTag
 from corral.router.telemetry.metrics import RouterMetrics
@@ -37,8 +40,11 @@ class StaticSource:
         supervisors: Mapping[str, str] | None = None,
         probe_headers: Mapping[str, str] | None = None,
         groups: Mapping[str, GroupTag] | None = None,
+        roles: Mapping[str, str] | None = None,
     ) -> None:
         self._sink = sink
+        # engine url -> its declared role (prefill | decode | both), for the engines declared one
+        self._roles = {k.rstrip("/"): v for k, v in (roles or {}).items()}
         self._answered: set[str] = set()  # urls whose /v1/models answered since they were added
         self._probe_headers = dict(probe_headers or {})  # the engine API key, when engines want one
         # engine url -> its supervisor's url, for the engines that have one
@@ -60,12 +66,13 @@ class StaticSource:
         urls: Sequence[str],
         supervisors: Mapping[str, str] | None = None,
         groups: Mapping[str, GroupTag] | None = None,
+        roles: Mapping[str, str] | None = None,
     ) -> None:
         """Make the list exactly `urls`: new ones are added (probed on the next round, or now when
         running), dropped ones removed from membership at once. With `supervisors` (engine url ->
         supervisor url) the supervised set is replaced too, and with `groups` (engine url -> serving
-        group) the grouped set; an engine whose supervisor or group changed is removed and added
-        again, so that its routing follows the new supervisor's stream and group only."""
+        group) the grouped set, and with `roles` the declared roles; an engine whose supervisor, group or
+        role changed is removed and added again, so that its routing follows the new ones only."""
         wanted = list(dict.fromkeys(u.rstrip("/") for u in urls))
         moved: set[str] = set()
         if supervisors is not None:
@@ -76,11 +83,15 @@ class StaticSource:
             regrouped = {k.rstrip("/"): v for k, v in groups.items()}
             moved |= {u for u in self._urls if self._groups.get(u) != regrouped.get(u)}
             self._groups = regrouped
+        if roles is not None:
+            recast = {k.rstrip("/"): v for k, v in roles.items()}
+            moved |= {u for u in self._urls if self._roles.get(u) != recast.get(u)}
+            self._roles = recast
         for url in self._urls:
             if url not in wanted or url in moved:
                 self._count(url, "DELETED")
                 why = (
-                    "its supervisor or group changed"
+                    "its supervisor, group or role changed"
                     if url in wanted
                     else f"no longer in the {self._source} list"
                 )
@@ -100,6 +111,7 @@ class StaticSource:
                     origin=f"{self._source} list",
                     supervisor_url=supervisor,
                     group=self._groups.get(url),
+                    role=self._roles.get(url),
                 )
             )
         self._urls = wanted
@@ -154,12 +166,19 @@ class StaticSource:
             self._probe_failed(url, describe(exc))
             return
         models = frozenset(c["id"] for c in cards)
+        # asked before READY is emitted, so that an endpoint is never routable without the identity
+        pairing = await probe_pairing(self._session, url, cards, self._probe_headers)
         if url not in self._urls:
             return  # dropped from the list while the probe ran
         self._answered.add(url)
         self._sink.emit(
             EndpointUpdated(
-                url, "GET /v1/models answered", state=EngineState.READY, models=models, model_cards=cards
+                url,
+                "GET /v1/models answered",
+                state=EngineState.READY,
+                models=models,
+                model_cards=cards,
+                pairing=pairing,
             )
         )
 

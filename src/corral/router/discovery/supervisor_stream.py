@@ -222,6 +222,7 @@ class SupervisorStreams:
         view.event_time = line.time
         view.fingerprint = line.fingerprint
         view.prefix_epoch = line.prefix_epoch  # a change makes routing forget the engine's prefixes
+        self._learn_role(endpoint, view, line)
         self._metrics.count_event(SOURCE, "STATE")
         was_routable = endpoint.in_routing
         # The group as it stands before this line: an acknowledgement covers every member of it.
@@ -242,6 +243,19 @@ class SupervisorStreams:
             )
             self._acks.add(task)
             task.add_done_callback(self._acks.discard)
+
+    def _learn_role(self, endpoint: Endpoint, view: SupervisorView, line: StateLine) -> None:
+        """The role and pairing identity the line says (kept when it says none: an older supervisor);
+        a role other than the declared one is logged once per change (the supervisor's wins)."""
+        role, pairing = line.role or view.role, line.pairing or view.pairing
+        if role != view.role:
+            view.role = role
+            mismatch = endpoint.role_mismatch()
+            if mismatch is not None:
+                log.warning("endpoint %s: %s", endpoint.url, mismatch)
+            else:
+                log.info("endpoint %s: role %s (its supervisor says)", endpoint.url, role)
+        view.pairing = pairing
 
     def _apply_withdrawn(
         self, endpoint: Endpoint, view: SupervisorView, line: StateLine, epoch: int, received: float

@@ -47,6 +47,7 @@ class MembershipConsumer:
                     model_cards=event.model_cards,
                     cause=event.cause,
                     event_version=event.event_version,
+                    pairing=event.pairing,
                 )
                 if was_ready and not self._routable(url):
                     self._timed_exit(event.received)
@@ -70,6 +71,7 @@ class MembershipConsumer:
             name=event.name,
             supervisor=SupervisorView(event.supervisor_url) if event.supervisor_url else None,
             group=event.group,
+            role=event.role,
         )
         if event.event_version is not None:
             endpoint.last_event_version = event.event_version

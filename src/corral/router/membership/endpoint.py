@@ -38,6 +38,10 @@ class SupervisorView:
     acks_sent: int = 0
     fingerprint: str | None = None  # the running bundle's, as the last state line said
     prefix_epoch: str | None = None  # changes when the engine's prefix cache was emptied
+    # prefill | decode | both, and the P/D pairing identity, as the last state line said (absent
+    # from supervisors before issue 16: None, and the endpoint's declared role and probed identity hold)
+    role: str | None = None
+    pairing: str | None = None
 
     def blocker(self) -> tuple[EngineState, str] | None:
         """(state, reason) that keeps the endpoint out of routing, or None when the supervisor, on a
@@ -65,6 +69,8 @@ class SupervisorView:
             "acks_sent": self.acks_sent,
             "fingerprint": self.fingerprint,
             "prefix_epoch": self.prefix_epoch,
+            "role": self.role,
+            "pairing": self.pairing,
         }
 
 
@@ -73,6 +79,7 @@ class Endpoint:
 
     __slots__ = (
         "consecutive_failures",
+        "declared_role",
         "dispatching",
         "ejected_until",
         "group",
@@ -82,6 +89,7 @@ class Endpoint:
         "model_cards",
         "models",
         "name",
+        "probed_pairing",
         "ramp_earned",
         "ramp_start",
         "ramp_taken",
@@ -95,6 +103,7 @@ class Endpoint:
         "state",
         "supervisor",
         "traffic",
+        "transfers_pending",
         "url",
         "withdrawn_models",
     )
@@ -110,8 +119,15 @@ class Endpoint:
         name: str | None = None,
         supervisor: SupervisorView | None = None,
         group: GroupTag | None = None,
+        role: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        # prefill | decode | both as its membership source declared it (None: it said nothing); the
+        # supervisor's role, when it publishes one, wins (`role`).
+        self.declared_role = role
+        # The P/D pairing identity learnt from the engine itself (its /version and model root), for an
+        # endpoint whose supervisor publishes none (`pairing`).
+        self.probed_pairing: str | None = None
         # The serving group it belongs to, and why that group is out of routing (None: whole, or no
         # group). `state` stays the endpoint's own; routing also needs `group_out` None.
         self.group = group
@@ -151,9 +167,34 @@ class Endpoint:
         self.consecutive_failures = 0
         # What the router saw of its answers (requests, errors, TTFT, ITL, warmup): /v1/fleet `traffic`.
         self.traffic = EndpointTraffic()
+        # P/D: prefill legs this router ran here whose decode leg has not reached its first byte yet (the
+        # KV blocks are still held for it); a drain of this prefill engine waits for them (P4).
+        self.transfers_pending = 0
 
     def __repr__(self) -> str:
         return f"Endpoint({self.url!r}, {self.state}, in_flight={self.in_flight})"
+
+    @property
+    def role(self) -> str:
+        """prefill | decode | both: its supervisor's word when it gave one, else the declared role."""
+        if self.supervisor is not None and self.supervisor.role is not None:
+            return self.supervisor.role
+        return self.declared_role or "both"
+
+    @property
+    def pairing(self) -> str | None:
+        """The P/D pairing identity (engine/pd_protocol.pairing_identity): a prefill and a decode
+        endpoint pair only when theirs are equal; None when unknown (never paired)."""
+        if self.supervisor is not None and self.supervisor.pairing is not None:
+            return self.supervisor.pairing
+        return self.probed_pairing
+
+    def role_mismatch(self) -> str | None:
+        """Why the declared role is not the one routing uses (its supervisor says otherwise), or None."""
+        said = self.supervisor.role if self.supervisor is not None else None
+        if self.declared_role is None or said is None or said == self.declared_role:
+            return None
+        return f"declared role {self.declared_role} but its supervisor says {said} (the supervisor's wins)"
 
     def set_state(self, state: EngineState, reason: str) -> bool:
         """Move to `state`; returns whether anything changed (a new reason alone counts)."""
@@ -197,6 +238,11 @@ class Endpoint:
 
     def routing_verdict(self, now: float) -> str:
         """Why the endpoint does or does not take requests now, in words for /v1/fleet."""
+        verdict = self._verdict(now)
+        mismatch = self.role_mismatch()
+        return f"{verdict}; {mismatch}" if mismatch is not None else verdict
+
+    def _verdict(self, now: float) -> str:
         if self.state is not EngineState.READY:
             return f"not routable: {self.state.value} ({self.reason})"
         if self.group_out is not None:

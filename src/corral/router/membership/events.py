@@ -24,6 +24,7 @@ class EndpointAdded:
     supervisor_url: str | None = None
     event_version: str | None = None
     group: GroupTag | None = None  # its serving group, routed to only as a whole
+    role: str | None = None  # prefill | decode | both as the source declares it; None: it says nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,7 @@ class EndpointUpdated:
     cause: str = "state"
     event_version: str | None = None
     received: float | None = None  # time.monotonic() the cause arrived: a routing exit is timed from it
+    pairing: str | None = None  # the P/D pairing identity learnt from the engine; None: nothing new
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,8 @@
 
 Sources (static list, backends file, Kubernetes) change it only through the `MembershipConsumer`,
 which turns their events into `add`, `update` and `remove`; supervisor state streams through
-`supervisor_changed`; the data path only reads it through `eligible`. An endpoint added with a
+`supervisor_changed`; the data path only reads it through `eligible` (and, for prefill/decode
+disaggregation, `eligible_role` and `compatible_decode`). An endpoint added with a
 supervisor is handed to the `SupervisorWatch` (the streams), and taken back when it is removed.
 Every time an endpoint leaves routing (removed, or READY -> anything else) membership keeps a
 `RoutingExit` record: what left, why, and how many requests had been sent to it by then.
@@ -107,12 +108,17 @@ class Membership:
         model_cards: tuple[dict[str, Any], ...] | None = None,
         cause: str = "state",
         event_version: str | None = None,
+        pairing: str | None = None,
     ) -> Endpoint | None:
-        """Change the source's view of an endpoint (its state, what it serves); unknown urls are
-        ignored. The endpoint's routing state also heeds its supervisor (`Endpoint.effective`)."""
+        """Change the source's view of an endpoint (its state, what it serves, the pairing identity
+        learnt from the engine); unknown urls are ignored. The endpoint's routing state also heeds its
+        supervisor (`Endpoint.effective`)."""
         endpoint = self._endpoints.get(url)
         if endpoint is None:
             return None
+        if pairing is not None and pairing != endpoint.probed_pairing:
+            log.info("endpoint %s: pairing identity %s (from the engine)", url, pairing)
+            endpoint.probed_pairing = pairing
         if event_version is not None:
             endpoint.last_event_version = event_version
         if state is not None:
@@ -230,6 +236,28 @@ class Membership:
             now = time.monotonic()
         ready = EngineState.READY
         return [e for e in self._serving.get(model, ()) if e.state is ready and e.ejected_until <= now]
+
+    def eligible_role(self, model: str, role: str, now: float | None = None) -> list[Endpoint]:
+        """The eligible endpoints for `model` that can take `role`'s leg: role `role`, or `both`."""
+        if now is None:
+            now = time.monotonic()
+        ready = EngineState.READY
+        return [
+            e
+            for e in self._serving.get(model, ())
+            if e.state is ready and e.ejected_until <= now and (e.role == role or e.role == "both")
+        ]
+
+    def compatible_decode(self, model: str, prefill: Endpoint, now: float | None = None) -> list[Endpoint]:
+        """The eligible decode endpoints for `model` that may take `prefill`'s transfer: the same pairing
+        identity, and not `prefill` itself. An unknown identity on either side pairs with nothing: the
+        router never vouches for a pair it cannot compare."""
+        pairing = prefill.pairing
+        if pairing is None:
+            return []
+        return [
+            e for e in self.eligible_role(model, "decode", now) if e.pairing == pairing and e is not prefill
+        ]
 
     def knows(self, model: str) -> bool:
         """Whether any endpoint, in any state, has said it serves `model`."""

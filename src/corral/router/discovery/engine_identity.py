@@ -1,0 +1,49 @@
+"""The P/D pairing identity of an engine without a supervisor, from what the engine itself says: its
+`GET /version` and the model root of its `/v1/models` cards, hashed as `pd_protocol.pairing_identity`
+hashes a bundle's parts. It catches a prefill and a decode engine on different vLLM versions or models;
+dtype, quantization and KV layout are only known to a supervisor (its identity covers them)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import aiohttp
+import orjson
+
+from corral.engine.models_probe import ModelCard
+from corral.engine.pd_protocol import pairing_identity
+
+
+def base_model(cards: Sequence[ModelCard]) -> str | None:
+    """The model the engine runs: the `root` (else `id`) of its first card that is not an adapter."""
+    for card in cards:
+        if not card.get("parent"):
+            root = card.get("root") or card.get("id")
+            return str(root) if root is not None else None
+    return None
+
+
+def static_pairing(version: str, cards: Sequence[ModelCard]) -> str:
+    """The identity over (vLLM version, model): the bundle parts an engine tells anyone who asks."""
+    return pairing_identity({"engine_version": version, "command": {"model": base_model(cards)}})
+
+
+async def probe_pairing(
+    session: aiohttp.ClientSession,
+    url: str,
+    cards: Sequence[ModelCard],
+    headers: Mapping[str, str] | None = None,
+) -> str | None:
+    """GET `url`/version once (the session's timeout applies); the identity, or None when the engine
+    did not say its version (an unknown identity is paired with nothing)."""
+    try:
+        async with session.get(url + "/version", headers=headers) as resp:
+            if resp.status != 200:
+                return None
+            body = orjson.loads(await resp.read())
+    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+        return None
+    version = body.get("version") if isinstance(body, dict) else None
+    if not isinstance(version, str) or not version:
+        return None
+    return static_pairing(version, cards)
