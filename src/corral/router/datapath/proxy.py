@@ -23,12 +23,19 @@ from multidict import CIMultiDict
 
 from corral.engine.stream_ending import StreamEnding
 from corral.openai_errors import error_response, sse_error_event
+from corral.router.datapath.pd import Disaggregation, PrefillLeg
 from corral.router.datapath.retry_budget import RetryBudget, RetryBudgetConfig
-from corral.router.datapath.upstream import UpstreamClient, UpstreamResponse
+from corral.router.datapath.upstream import (
+    UPSTREAM_FAILURES,
+    UpstreamClient,
+    UpstreamResponse,
+    describe_failure,
+)
 from corral.router.datapath.wake_on_demand import WakeOnDemand
 from corral.router.edge.tenants import tenant_of
 from corral.router.membership.endpoint import Endpoint
 from corral.router.membership.membership import Membership
+from corral.router.routing.policies import LeastRequest
 from corral.router.routing.request import Policy, RouteRequest
 from corral.router.telemetry.metrics import RouterMetrics
 from corral.router.telemetry.traffic import StreamTimes
@@ -55,9 +62,6 @@ HOP_BY_HOP = frozenset(
     }
 )
 RESPONSE_SKIP = HOP_BY_HOP | {"server", "date", "x-request-id"}
-
-# Everything that means "this endpoint did not answer": refused, reset, timed out, cut off.
-UPSTREAM_FAILURES = (TimeoutError, ConnectionError)  # UpstreamError is a ConnectionError
 
 # An X-Request-Id the router forwards and echoes as the client sent it; any other gets the router's own.
 _SAFE_REQUEST_ID = re.compile(r"[!-~]{1,200}")
@@ -87,6 +91,7 @@ class Proxy:
         upstream: UpstreamClient,
         metrics: RouterMetrics,
         config: ProxyConfig,
+        decode_policy: Policy | None = None,
     ) -> None:
         self._membership = membership
         self._policy = policy
@@ -94,6 +99,18 @@ class Proxy:
         self._metrics = metrics
         self._config = config
         self._budget = RetryBudget(config.retry_budget)
+        # Prefill/decode disaggregation: the prefill leg picked by `policy`, the decode leg by
+        # `decode_policy` (load-aware; least request when none is given).
+        self._pd = Disaggregation(
+            membership,
+            policy,
+            decode_policy if decode_policy is not None else LeastRequest(),
+            upstream,
+            metrics,
+            self._budget,
+            config.max_retries,
+            self._eject,
+        )
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         start = time.perf_counter()
@@ -214,11 +231,26 @@ class Proxy:
         model = route.model
         attempt = 0
         last_failure = "no endpoint is READY"
+        pd = self._pd
+        disaggregated = pd.applies(route, request.path)
         while True:
-            candidates = self._membership.eligible(model)
+            # P/D: a (fresh) prefill leg first; the decode leg then goes as any request goes.
+            leg: PrefillLeg | None = None
+            if disaggregated:
+                got = await pd.prefill(
+                    request.method, request.raw_path, upstream_headers.items(), route, request_id
+                )
+                if not isinstance(got, PrefillLeg):
+                    answer = got if isinstance(got, web.Response) else self._unavailable(model, got.why)
+                    return self._reject(answer, model, request_id, start)
+                leg, candidates, policy, sent = got, got.decoders, pd.decode_policy, got.body
+            else:
+                candidates, policy, sent = self._membership.eligible(model), self._policy, body
             if not candidates:
                 return self._reject(self._unavailable(model, last_failure), model, request_id, start)
-            endpoint = self._policy.pick(candidates, route)
+            endpoint = policy.pick(candidates, route)
+            if leg is not None:
+                pd.paired(leg, endpoint)
             dispatched = time.monotonic()  # the endpoint's own latencies count from here, not `start`
             endpoint.requests_sent += 1
             endpoint.in_flight += 1
@@ -229,7 +261,7 @@ class Proxy:
                 # Everything up to the first byte for the client may be retried elsewhere.
                 try:
                     upstream = await self._upstream.request(
-                        endpoint.url, request.method, request.raw_path, upstream_headers.items(), body
+                        endpoint.url, request.method, request.raw_path, upstream_headers.items(), sent
                     )
                     endpoint.dispatching -= 1
                     dispatching = False
@@ -237,7 +269,9 @@ class Proxy:
                     first = await upstream.readany() if streaming else await upstream.read()
                 except UPSTREAM_FAILURES as exc:
                     endpoint.traffic.ended(failed=True)  # against this endpoint, retried or not
-                    last_failure = f"{endpoint.url}: {_describe(exc)}"
+                    last_failure = f"{endpoint.url}: {describe_failure(exc)}"
+                    if leg is not None:
+                        pd.decode_failed(leg)  # retried with a fresh prefill: this transfer may be gone
                     self._eject(endpoint, last_failure, request_id, attempt)
                     if attempt < self._config.max_retries:
                         if self._budget.try_spend(time.monotonic()):
@@ -250,6 +284,8 @@ class Proxy:
                     return self._reject(self._unavailable(model, last_failure), model, request_id, start)
                 endpoint.record_success()
                 status = upstream.status
+                if leg is not None:
+                    pd.decode_answered(leg, status, dispatched)
                 headers = _response_headers(upstream, request_id)
                 if not streaming:
                     answer = web.Response(status=status, body=first, headers=headers)
@@ -284,6 +320,8 @@ class Proxy:
                     endpoint.dispatching -= 1
                 if upstream is not None:
                     upstream.close()
+                if leg is not None:
+                    pd.release(leg)
 
     async def _relay(
         self,
@@ -315,7 +353,7 @@ class Proxy:
             try:
                 chunk = await content.readany()
             except UPSTREAM_FAILURES as exc:
-                why = f"{endpoint.url}: {_describe(exc)}"
+                why = f"{endpoint.url}: {describe_failure(exc)}"
                 log.warning(
                     "request %s attempt %d: stream from %s cut after the first byte (%s), tokens "
                     "emitted: %s; ending the client's stream with an error event, not replaying it",
@@ -404,10 +442,3 @@ def _response_headers(upstream: UpstreamResponse, request_id: str) -> CIMultiDic
 
 def _bad_request(message: str, param: str | None) -> web.Response:
     return error_response(400, message, "Bad Request", param)
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, TimeoutError):
-        return "no answer before --request-timeout"
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -27,6 +27,18 @@ class UpstreamError(ConnectionError):
     """The engine refused, reset, closed early, or answered something that is not HTTP/1.1."""
 
 
+# Everything that means "this endpoint did not answer": refused, reset, timed out, cut off.
+UPSTREAM_FAILURES = (TimeoutError, ConnectionError)  # UpstreamError is a ConnectionError
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One of UPSTREAM_FAILURES in words for a log line or an error answer."""
+    if isinstance(exc, TimeoutError):
+        return "no answer before --request-timeout"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class UpstreamResponse:
     """One answer: status and headers once they arrived, then the body as chunks."""
 

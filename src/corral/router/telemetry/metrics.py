@@ -3,8 +3,7 @@ format only when scraped (a custom collector reads them; nothing Prometheus-side
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -17,6 +16,8 @@ from prometheus_client.core import (
 
 from corral.contracts.traffic import RequestCounts
 from corral.metric_families import labelled_counter
+from corral.router.telemetry.histogram import Histogram
+from corral.router.telemetry.pd_metrics import PdMetrics
 
 if TYPE_CHECKING:  # membership keeps a telemetry recorder on each endpoint: no run-time import back
     from corral.router.membership.endpoint import Endpoint
@@ -24,44 +25,6 @@ if TYPE_CHECKING:  # membership keeps a telemetry recorder on each endpoint: no 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 REMOVAL_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-
-
-class Histogram:
-    __slots__ = ("bounds", "buckets", "count", "total")
-
-    def __init__(self, bounds: Sequence[float]) -> None:
-        self.bounds = tuple(bounds)
-        self.buckets = [0] * (len(self.bounds) + 1)  # last one is +Inf; not cumulative
-        self.count = 0
-        self.total = 0.0
-
-    def observe(self, value: float) -> None:
-        self.buckets[bisect.bisect_left(self.bounds, value)] += 1
-        self.count += 1
-        self.total += value
-
-    def cumulative(self) -> list[tuple[str, float]]:
-        out: list[tuple[str, float]] = []
-        running = 0
-        for bound, n in zip((*map(str, self.bounds), "+Inf"), self.buckets, strict=True):
-            running += n
-            out.append((bound, float(running)))
-        return out
-
-    def folded(self, bounds: Sequence[float]) -> list[tuple[str, float]]:
-        """`cumulative()` on coarser `bounds`, each one of this histogram's own (so folding is exact:
-        every fine bucket lies inside one coarse bucket); ValueError for a bound it does not have."""
-        out: list[tuple[str, float]] = []
-        running, done = 0, 0
-        for bound in bounds:
-            at = bisect.bisect_left(self.bounds, bound)
-            if at == len(self.bounds) or self.bounds[at] != bound:
-                raise ValueError(f"bound {bound!r} is not one of the histogram's; it cannot be folded")
-            running += sum(self.buckets[done : at + 1])
-            done = at + 1
-            out.append((str(bound), float(running)))
-        out.append(("+Inf", float(self.count)))
-        return out
 
 
 class RouterMetrics:
@@ -94,6 +57,8 @@ class RouterMetrics:
         # The same, split by whether generated tokens had reached the client (a sibling series, so
         # the one above stays as dashboards know it).
         self.stream_failures_by_tokens: dict[tuple[str, str, str], int] = {}
+        # Prefill/decode disaggregation: per-leg latency, transfer time, pairs, failures by leg.
+        self.pd = PdMetrics()
 
     def count_request(self, model: str, code: int) -> None:
         key = (model, code)
@@ -301,6 +266,7 @@ class RouterCollector:
             "Time from request arrival to the first byte sent to the client.",
             m.ttft,
         )
+        yield from m.pd.families()
 
 
 def _histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:

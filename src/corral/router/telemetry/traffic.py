@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from corral.contracts.traffic import LATENCY_BOUNDS, TrafficFigures
-from corral.router.telemetry.metrics import Histogram
+from corral.router.telemetry.histogram import Histogram
 
 
 class EndpointTraffic:

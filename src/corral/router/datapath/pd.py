@@ -1,0 +1,258 @@
+"""Prefill/decode disaggregation on the data path: for a model whose endpoints have roles, pick a prefill
+engine (the model's own policy: the prompt's prefix lives there), run the prefill leg to its whole answer,
+and hand the proxy the decode leg — the client's body carrying the answer's `kv_transfer_params`, and the
+decode endpoints compatible with that prefill engine (`Membership.compatible_decode`).
+
+The proxy sends and relays the decode leg as it relays any answer; a decode leg that fails before its
+first byte comes back here for a fresh prefill leg (the old transfer may be gone). A prefill leg that gets
+no answer, or a 5xx, is retried on another prefill engine within the same retry budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from corral.engine.pd_protocol import decode_leg_body, prefill_leg_body, transfer_params_of
+from corral.openai_errors import error_response
+from corral.router.datapath.retry_budget import RetryBudget
+from corral.router.datapath.upstream import UPSTREAM_FAILURES, UpstreamClient, describe_failure
+from corral.router.membership.endpoint import Endpoint
+from corral.router.membership.membership import Membership
+from corral.router.membership.pairs import unpaired_reason
+from corral.router.routing.request import Policy, RouteRequest
+from corral.router.telemetry.metrics import RouterMetrics
+
+log = logging.getLogger("corral.router.pd")
+
+# The requests vLLM's P/D flow covers: generation with a prompt to prefill. Anything else (embeddings,
+# tokenize, ...) of a P/D model goes the aggregated way.
+PD_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+NAMED = 3  # endpoints named in a 503's reason, at most
+
+Eject = Callable[[Endpoint, str, str, int], None]
+
+
+@dataclass(slots=True)
+class PrefillLeg:
+    """A prefill leg that answered: the engine now holds the prompt's KV blocks for a decode engine."""
+
+    prefill: Endpoint
+    body: bytes  # the decode leg's body
+    decoders: list[Endpoint]  # the decode endpoints compatible with `prefill`, never empty
+    answered: float  # time.monotonic() of the prefill answer
+    pending: bool = True  # still counted in `prefill.transfers_pending`
+
+
+@dataclass(frozen=True, slots=True)
+class NoPair:
+    """No routable pair for the request, and why in words (the proxy answers 503 with Retry-After)."""
+
+    why: str
+
+
+class Disaggregation:
+    """The prefill leg and the pair choice; the proxy's decode leg reports back through `paired`,
+    `decode_answered`, `decode_failed` and `release`."""
+
+    def __init__(
+        self,
+        membership: Membership,
+        prefill_policy: Policy,
+        decode_policy: Policy,
+        upstream: UpstreamClient,
+        metrics: RouterMetrics,
+        budget: RetryBudget,
+        max_retries: int,
+        eject: Eject,
+    ) -> None:
+        self._membership = membership
+        self._prefill_policy = prefill_policy
+        self.decode_policy = decode_policy
+        self._upstream = upstream
+        self._metrics = metrics
+        self._budget = budget
+        self._max_retries = max_retries
+        self._eject = eject
+
+    def applies(self, route: RouteRequest, path: str) -> bool:
+        """Whether this request goes prefill then decode: a generation request for a model that has
+        routable endpoints of a prefill or decode role (all `both`: the aggregated path)."""
+        if path not in PD_PATHS or route.payload is None:
+            return False
+        return any(e.role != "both" for e in self._membership.eligible(route.model))
+
+    # -- the prefill leg --------------------------------------------------------------------
+
+    async def prefill(
+        self,
+        method: str,
+        raw_path: str,
+        headers: Iterable[tuple[str, str]],
+        route: RouteRequest,
+        request_id: str,
+    ) -> PrefillLeg | NoPair | web.Response:
+        """Run a prefill leg on a prefill engine that has a compatible decode endpoint, retrying on
+        another one within the budget. A web.Response is the answer that ends the request (the engine's
+        own 4xx, its 5xx once retries are spent, a 502 for an engine that sent no transfer)."""
+        assert route.payload is not None
+        model = route.model
+        payload = dict(route.payload)
+        body = orjson.dumps(prefill_leg_body(payload))
+        headers = list(headers)
+        tried: set[str] = set()
+        failures: list[str] = []
+        attempt = 0
+        while True:
+            candidates = self._pairable(model, tried)
+            if isinstance(candidates, NoPair):
+                self._metrics.pd.count_failure("prefill", "no_pair")
+                return NoPair("; ".join([*failures, candidates.why]))
+            endpoint = self._prefill_policy.pick(candidates, route)
+            outcome = await self._run(endpoint, method, raw_path, headers, body, payload, request_id, attempt)
+            if isinstance(outcome, PrefillLeg):
+                return self._with_decoders(outcome, model)
+            if isinstance(outcome, web.Response) and outcome.status < 500:
+                return outcome
+            if isinstance(outcome, NoPair):
+                failures.append(outcome.why)
+            else:
+                failures.append(f"prefill {endpoint.url} answered {outcome.status}")
+            tried.add(endpoint.url)
+            spent = attempt >= self._max_retries
+            if not spent and not self._budget.try_spend(time.monotonic()):
+                self._metrics.retry_budget_exhausted += 1
+                failures.append("retry budget spent, not retried")
+                log.warning("request %s: %s", request_id, "; ".join(failures))
+                spent = True
+            if spent:  # no answer at all: 503 naming every failure; an engine's 5xx: that answer
+                return NoPair("; ".join(failures)) if isinstance(outcome, NoPair) else outcome
+            attempt += 1
+            self._metrics.retries += 1
+
+    def _pairable(self, model: str, tried: set[str]) -> list[Endpoint] | NoPair:
+        """The routable prefill endpoints of `model` not tried yet that have a compatible decode endpoint."""
+        membership = self._membership
+        prefills = [p for p in membership.eligible_role(model, "prefill") if p.url not in tried]
+        if not prefills:
+            more = " more" if tried else ""
+            return NoPair(f"no{more} prefill endpoint of model `{model}` is routable")
+        pairable = [p for p in prefills if membership.compatible_decode(model, p)]
+        if pairable:
+            return pairable
+        reasons = dict.fromkeys(unpaired_reason(membership, model, p) for p in prefills[:NAMED])
+        return NoPair("; ".join(reasons))
+
+    async def _run(
+        self,
+        endpoint: Endpoint,
+        method: str,
+        raw_path: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        payload: dict[str, Any],
+        request_id: str,
+        attempt: int,
+    ) -> PrefillLeg | NoPair | web.Response:
+        """One prefill attempt on `endpoint`: its answer read whole, counted in its traffic figures."""
+        pd = self._metrics.pd
+        dispatched = time.monotonic()
+        endpoint.requests_sent += 1
+        endpoint.in_flight += 1
+        endpoint.dispatching += 1  # until the engine answers: a removal's ack waits for this
+        dispatching = True
+        upstream = None
+        try:
+            try:
+                upstream = await self._upstream.request(endpoint.url, method, raw_path, headers, body)
+                endpoint.dispatching -= 1
+                dispatching = False
+                answer = await upstream.read()
+            except UPSTREAM_FAILURES as exc:
+                endpoint.traffic.ended(failed=True)
+                why = f"prefill {endpoint.url}: {describe_failure(exc)}"
+                self._eject(endpoint, why, request_id, attempt)
+                pd.count_failure("prefill", "upstream")
+                return NoPair(why)
+            endpoint.record_success()
+            status = upstream.status
+            endpoint.traffic.ended(failed=status >= 500)
+            if status >= 400:
+                if status >= 500:
+                    pd.count_failure("prefill", "engine_error")
+                    log.warning("request %s: prefill %s answered %d", request_id, endpoint.url, status)
+                # the engine's own verdict on the client's request, relayed as is
+                content_type = upstream.content_type or "application/json"
+                return web.Response(status=status, body=answer, content_type=content_type)
+            seconds = time.monotonic() - dispatched
+            endpoint.traffic.first_token(seconds, dispatched, endpoint.routable_from)
+            pd.prefill_leg.observe(seconds)
+            params = _params_of(answer)
+            if params is None:
+                pd.count_failure("prefill", "no_transfer_params")
+                return error_response(
+                    502,
+                    f"The prefill engine {endpoint.url} answered without `kv_transfer_params`: it does "
+                    "not send its KV cache to a decode engine. Start it with --kv-transfer-config "
+                    '(e.g. {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}), or give it '
+                    "role both.",
+                    "BadGatewayError",
+                )
+            endpoint.transfers_pending += 1
+            decode_body = orjson.dumps(decode_leg_body(payload, params))
+            return PrefillLeg(endpoint, decode_body, [], time.monotonic())
+        finally:
+            endpoint.in_flight -= 1
+            if dispatching:
+                endpoint.dispatching -= 1
+            if upstream is not None:
+                upstream.close()
+
+    def _with_decoders(self, leg: PrefillLeg, model: str) -> PrefillLeg | NoPair:
+        decoders = self._membership.compatible_decode(model, leg.prefill)
+        if not decoders:  # they left while the prefill ran; its transfer times out on the engine
+            self.release(leg)
+            self._metrics.pd.count_failure("decode", "no_pair")
+            return NoPair(f"prefill {leg.prefill.url} has no compatible decode endpoint left")
+        leg.decoders = decoders
+        return leg
+
+    # -- the decode leg, as the proxy reports it --------------------------------------------
+
+    def paired(self, leg: PrefillLeg, decode: Endpoint) -> None:
+        self._metrics.pd.count_pair(leg.prefill.url, decode.url)
+
+    def decode_answered(self, leg: PrefillLeg, status: int, dispatched: float) -> None:
+        """The decode leg's first byte (or whole answer) arrived: the transfer was pulled."""
+        now = time.monotonic()
+        pd = self._metrics.pd
+        pd.decode_ttft.observe(now - dispatched)
+        pd.transfer.observe(now - leg.answered)
+        if status >= 500:
+            pd.count_failure("decode", "engine_error")
+        self.release(leg)
+
+    def decode_failed(self, leg: PrefillLeg) -> None:
+        """The decode leg got no first byte: its transfer is pulled by nobody and times out."""
+        self._metrics.pd.count_failure("decode", "upstream")
+        self.release(leg)
+
+    def release(self, leg: PrefillLeg) -> None:
+        """The leg's transfer is no longer pending for this router (pulled, or left to time out)."""
+        if leg.pending:
+            leg.pending = False
+            leg.prefill.transfers_pending -= 1
+
+
+def _params_of(answer: bytes) -> dict[str, Any] | None:
+    try:
+        parsed = orjson.loads(answer)
+    except orjson.JSONDecodeError:
+        return None
+    return transfer_params_of(parsed) if isinstance(parsed, dict) else None
