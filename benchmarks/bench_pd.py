@@ -1,0 +1,342 @@
+"""Prefill/decode disaggregation benchmark: long prompts and long outputs, streamed, in one run over
+(a) two aggregated simulators behind `corral router --policy least_request`, (b) one prefill and one
+decode simulator (`--kv-transfer-config`, NIXL) behind `corral router --prefill URL --decode URL`, and
+(c) the same two P/D simulators behind the Rust `vllm-router --vllm-pd-disaggregation` (when installed:
+benchmarks/setup.sh). Same engine count, same latency model, same request shapes for every fleet.
+
+Workload: `--clients` closed-loop clients; request i has a prompt of shared-nothing words drawn between
+`--prompt-min` and `--prompt-max` (about one token a word) and asks for between `--out-min` and
+`--out-max` tokens (the same shapes for every fleet; each fleet gets fresh text, so nothing is a prefix
+cache hit). Each fleet runs `--seconds` (and at most `--max-requests`), then lets its clients finish.
+
+Reported per fleet: TTFT and ITL p50/p99 (ITL over every gap between text events), TPOT p50, requests/s,
+output tokens/s, failures, and from the engines' own `/metrics` (deltas over the fleet's run): requests,
+generated tokens per request, prompt tokens computed vs transferred, NIXL transfer time; then the ratios
+P/D/aggregated and corral/vllm-router. Where the simulator or the router lacks P/D, those fleets are
+skipped with a line saying why and the aggregated fleet still runs.
+
+What the simulator models decides what this can show: see "Reading the numbers" in the report.
+
+    .venv/bin/python benchmarks/bench_pd.py [--seconds 30] [--clients 16] [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import random
+import shlex
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import uvloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_router import ROOT, Proc, find_vllm_router, free_port, spawn, wait_ready
+from corral.engine import metric_names as m
+from corral.engine.metrics_text import samples
+from corral.sim.core.tokenizer import WORDS
+from stream_timing import TimedReport, stream_timed
+
+MODEL = "bench-model"
+CORRAL = [sys.executable, "-m", "corral"]
+
+
+@dataclass(frozen=True)
+class Shape:
+    prompt_words: int
+    max_tokens: int
+
+
+class Workload:
+    """The request shapes (the same for every fleet) and each fleet's own prompt text."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        rng = random.Random(args.seed)
+        self.shapes = [
+            Shape(rng.randint(args.prompt_min, args.prompt_max), rng.randint(args.out_min, args.out_max))
+            for _ in range(args.max_requests)
+        ]
+
+    def body(self, i: int, salt: int, max_tokens: int | None = None) -> bytes:
+        shape = self.shapes[i % len(self.shapes)]
+        words = random.Random(salt * 1_000_003 + i).choices(WORDS, k=shape.prompt_words)
+        return orjson.dumps(
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": f"Request {salt}-{i}: " + " ".join(words)}],
+                "max_tokens": max_tokens or shape.max_tokens,
+                "temperature": 0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        )
+
+
+async def closed_loop(
+    name: str,
+    url: str,
+    work: Workload,
+    salt: int,
+    clients: int,
+    max_requests: int,
+    seconds: float,
+    max_tokens: int | None = None,
+) -> TimedReport:
+    """`clients` workers send back-to-back streamed requests until `max_requests` or `seconds` (every
+    request asking for `max_tokens` when given: the warm-up)."""
+    report = TimedReport(name)
+    counter = itertools.count()
+    limits = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        start = time.perf_counter()
+        deadline = start + seconds
+
+        async def worker() -> None:
+            while time.perf_counter() < deadline:
+                i = next(counter)
+                if i >= max_requests:
+                    return
+                body = work.body(i, salt, max_tokens)
+                report.samples.append(await stream_timed(session, url, body, limits))
+
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        report.wall = time.perf_counter() - start
+    return report
+
+
+ENGINE_SERIES = (
+    m.FINISHED,
+    m.PROMPT_TOKENS,
+    m.GENERATION_TOKENS,
+    m.PROMPT_TOKENS_BY_SOURCE,
+    m.NIXL_XFER_TIME + "_sum",
+    m.NIXL_XFER_TIME + "_count",
+    m.NIXL_FAILED_TRANSFERS,
+)
+
+
+def engine_counters(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for s in samples(text, ENGINE_SERIES):
+        key = s.name
+        if s.name == m.PROMPT_TOKENS_BY_SOURCE:
+            key = f"prompt_{s.labels.get('source', '')}"
+        out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def engine_row(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    requests = d.get(m.FINISHED, 0.0)
+    row: dict[str, Any] = {
+        "requests": int(requests),
+        "gen_tokens_per_request": round(d.get(m.GENERATION_TOKENS, 0.0) / requests, 1) if requests else None,
+        "prompt_tokens": int(d.get(m.PROMPT_TOKENS, 0.0)),
+    }
+    for source in m.PROMPT_SOURCES:
+        if f"prompt_{source}" in d:
+            row[f"prompt_{source}"] = int(d[f"prompt_{source}"])
+    count = d.get(m.NIXL_XFER_TIME + "_count", 0.0)
+    if count:
+        row["xfers"] = int(count)
+        row["xfer_mean_ms"] = round(d[m.NIXL_XFER_TIME + "_sum"] / count * 1000, 1)
+    if d.get(m.NIXL_FAILED_TRANSFERS):
+        row["failed_xfers"] = int(d[m.NIXL_FAILED_TRANSFERS])
+    return row
+
+
+def has_flag(argv: list[str], flag: str) -> bool:
+    result = subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=60)
+    return flag in result.stdout
+
+
+@dataclass
+class Fleet:
+    name: str
+    engines: list[Proc]
+    router_argv: list[str]  # without host and port
+    ready_path: str
+
+
+def start_sims(names: list[str], base: list[str], extra: list[list[str]], out: Path) -> list[Proc]:
+    sims = []
+    for i, (name, more) in enumerate(zip(names, extra, strict=True)):
+        port = free_port()
+        argv = [*CORRAL, "sim", "--host", "127.0.0.1", "--port", str(port), "--seed", str(i), *base, *more]
+        sims.append(spawn(name, argv, f"http://127.0.0.1:{port}", None, out))
+    for sim in sims:
+        wait_ready(sim, "/health")
+    return sims
+
+
+def run_fleet(fleet: Fleet, work: Workload, salt: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    port = free_port()
+    router = spawn(
+        f"pd-router-{fleet.name}",
+        [*fleet.router_argv, "--host", "127.0.0.1", "--port", str(port)],
+        f"http://127.0.0.1:{port}",
+        None,
+        out,
+    )
+    try:
+        wait_ready(router, fleet.ready_path)
+        url = router.url + "/v1/chat/completions"
+        time.sleep(0.5)  # the first metrics scrape and model probe
+        warm = uvloop.run(closed_loop("warmup", url, work, salt + 50, 2, 4, 30.0, max_tokens=8))
+        before = [engine_counters(e.url) for e in fleet.engines]
+        report = uvloop.run(
+            closed_loop(fleet.name, url, work, salt, args.clients, args.max_requests, args.seconds)
+        )
+        after = [engine_counters(e.url) for e in fleet.engines]
+    finally:
+        router.stop()
+    row: dict[str, Any] = {"fleet": fleet.name, **report.summary()}
+    if report.failures() or warm.failures():
+        row["failures"] = report.failures()
+        row["warmup_failures"] = warm.failures()
+    row["engines"] = {e.name: engine_row(b, a) for e, b, a in zip(fleet.engines, before, after, strict=True)}
+    return row
+
+
+RATIO_KEYS = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "out_tok_s")
+
+
+def ratios(num: dict[str, Any], den: dict[str, Any]) -> dict[str, float | None]:
+    return {k: (round(num[k] / den[k], 3) if den.get(k) else None) for k in RATIO_KEYS}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=30.0, help="measured phase bound per fleet")
+    parser.add_argument("--max-requests", type=int, default=1000, help="per fleet")
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--prompt-min", type=int, default=2000, help="prompt words (about tokens)")
+    parser.add_argument("--prompt-max", type=int, default=8000)
+    parser.add_argument("--out-min", type=int, default=256, help="output tokens")
+    parser.add_argument("--out-max", type=int, default=512)
+    parser.add_argument("--prefill-ms-per-token", type=float, default=0.1)
+    parser.add_argument("--ttft-base-ms", type=float, default=5.0)
+    parser.add_argument("--itl-ms", type=float, default=10.0)
+    parser.add_argument("--max-num-seqs", type=int, default=32)
+    parser.add_argument("--kv-cache-blocks", type=int, default=16384, help="per engine, 16-token blocks")
+    parser.add_argument(
+        "--kv-role", default="kv_both", help="kv_role of both P/D engines (vLLM's NIXL docs use kv_both)"
+    )
+    parser.add_argument(
+        "--pd-sim-args", default="", help="extra flags for the two P/D simulators only, shell-split"
+    )
+    parser.add_argument("--policy", default="least_request", help="corral router's policy, every fleet")
+    parser.add_argument(
+        "--only", default="", help="comma-separated fleets: aggregated, pd-corral, pd-vllm-router"
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--vllm-router", default=None)
+    parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/out"))
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    only = {f.strip() for f in args.only.split(",") if f.strip()}
+    work = Workload(args)
+
+    base = [
+        "--model", MODEL, "--max-model-len", str(args.prompt_max * 2 + args.out_max + 64),
+        "--max-num-seqs", str(args.max_num_seqs), "--kv-cache-blocks", str(args.kv_cache_blocks),
+        "--block-size", "16", "--prefill-ms-per-token", str(args.prefill_ms_per_token),
+        "--ttft-base-ms", str(args.ttft_base_ms), "--itl-ms", str(args.itl_ms),
+    ]  # fmt: skip
+    skipped: list[str] = []
+    sim_pd = has_flag([*CORRAL, "sim"], "--kv-transfer-config")
+    router_pd = has_flag([*CORRAL, "router"], "--prefill")
+    vr = find_vllm_router(args.vllm_router)
+    if not sim_pd:
+        skipped.append("P/D fleets: `corral sim` has no --kv-transfer-config")
+    elif not router_pd:
+        skipped.append("pd-corral: `corral router` has no --prefill/--decode")
+    if sim_pd and not vr:
+        skipped.append("pd-vllm-router: vllm-router not found (benchmarks/setup.sh installs it)")
+
+    procs: list[Proc] = []
+    results: list[dict[str, Any]] = []
+    try:
+        fleets: list[Fleet] = []
+        if not only or "aggregated" in only:
+            agg = start_sims(["pd-agg-sim-0", "pd-agg-sim-1"], base, [[], []], out)
+            procs += agg
+            argv = [*CORRAL, "router", "--policy", args.policy, "--log-level", "warning"]
+            for s in agg:
+                argv += ["--backend", s.url]
+            fleets.append(Fleet("aggregated", agg, argv, "/health"))
+        want_pd = [f for f in ("pd-corral", "pd-vllm-router") if not only or f in only]
+        if sim_pd and want_pd and (router_pd or vr):
+            config = json.dumps({"kv_connector": "NixlConnector", "kv_role": args.kv_role})
+            pd_flags = ["--kv-transfer-config", config, *shlex.split(args.pd_sim_args)]
+            prefill, decode = start_sims(["pd-prefill-sim", "pd-decode-sim"], base, [pd_flags, pd_flags], out)
+            procs += [prefill, decode]
+            if router_pd and "pd-corral" in want_pd:
+                argv = [*CORRAL, "router", "--policy", args.policy, "--log-level", "warning"]
+                argv += ["--prefill", prefill.url, "--decode", decode.url]
+                fleets.append(Fleet("pd-corral", [prefill, decode], argv, "/health"))
+            if vr and "pd-vllm-router" in want_pd:
+                argv = [vr, "--vllm-pd-disaggregation", "--prefill", prefill.url, "--decode", decode.url]
+                argv += ["--policy", "round_robin", "--log-level", "warning"]
+                argv += ["--prometheus-port", str(free_port())]
+                fleets.append(Fleet("pd-vllm-router", [prefill, decode], argv, "/v1/models"))
+        for line in skipped:
+            print(f"skipped {line}", file=sys.stderr)
+        for k, fleet in enumerate(fleets):
+            row = run_fleet(fleet, work, 100 * (k + 1), args, out)
+            results.append(row)
+            print(orjson.dumps(row).decode(), flush=True)
+    finally:
+        for p in reversed(procs):
+            p.stop()
+
+    by = {r["fleet"]: r for r in results}
+    comparisons: dict[str, dict[str, float | None]] = {}
+    for num, den in (("pd-corral", "aggregated"), ("pd-corral", "pd-vllm-router")):
+        if num in by and den in by:
+            comparisons[f"{num} / {den}"] = ratios(by[num], by[den])
+            print(f"{num} / {den}: {orjson.dumps(comparisons[f'{num} / {den}']).decode()}")
+    report = {"command": " ".join(sys.argv), "results": results, "ratios": comparisons, "skipped": skipped}
+    (out / "bench_pd.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    if args.markdown:
+        print(markdown(results, comparisons))
+
+
+def markdown(results: list[dict[str, Any]], comparisons: dict[str, dict[str, float | None]]) -> str:
+    cols = ["fleet", "requests", "failed", "rps", "out_tok_s", "ttft_p50_ms", "ttft_p99_ms",
+            "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms"]  # fmt: skip
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in results:
+        lines.append("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
+    if comparisons:
+        lines += ["", "| ratio | " + " | ".join(RATIO_KEYS) + " |", "|" + "---|" * (len(RATIO_KEYS) + 1)]
+        for name, values in comparisons.items():
+            lines.append(f"| {name} | " + " | ".join(str(values[k]) for k in RATIO_KEYS) + " |")
+    head = "| fleet | engine | requests | gen tokens/request | prompt tokens | by source | xfer mean ms |"
+    lines += ["", head, "|---|---|---|---|---|---|---|"]
+    for r in results:
+        for name, e in r["engines"].items():
+            sources = {k[7:]: v for k, v in e.items() if k.startswith("prompt_") and k != "prompt_tokens"}
+            lines.append(
+                f"| {r['fleet']} | {name} | {e['requests']} | {e['gen_tokens_per_request']} | "
+                f"{e['prompt_tokens']} | {sources or ''} | {e.get('xfer_mean_ms', '')} |"
+            )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
