@@ -8,10 +8,11 @@ from pathlib import Path
 
 import click
 
-from corral.k8s.render.budgets import Budgets, derive
+from corral.k8s.render.budgets import Step, derive
 from corral.k8s.render.config_reading import ConfigError, load_config
 from corral.k8s.render.manifests import render as render_manifests
 from corral.k8s.render.output import admin_secret_hint, secret_hint, stream, write_dir
+from corral.k8s.render.pd_objects import explain as pd_explain
 
 
 @click.group(name="k8s", context_settings={"help_option_names": ["-h", "--help"]})
@@ -19,9 +20,9 @@ def k8s() -> None:
     """Kubernetes manifests where Kubernetes schedules and Corral runs the lifecycle."""
 
 
-def _explain(budgets: Budgets) -> None:
-    width = max(len(s.name) for s in budgets.steps)
-    for step in budgets.steps:
+def _explain(steps: tuple[Step, ...]) -> None:
+    width = max(len(s.name) for s in steps)
+    for step in steps:
         value = f"{step.value:.1f}" if step.value != int(step.value) else str(int(step.value))
         click.echo(f"  {step.name:<{width}}  {value:>8}  = {step.formula}", err=True)
 
@@ -52,11 +53,12 @@ def render(config_path: Path, out: Path | None, explain: bool) -> None:
         sys.exit(2)
     budgets = derive(config)
     manifests = render_manifests(config, budgets)
-    for warning in budgets.warnings:
+    steps, warnings = (budgets.steps, budgets.warnings) if config.pd is None else pd_explain(config, budgets)
+    for warning in warnings:
         click.echo(f"corral k8s render: warning: {warning}", err=True)
     if explain:
         click.echo(f"corral k8s render: numbers for {config.name}:", err=True)
-        _explain(budgets)
+        _explain(steps)
     if out is None:
         click.echo(stream(config, manifests), nl=False)
         return

@@ -21,6 +21,7 @@ BUNDLES_DIR = "/etc/corral/bundles"  # the declared bundles (supervisor.rollback
 ENGINE_HOST = "127.0.0.1"
 DEPLOYMENT_LABEL = "corral.dev/deployment"
 ROLE_LABEL = "corral.dev/role"
+COMPONENT_LABEL = "app.kubernetes.io/component"
 
 
 def _num(value: float) -> str:
@@ -73,8 +74,17 @@ def lora_args(config: CorralDeployment) -> list[str]:
 
 
 def engine_selector(config: CorralDeployment) -> dict[str, str]:
-    """The labels that select this deployment's engine pods (Deployment, Service, PDB and the router)."""
+    """The labels that select this deployment's engine pods (Deployment, Service, PDB and the router).
+    A P/D fleet's engine pods carry their role (`corral.dev/role=prefill|decode`, which the router's
+    pod source reads), so all of them are selected by their component instead."""
+    if config.pd is not None:
+        return {DEPLOYMENT_LABEL: config.name, COMPONENT_LABEL: "engine"}
     return {DEPLOYMENT_LABEL: config.name, ROLE_LABEL: "engine"}
+
+
+def role_selector(config: CorralDeployment, role: str) -> dict[str, str]:
+    """The labels of one role's engine pods in a P/D fleet (its Deployment and PDB)."""
+    return {DEPLOYMENT_LABEL: config.name, ROLE_LABEL: role}
 
 
 def router_selector(config: CorralDeployment) -> dict[str, str]:

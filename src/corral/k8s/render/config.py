@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from corral.k8s.render.pd_config import PdSpec
 from corral.router.routing.request import POLICY_NAMES
 from corral.supervisor.checks.dependencies import GateSpecError, parse_gate
 
@@ -478,7 +479,7 @@ class CorralDeployment(_Section):
     labels: dict[str, str] = Field(default_factory=dict, description="extra labels on every object")
     image: str = Field(min_length=1, description="engine image: vLLM with corral installed")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
-    replicas: int = Field(ge=1, description="engines")
+    replicas: int = Field(ge=1, description="engines (with pd: left out, each role has its own)")
     model: ModelSpec
     engine: EngineSpec = Field(default_factory=EngineSpec)
     gpu: GpuSpec
@@ -492,6 +493,11 @@ class CorralDeployment(_Section):
     token: TokenSpec = Field(default_factory=TokenSpec)
     security: SecuritySpec = Field(default_factory=SecuritySpec)
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
+    pd: PdSpec | None = Field(
+        default=None,
+        description="a prefill/decode fleet: {kv_transfer_config, side_channel_port, prefill: {replicas, "
+        "gpu_capacity, ...}, decode: {...}} instead of replicas and gpu.capacity",
+    )
 
     @field_validator("labels")
     @classmethod

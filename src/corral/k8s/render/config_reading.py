@@ -20,6 +20,7 @@ from corral.engine.revisions import OTHER_REVISIONS, is_pinned
 from corral.k8s.render import commands
 from corral.k8s.render.config import CorralDeployment
 from corral.k8s.render.parts import HOME
+from corral.k8s.render.pd_config import PD_OWNED_FLAGS, SIDE_CHANNEL_HOST_ENV, SIDE_CHANNEL_PORT_ENV
 from corral.supervisor.checks.dependencies import parse_gate
 
 
@@ -67,10 +68,13 @@ def parse_config(data: Any, source: str = "corral.yaml") -> CorralDeployment:
         raise ConfigError(
             source, [Problem("(top level)", type(data).__name__, "expected a mapping of config fields")]
         )
+    data, pd_problems = _pd_totals(data)
     try:
         config = CorralDeployment.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(source, [_problem(err) for err in exc.errors()]) from None
+        raise ConfigError(source, pd_problems + [_problem(err) for err in exc.errors()]) from None
+    if pd_problems:
+        raise ConfigError(source, pd_problems)
     problems = cross_check(config)
     if problems:
         raise ConfigError(source, problems)
@@ -81,7 +85,7 @@ def cross_check(config: CorralDeployment) -> list[Problem]:
     """The rules that span fields: GPUs that fit, ports that differ, gates that can open."""
     problems: list[Problem] = []
     needed = config.replicas * config.engine.gpus
-    if needed > config.gpu.capacity:
+    if needed > config.gpu.capacity and config.pd is None:  # a P/D config: per role in _pd
         problems.append(
             Problem(
                 "replicas",
@@ -122,6 +126,7 @@ def cross_check(config: CorralDeployment) -> list[Problem]:
     problems += _startup_failure(config)
     problems += _floating_revisions(config)
     problems += _lora(config)
+    problems += _pd(config)
     mounts = [PurePosixPath(v.mount_path) for v in config.engine.volumes]
     for i, spec in enumerate(config.dependencies.wait_for):
         gate = parse_gate(spec)
@@ -148,6 +153,100 @@ def cross_check(config: CorralDeployment) -> list[Problem]:
                 "null to derive it",
             )
         )
+    return problems
+
+
+def _pd_totals(data: dict[str, Any]) -> tuple[dict[str, Any], list[Problem]]:
+    """A P/D config gives each role its replicas and GPUs; the top level's are then their totals,
+    filled in here (a second copy written by hand could only disagree)."""
+    pd = data.get("pd")
+    if not isinstance(pd, dict):
+        return data, []
+    problems: list[Problem] = []
+    gpu = data.get("gpu")
+    gpu = dict(gpu) if isinstance(gpu, dict) else {}
+    for field, value, per_role in (
+        ("replicas", data.get("replicas", _MISSING), "replicas"),
+        ("gpu.capacity", gpu.get("capacity", _MISSING), "gpu_capacity"),
+    ):
+        if value is not _MISSING:
+            problems.append(
+                Problem(
+                    field,
+                    value,
+                    f"a P/D config sets it per role (pd.prefill.{per_role}, pd.decode.{per_role}); remove it",
+                )
+            )
+    roles = [r for r in (pd.get("prefill"), pd.get("decode")) if isinstance(r, dict)]
+
+    def total(key: str) -> int:  # a bad count is reported at its own pd.ROLE field
+        counts = [r.get(key) for r in roles]
+        return max(1, sum(c for c in counts if isinstance(c, int) and not isinstance(c, bool)))
+
+    filled = {**data, "replicas": total("replicas"), "gpu": {**gpu, "capacity": total("gpu_capacity")}}
+    return filled, problems
+
+
+def _pd(config: CorralDeployment) -> list[Problem]:
+    """Each role's engines fit its GPUs; the connector's flags and the side channel's port are the
+    renderer's alone."""
+    pd = config.pd
+    if pd is None:
+        return []
+    problems: list[Problem] = []
+    for name in ("prefill", "decode"):
+        role = pd.prefill if name == "prefill" else pd.decode
+        needed = role.replicas * config.engine.gpus
+        if needed > role.gpu_capacity:
+            problems.append(
+                Problem(
+                    f"pd.{name}.replicas",
+                    role.replicas,
+                    f"{role.replicas} engines × {config.engine.gpus} GPUs = {needed} GPUs, more than "
+                    f"pd.{name}.gpu_capacity {role.gpu_capacity}; lower replicas or raise gpu_capacity",
+                )
+            )
+    for arg in config.engine.args:
+        if arg.split("=", 1)[0] in PD_OWNED_FLAGS:
+            problems.append(
+                Problem(
+                    "engine.args",
+                    arg,
+                    "a P/D config renders the connector from pd.kv_transfer_config; remove it from args",
+                )
+            )
+    for env in (SIDE_CHANNEL_HOST_ENV, SIDE_CHANNEL_PORT_ENV):
+        if env in config.engine.env:
+            problems.append(
+                Problem(
+                    f"engine.env.{env}",
+                    config.engine.env[env],
+                    "a P/D config sets it (the pod IP, pd.side_channel_port); remove it",
+                )
+            )
+    if config.engine.serving_group is not None:
+        problems.append(
+            Problem(
+                "engine.serving_group",
+                config.engine.serving_group,
+                "a P/D fleet's engines are paired one prefill with one decode engine, not served as "
+                "one group; remove it",
+            )
+        )
+    ports = {
+        "engine.port": config.engine.port,
+        "supervisor.port": config.supervisor.port,
+        "supervisor.gate_port": config.supervisor.gate_port,
+    }
+    for field_name, port in ports.items():
+        if port == pd.side_channel_port:
+            problems.append(
+                Problem(
+                    "pd.side_channel_port",
+                    port,
+                    f"{field_name} already uses this port; NIXL's side channel needs its own (e.g. 5600)",
+                )
+            )
     return problems
 
 

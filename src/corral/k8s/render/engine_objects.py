@@ -109,8 +109,18 @@ def _engine_volumes(config: CorralDeployment) -> tuple[list[Obj], list[Obj]]:
     return volumes, mounts
 
 
-def engine_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
-    selector = commands.engine_selector(config)
+def engine_deployment(
+    config: CorralDeployment,
+    budgets: Budgets,
+    *,
+    name: str | None = None,
+    selector: dict[str, str] | None = None,
+    extra_env: tuple[Obj, ...] = (),
+    extra_ports: tuple[Obj, ...] = (),
+) -> Obj:
+    """The engine Deployment; a P/D fleet renders one per role, each with its own name, selector (the
+    role label), and the connector's env and port."""
+    selector = selector or commands.engine_selector(config)
     labels = object_labels(config, selector, "engine")
     p = config.probes
     volumes, mounts = _engine_volumes(config)
@@ -123,6 +133,7 @@ def engine_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
         "ports": [
             {"name": "http", "containerPort": config.supervisor.gate_port, "protocol": "TCP"},
             {"name": "supervisor", "containerPort": config.supervisor.port, "protocol": "TCP"},
+            *extra_ports,
         ],
         "resources": container_resources(
             {config.gpu.resource: str(config.engine.gpus)}, config.engine.cpu, config.engine.memory
@@ -148,7 +159,7 @@ def engine_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
         "securityContext": container_security(config),
         "volumeMounts": mounts,
     }
-    env = _engine_env(config)
+    env = [*_engine_env(config), *extra_env]
     if env:
         container["env"] = env
     pod_spec: Obj = {
@@ -168,7 +179,7 @@ def engine_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": object_meta(config, engine_name(config), labels),
+        "metadata": object_meta(config, name or engine_name(config), labels),
         "spec": {
             "replicas": config.replicas,
             "selector": {"matchLabels": selector},

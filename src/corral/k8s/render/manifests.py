@@ -1,7 +1,8 @@
 """The Kubernetes objects of one Corral deployment, as plain dicts: the engine Deployment (supervisor as
 entrypoint, probes on its /startupz, /readyz, /livez, preStop drain), its headless Service,
 PodDisruptionBudget and NetworkPolicy, and the router's ServiceAccount, Role, RoleBinding, Deployment,
-Service and PodDisruptionBudget; with `supervisor.rollback_bundle`, a ConfigMap holding that bundle's
+Service and PodDisruptionBudget (a P/D fleet: a Deployment and PDB per role, `pd_objects.py`); with
+`supervisor.rollback_bundle`, a ConfigMap holding that bundle's
 file, which every engine pod declares (`--bundle`).
 
 Conventions the router relies on: engine pods carry `corral.dev/deployment=NAME` and
@@ -36,6 +37,7 @@ from corral.k8s.render.engine_objects import (
     engine_service,
 )
 from corral.k8s.render.parts import Obj, disruption_budget, router_name
+from corral.k8s.render.pd_objects import pd_engine_objects, pd_network_policy
 from corral.k8s.render.router_objects import (
     router_deployment,
     router_role,
@@ -57,6 +59,20 @@ class Manifest:
         return str(self.obj["kind"])
 
 
+def _engines(config: CorralDeployment, budgets: Budgets) -> list[Manifest]:
+    """The engine Deployment and its PDB, or in a P/D fleet one of each per role."""
+    if config.pd is not None:
+        return [Manifest(name, obj) for name, obj in pd_engine_objects(config)]
+    return [
+        Manifest("engine-deployment.yaml", engine_deployment(config, budgets)),
+        Manifest("engine-pdb.yaml", engine_pdb(config, budgets)),
+    ]
+
+
+def _network_policy(config: CorralDeployment) -> Obj:
+    return engine_network_policy(config) if config.pd is None else pd_network_policy(config)
+
+
 def render(config: CorralDeployment, budgets: Budgets) -> list[Manifest]:
     """Every object, in apply order (RBAC before the pods that use it)."""
     manifests = [
@@ -65,11 +81,10 @@ def render(config: CorralDeployment, budgets: Budgets) -> list[Manifest]:
             if config.supervisor.rollback_bundle is not None
             else []
         ),
-        Manifest("engine-deployment.yaml", engine_deployment(config, budgets)),
+        *_engines(config, budgets),
         Manifest("engine-service.yaml", engine_service(config)),
-        Manifest("engine-pdb.yaml", engine_pdb(config, budgets)),
         *(
-            [Manifest("engine-networkpolicy.yaml", engine_network_policy(config))]
+            [Manifest("engine-networkpolicy.yaml", _network_policy(config))]
             if config.network_policy.enabled
             else []
         ),

@@ -47,7 +47,7 @@ def to_yaml(manifest: Manifest) -> str:
 
 def document(config: CorralDeployment, manifest: Manifest) -> str:
     lines = [HEADER]
-    if manifest.filename == "engine-deployment.yaml":
+    if manifest.filename in ("engine-deployment.yaml", "prefill-deployment.yaml", "decode-deployment.yaml"):
         lines.append(f"# Needs the fleet key Secret first: {secret_hint(config)}")
     if manifest.filename == "router-deployment.yaml":
         lines.append(f"# Needs the router's admin key Secret first: {admin_secret_hint(config)}")
