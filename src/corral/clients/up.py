@@ -28,12 +28,17 @@ class UpControlClient:
         return self._api.parse(GroupList, "/v1/groups", status, raw)
 
     async def add_group(
-        self, bundle: BundleSpec, size: int, within: float, adapters: dict[str, str] | None = None
+        self,
+        bundle: BundleSpec,
+        size: int,
+        within: float,
+        adapters: dict[str, str] | None = None,
+        role: str = "both",
     ) -> ServingGroup:
-        """Start a group serving `adapters` (None: the fleet's desired set); it answers once every
-        member is READY, serves them and is routed (APIError 422 if not)."""
+        """Start a group of `role` serving `adapters` (None: the fleet's desired set); it answers once
+        every member is READY, serves them and is routed (APIError 422 if not)."""
         body = AddGroupRequest(
-            bundle=bundle.to_json(), size=size, startup_timeout=within, adapters=adapters
+            bundle=bundle.to_json(), size=size, startup_timeout=within, adapters=adapters, role=role
         ).to_wire()
         status, raw = await self._api.call(
             "POST", "/v1/groups", body, ok=(201,), within=within + GROUP_START_GRACE

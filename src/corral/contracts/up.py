@@ -21,6 +21,7 @@ class GroupMember(WireModel):
     group: str
     supervisor: str
     engine: str
+    role: str = "both"  # prefill | decode | both (absent before issue 16: both)
     pid: int | None = None
     running: bool = False
     bundle: dict[str, Any] | None = None
@@ -34,6 +35,7 @@ class ServingGroup(WireModel):
 
     name: str
     bundle: dict[str, Any] | None = None
+    role: str = "both"  # prefill | decode | both: every member's (absent before issue 16: both)
     members: list[GroupMember] = Field(default_factory=list)
 
     def bundle_spec(self) -> BundleSpec | None:
@@ -57,14 +59,15 @@ class GroupList(WireModel):
 
 
 class AddGroupRequest(WireModel):
-    """`POST /v1/groups`: start `size` engines of `bundle`, each serving the LoRA `adapters` (name ->
-    path; absent: the union of the fleet's groups' desired sets) before the router hears of it; 201
-    with the `ServingGroup` once every one is READY and routed, 422 with the reason if not."""
+    """`POST /v1/groups`: start `size` engines of `bundle` in `role`, each serving the LoRA `adapters`
+    (name -> path; absent: the union of the fleet's groups' desired sets) before the router hears of
+    it; 201 with the `ServingGroup` once every one is READY and routed, 422 with the reason if not."""
 
     bundle: Any  # read by `corral.bundle_spec.bundle_from_json`, whose messages name the field
     size: int | None = None  # absent: the fleet's group size
     startup_timeout: float | None = None  # absent: the fleet's
     adapters: dict[str, str] | None = None
+    role: str = "both"  # prefill | decode | both (corral.engine.pd_protocol.ROLES; the fleet checks it)
 
     @field_validator("adapters", mode="before")
     @classmethod

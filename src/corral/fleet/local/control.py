@@ -6,7 +6,8 @@ file: starting processes is not something any local user should be able to ask f
 
     GET    /v1/groups          every serving group: its bundle and members
     POST   /v1/groups          {"bundle": {...}, "size": N, "startup_timeout": S, "adapters":
-                               {NAME: PATH}}: start a group; 201 once every member is READY and
+                               {NAME: PATH}, "role": prefill|decode|both}: start a group (of that
+                               role; absent: both); 201 once every member is READY and
                                serves the adapters (absent: every serving group's desired set),
                                and is listed in the router's backends; 422 with the reason if not
     DELETE /v1/groups/{name}   drop the group from the router's backends and stop its members
@@ -27,6 +28,7 @@ from corral.atomic_file import write_atomically
 from corral.bundle_spec import BundleError, bundle_from_json
 from corral.contracts.up import AddGroupRequest
 from corral.contracts.wire import first_message
+from corral.engine.pd_protocol import ROLES
 from corral.fleet.local.fleet import FleetStartError, LocalFleet
 
 
@@ -85,6 +87,7 @@ class FleetControl:
             {
                 "name": name,
                 "bundle": members[0].bundle.to_json() if members[0].bundle else None,
+                "role": members[0].role,
                 "members": [m.to_json() for m in members],
             }
             for name, members in self.fleet.groups().items()
@@ -104,6 +107,8 @@ class FleetControl:
             asked = AddGroupRequest.model_validate(body)
         except ValidationError as exc:
             return _error(400, first_message(exc))
+        if asked.role not in ROLES:
+            return _error(400, f"role {asked.role!r}: one of {', '.join(ROLES)} (or leave it out: both)")
         size = asked.size if asked.size is not None else self.fleet.spec.group_size
         within = asked.startup_timeout
         try:
@@ -113,11 +118,17 @@ class FleetControl:
         if bundle.command:
             return _error(400, "bundle.command: a local fleet runs `corral sim`; give engine_args only")
         try:
-            group = await self.fleet.add_group(bundle, size, within, asked.adapters)
+            group = await self.fleet.add_group(bundle, size, within, asked.adapters, asked.role)
         except FleetStartError as exc:
             return _error(422, str(exc))
         return _json(
-            {"name": group[0].group, "bundle": bundle.to_json(), "members": [m.to_json() for m in group]}, 201
+            {
+                "name": group[0].group,
+                "bundle": bundle.to_json(),
+                "role": asked.role,
+                "members": [m.to_json() for m in group],
+            },
+            201,
         )
 
     async def retire_group(self, request: web.Request) -> web.Response:

@@ -4,6 +4,7 @@ one router, as child processes on loopback.
 Engines come in serving groups (`--group-size`, default 1): a group is started whole from one bundle
 and retired whole, never changed member by member, so a group never mixes bundles. `add_group` and
 `retire_group` are what `corral rollout` drives through the fleet's control API (fleet/local/control.py).
+A disaggregated fleet (`--prefill N --decode M`) has groups of each role (fleet/local/roles.py).
 
 Each supervisor runs its admission gate (`corral supervise --gate-port`) in front of an engine bound
 to loopback, and the gate's URL is the engine URL the rest of the fleet reaches (the router's
@@ -42,6 +43,12 @@ from corral.bundle_spec import BundleSpec
 from corral.child_process import ChildProcess, LineSink
 from corral.fleet.local.adapters import AdapterCarryFailed, carry_adapters, desired_adapters
 from corral.fleet.local.ownership import RecordedProcess
+from corral.fleet.local.roles import (
+    engine_args_for,
+    role_groups,
+    role_marker,
+    supervisor_args_for,
+)
 
 LOOPBACK = "127.0.0.1"
 
@@ -101,6 +108,9 @@ class FleetSpec:
     engine_shutdown_timeout: float = 5.0
     router_args: tuple[str, ...] = ()  # extra `corral router` flags, e.g. --slow-start-seconds
     gate: bool = True  # each supervisor's admission gate is the engine URL clients reach
+    # a disaggregated fleet (`corral up --prefill N --decode M`): engines of each role, 0: none
+    prefill: int = 0
+    decode: int = 0
 
     @property
     def initial_bundle(self) -> BundleSpec:
@@ -109,6 +119,11 @@ class FleetSpec:
     @property
     def groups(self) -> int:
         return max(1, self.engines // self.group_size)
+
+    @property
+    def role_groups(self) -> list[tuple[str, int]]:
+        """(role, serving groups of it) the fleet starts with."""
+        return role_groups(self.engines, self.prefill, self.decode, self.group_size)
 
 
 @dataclass
@@ -123,6 +138,7 @@ class Member:
     log_path: Path
     engine_url: str = ""
     group: str = ""
+    role: str = "both"  # prefill | decode | both (corral.engine.pd_protocol.ROLES)
     bundle: BundleSpec | None = None
     adapters: list[str] = field(default_factory=list)  # what the engine served once its group was added
     started_at: float = field(default_factory=time.monotonic)
@@ -131,6 +147,7 @@ class Member:
         return {
             "name": self.name,
             "group": self.group,
+            "role": self.role,
             "supervisor": self.url,
             "engine": self.engine_url,
             "pid": self.process.pid,
@@ -204,7 +221,7 @@ class LocalFleet:
         sink = _file_sink(log_path, self._echo_for(name))
         return Member(name, url, ChildProcess(name, argv, env=env, sink=sink), log_path, engine_url)
 
-    def _supervised_engine(self, bundle: BundleSpec, group: str) -> Member:
+    def _supervised_engine(self, bundle: BundleSpec, group: str, role: str) -> Member:
         spec, host = self.spec, self.spec.host
         i = self._next_engine
         self._next_engine += 1
@@ -213,7 +230,7 @@ class LocalFleet:
         engine_port, supervisor_port = free_port(engine_host), free_port(host)
         engine_url = f"http://{engine_host}:{engine_port}"
         sim = [sys.executable, "-m", "corral", "sim", "--host", engine_host, "--port", str(engine_port)]
-        sim += ["--model", spec.model, "--seed", str(i), *bundle.engine_args]
+        sim += ["--model", spec.model, "--seed", str(i), *engine_args_for(role, bundle.engine_args)]
         args = ["supervise", "--host", host, "--port", str(supervisor_port), "--engine-url", engine_url]
         if spec.gate:
             gate_port = free_port(host)
@@ -227,20 +244,20 @@ class LocalFleet:
             args += ["--token-file", str(self.supervisor_token_file)]
         if bundle.fingerprint is not None:  # the fleet pins what its bundle says: PRECHECK refuses another
             args += ["--expect-fingerprint", bundle.fingerprint]
-        args += ["--", *sim]
+        args += [*supervisor_args_for(role), "--", *sim]
         member = self._spawn(
             f"engine-{i}", f"http://{host}:{supervisor_port}", args, engine_url, env=dict(bundle.env) or None
         )
-        member.group, member.bundle = group, bundle
+        member.group, member.bundle, member.role = group, bundle, role
         return member
 
     def _write_backends_file(self) -> None:
-        """What the router routes to: every serving engine with its supervisor and, in a group of more
-        than one, its group marker (atomic rename)."""
+        """What the router routes to: every serving engine with its supervisor, in a group of more
+        than one its group marker, and a prefill or decode engine's role marker (atomic rename)."""
         sizes = {name: len(members) for name, members in self.groups().items()}
         lines = [
             f"{m.engine_url}={m.url}{f' group={m.group}/{sizes[m.group]}' if sizes[m.group] > 1 else ''}"
-            f"  # {m.name} {m.group}"
+            f"{role_marker(m.role)}  # {m.name} {m.group}"
             for m in self.engines
         ]
         write_atomically(self.backends_file, ("\n".join(lines) + "\n").encode())
@@ -266,6 +283,7 @@ class LocalFleet:
                     "supervisor": m.url,
                     "engine": m.engine_url,
                     "group": m.group,
+                    "role": m.role,
                     "bundle": m.bundle.name if m.bundle else None,
                 }
                 for m in self.engines
@@ -292,7 +310,11 @@ class LocalFleet:
         and passed its smoke request), then start the router and wait for it."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         spec = self.spec
-        groups = [self._new_group(spec.initial_bundle, spec.group_size) for _ in range(spec.groups)]
+        groups = [
+            self._new_group(spec.initial_bundle, spec.group_size, role)
+            for role, count in spec.role_groups
+            for _ in range(count)
+        ]
         for group in groups:
             for member in group:
                 await member.process.start()
@@ -313,10 +335,10 @@ class LocalFleet:
             self._write_fleet_file()
             await self._wait_healthy(session, self.router, "/health")
 
-    def _new_group(self, bundle: BundleSpec, size: int) -> list[Member]:
+    def _new_group(self, bundle: BundleSpec, size: int, role: str = "both") -> list[Member]:
         name = f"g{self._next_group}"
         self._next_group += 1
-        return [self._supervised_engine(bundle, name) for _ in range(size)]
+        return [self._supervised_engine(bundle, name, role) for _ in range(size)]
 
     async def add_group(
         self,
@@ -324,12 +346,13 @@ class LocalFleet:
         size: int | None = None,
         startup_timeout: float | None = None,
         adapters: dict[str, str] | None = None,
+        role: str = "both",
     ) -> list[Member]:
-        """Start a new serving group from `bundle`; once every member is READY and serves `adapters`
+        """Start a new serving group of `role` from `bundle`; once every member is READY and serves `adapters`
         (name -> path; None: the union of the serving groups' desired sets), hand it to the router.
         All or nothing: if one member fails, or an adapter will not load, every member started is
         stopped and FleetStartError says which and why."""
-        group = self._new_group(bundle, size or self.spec.group_size)
+        group = self._new_group(bundle, size or self.spec.group_size, role)
         self._transient += group
         token = self.supervisor_token_file.read_text().strip() if self.supervisor_token_file else None
         try:

@@ -27,6 +27,7 @@ from corral.fleet.checks.status import fetch_fleet, summary_line
 from corral.fleet.local.control import FleetControl, write_token_file
 from corral.fleet.local.fleet import FleetSpec, LocalFleet, port_problem
 from corral.fleet.local.ownership import FleetFiles, FleetInUse
+from corral.fleet.local.roles import RoleCountError, role_groups
 from corral.state_home import corral_state_dir, state_dir_problem
 
 
@@ -34,10 +35,21 @@ from corral.state_home import corral_state_dir, state_dir_problem
 @click.option(
     "--engines",
     "-n",
-    default=2,
-    show_default=True,
+    default=None,
     type=click.IntRange(1, 64),
-    help="Number of simulated engines.",
+    help="Number of simulated engines, each doing prefill and decode [default: 2].",
+)
+@click.option(
+    "--prefill",
+    default=0,
+    type=click.IntRange(0, 64),
+    help="A disaggregated fleet: this many prefill engines (with --decode; not with --engines).",
+)
+@click.option(
+    "--decode",
+    default=0,
+    type=click.IntRange(0, 64),
+    help="A disaggregated fleet: this many decode engines (with --prefill; not with --engines).",
 )
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535), help="Router port.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address everything binds.")
@@ -113,7 +125,9 @@ from corral.state_home import corral_state_dir, state_dir_problem
     "--router-arg=--slow-start-seconds=10.",
 )
 def up(
-    engines: int,
+    engines: int | None,
+    prefill: int,
+    decode: int,
     port: int,
     host: str,
     model: str,
@@ -131,11 +145,16 @@ def up(
 ) -> None:
     """Start a local fleet: simulated engines and a router on loopback, until Ctrl-C."""
     console = Console(highlight=False, soft_wrap=True)
-    if engines % group_size:
+    if engines is not None and (prefill or decode):
         raise click.UsageError(
-            f"--engines {engines} is not a multiple of --group-size {group_size}; "
-            f"use e.g. --engines {engines - engines % group_size or group_size}"
+            "use either --engines N (engines that do prefill and decode) or --prefill N --decode M "
+            "(a disaggregated fleet), not both"
         )
+    engines = prefill + decode if prefill or decode else engines or 2
+    try:
+        role_groups(engines, prefill, decode, group_size)
+    except RoleCountError as exc:
+        raise click.UsageError(str(exc)) from None
     bundle = None
     if bundle_file is not None:
         if sim_args:
@@ -158,6 +177,8 @@ def up(
         bundle=bundle,
         drain_timeout=drain_timeout,
         gate=not no_gate,
+        prefill=prefill,
+        decode=decode,
     )
     files = _preflight(host, port)
     try:
@@ -206,7 +227,8 @@ async def _up(fleet: LocalFleet, token_file: Path, console: Console) -> int:
         loop.add_signal_handler(sig, stop.set)
     spec = fleet.spec
     groups = f" in {spec.groups} serving groups" if spec.group_size > 1 else ""
-    console.print(f"starting {spec.engines} simulated engine(s){groups} and a router (logs: {fleet.log_dir})")
+    engines = f"{spec.prefill} prefill and {spec.decode} decode" if spec.prefill else str(spec.engines)
+    console.print(f"starting {engines} simulated engine(s){groups} and a router (logs: {fleet.log_dir})")
     started = time.monotonic()
     start_task = asyncio.create_task(fleet.start())
     stop_task = asyncio.create_task(stop.wait())
