@@ -76,6 +76,9 @@ NIXL_HISTOGRAMS = (NIXL_XFER_TIME, NIXL_POST_TIME, NIXL_BYTES_TRANSFERRED, NIXL_
 # Only `corral sim` exposes these (a real engine keeps them inside its connector); a drain reads them.
 SIM_KV_TRANSFERS_HELD = "corral_sim_kv_transfers_held"  # prefill: requests whose blocks await a pull
 SIM_KV_PULLS_IN_FLIGHT = "corral_sim_kv_pulls_in_flight"  # decode: pulls started, not finished
+# A decode (kv consumer) engine's waiting requests by KV pull stage (label `stage`: waiting_to_start |
+# in_progress | completed_waiting; v1/metrics/loggers.py); a drain reads the first two as pulls.
+KV_FETCH_BY_STAGE = "vllm:num_requests_kv_fetch_by_stage"
 
 
 def family(sample_name: str) -> str:

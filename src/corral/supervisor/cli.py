@@ -169,6 +169,15 @@ _seconds = click.FloatRange(min=0.0)
     help="Longest wait for in-flight requests under policy wait.",
 )
 @click.option(
+    "--drain-transfer-wait",
+    default=0.0,
+    show_default=True,
+    type=_seconds,
+    help="Seconds a drain of a prefill engine waits for KV transfers its metrics do not show (a real "
+    "vLLM's held blocks; e.g. its kv_lease_duration), within --drain-timeout; 0 relies on the routers' "
+    "acknowledgements.",
+)
+@click.option(
     "--shutdown-timeout",
     default=30.0,
     show_default=True,
@@ -278,6 +287,7 @@ def run_command(
     propagation_timeout: float,
     quiet_period: float,
     drain_timeout: float,
+    drain_transfer_wait: float,
     shutdown_timeout: float,
     state_dir: Path | None,
     oplog_max_bytes: int,
@@ -354,6 +364,7 @@ def run_command(
             quiet_period=quiet_period,
             drain_timeout=drain_timeout,
             shutdown_timeout=shutdown_timeout,
+            transfer_wait=drain_transfer_wait,
         ),
         state_dir=state_dir,
         oplog_max_bytes=oplog_max_bytes,

@@ -4,9 +4,10 @@ read, and acknowledges each removal back to the supervisor (`POST /v1/acks`).
 
 The order is the contract: the endpoint leaves the routing table (synchronously, in `_apply`), then
 the acknowledgement waits until every request already picked for that engine has been answered by it
-(its upstream call returned: the engine has the request) or `dispatch_wait` passed, and only then is
-sent. A drain that has every subscribed router's acknowledgement therefore knows no router will send
-the engine anything new.
+(its upstream call returned: the engine has the request) or `dispatch_wait` passed, then, for a prefill
+engine, until every decode leg this router started from its KV transfers has reached its decode engine
+(`transfers_pending`) or `transfer_wait` passed, and only then is sent. A drain that has every
+subscribed router's acknowledgement therefore knows no router will send the engine anything new.
 
 A lost stream is treated as "not confirmed": the endpoint leaves routing at once (it keeps the last
 state the supervisor gave, never READY) and the task reconnects with backoff; on reconnect the first
@@ -75,6 +76,7 @@ class StreamSettings:
     ack_timeout: float = 2.0
     ack_attempts: int = 3
     dispatch_wait: float = 2.0
+    transfer_wait: float = 5.0  # decode legs from a removed prefill engine's transfers, after dispatch
     backoff_initial: float = 0.1
     backoff_cap: float = 5.0
 
@@ -296,13 +298,25 @@ class SupervisorStreams:
         members = group or [endpoint]
         await _dispatched(members, s.dispatch_wait)
         undispatched = sum(m.dispatching for m in members)
+        await _transfers_reached(members, s.transfer_wait)
+        unconfirmed = sum(m.transfers_pending for m in members)
         body = AckRequest(
             router_id=s.router_id,
             epoch=epoch,
             state=state,
             removal_latency_s=removal_latency,
             undispatched=undispatched,
+            transfers_unconfirmed=unconfirmed,
         ).encode()
+        if unconfirmed:
+            log.warning(
+                "acknowledging epoch %d of %s with %d decode legs from its KV transfers not yet at their "
+                "decode engine after %gs (those transfers are pulled late or time out on the engine)",
+                epoch,
+                endpoint.url,
+                unconfirmed,
+                s.transfer_wait,
+            )
         if undispatched:
             log.warning(
                 "acknowledging epoch %d of %s with %d requests (to it or its serving group) not yet "
@@ -349,5 +363,15 @@ async def _dispatched(endpoints: list[Endpoint], within: float) -> None:
     deadline = time.monotonic() + within
     while True:
         if all(e.dispatching <= 0 for e in endpoints) or time.monotonic() >= deadline:
+            return
+        await asyncio.sleep(0.002)
+
+
+async def _transfers_reached(endpoints: list[Endpoint], within: float) -> None:
+    """Return once no decode leg this router started from the KV transfers of any of `endpoints` (a
+    prefill engine) is still before its first byte, or after `within` seconds. Polls, like `_dispatched`."""
+    deadline = time.monotonic() + within
+    while True:
+        if all(e.transfers_pending <= 0 for e in endpoints) or time.monotonic() >= deadline:
             return
         await asyncio.sleep(0.002)

@@ -250,6 +250,7 @@ class SupervisorAPI:
             state=asked.state,
             removal_latency_s=asked.removal_latency_s,
             undispatched=asked.undispatched,
+            transfers_unconfirmed=asked.transfers_unconfirmed,
         )
         return _json(ack.to_json())
 

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from corral.engine.load_sample import LoadSample, MetricsUnavailable, fetch_load
+from corral.supervisor.lifecycle.drain_transfers import TransferSide, skipped, wait_transfers
 from corral.supervisor.lifecycle.forced_exits import RequestWatch, name_forced_exits
 from corral.supervisor.lifecycle.routers import RouterSubscriptions
 from corral.supervisor.lifecycle.states import DrainPhase, EngineState, StateMachine, StoppingPhase
@@ -70,6 +71,10 @@ class DrainSettings:
     drain_timeout: float = 120.0
     shutdown_timeout: float = 30.0
     poll_seconds: float = 0.1
+    # a disaggregated engine's role and lease (None: aggregated, no transfers to wait for)
+    transfers: TransferSide | None = None
+    # seconds to wait for transfers no engine figure shows (--drain-transfer-wait; 0: rely on the acks)
+    transfer_wait: float = 0.0
 
 
 @dataclass
@@ -96,6 +101,8 @@ class DrainReport:
     forced_exits: list[dict[str, Any]] | None = None
     forced_exits_not_listed: int = 0  # beyond FORCED_EXITS_LISTED
     forced_exits_unobserved: str | None = None  # why `forced_exits` is None
+    # a disaggregated engine's KV transfers (drain_transfers.TransferReport); None when aggregated
+    transfers: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -368,12 +375,18 @@ class DrainSequence:
                 DrainPhase.WAITING_IN_FLIGHT,
                 **left,
             )
+            deadline = time.monotonic() + timeout
             await leaving.drainer.wait_in_flight(report)
+            await self._wait_transfers(report, deadline)
             return {
                 "policy": "wait",
                 "in_flight_drained": report.in_flight_drained,
                 "seconds": round(report.drain_seconds, 3),
+                **({"transfers": report.transfers} if report.transfers is not None else {}),
             }
+        side = self._host.drain_settings.transfers
+        if side is not None:
+            report.transfers = skipped(side, f"policy {policy}").to_json()
         sample = leaving.drainer.last_sample
         in_flight = sample.in_flight if sample is not None else None
         if policy == DrainPolicy.ABORT:
@@ -386,6 +399,33 @@ class DrainSequence:
             "in_flight_frozen": in_flight,
             "note": "frozen requests resume after the wake",
         }
+
+    async def _wait_transfers(self, report: DrainReport, deadline: float) -> None:
+        """A disaggregated engine's transfers after its requests: held ones pulled or expired, pulls
+        finished (drain_transfers.py), within what is left of the drain's deadline."""
+        host = self._host
+        settings = host.drain_settings
+        side = settings.transfers
+        if side is None:
+            return
+        self._transition(
+            S.DRAINING,
+            f"waiting for the {side.role} engine's KV transfers (lease {side.lease_seconds:g}s)",
+            DrainPhase.WAITING_TRANSFERS,
+        )
+        seen = await wait_transfers(
+            host.session,
+            host.engine_url,
+            side,
+            deadline,
+            settings.transfer_wait,
+            settings.poll_seconds,
+            self._log,
+        )
+        seen.routers_unconfirmed = sum(
+            int(a.get("transfers_unconfirmed") or 0) for a in report.routers_acknowledged
+        )
+        report.transfers = seen.to_json()
 
     async def drain_and_stop(self, policy: DrainPolicy) -> DrainReport:
         """Shutdown and prestop: all three steps, then STOPPING/engine_stopped with the report."""

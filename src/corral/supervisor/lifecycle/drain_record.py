@@ -58,6 +58,7 @@ def _steps(report: DrainReport, started: float) -> list[StepRecord]:
             report.in_flight_drained or report.policy != "wait" or not left,
             {"policy": report.policy, "in_flight_drained": report.in_flight_drained},
         ),
+        *_transfers_step(report.transfers),
         (
             "stop_engine",
             report.stop_seconds,
@@ -84,6 +85,16 @@ def _steps(report: DrainReport, started: float) -> list[StepRecord]:
     return timed
 
 
+def _transfers_step(transfers: dict[str, Any] | None) -> list[tuple[str, float, bool, dict[str, Any]]]:
+    """A disaggregated engine's transfer wait as a step (none for an aggregated engine): ok unless it
+    ended at its bound with transfers still held or pulls still running."""
+    if transfers is None:
+        return []
+    left = (transfers.get("held_at_end") or 0) + (transfers.get("pulls_at_end") or 0)
+    ok = not (transfers.get("ended") == "bound" and left > 0)
+    return [("wait_transfers", float(transfers.get("waited_s") or 0.0), ok, transfers)]
+
+
 def drain_change_record(
     op: Operation,
     report: DrainReport,
@@ -107,6 +118,8 @@ def drain_change_record(
             f"forced_exits: {report.forced_exits_not_listed} more not listed (the oplog's forced_exit "
             "records name each)"
         )
+    if report.transfers is not None:
+        missing.extend(f"transfers: {why}" for why in report.transfers.get("not_measured", []))
     steps = _steps(report, op.started)
     return ChangeRecord(
         kind=op.kind,

@@ -37,6 +37,7 @@ class Ack:
     state: str | None = None
     removal_latency_s: float | None = None  # router-side: event line read -> out of the table
     undispatched: int = 0  # requests picked before the removal that had not reached the engine
+    transfers_unconfirmed: int = 0  # decode legs from its KV transfers not yet at their decode engine
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -47,6 +48,7 @@ class Ack:
             "state": self.state,
             "removal_latency_s": self.removal_latency_s,
             "undispatched": self.undispatched,
+            "transfers_unconfirmed": self.transfers_unconfirmed,
         }
 
 
@@ -126,6 +128,7 @@ class RouterSubscriptions:
         state: str | None = None,
         removal_latency_s: float | None = None,
         undispatched: int = 0,
+        transfers_unconfirmed: int = 0,
     ) -> Ack:
         """Record one acknowledgement (in the operation log before this returns)."""
         now = self._clock()
@@ -138,6 +141,7 @@ class RouterSubscriptions:
             state=state,
             removal_latency_s=removal_latency_s,
             undispatched=undispatched,
+            transfers_unconfirmed=transfers_unconfirmed,
         )
         previous = self._acks.get(router_id)
         if previous is None or previous.epoch <= epoch:

@@ -46,6 +46,7 @@ class StartingPhase(StrEnum):
 class DrainPhase(StrEnum):
     LEAVING_ROUTING = "leaving_routing"
     WAITING_IN_FLIGHT = "waiting_in_flight"
+    WAITING_TRANSFERS = "waiting_transfers"  # a disaggregated engine's KV transfers (drain_transfers.py)
     ABORTING = "aborting"
 
 

@@ -27,6 +27,7 @@ from corral.supervisor.checks.stall import Stall, StallWatch
 from corral.supervisor.lifecycle.config import SupervisorConfig
 from corral.supervisor.lifecycle.drain import DrainPolicy, DrainReport, DrainSequence, DrainSettings
 from corral.supervisor.lifecycle.drain_record import bundle_of, drain_change_record
+from corral.supervisor.lifecycle.drain_transfers import TransferSide
 from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPolicy, RestartRecord
 from corral.supervisor.lifecycle.failure_strategy import RollbackStarter, StartupFailure, Verdict, decide
 from corral.supervisor.lifecycle.forced_exits import RequestWatch
@@ -173,7 +174,9 @@ class EngineSupervisor:
 
     @property
     def drain_settings(self) -> DrainSettings:
-        return self.config.drain
+        """The configured drain, with the running engine's KV transfer role (from its command line)."""
+        side = TransferSide.of_command(self.config.engine_argv)
+        return dataclasses.replace(self.config.drain, transfers=side)
 
     @property
     def engine_running(self) -> bool:
