@@ -57,3 +57,5 @@ class SupervisorConfig:
     on_startup_failure: OnStartupFailure = field(default_factory=OnStartupFailure)
     # what PRECHECK expects of every (re)start (corral.supervisor.precheck.gate)
     precheck: PrecheckSettings = field(default_factory=PrecheckSettings)
+    # prefill | decode | both (`--role`); None: the engine command's --kv-transfer-config says
+    role: str | None = None

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from corral.child_process import LineSink
 from corral.engine.evidence import classify
 from corral.supervisor.checks.engine_auth import redact_argv
+from corral.supervisor.lifecycle.pd_role import engine_role, pairing_of
 from corral.supervisor.lifecycle.states import StateEvent
 
 if TYPE_CHECKING:
@@ -44,6 +45,14 @@ class Publication:
             sup.oplog.append("engine_evidence", kind=kind, line=line[:500])
             sup.metrics.count_evidence(kind)
 
+    def pd_identity(self) -> dict[str, str | None]:
+        """The engine's P/D role and pairing identity: in /v1/state and on every state-stream line."""
+        sup = self._sup
+        return {
+            "role": engine_role(sup.config.engine_argv, sup.config.role),
+            "pairing": pairing_of(sup.bundle),
+        }
+
     def state_body(self) -> dict[str, Any]:
         sup = self._sup
         engine = sup.engine
@@ -78,4 +87,5 @@ class Publication:
             "memory": sup.memory.to_json(),
             # the engine's worker ranks (pid, liveness) and the world size its command asks for
             **(engine.ranks.to_json() if engine is not None else {"world_size": None, "ranks": []}),
+            **self.pd_identity(),
         }
