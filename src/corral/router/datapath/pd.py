@@ -108,10 +108,13 @@ class Disaggregation:
         headers = list(headers)
         tried: set[str] = set()
         failures: list[str] = []
+        engine_error: web.Response | None = None  # the last 5xx a prefill engine answered
         attempt = 0
         while True:
             candidates = self._pairable(model, tried)
             if isinstance(candidates, NoPair):
+                if engine_error is not None:  # no other engine to try: the engine's own answer
+                    return engine_error
                 self._metrics.pd.count_failure("prefill", "no_pair")
                 return NoPair("; ".join([*failures, candidates.why]))
             endpoint = self._prefill_policy.pick(candidates, route)
@@ -124,6 +127,7 @@ class Disaggregation:
                 failures.append(outcome.why)
             else:
                 failures.append(f"prefill {endpoint.url} answered {outcome.status}")
+                engine_error = outcome
             tried.add(endpoint.url)
             spent = attempt >= self._max_retries
             if not spent and not self._budget.try_spend(time.monotonic()):
