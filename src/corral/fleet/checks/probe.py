@@ -19,7 +19,7 @@ import orjson
 
 from corral.clients.access import ENGINE_KEY_ENV, ENGINE_KEY_FLAG, FleetAccess, RouterAdminError
 from corral.clients.router import RouterAdminClient
-from corral.contracts.router import FleetEndpoint
+from corral.contracts.router import FleetEndpoint, ModelPairs
 from corral.engine.metrics_text import Sample, samples
 from corral.router.edge.admin_access import is_loopback_host
 from corral.state_home import local_fleet_file, read_supervisor_token
@@ -141,6 +141,7 @@ class FleetView:
     router_error: str = ""
     router_refused: bool = False  # the router is up but wants its admin key or admin URL
     router_metrics: str | None = None  # the router's /metrics text (None: not asked or no answer)
+    router_pairs: list[ModelPairs] | None = None  # the router's P/D pairs per model (issue 16)
 
     def by_engine_url(self) -> dict[str, EngineView]:
         return {e.engine_url: e for e in self.engines if e.engine_url}
@@ -216,7 +217,8 @@ async def look(target: FleetTarget) -> FleetView:
         if target.router:
             admin = RouterAdminClient(session, target.access.router_admin(target.router))
             try:
-                view.router_endpoints = (await admin.fleet()).endpoints
+                fleet = await admin.fleet()
+                view.router_endpoints, view.router_pairs = fleet.endpoints, fleet.pairs
                 view.router_metrics = await admin.metrics()
             except RouterAdminError as exc:
                 if view.router_endpoints is None:

@@ -21,6 +21,7 @@ from corral.fleet.checks.check import WARN as WARN
 from corral.fleet.checks.check import Check as Check
 from corral.fleet.checks.expected_sleep import ExpectedAsleep, asleep_problems
 from corral.fleet.checks.leftovers import check_cleanup
+from corral.fleet.checks.pairs import check_pairs, serving_group_key
 from corral.fleet.checks.probe import EngineView, FleetView
 from corral.fleet.checks.smoke import SmokeSample as SmokeSample
 from corral.fleet.checks.smoke import smoke as smoke
@@ -149,7 +150,7 @@ def check_bundle(view: FleetView) -> Check:
         return Check("bundle", FAIL, f"READY without a bundle fingerprint: {_names(missing)}")
     groups: dict[tuple[str, ...], dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for e in supervised:
-        groups[tuple(e.base_models)][str(e.fingerprint)].append(e.name)
+        groups[serving_group_key(e)][str(e.fingerprint)].append(e.name)
     mixed = {g: fps for g, fps in groups.items() if len(fps) > 1}
     if mixed:
         detail = "; ".join(f"group {list(g)}: {dict(fps)}" for g, fps in mixed.items())
@@ -320,6 +321,7 @@ async def run_checks(
         check_memory(view, expect),
         check_kv_capacity(view, expect),
         check_membership(view),
+        check_pairs(view, expect.require_measured),  # P/D fleets: roles agree, a compatible pair routable
         await check_cleanup(view, expect.require_measured),  # what operations left behind
     ]
     model = expect.model or next((m for e in view.engines for m in e.base_models), None)
