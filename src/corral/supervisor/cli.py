@@ -17,6 +17,7 @@ import click
 
 from corral.aio import run as run_on_uvloop
 from corral.bundle_spec import BundleError, BundleSpec, load_bundle
+from corral.engine.pd_protocol import ROLES
 from corral.state_home import corral_state_dir, state_dir_problem
 from corral.supervisor.checks.adapters import AdapterSpecError, parse_lora
 from corral.supervisor.checks.dependencies import DependencyGate, GateSpecError, parse_gate
@@ -36,6 +37,7 @@ from corral.supervisor.lifecycle.memory_checks import (
     DEFAULT_WAKE_TOLERANCE,
     MemoryThresholds,
 )
+from corral.supervisor.lifecycle.pd_role import kv_transfer_problem
 from corral.supervisor.serve import printer, serve
 from corral.supervisor_tokens import TokenFileError, read_management_token
 
@@ -267,6 +269,13 @@ _seconds = click.FloatRange(min=0.0)
     "(the kubelet restarts the pod); stay-unready = FAILED with /livez and /startupz 200 and /readyz 503, "
     "for a person to look; rollback=BUNDLE = switch once to a bundle declared with --bundle.",
 )
+@click.option(
+    "--role",
+    type=click.Choice(ROLES),
+    help="The engine's role in prefill/decode disaggregation, published to routers (default: what the "
+    "engine command's --kv-transfer-config kv_role says: kv_producer prefill, kv_consumer decode, "
+    "else both).",
+)
 @precheck_options
 @click.argument("engine_command", nargs=-1, type=click.UNPROCESSED)
 def run_command(
@@ -302,6 +311,7 @@ def run_command(
     bundle_files: tuple[Path, ...],
     bundle_name: str,
     on_startup_failure: str,
+    role: str | None,
     engine_command: tuple[str, ...],
     **precheck_flags: Any,
 ) -> None:
@@ -327,6 +337,8 @@ def run_command(
     except AdapterSpecError as exc:
         _bad_input(str(exc))
     _check_engine_command(engine_command)
+    if (kv_problem := kv_transfer_problem(engine_command)) is not None:
+        _bad_input(f"the engine command's {kv_problem}")
     bundles = _read_bundles(bundle_files, bundle_name)
     strategy = _startup_failure_strategy(on_startup_failure, bundles, bundle_name)
     explain = precheck_flags.pop("explain")
@@ -374,6 +386,7 @@ def run_command(
         bundles=bundles,
         bundle_name=bundle_name,
         on_startup_failure=strategy,
+        role=role,
         precheck=precheck,
         preload_argv=preload_argv,
         preload_health=preload_health,

@@ -4,7 +4,8 @@ and the management API behind a bearer token (`/v1/state`, `/v1/state/watch`, `/
 
 `GET /v1/state/watch` is newline-delimited JSON (`application/x-ndjson`): the first line is the current
 state, then one line per state event, each `{"type": "state", "epoch", "from", "to", "state",
-"sub_state", "ready", "reason", "evidence", "time", "since", "fingerprint", "prefix_epoch"}` (the running
+"sub_state", "ready", "reason", "evidence", "time", "since", "fingerprint", "prefix_epoch", "role",
+"pairing"}` (the engine's P/D role and pairing identity, `lifecycle/pd_role.py`; the running
 bundle's fingerprint when the line was queued: a router keeps a serving group whole only on one; the
 engine's prefix-cache epoch, `lifecycle/prefix_epoch.py`: a router forgets its prefixes when it moves), and a
 `{"type": "heartbeat", "epoch", "time"}` line when nothing happened for `heartbeat_seconds`. Epochs
@@ -185,7 +186,8 @@ class SupervisorAPI:
                 fingerprint = bundle.fingerprint if bundle is not None else None
                 prefix_epoch = self.supervisor.prefix_cache.token(self.supervisor.engine)
                 line = {**event.to_json(), "since": machine.since, "fingerprint": fingerprint}
-                queue.put_nowait({**line, "prefix_epoch": prefix_epoch})
+                pd = self.supervisor.publication.pd_identity()  # role and pairing identity (issue 16)
+                queue.put_nowait({**line, "prefix_epoch": prefix_epoch, **pd})
             except asyncio.QueueFull:  # a reader this far behind reconnects and gets the state first
                 with contextlib.suppress(asyncio.QueueFull):
                     queue.get_nowait()
