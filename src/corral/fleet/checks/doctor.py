@@ -13,6 +13,7 @@ import aiohttp
 
 from corral.clients.access import ADMIN_KEY_FLAG, ADMIN_URL_FLAG, ENGINE_KEY_ENV, ENGINE_KEY_FLAG
 from corral.engine_state import EngineState
+from corral.fleet.checks.doctor_pd import pd_branch
 from corral.fleet.checks.doctor_sleep import memory_not_released, memory_note, partial_wake
 from corral.fleet.checks.doctor_streams import aborted_streams
 from corral.fleet.checks.probe import EngineView, FleetView
@@ -285,4 +286,4 @@ def diagnose_router(view: FleetView) -> list[Diagnosis]:
 async def diagnose(view: FleetView, probe_seconds: float = 3.0) -> list[Diagnosis]:
     keyed = view.target.access.engine_headers()
     engines = await asyncio.gather(*(diagnose_engine(e, probe_seconds, keyed) for e in view.engines))
-    return [*engines, *diagnose_router(view)]
+    return [*engines, *diagnose_router(view), *(Diagnosis(*f) for f in await pd_branch(view, probe_seconds))]
