@@ -65,12 +65,18 @@ NIXL_NUM_DESCRIPTORS = "vllm:nixl_num_descriptors"
 NIXL_FAILED_TRANSFERS = "vllm:nixl_num_failed_transfers_total"
 NIXL_FAILED_NOTIFICATIONS = "vllm:nixl_num_failed_notifications_total"
 NIXL_KV_EXPIRED_REQS = "vllm:nixl_num_kv_expired_reqs_total"
+NIXL_NOTIFICATIONS_AFTER_EXPIRY = "vllm:nixl_num_notifications_after_expiry_total"
 # A prompt's tokens by where their KV came from (label `source`): local_compute | local_cache_hit |
 # external_kv_transfer; a decode engine counts a transferred prompt under external_kv_transfer, while
 # vllm:prompt_tokens_total counts every prompt token whatever its source.
 PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
-NIXL_COUNTERS = (NIXL_FAILED_TRANSFERS, NIXL_FAILED_NOTIFICATIONS, NIXL_KV_EXPIRED_REQS)
+NIXL_COUNTERS = (
+    NIXL_FAILED_TRANSFERS,
+    NIXL_FAILED_NOTIFICATIONS,
+    NIXL_KV_EXPIRED_REQS,
+    NIXL_NOTIFICATIONS_AFTER_EXPIRY,
+)
 NIXL_HISTOGRAMS = (NIXL_XFER_TIME, NIXL_POST_TIME, NIXL_BYTES_TRANSFERRED, NIXL_NUM_DESCRIPTORS)
 
 # Only `corral sim` exposes these (a real engine keeps them inside its connector); a drain reads them.

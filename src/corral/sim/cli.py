@@ -16,6 +16,7 @@ import sys
 import click
 
 from corral import aio
+from corral.engine import pd_protocol as pd
 from corral.sim.core.config import GIB, SimConfig
 from corral.sim.core.lora import parse_lora_module
 from corral.sim.core.sizing import default_max_model_len
@@ -40,6 +41,15 @@ def _check_lora_modules(
     for spec in value:
         try:
             parse_lora_module(spec)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from exc
+    return value
+
+
+def _check_kv_transfer_config(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    if value is not None:
+        try:
+            pd.lease_seconds(pd.parse_kv_transfer_config(value))
         except ValueError as exc:
             raise click.BadParameter(str(exc)) from exc
     return value
@@ -278,6 +288,35 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
 @click.option("--trust-remote-code", is_flag=True, help="Accepted as vLLM does.")
 @click.option("--enforce-eager", is_flag=True, help="No CUDA graphs; accepted as vLLM does.")
 @click.option(
+    "--kv-transfer-config",
+    default=None,
+    metavar="JSON",
+    callback=_check_kv_transfer_config,
+    help='As vLLM takes it: {"kv_connector": "NixlConnector", "kv_role": "kv_producer"|"kv_consumer"|'
+    '"kv_both"}; kv_connector_extra_config.kv_lease_duration (seconds, default 30) is how long a prefill\'s '
+    "blocks wait to be pulled, kv_load_failure_policy (fail|recompute) what a failed pull does.",
+)
+@click.option(
+    "--kv-transfer-ms-per-block",
+    default=0.1,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Simulated time to pull one KV block from the prefill engine.",
+)
+@click.option(
+    "--fail-kv-transfer",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(0, 1),
+    help="Fraction of pulls of this engine's held blocks that fail (the blocks stay held until the lease "
+    "ends).",
+)
+@click.option(
+    "--hang-kv-transfer",
+    is_flag=True,
+    help="Pulls of this engine's held blocks never complete; the lease frees the blocks and the pull fails.",
+)
+@click.option(
     "--api-key",
     "api_key",
     multiple=True,
@@ -298,6 +337,7 @@ def sim(ctx: click.Context, /, **options: object) -> None:
         dev_mode=_dev_mode(environ),
         runtime_lora_updating=_runtime_lora(environ),
         env_api_key=environ.get("VLLM_API_KEY"),
+        side_channel_host=environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST"),
     )
     sys.exit(aio.run(SimServer(config).run()))
 

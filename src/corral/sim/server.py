@@ -14,23 +14,28 @@ import dataclasses
 import os
 import signal
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client.registry import Collector
 
+from corral.engine import pd_protocol as pd
 from corral.sim.core.config import SimConfig
 from corral.sim.core.control import EngineControl
 from corral.sim.core.engine import Engine
+from corral.sim.core.kv_transfer import KvTransfers
 from corral.sim.core.lifecycle import EngineLifecycle
 from corral.sim.core.logs import EngineLog
 from corral.sim.core.lora import LoraRegistry
 from corral.sim.core.sizing import size_engine
 from corral.sim.core.tokenizer import ToyTokenizer
 from corral.sim.executor import Executor
-from corral.sim.http import dev_api, lora_api
+from corral.sim.http import dev_api, kv_side_channel, lora_api
 from corral.sim.http.app import RouteSet, SimApi
 from corral.sim.http.connections import BusyConnections
+from corral.sim.http.kv_metrics import KvTransferCollector
+from corral.sim.http.kv_side_channel import KvSideChannel
 from corral.sim.http.metrics import EngineCollector, MetricsEndpoint
 from corral.sim.http.ops_metrics import LifecycleCollector, LoraCollector
 from corral.sim.startup import WEIGHTS_END, WEIGHTS_START, EngineStartup, StartupFailed
@@ -94,6 +99,10 @@ class SimServer:
         if config.runtime_lora_updating and self.lora is not None:
             self._lora_api = lora_api.LoraApi(self.lora, self.log, lambda: None)
             addons.append((self._lora_api, lora_api.ROUTES))
+        if config.kv_transfer_config is not None:
+            kv = self._kv_connector(config)
+            addons.append((KvSideChannel(kv), kv_side_channel.ROUTES))
+            extra.append(KvTransferCollector(config.model_name, kv, self.engine.stats.created))
         self.api = SimApi(config, self.engine, MetricsEndpoint(collector, *extra), self.lora, addons)
         self.executor: Executor | None = None
         if config.tensor_parallel_size > 1:
@@ -115,6 +124,22 @@ class SimServer:
         self._dead = asyncio.Event()
         self._signals = 0
         self._signal_name = "SIGTERM"
+
+    def _kv_connector(self, config: SimConfig) -> KvTransfers:
+        assert config.kv_transfer_config is not None
+        parsed = pd.parse_kv_transfer_config(config.kv_transfer_config)
+        kv = KvTransfers(
+            parsed,
+            str(parsed.get("engine_id") or uuid.uuid4()),
+            self.engine.scheduler,
+            self.sizing.kv_cache_bytes // max(1, config.kv_cache_blocks),
+            config.kv_transfer_ms_per_block,
+            config.fail_kv_transfer,
+            config.hang_kv_transfer,
+            config.seed,
+        )
+        self.engine.kv = kv
+        return kv
 
     def _on_loaded(self, outcome: LoadOutcome) -> None:
         self.lifecycle_metrics.load = outcome
@@ -244,6 +269,12 @@ class SimServer:
             await runner.cleanup()
             raise StartupFailed(str(exc)) from exc
         self._runner, self._site = runner, site
+        kv = self.engine.kv
+        if kv is not None:
+            wildcard = self.config.host in ("", "0.0.0.0", "::")
+            host = self.config.side_channel_host or ("127.0.0.1" if wildcard else self.config.host)
+            ports = [addr[1] for addr in runner.addresses if isinstance(addr, tuple)]
+            kv.side_channel = (host, ports[0] if ports else self.config.port)
 
     # -- running ---------------------------------------------------------------------------------------
 

@@ -71,6 +71,12 @@ class SimConfig:
     chat_template: str | None = None
     trust_remote_code: bool = False
     enforce_eager: bool = False
+    # -- prefill/decode disaggregation: vLLM's --kv-transfer-config (JSON) and the simulated transfer --
+    kv_transfer_config: str | None = None
+    kv_transfer_ms_per_block: float = 0.1
+    fail_kv_transfer: float = 0.0  # that fraction of pulls from this (prefill) engine fail
+    hang_kv_transfer: bool = False  # pulls from this engine never finish; the lease frees the blocks
+    side_channel_host: str | None = None  # VLLM_NIXL_SIDE_CHANNEL_HOST
     # From the environment (read by the CLI, never at import): VLLM_SERVER_DEV_MODE and
     # VLLM_ALLOW_RUNTIME_LORA_UPDATING.
     dev_mode: bool = False

@@ -18,11 +18,13 @@ import os
 import sys
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import Any, NoReturn
 
+from corral.engine import pd_protocol as pd
 from corral.sim.core.config import SimConfig
 from corral.sim.core.faults import FaultInjector
 from corral.sim.core.generator import GenerationPlan, Generator, garbage
+from corral.sim.core.kv_transfer import KvLoadFailed, KvTransfers
 from corral.sim.core.logs import EngineLog
 from corral.sim.core.lora import LoraAdapter, LoraRegistry
 from corral.sim.core.prefix_cache import PrefixCache, block_hashes
@@ -45,6 +47,9 @@ class Job:
     aborted: bool = False  # ended early with finish_reason "abort"
     emitted: int = 0  # tokens produced (set when it ends)
     lora_running: bool = False
+    transfer: dict[str, Any] | None = None  # the request's kv_transfer_params (with a connector only)
+    remote_params: dict[str, Any] | None = None  # what a prefill's answer returns for its decode engine
+    failed: bool = False  # its KV load failed: finished with an error
 
     @property
     def finish_reason(self) -> str:
@@ -80,6 +85,7 @@ class Engine:
         self.garbage = False  # serving from memory that holds no model (set by EngineControl)
         self.rejecting = False  # POST /pause: new requests get a retryable 503 (set by EngineControl)
         self.lora: LoraRegistry | None = None
+        self.kv: KvTransfers | None = None  # the KV connector, with --kv-transfer-config
 
     # -- admission -------------------------------------------------------------------------------------
 
@@ -128,6 +134,8 @@ class Engine:
         plan = generator.plan(ids, r.max_tokens, limit - len(ids), r.temperature, r.seed, r.stop)
         req = EngineRequest(request_id, len(ids), plan.num_tokens, now)
         job = Job(req, ids, plan)
+        if self.kv is not None:
+            job.transfer = r.kv_transfer_params
         if adapter is not None:
             job.adapter = adapter.name
         return job
@@ -151,9 +159,29 @@ class Engine:
             job.plan = garbage(job.plan)
         self.stats.queue_time.observe(loop.time() - job.req.arrival)
         job.hashes = block_hashes(job.prompt_ids, self.config.block_size)
-        cached = self.cache.lookup(job.hashes, len(job.prompt_ids))
-        self.stats.prompt_tokens += len(job.prompt_ids)
-        return self.latency.prefill_seconds(len(job.prompt_ids) - cached)
+        n = len(job.prompt_ids)
+        cached = self.cache.lookup(job.hashes, n)
+        self.stats.prompt_tokens += n
+        self.stats.prompt_by_source["local_cache_hit"] += cached
+        if await self._pulled(job):
+            # the prompt's KV came from the prefill engine: one forward step yields the first token
+            self.stats.prompt_by_source["external_kv_transfer"] += n - cached
+            return self.latency.prefill_seconds(0)
+        self.stats.prompt_by_source["local_compute"] += n - cached
+        return self.latency.prefill_seconds(n - cached)
+
+    async def _pulled(self, job: Job) -> bool:
+        """Pull a remote prefill's blocks when the request carries them; False: compute the prefill here."""
+        kv, params = self.kv, job.transfer
+        if kv is None or not kv.consumes or not params or not params.get(pd.DO_REMOTE_PREFILL):
+            return False
+        try:
+            return await kv.pull(params)
+        except KvLoadFailed as exc:
+            self.log.error("EngineCore", "scheduler.py:2195", f"{exc}; finishing the request with an error")
+            job.failed = True
+            self._finish(job, "error", 0, asyncio.get_running_loop().time())
+            raise
 
     def _prefilled(self, job: Job) -> None:
         self.cache.insert(job.hashes)
@@ -172,6 +200,11 @@ class Engine:
 
     def _end(self, job: Job, aborted: bool, emitted: int, now: float) -> None:
         job.aborted, job.emitted = aborted, emitted
+        kv, params = self.kv, job.transfer
+        if not aborted and kv is not None and kv.produces and params and params.get(pd.DO_REMOTE_DECODE):
+            job.remote_params = kv.hold(
+                job.req.request_id, len(job.prompt_ids), self.config.tensor_parallel_size
+            )
         self._finish(job, "abort" if aborted else job.plan.finish_reason, emitted, now)
 
     def _release(self, job: Job) -> None:
@@ -261,7 +294,7 @@ class Engine:
             finished = True
             self._end(job, False, emitted, loop.time())
         finally:
-            if not finished and req.admitted_at is not None:
+            if not finished and not job.failed and req.admitted_at is not None:
                 self._finish(job, "abort", emitted, loop.time())
             self._release(job)
 
@@ -296,7 +329,7 @@ class Engine:
             finished = True
             self._end(job, False, n, loop.time())
         finally:
-            if not finished and req.admitted_at is not None:
+            if not finished and not job.failed and req.admitted_at is not None:
                 self._finish(job, "abort", 0, loop.time())
             self._release(job)
 

@@ -36,3 +36,4 @@ class InferenceRequest:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    kv_transfer_params: dict[str, Any] | None = None  # vLLM's P/D fields (engine/pd_protocol.py)

@@ -108,6 +108,15 @@ class Scheduler:
                         fut.set_result(None)
                 self._idle.clear()
 
+    def pin(self, blocks: int) -> None:
+        """Keep `blocks` allocated past their request (a prefill's blocks held for a remote decode)."""
+        self.reserved_blocks += blocks
+
+    def unpin(self, blocks: int) -> None:
+        """Free blocks `pin` kept; waiting requests may start."""
+        self.reserved_blocks -= blocks
+        self._schedule_waiting(asyncio.get_running_loop().time())
+
     async def wait_idle(self) -> None:
         """Return once nothing runs (a pause in mode wait drains this way)."""
         if self.running:

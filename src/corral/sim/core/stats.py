@@ -8,6 +8,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from corral.engine.metric_names import PROMPT_SOURCES
+
 TTFT_BUCKETS = (
     0.001,
     0.005,
@@ -104,6 +106,8 @@ class EngineStats:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     preemptions: int = 0
+    # vllm:prompt_tokens_by_source: local_compute | local_cache_hit | external_kv_transfer
+    prompt_by_source: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PROMPT_SOURCES, 0))
     success: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISHED_REASONS, 0))
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))

@@ -24,6 +24,7 @@ from corral.sim.core.chat import render_chat
 from corral.sim.core.config import SimConfig
 from corral.sim.core.engine import Engine, Job
 from corral.sim.core.faults import Fault
+from corral.sim.core.kv_transfer import KvLoadFailed
 from corral.sim.core.lora import LoraAdapter, LoraRegistry
 from corral.sim.core.requests import InferenceRequest, RequestError
 from corral.sim.http.auth import ApiKeyGuard
@@ -34,6 +35,8 @@ from corral.sim.http.responses import DONE, StreamEncoder, chat_completion, mode
 
 # str(EngineDeadError()) in vLLM: what a request gets once the engine core is dead.
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+# str(GenerationError()) in vLLM: what a request whose output finished with "error" gets (a failed KV load).
+GENERATION_ERROR = "Internal server error"
 _JSON = "application/json"
 _SSE = "text/event-stream; charset=utf-8"
 _ROUTES: dict[str, tuple[str, ...]] = {
@@ -176,7 +179,10 @@ class SimApi:
             model = self.config.model_name if adapter is None else adapter.name
             if r.stream:
                 return await self._stream(request, r, job, resp_id, created, headers, model)
-            await engine.complete(job)
+            try:
+                await engine.complete(job)
+            except KvLoadFailed:
+                return error_response(500, GENERATION_ERROR, "InternalServerError", None, headers)
             if engine.dead:
                 return self._engine_dead(headers)
             build = chat_completion if chat else text_completion
@@ -190,6 +196,7 @@ class SimApi:
                 job.stop_reason,
                 job.req.prompt_len,
                 job.emitted,
+                job.remote_params,
             )
             return web.Response(body=payload, content_type=_JSON, headers=headers)
         finally:
@@ -215,23 +222,31 @@ class SimApi:
             role_due = r.chat
             n = plan.num_tokens
             i = 0
-            async with contextlib.aclosing(self.engine.stream(job)) as tokens:
-                async for delta in tokens:
-                    i += 1
-                    if role_due:
-                        await resp.write(enc.role())
-                        role_due = False
-                    if i < n:
-                        await resp.write(enc.delta(delta))
-                    else:
-                        await resp.write(
-                            enc.last(
-                                delta,
-                                plan.finish_reason,
-                                plan.stop_reason,
-                                with_fingerprint=not r.include_usage,
+            try:
+                async with contextlib.aclosing(self.engine.stream(job)) as tokens:
+                    async for delta in tokens:
+                        i += 1
+                        if role_due:
+                            await resp.write(enc.role())
+                            role_due = False
+                        if i < n:
+                            await resp.write(enc.delta(delta))
+                        else:
+                            await resp.write(
+                                enc.last(
+                                    delta,
+                                    plan.finish_reason,
+                                    plan.stop_reason,
+                                    with_fingerprint=not r.include_usage,
+                                )
                             )
-                        )
+            except KvLoadFailed:
+                # its KV load failed before any token; vLLM sends a chat stream's role with that output
+                if role_due:
+                    await resp.write(enc.role())
+                await resp.write(sse_error_event(GENERATION_ERROR, "InternalServerError", 500))
+                await resp.write_eof()
+                return resp
             if self.engine.dead:
                 await resp.write(sse_error_event(ENGINE_DEAD_MESSAGE, "InternalServerError", 500))
                 await resp.write_eof()

@@ -116,6 +116,15 @@ class EngineCollector(Collector):
         yield self._counter(
             vllm.family(vllm.PROMPT_TOKENS), "Number of prefill tokens processed.", s.prompt_tokens
         )
+        by_source = Metric(
+            vllm.family(vllm.PROMPT_TOKENS_BY_SOURCE), "Number of prompt tokens by source.", "counter"
+        )
+        for source in vllm.PROMPT_SOURCES:
+            labels = self._labels(source=source)
+            by_source.add_sample(vllm.PROMPT_TOKENS_BY_SOURCE, labels, s.prompt_by_source[source])
+        for source in vllm.PROMPT_SOURCES:
+            by_source.add_sample(by_source.name + "_created", self._labels(source=source), s.created)
+        yield by_source
         yield self._counter(
             vllm.family(vllm.GENERATION_TOKENS), "Number of generation tokens processed.", s.generation_tokens
         )

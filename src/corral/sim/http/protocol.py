@@ -227,6 +227,7 @@ def parse_chat(body: dict[str, Any]) -> InferenceRequest:
             elif "role" not in m:
                 f._err("missing", f"messages.{i}.role", "Field required", m)
     model = _model(f)
+    transfer_params = f.dict_("kv_transfer_params")
     max_tokens, temperature, seed, stop, stream, include_usage = _sampling(
         f, ("max_completion_tokens", "max_tokens")
     )
@@ -242,6 +243,7 @@ def parse_chat(body: dict[str, Any]) -> InferenceRequest:
         stop,
         stream,
         include_usage,
+        transfer_params,
     )
 
 
@@ -273,9 +275,10 @@ def parse_completion(body: dict[str, Any]) -> InferenceRequest:
             )
         f._err("string_type", "prompt", "Input should be a valid string", prompt)
     model = _model(f)
+    transfer_params = f.dict_("kv_transfer_params")
     max_tokens, temperature, seed, stop, stream, include_usage = _sampling(f, ("max_tokens",))
     return InferenceRequest(
-        False, model, text, ids, max_tokens, temperature, seed, stop, stream, include_usage
+        False, model, text, ids, max_tokens, temperature, seed, stop, stream, include_usage, transfer_params
     )
 
 

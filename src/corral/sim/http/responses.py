@@ -35,6 +35,7 @@ def chat_completion(
     stop_reason: str | None,
     prompt_tokens: int,
     completion_tokens: int,
+    kv_transfer_params: dict[str, Any] | None = None,
 ) -> bytes:
     return orjson.dumps(
         {
@@ -67,7 +68,7 @@ def chat_completion(
             "prompt_logprobs": None,
             "prompt_token_ids": None,
             "prompt_text": None,
-            "kv_transfer_params": None,
+            "kv_transfer_params": kv_transfer_params,
             "ec_transfer_params": None,
             "metrics": None,
         }
@@ -84,6 +85,7 @@ def text_completion(
     stop_reason: str | None,
     prompt_tokens: int,
     completion_tokens: int,
+    kv_transfer_params: dict[str, Any] | None = None,
 ) -> bytes:
     return orjson.dumps(
         {
@@ -107,7 +109,7 @@ def text_completion(
             "service_tier": None,
             "system_fingerprint": fingerprint,
             "usage": _usage(prompt_tokens, completion_tokens, True),
-            "kv_transfer_params": None,
+            "kv_transfer_params": kv_transfer_params,
             "ec_transfer_params": None,
             "metrics": None,
         }
