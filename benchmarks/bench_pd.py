@@ -15,7 +15,10 @@ generated tokens per request, prompt tokens computed vs transferred, NIXL transf
 P/D/aggregated and corral/vllm-router. Where the simulator or the router lacks P/D, those fleets are
 skipped with a line saying why and the aggregated fleet still runs.
 
-What the simulator models decides what this can show: see "Reading the numbers" in the report.
+What the simulator models decides what this can show. P/D wins where a long prefill on an aggregated
+engine stalls the decodes running beside it; the run starts with an interference probe on one aggregated
+engine (a decode stream's ITL alone and while long prefills arrive) that says whether the engines model
+that coupling at all.
 
     .venv/bin/python benchmarks/bench_pd.py [--seconds 30] [--clients 16] [--markdown]
 """
@@ -24,11 +27,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import itertools
 import json
 import random
 import shlex
-import subprocess
 import sys
 import time
 import urllib.request
@@ -157,11 +160,6 @@ def engine_row(before: dict[str, float], after: dict[str, float]) -> dict[str, A
     return row
 
 
-def has_flag(argv: list[str], flag: str) -> bool:
-    result = subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=60)
-    return flag in result.stdout
-
-
 @dataclass
 class Fleet:
     name: str
@@ -181,7 +179,62 @@ def start_sims(names: list[str], base: list[str], extra: list[list[str]], out: P
     return sims
 
 
-def run_fleet(fleet: Fleet, work: Workload, salt: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+async def interference_probe(url: str, prompt_words: int, prefills: int) -> dict[str, Any]:
+    """Does a long prefill slow an engine's running decodes (the reason for P/D)? One decode stream (short
+    prompt, 128 tokens) alone, then again while `prefills` clients keep sending `prompt_words`-word
+    prompts for one token each; its ITL p50/p99 both times. About 1.0 loaded/alone: the engine's latency
+    model does not couple them, and disaggregation cannot win on ITL here."""
+    rng = random.Random(7)
+    limits = aiohttp.ClientTimeout(total=120)
+
+    def body(words: int, max_tokens: int) -> bytes:
+        text = " ".join(rng.choices(WORDS, k=words))
+        return orjson.dumps(
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": text}],
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "stream": True,
+            }
+        )
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        alone = TimedReport("alone", [await stream_timed(session, url, body(64, 128), limits)])
+        done = asyncio.Event()
+
+        async def prefill_client() -> None:
+            while not done.is_set():
+                await stream_timed(session, url, body(prompt_words, 1), limits)
+
+        clients = [asyncio.create_task(prefill_client()) for _ in range(prefills)]
+        await asyncio.sleep(0.2)
+        loaded = TimedReport("loaded", [await stream_timed(session, url, body(64, 128), limits)])
+        done.set()
+        await asyncio.gather(*clients)
+    a, b = alone.summary(), loaded.summary()
+    return {
+        "itl_p50_ms_alone": a["itl_p50_ms"],
+        "itl_p99_ms_alone": a["itl_p99_ms"],
+        "itl_p50_ms_with_prefills": b["itl_p50_ms"],
+        "itl_p99_ms_with_prefills": b["itl_p99_ms"],
+        "p50_ratio": round(b["itl_p50_ms"] / a["itl_p50_ms"], 3) if a["itl_p50_ms"] else None,
+    }
+
+
+class Progress:
+    """One stderr line per step of the run, with the seconds since it started."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        print(f"[+{time.monotonic() - self.start:5.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def run_fleet(
+    fleet: Fleet, work: Workload, salt: int, args: argparse.Namespace, out: Path, say: Progress
+) -> dict[str, Any]:
     port = free_port()
     router = spawn(
         f"pd-router-{fleet.name}",
@@ -192,14 +245,17 @@ def run_fleet(fleet: Fleet, work: Workload, salt: int, args: argparse.Namespace,
     )
     try:
         wait_ready(router, fleet.ready_path)
+        say(f"{fleet.name}: router ready, warming up")
         url = router.url + "/v1/chat/completions"
         time.sleep(0.5)  # the first metrics scrape and model probe
         warm = uvloop.run(closed_loop("warmup", url, work, salt + 50, 2, 4, 30.0, max_tokens=8))
         before = [engine_counters(e.url) for e in fleet.engines]
+        say(f"{fleet.name}: measuring for {args.seconds:g}s with {args.clients} clients")
         report = uvloop.run(
             closed_loop(fleet.name, url, work, salt, args.clients, args.max_requests, args.seconds)
         )
         after = [engine_counters(e.url) for e in fleet.engines]
+        say(f"{fleet.name}: {len(report.samples)} requests in {report.wall:.1f}s")
     finally:
         router.stop()
     row: dict[str, Any] = {"fleet": fleet.name, **report.summary()}
@@ -246,6 +302,7 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/out"))
     args = parser.parse_args()
+    say = Progress()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     only = {f.strip() for f in args.only.split(",") if f.strip()}
@@ -258,8 +315,9 @@ def main() -> None:
         "--ttft-base-ms", str(args.ttft_base_ms), "--itl-ms", str(args.itl_ms),
     ]  # fmt: skip
     skipped: list[str] = []
-    sim_pd = has_flag([*CORRAL, "sim"], "--kv-transfer-config")
-    router_pd = has_flag([*CORRAL, "router"], "--prefill")
+    # A checkout from before P/D (to price a change against its parent) lacks these modules.
+    sim_pd = importlib.util.find_spec("corral.sim.core.kv_transfer") is not None
+    router_pd = importlib.util.find_spec("corral.router.datapath.pd") is not None
     vr = find_vllm_router(args.vllm_router)
     if not sim_pd:
         skipped.append("P/D fleets: `corral sim` has no --kv-transfer-config")
@@ -270,8 +328,10 @@ def main() -> None:
 
     procs: list[Proc] = []
     results: list[dict[str, Any]] = []
+    probe: dict[str, Any] | None = None
     try:
         fleets: list[Fleet] = []
+        say("starting simulators")
         if not only or "aggregated" in only:
             agg = start_sims(["pd-agg-sim-0", "pd-agg-sim-1"], base, [[], []], out)
             procs += agg
@@ -296,8 +356,13 @@ def main() -> None:
                 fleets.append(Fleet("pd-vllm-router", [prefill, decode], argv, "/v1/models"))
         for line in skipped:
             print(f"skipped {line}", file=sys.stderr)
+        if fleets and fleets[0].name == "aggregated":
+            say("interference probe on one aggregated engine")
+            chat = fleets[0].engines[0].url + "/v1/chat/completions"
+            probe = uvloop.run(interference_probe(chat, args.prompt_max, 4))
+            print(f"interference probe: {orjson.dumps(probe).decode()}", flush=True)
         for k, fleet in enumerate(fleets):
-            row = run_fleet(fleet, work, 100 * (k + 1), args, out)
+            row = run_fleet(fleet, work, 100 * (k + 1), args, out, say)
             results.append(row)
             print(orjson.dumps(row).decode(), flush=True)
     finally:
@@ -310,10 +375,18 @@ def main() -> None:
         if num in by and den in by:
             comparisons[f"{num} / {den}"] = ratios(by[num], by[den])
             print(f"{num} / {den}: {orjson.dumps(comparisons[f'{num} / {den}']).decode()}")
-    report = {"command": " ".join(sys.argv), "results": results, "ratios": comparisons, "skipped": skipped}
+    report = {
+        "command": " ".join(sys.argv),
+        "interference_probe": probe,
+        "results": results,
+        "ratios": comparisons,
+        "skipped": skipped,
+    }
     (out / "bench_pd.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     if args.markdown:
         print(markdown(results, comparisons))
+        if probe:
+            print(f"\nInterference probe (one aggregated engine, decode ITL alone / with prefills): {probe}")
 
 
 def markdown(results: list[dict[str, Any]], comparisons: dict[str, dict[str, float | None]]) -> str:
