@@ -12,14 +12,20 @@ import pytest
 from corral.contracts.router import RouterFleet
 from corral.contracts.supervisor import StateLine
 from corral.engine_state import EngineState
+from corral.k8s.watch.client import WatchEvent
 from corral.router.cli import parse_roles
 from corral.router.discovery.backends_file import BackendsFileError, parse_backends
 from corral.router.discovery.engine_identity import static_pairing
-from corral.router.discovery.k8s_pods import ROLE_LABEL, pod_view
+from corral.router.discovery.k8s_pods import ROLE_LABEL, PodSource, PodSourceConfig, pod_view
+from corral.router.discovery.static import StaticSource
+from corral.router.membership.consumer import MembershipConsumer
 from corral.router.membership.endpoint import Endpoint, SupervisorView
+from corral.router.membership.events import EndpointAdded, EndpointRemoved, MembershipEvent
 from corral.router.membership.membership import Membership
 from corral.router.membership.pairs import model_pairs
+from corral.router.telemetry.metrics import RouterMetrics
 from corral.supervisor.lifecycle.pd_role import engine_role, kv_transfer_problem
+from tests.unit.test_router_endpoint_identity import NS, URL, NoApi, pod
 
 FILE = Path("backends.txt")
 CARDS = ({"id": "m", "root": "org/model", "parent": None},)
@@ -49,7 +55,7 @@ def test_a_bad_role_in_the_backends_file_is_named_with_its_line(line: str) -> No
 
 
 def test_a_pod_label_declares_the_role_and_a_bad_one_keeps_the_pod_out() -> None:
-    def pod(labels: dict[str, str]) -> dict[str, object]:
+    def pod_with(labels: dict[str, str]) -> dict[str, object]:
         meta = {"namespace": "ns", "name": "p", "uid": "u", "labels": labels}
         status = {
             "podIP": "10.0.0.9",
@@ -58,9 +64,9 @@ def test_a_pod_label_declares_the_role_and_a_bad_one_keeps_the_pod_out() -> None
         }
         return {"metadata": meta, "status": status}
 
-    assert pod_view(pod({ROLE_LABEL: "decode"})).role == "decode"
-    assert pod_view(pod({})).role is None and pod_view(pod({})).blocker() is None
-    bad = pod_view(pod({ROLE_LABEL: "decoder"}))
+    assert pod_view(pod_with({ROLE_LABEL: "decode"})).role == "decode"
+    assert pod_view(pod_with({})).role is None and pod_view(pod_with({})).blocker() is None
+    bad = pod_view(pod_with({ROLE_LABEL: "decoder"}))
     blocked = bad.blocker()
     assert bad.role is None and blocked is not None
     assert blocked[0] == "bad_role" and "'decoder'" in blocked[1] and "prefill, decode, both" in blocked[1]
@@ -154,3 +160,45 @@ def test_the_supervisors_role_and_pairing_win_and_a_mismatch_is_shown() -> None:
     undeclared = Endpoint("http://u", supervisor=SupervisorView("http://s2", role="decode"))
     assert undeclared.role == "decode" and undeclared.role_mismatch() is None
     assert Endpoint("http://plain").role == "both"
+
+
+def test_a_pod_relabelled_with_another_role_is_a_new_endpoint_of_that_role() -> None:
+
+    membership = Membership()
+    pods = PodSource(MembershipConsumer(membership), RouterMetrics(), NoApi(), PodSourceConfig())
+
+    def labelled(role: str, version: str) -> dict[str, object]:
+        body = pod("vllm-0", uid="uid-a", version=version)
+        body["metadata"]["labels"] = {ROLE_LABEL: role}
+        return body
+
+    pods.apply(WatchEvent("ADDED", labelled("decode", "1"), "1", 0.0))
+    first = membership.get(URL)
+    assert first is not None and first.role == "decode"
+    pods.apply(WatchEvent("MODIFIED", labelled("decode", "2"), "2", 0.0))
+    assert membership.get(URL) is first  # the same label again changes nothing
+    pods.apply(WatchEvent("MODIFIED", labelled("prefill", "3"), "3", 0.0))
+    second = membership.get(URL)
+    assert second is not None and second is not first and second.role == "prefill"
+    [exit_record] = membership.exits
+    assert (exit_record.cause, exit_record.name) == ("role_changed", f"{NS}/vllm-0")
+    assert "decode -> prefill" in exit_record.reason
+
+
+def test_a_backends_list_whose_role_changes_adds_the_endpoint_again_with_it() -> None:
+
+    events: list[MembershipEvent] = []
+
+    class Sink:
+        def emit(self, event: MembershipEvent) -> None:
+            events.append(event)
+
+    source = StaticSource(Sink(), ["http://a:1", "http://b:1"], 5.0, roles={"http://a:1": "prefill"})
+    assert [(e.url, e.role) for e in events if isinstance(e, EndpointAdded)] == [
+        ("http://a:1", "prefill"),
+        ("http://b:1", None),
+    ]
+    events.clear()
+    source.set_urls(["http://a:1", "http://b:1"], roles={"http://a:1": "decode"})
+    assert [e.identity for e in events if isinstance(e, EndpointRemoved)] == ["http://a:1"]
+    assert [(e.url, e.role) for e in events if isinstance(e, EndpointAdded)] == [("http://a:1", "decode")]

@@ -270,9 +270,16 @@ class PodSource:
         # An endpoint is the pod it runs in: a pod recreated under the same name (a new UID, say a
         # StatefulSet pod whose DELETE was missed) is a new endpoint, even at the same IP.
         replaced = previous is not None and not view.deleted and previous.uid != view.uid
-        if member is not None and (member[1] != url or replaced):
+        # a new role label makes a new endpoint, as a new address does: nothing routed for the old role stays
+        recast = previous is not None and not view.deleted and previous.role != view.role
+        if member is not None and (member[1] != url or replaced or recast):
             if replaced and previous is not None:
                 cause, reason = "pod_replaced", f"pod {key} was recreated (uid {previous.uid} -> {view.uid})"
+            elif recast and previous is not None:
+                cause, reason = (
+                    "role_changed",
+                    f"pod {key} relabelled {ROLE_LABEL}: {previous.role} -> {view.role}",
+                )
             else:
                 cause, reason = blocker or ("ip_changed", f"pod {key} now has IP {view.ip}")
             self._leave(key, reason, cause, view.version, received)
