@@ -71,7 +71,14 @@ def test_watch_lines_of_each_kind() -> None:
 
 
 def test_an_ack_keeps_its_field_order_and_values() -> None:
-    body = {"router_id": "r1", "epoch": 9, "state": "DRAINING", "removal_latency_s": 0.002, "undispatched": 0}
+    body = {
+        "router_id": "r1",
+        "epoch": 9,
+        "state": "DRAINING",
+        "removal_latency_s": 0.002,
+        "undispatched": 0,
+        "transfers_unconfirmed": 0,
+    }
     assert AckRequest.model_validate(body).encode() == orjson.dumps(body)
     record = {**body, "received": 2.0, "latency_s": None}
     assert AckRecord.model_validate(record).state is EngineState.DRAINING
