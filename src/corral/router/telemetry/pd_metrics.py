@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import HistogramMetricFamily, Metric
 
 from corral.metric_families import labelled_counter
 from corral.router.telemetry.histogram import Histogram
@@ -17,10 +17,9 @@ LEG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5
 class PdMetrics:
     """Counters and histograms of the two-leg path; one per router (`RouterMetrics.pd`)."""
 
-    __slots__ = ("decode_ttft", "failures", "pairs", "prefill_leg", "requests", "transfer")
+    __slots__ = ("decode_ttft", "failures", "pairs", "prefill_leg", "transfer")
 
     def __init__(self) -> None:
-        self.requests = 0
         # From the prefill leg's dispatch to its whole answer.
         self.prefill_leg = Histogram(LEG_BUCKETS)
         # From the decode leg's dispatch to its first byte (the KV pull and the first token).
@@ -39,11 +38,6 @@ class PdMetrics:
         self.failures[key] = self.failures.get(key, 0) + 1
 
     def families(self) -> Iterator[Metric]:
-        yield CounterMetricFamily(
-            "corral_router_pd_requests",
-            "Requests routed prefill/decode disaggregated (a prefill leg, then a decode leg).",
-            value=self.requests,
-        )
         yield labelled_counter(
             "corral_router_pd_pairs",
             "Decode legs sent, by the prefill endpoint whose transfer they carried and the decode endpoint.",
