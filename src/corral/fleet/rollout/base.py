@@ -52,6 +52,8 @@ class RolloutBase:
         self.from_bundles: dict[str, dict[str, Any]] = {}
         self.replaced: list[dict[str, str]] = []
         self.fingerprints: dict[str, str] = {}
+        # each group's P/D pairing identity as its supervisors publish it (None: not known)
+        self.pairings: dict[str, str | None] = {}
         # the fleet's desired LoRA set at PRECHECK (name -> path), which every new group loads
         self.adapters: dict[str, str] = {}
         self.group_adapters: dict[str, set[str]] = {}  # each group's desired adapters at PRECHECK
@@ -119,14 +121,7 @@ class RolloutBase:
         started = time.time()
         try:
             todo = await self._step("PRECHECK", None, self._precheck)
-            for i in range(0, len(todo), self.batch):
-                batch = todo[i : i + self.batch]
-                # every move of the batch runs to its end (or its own RECOVER) before a failure is
-                # reported: none is left half done behind the record
-                moved = await asyncio.gather(*(self._move(g) for g in batch), return_exceptions=True)
-                for outcome in moved:
-                    if isinstance(outcome, BaseException):
-                        raise outcome
+            await self._move_all(todo)
             postcheck = await self._step("POSTCHECK", None, self._postcheck)
         except StepFailed as exc:
             failed = self.failure
@@ -136,6 +131,17 @@ class RolloutBase:
             return await self.record("failed", f"{where}: {detail}{untouched}", started)
         reason = postcheck if todo else f"every group already runs {self.target.name}; {postcheck}"
         return await self.record("succeeded", reason, started)
+
+    async def _move_all(self, todo: list[Group]) -> None:
+        """Every group of `todo`, `batch` at a time."""
+        for i in range(0, len(todo), self.batch):
+            batch = todo[i : i + self.batch]
+            # every move of the batch runs to its end (or its own RECOVER) before a failure is
+            # reported: none is left half done behind the record
+            moved = await asyncio.gather(*(self._move(g) for g in batch), return_exceptions=True)
+            for outcome in moved:
+                if isinstance(outcome, BaseException):
+                    raise outcome
 
     def _serving_note(self) -> str:
         done = {r["old"] for r in self.replaced}
@@ -154,6 +160,7 @@ class RolloutBase:
         await self.readings.at_start(groups, states)
         for group, group_states in zip(groups, states, strict=True):
             self.fingerprints[group.name] = await self._group_fingerprint(group, group_states)
+            self.pairings[group.name] = group_states[0].pairing if group_states else None
             self.from_bundles[group.name] = group.bundle.to_json() if group.bundle else {}
             self.group_adapters[group.name] = {n for s in group_states for n in s.adapters.desired}
         try:

@@ -35,8 +35,8 @@ from corral.fleet.checks.change_record import (
 )
 from corral.fleet.rollout.base import RolloutBase
 from corral.fleet.rollout.canary import CanarySettings
-from corral.fleet.rollout.groups import LocalRollout
 from corral.fleet.rollout.hosts import HostRollout
+from corral.fleet.rollout.paired import PairedRollout
 from corral.fleet.rollout.steps import RolloutJob, RolloutSettings, Step
 from corral.state_home import local_fleet_file, read_supervisor_token
 
@@ -178,6 +178,22 @@ def _settings_options(f: Any) -> Any:
             help="Seconds a new serving group may take to be READY (startup, smoke, readiness).",
         ),
         click.option(
+            "--min-prefill",
+            default=1,
+            show_default=True,
+            type=click.IntRange(min=0),
+            help="A prefill/decode fleet: prefill engines that must stay routable and paired with a "
+            "compatible decode engine at every step (PRECHECK refuses a plan that cannot keep them).",
+        ),
+        click.option(
+            "--min-decode",
+            default=1,
+            show_default=True,
+            type=click.IntRange(min=0),
+            help="A prefill/decode fleet: decode engines that must stay routable and paired with a "
+            "compatible prefill engine at every step.",
+        ),
+        click.option(
             "--record",
             type=click.Path(dir_okay=False, path_type=Path),
             help="Change record to write [default: $XDG_STATE_HOME/corral/KIND-PORT.json].",
@@ -278,7 +294,7 @@ def _execute(
             rollout: RolloutBase
             if ref.control is not None and ref.control_token is not None:
                 control = UpControlClient(session, ref.control, ref.control_token)
-                rollout = LocalRollout(control, session, job, observer)
+                rollout = PairedRollout(control, session, job, observer)
             else:
                 rollout = HostRollout(ref.supervisors, session, job, observer)
             return await rollout.run()
@@ -298,7 +314,13 @@ def _fleet_options(fleet: Path | None, port: int) -> str:
 
 
 def _settings(
-    max_surge: int, max_unavailable: int, routed_timeout: float, start_timeout: float, canary: CanarySettings
+    max_surge: int,
+    max_unavailable: int,
+    routed_timeout: float,
+    start_timeout: float,
+    canary: CanarySettings,
+    min_prefill: int,
+    min_decode: int,
 ) -> RolloutSettings:
     if max_surge == 0 and max_unavailable == 0:
         raise click.UsageError("--max-surge 0 needs --max-unavailable of at least 1 (or nothing moves)")
@@ -308,6 +330,8 @@ def _settings(
         routed_timeout=routed_timeout,
         start_timeout=start_timeout,
         canary=canary,
+        min_prefill=min_prefill,
+        min_decode=min_decode,
     )
 
 
@@ -324,6 +348,8 @@ def rollout(
     max_unavailable: int,
     routed_timeout: float,
     start_timeout: float,
+    min_prefill: int,
+    min_decode: int,
     record: Path | None,
     supervisor_token_file: Path | None,
     access: FleetAccess,
@@ -334,7 +360,9 @@ def rollout(
         target = load_bundle(to)
     except BundleError as exc:
         raise click.UsageError(str(exc)) from None
-    settings = _settings(max_surge, max_unavailable, routed_timeout, start_timeout, canary)
+    settings = _settings(
+        max_surge, max_unavailable, routed_timeout, start_timeout, canary, min_prefill, min_decode
+    )
     ref = FleetRef.load(fleet, port)
     options = _fleet_options(fleet, port)
     _execute("rollout", target, ref, settings, record, supervisor_token_file, access, options)
@@ -356,6 +384,8 @@ def rollback(
     max_unavailable: int,
     routed_timeout: float,
     start_timeout: float,
+    min_prefill: int,
+    min_decode: int,
     record: Path | None,
     supervisor_token_file: Path | None,
     access: FleetAccess,
@@ -385,6 +415,8 @@ def rollback(
         target = bundle_from_json(next(iter(bundles.values())), str(source))
     except BundleError as exc:
         raise click.UsageError(str(exc)) from None
-    settings = _settings(max_surge, max_unavailable, routed_timeout, start_timeout, canary)
+    settings = _settings(
+        max_surge, max_unavailable, routed_timeout, start_timeout, canary, min_prefill, min_decode
+    )
     options = _fleet_options(fleet, port)
     _execute("rollback", target, ref, settings, record, supervisor_token_file, access, options, source)

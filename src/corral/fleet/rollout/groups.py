@@ -21,6 +21,8 @@ For each serving group still on another bundle, with surge (`max_surge` > 0, the
 Without surge (`max_unavailable` > 0), DRAIN and RETIRE come first; a new group that then fails is
 replaced by RECOVER: the group's previous bundle started again the same way.
 
+A prefill/decode fleet (groups with roles) moves in waves instead (fleet/rollout/paired.py).
+
 PRECHECK comes first (router answering, every group READY with one fingerprint), POSTCHECK last (the
 whole `corral verify` checklist). Any failure stops the rollout where it is: groups not yet touched keep
 serving on their bundle, the new group that failed is stopped, and the change record says which step
@@ -114,7 +116,7 @@ class LocalRollout(RolloutBase):
         async def start(step: Step) -> Group:
             within = self.settings.recover_timeout if recovering else self.settings.start_timeout
             try:
-                group = Group.of(await self.control.add_group(bundle, size, within, self.adapters))
+                group = Group.of(await self.control.add_group(bundle, size, within, self.adapters, old.role))
             except APIError as exc:
                 raise StepFailed(exc.message) from None
             step.group = group.name
@@ -140,6 +142,7 @@ class LocalRollout(RolloutBase):
         states = await self._group_states(group)
         fingerprint = await self._group_fingerprint(group, states)
         self.fingerprints[group.name] = fingerprint
+        self.pairings[group.name] = states[0].pairing
         model = states[0].engine.model or ""
         keyed = self.access.engine_headers()
         smokes = await asyncio.gather(*(smoke(engine, model, keyed) for engine in group.engines))

@@ -29,6 +29,9 @@ class RolloutSettings:
     # bundle's start timeout is short
     recover_timeout: float = 600.0
     canary: CanarySettings = field(default_factory=CanarySettings)  # seconds 0: no CANARY step
+    # a prefill/decode fleet: usable engines of each role kept at every step (fleet/rollout/pd_plan.py)
+    min_prefill: int = 1
+    min_decode: int = 1
 
     @property
     def batch(self) -> int:
@@ -78,16 +81,17 @@ StepObserver = Callable[[Step, bool], None]  # (step, finished)
 
 @dataclass
 class Group:
-    """A serving group as a rollout moves it: its bundle (read, so it compares with the target) and
-    its members."""
+    """A serving group as a rollout moves it: its bundle (read, so it compares with the target), its
+    members and their role (prefill | decode | both)."""
 
     name: str
     bundle: BundleSpec | None
     members: list[GroupMember]
+    role: str = "both"
 
     @classmethod
     def of(cls, group: ServingGroup) -> Group:
-        return cls(group.name, group.bundle_spec(), list(group.members))
+        return cls(group.name, group.bundle_spec(), list(group.members), group.role)
 
     @property
     def supervisors(self) -> list[str]:
