@@ -1,0 +1,149 @@
+"""Prefill/decode disaggregation through `corral router --prefill A --decode B` in front of real `corral sim`
+engines speaking vLLM's P/D protocol (--kv-transfer-config): the requests succeed streamed and not, the
+engines' own `vllm:` counters say the prefill engine generated one token per request and computed the
+prompts, the decode engine generated the rest and computed no prefill; and a prefill engine on another
+vLLM version than a decode engine is never paired with it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import aiohttp
+import orjson
+import pytest
+
+from corral.engine import metric_names as names
+from tests.integration.test_router_passthrough import SIM_ARGS, post, wait_routable
+from tests.support.procs import CorralProcess, free_port, start_sim
+from tests.support.prom import sample, scrape
+
+MODEL = "sim-model"
+PROMPT = "the tide comes in over the flats twice a day and the gulls follow it " * 4
+
+
+def kv_config(role: str) -> str:
+    return json.dumps({"kv_connector": "NixlConnector", "kv_role": role})
+
+
+def start_pd_sims(procs: list[CorralProcess], *specs: tuple[str, str], port: int | None = None) -> list[str]:
+    """Start one sim per (kv_role, vLLM version), all at once, and wait until each answers."""
+    urls = []
+    for role, version in specs:
+        flags = ("--kv-transfer-config", kv_config(role), "--version-string", version, "--block-size", "16")
+        proc, url = start_sim(port, *SIM_ARGS, *flags, wait=False)
+        procs.append(proc)
+        urls.append(url)
+    for proc, url in zip(procs[-len(specs) :], urls, strict=True):
+        proc.wait_http(url + "/health")
+    return urls
+
+
+def start_pd_router(prefill: list[str], decode: list[str], routable: int) -> tuple[CorralProcess, str]:
+    port = free_port()
+    args = ["router", "--host", "127.0.0.1", "--port", str(port), "--models-refresh-seconds", "0.5"]
+    args += [a for url in prefill for a in ("--prefill", url)]
+    args += [a for url in decode for a in ("--decode", url)]
+    proc = CorralProcess(args)
+    url = f"http://127.0.0.1:{port}"
+    proc.wait_http(url + "/v1/fleet")
+    wait_routable(proc, url, routable)
+    return proc, url
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    value = sample(scrape(url + "/metrics"), name, **labels)
+    assert value is not None, f"{url}: {name} {labels} missing"
+    return value
+
+
+@pytest.fixture
+def procs() -> Iterator[list[CorralProcess]]:
+    started: list[CorralProcess] = []
+    try:
+        yield started
+    finally:
+        for proc in reversed(started):
+            proc.stop()
+
+
+def chat(max_tokens: int, stream: bool) -> dict[str, object]:
+    body: dict[str, object] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def completion(max_tokens: int, stream: bool) -> dict[str, object]:
+    return {"model": MODEL, "prompt": PROMPT, "max_tokens": max_tokens, "stream": stream}
+
+
+async def test_prefill_then_decode_through_the_router(procs: list[CorralProcess]) -> None:
+    p_url, d_url = start_pd_sims(procs, ("kv_producer", "0.33.0"), ("kv_consumer", "0.33.0"))
+    router, url = start_pd_router([p_url], [d_url], routable=2)
+    procs.append(router)
+
+    cases = [
+        ("/v1/chat/completions", chat(7, stream=False)),
+        ("/v1/chat/completions", chat(9, stream=True)),
+        ("/v1/completions", completion(6, stream=False)),
+        ("/v1/completions", completion(8, stream=True)),
+    ]
+    async with aiohttp.ClientSession() as s:
+        for path, body in cases:
+            status, headers, answer = await post(s, url + path, body)
+            assert status == 200, answer
+            if body["stream"]:
+                assert str(headers["Content-Type"]).startswith("text/event-stream")
+                assert answer.endswith(b"data: [DONE]\n\n") and b'"finish_reason":"length"' in answer
+                assert b'"error"' not in answer
+            else:
+                usage = orjson.loads(answer)["usage"]
+                assert usage["completion_tokens"] == body["max_tokens"]
+
+    requests = len(cases)
+    generated = sum(int(str(body["max_tokens"])) for _, body in cases)
+    # the prefill engine generated one token per request, the decode engine every token the client got
+    assert metric(p_url, names.GENERATION_TOKENS) == requests
+    assert metric(d_url, names.GENERATION_TOKENS) == generated
+    # the decode engine computed no prefill: every prompt token it saw came over a transfer
+    d_prompt = metric(d_url, names.PROMPT_TOKENS)
+    assert d_prompt > 0
+    assert metric(d_url, names.PROMPT_TOKENS_BY_SOURCE, source="local_compute") == 0
+    # what its own prefix cache did not hold (the prompt repeats) came over a transfer
+    transferred = metric(d_url, names.PROMPT_TOKENS_BY_SOURCE, source="external_kv_transfer")
+    cached = metric(d_url, names.PROMPT_TOKENS_BY_SOURCE, source="local_cache_hit")
+    assert transferred > 0 and transferred + cached == d_prompt
+    assert metric(p_url, names.PROMPT_TOKENS) == d_prompt
+    assert metric(p_url, names.SIM_KV_TRANSFERS_HELD) == 0  # every transfer was pulled
+    assert metric(url, "corral_router_pd_pairs_total", prefill=p_url, decode=d_url) == requests
+    assert metric(url, "corral_router_pd_transfer_seconds_count") == requests
+
+
+async def test_a_prefill_engine_is_never_paired_with_another_vllm_version(procs: list[CorralProcess]) -> None:
+    p_url, old_url = start_pd_sims(procs, ("kv_producer", "0.33.0"), ("kv_consumer", "0.32.0"))
+    new_port = free_port()
+    new_url = f"http://127.0.0.1:{new_port}"  # a decode engine of the prefill's version, started later
+    router, url = start_pd_router([p_url], [old_url, new_url], routable=2)
+    procs.append(router)
+    async with aiohttp.ClientSession() as s:
+        status, headers, answer = await post(s, url + "/v1/chat/completions", chat(4, stream=False))
+        assert status == 503 and int(str(headers["Retry-After"])) >= 1
+        message = orjson.loads(answer)["error"]["message"]
+        assert p_url in message and old_url in message and "vLLM version" in message
+    assert metric(p_url, names.GENERATION_TOKENS) == 0  # no prefill leg for a pair that cannot be
+
+    start_pd_sims(procs, ("kv_consumer", "0.33.0"), port=new_port)
+    wait_routable(router, url, 3)
+    async with aiohttp.ClientSession() as s:
+        for i in range(6):
+            status, _, answer = await post(s, url + "/v1/chat/completions", chat(3, stream=i % 2 == 1))
+            assert status == 200, answer
+    assert metric(new_url, names.GENERATION_TOKENS) == 6 * 3
+    assert metric(old_url, names.GENERATION_TOKENS) == 0
+    assert metric(old_url, names.PROMPT_TOKENS) == 0
