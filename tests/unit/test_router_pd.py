@@ -251,6 +251,26 @@ async def test_decode_failing_before_its_first_byte_gets_a_fresh_prefill() -> No
         assert 'corral_router_pd_failures_total{leg="decode",why="upstream"} 1.0' in await f.metrics()
 
 
+async def test_decode_5xx_before_any_byte_reached_the_client_gets_a_fresh_prefill() -> None:
+    prefill, decode = FakeEngine("p0", "prefill"), FakeEngine("d0", "decode")
+    failed_load = decode.server_error
+
+    async def fail_once(request: web.Request) -> web.StreamResponse:
+        decode.behaviour = decode.decode_answer
+        return await failed_load(request)
+
+    decode.behaviour = fail_once
+    async with pd_fleet([prefill, decode]) as f:
+        status, _, body = await f.post(CHAT)
+        assert status == 200 and orjson.loads(body)["served_by"] == "d0"
+        assert len(prefill.bodies) == 2 and len(decode.bodies) == 2
+        assert transfer_of(decode, 0)["remote_request_id"] != transfer_of(decode, 1)["remote_request_id"]
+        decode.behaviour = decode.server_error  # every time now: the engine's own 5xx once retries are spent
+        status, _, body = await f.post(CHAT)
+        assert status == 500 and orjson.loads(body)["error"]["message"] == "boom"
+        assert len(decode.bodies) == 2 + 3  # the first try and two retries (--max-retries 2)
+
+
 async def test_prefill_answer_without_transfer_params_is_502_naming_the_engine() -> None:
     prefill, decode = FakeEngine("p0", "prefill"), FakeEngine("d0", "decode")
     prefill.behaviour = prefill.no_transfer

@@ -286,6 +286,16 @@ class Proxy:
                 status = upstream.status
                 if leg is not None:
                     pd.decode_answered(leg, status, dispatched)
+                    # a whole 5xx answer (a failed KV load) has reached no client yet: fresh prefill
+                    if status >= 500 and not streaming and attempt < self._config.max_retries:
+                        if self._budget.try_spend(time.monotonic()):
+                            endpoint.traffic.ended(failed=True)
+                            last_failure = f"decode {endpoint.url} answered {status}"
+                            log.warning("request %s: %s; a fresh prefill", request_id, last_failure)
+                            attempt += 1
+                            metrics.retries += 1
+                            continue
+                        metrics.retry_budget_exhausted += 1
                 headers = _response_headers(upstream, request_id)
                 if not streaming:
                     answer = web.Response(status=status, body=first, headers=headers)
