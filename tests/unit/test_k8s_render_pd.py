@@ -22,6 +22,7 @@ from corral.k8s.render.config_reading import ConfigError, load_config, parse_con
 from corral.k8s.render.manifests import Manifest, render
 from corral.k8s.render.output import document
 from corral.router.cli import router as router_command
+from corral.router.discovery.k8s_pods import pod_view
 from corral.supervisor.checks.bundle import bundle_from
 from corral.supervisor.cli import run_command as supervise_run_command
 
@@ -249,3 +250,32 @@ def test_an_aggregated_config_is_unchanged() -> None:
     objs = objects(seed)
     assert "engine-deployment.yaml" in objs and "prefill-deployment.yaml" not in objs
     assert objs["engine-deployment.yaml"]["spec"]["selector"]["matchLabels"]["corral.dev/role"] == "engine"
+
+
+def _running(template: dict[str, Any]) -> dict[str, Any]:
+    """A pod of a rendered Deployment as the API server lists it once it is Ready."""
+    return {
+        "metadata": {
+            "name": "pod-0",
+            "namespace": "inference",
+            "uid": "u0",
+            "resourceVersion": "1",
+            **template["metadata"],
+        },
+        "status": {
+            "podIP": "10.0.0.5",
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def test_the_routers_pod_source_reads_each_rendered_pods_role() -> None:
+    objs = objects(example())
+    for role in ("prefill", "decode"):
+        pod = pod_view(_running(objs[f"{role}-deployment.yaml"]["spec"]["template"]))
+        assert pod.role == role and pod.blocker() is None
+    # an aggregated fleet's pods keep their selector label corral.dev/role=engine: both roles, routable
+    seed = yaml.safe_load((EXAMPLE.parent / "seed000" / "corral.yaml").read_text(encoding="utf-8"))
+    pod = pod_view(_running(objects(seed)["engine-deployment.yaml"]["spec"]["template"]))
+    assert pod.role == "both" and pod.blocker() is None

@@ -108,6 +108,8 @@ def pod_view(obj: dict[str, Any], deleted: bool = False, gone_why: str = "") -> 
     group, group_error = _serving_group(metadata)
     labels = metadata.get("labels")
     role = labels.get(ROLE_LABEL) if isinstance(labels, dict) else None
+    if role == "engine":  # what `corral k8s render` labels an aggregated fleet's engine pods (its selector)
+        role = "both"
     role_error = ""
     if role is not None and role not in ROLES:
         role_error = f"label {ROLE_LABEL}={role!r} is not a role; label it one of {', '.join(ROLES)}"
