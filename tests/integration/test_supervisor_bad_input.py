@@ -31,6 +31,7 @@ def run_supervise(*args: str, env: dict[str, str] | None = None) -> subprocess.C
         (["--", "no-such-engine-binary-xyz", "serve"], "no-such-engine-binary-xyz"),
         (["--token-file", "/nonexistent/token", "--", *SIM], "/nonexistent/token"),
         (["--host", "0.0.0.0", "--", *SIM], "0.0.0.0"),
+        (["--", *SIM, "--kv-transfer-config", '{"kv_connector": "N", "kv_role": "kv_prod"}'], "kv_prod"),
         ([], "no engine command"),
     ],
 )
