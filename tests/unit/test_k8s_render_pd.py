@@ -114,6 +114,8 @@ def test_the_connector_is_in_every_engine_command_and_its_fingerprint() -> None:
         # the supervisor's own parser takes the rendered command as it is
         params = _parse(supervise_run_command, _container(objs[f"{role}-deployment.yaml"])["command"][3:])
         assert list(params["engine_command"]) == argv
+        # kv_both says no role: the supervisor is told it, and publishes it to the routers
+        assert params["role"] == role
         bundle = bundle_from(argv, "0.11.0", [{"id": "llama-3-8b-instruct"}])
         assert bundle.parts["command"]["kv_transfer_config"] == argv[argv.index("--kv-transfer-config") + 1]
         prints[role] = bundle

@@ -118,8 +118,9 @@ def engine_argv(config: CorralDeployment) -> list[str]:
     ]
 
 
-def supervisor_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
-    """`corral supervise run … -- ENGINE`: the container's entrypoint, with the gates and every deadline."""
+def supervisor_argv(config: CorralDeployment, budgets: Budgets, extra: tuple[str, ...] = ()) -> list[str]:
+    """`corral supervise run … -- ENGINE`: the container's entrypoint, with the gates and every deadline
+    (and `extra`, e.g. a P/D engine's --role)."""
     gates = [arg for spec in config.dependencies.wait_for for arg in ("--wait-for", spec)]
     return [
         "corral",
@@ -165,6 +166,7 @@ def supervisor_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
         *startup_failure_args(config),
         *precheck_args(config),
         *lora_args(config),
+        *extra,
         "--",
         *engine_argv(config),
     ]

@@ -117,9 +117,10 @@ def engine_deployment(
     selector: dict[str, str] | None = None,
     extra_env: tuple[Obj, ...] = (),
     extra_ports: tuple[Obj, ...] = (),
+    supervisor_args: tuple[str, ...] = (),
 ) -> Obj:
     """The engine Deployment; a P/D fleet renders one per role, each with its own name, selector (the
-    role label), and the connector's env and port."""
+    role label), the connector's env and port, and the supervisor's --role."""
     selector = selector or commands.engine_selector(config)
     labels = object_labels(config, selector, "engine")
     p = config.probes
@@ -128,7 +129,7 @@ def engine_deployment(
         "name": "engine",
         "image": config.image,
         "imagePullPolicy": config.image_pull_policy,
-        "command": commands.supervisor_argv(config, budgets),
+        "command": commands.supervisor_argv(config, budgets, supervisor_args),
         # the gate is the pod's data port; the engine's own port is on loopback and not offered
         "ports": [
             {"name": "http", "containerPort": config.supervisor.gate_port, "protocol": "TCP"},

@@ -103,6 +103,9 @@ def role_deployment(config: CorralDeployment, role: Role, budgets: Budgets) -> O
         extra_ports=(
             {"name": SIDE_CHANNEL_PORT_NAME, "containerPort": pd.side_channel_port, "protocol": "TCP"},
         ),
+        # the supervisor publishes the role to routers, and its word wins over the pod label; under
+        # kv_both (NIXL's usual kv_role for either side) it could not tell the role from the command
+        supervisor_args=("--role", role),
     )
 
 
