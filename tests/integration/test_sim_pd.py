@@ -180,3 +180,28 @@ def test_bad_kv_transfer_config_is_refused() -> None:
     code = proc.wait_exit(20)
     assert code == 2
     assert "kv_role" in proc.output()
+
+
+@pytest.mark.parametrize(
+    "pair", [("--hang-kv-transfer", "--kv-transfer-config", kv_config("kv_producer", lease=2))], indirect=True
+)
+async def test_hung_transfer_shows_as_held_and_in_flight_until_the_lease(pair: tuple[str, str]) -> None:
+    p_url, d_url = pair
+    body = {"model": "m", "prompt": PROMPT, "max_tokens": 5}
+    async with aiohttp.ClientSession() as s:
+        _, answer = await post(s, p_url + "/v1/completions", pd.prefill_leg_body(body))
+        params = pd.transfer_params_of(answer)
+        assert params is not None
+        decode_leg = asyncio.create_task(post(s, d_url + "/v1/completions", pd.decode_leg_body(body, params)))
+        for _ in range(100):
+            if metric(d_url, names.SIM_KV_PULLS_IN_FLIGHT) == 1:
+                break
+            await asyncio.sleep(0.02)
+        # what a drain reads: the prefill still holds the blocks, the decode's pull is in progress
+        assert metric(p_url, names.SIM_KV_TRANSFERS_HELD) == 1
+        assert metric(d_url, names.SIM_KV_PULLS_IN_FLIGHT) == 1
+        assert metric(d_url, names.KV_FETCH_BY_STAGE, stage="in_progress") == 1
+        status, _ = await decode_leg
+    assert status == 500
+    assert metric(p_url, names.SIM_KV_TRANSFERS_HELD) == 0 and metric(p_url, names.NIXL_KV_EXPIRED_REQS) == 1
+    assert metric(d_url, names.SIM_KV_PULLS_IN_FLIGHT) == 0
