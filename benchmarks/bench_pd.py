@@ -7,20 +7,23 @@ benchmarks/setup.sh). Same engine count, same latency model, same request shapes
 Workload: `--clients` closed-loop clients; request i has a prompt of shared-nothing words drawn between
 `--prompt-min` and `--prompt-max` (about one token a word) and asks for between `--out-min` and
 `--out-max` tokens (the same shapes for every fleet; each fleet gets fresh text, so nothing is a prefix
-cache hit). Each fleet runs `--seconds` (and at most `--max-requests`), then lets its clients finish.
+cache hit). Each fleet runs `--rounds` measured phases of `--seconds` (and at most `--max-requests`),
+letting its clients finish each; every other round goes through the fleets in reverse order, so none
+always runs first. All routers stay up for the whole run; only the fleet being measured gets load.
 
 Reported per fleet: TTFT and ITL p50/p99 (ITL over every gap between text events), TPOT p50, requests/s,
-output tokens/s, failures, and from the engines' own `/metrics` (deltas over the fleet's run): requests,
-generated tokens per request, prompt tokens computed vs transferred, NIXL transfer time; then the ratios
-P/D/aggregated and corral/vllm-router. Where the simulator or the router lacks P/D, those fleets are
-skipped with a line saying why and the aggregated fleet still runs.
+output tokens/s, failures, the router's CPU-seconds per 1000 requests, and from the engines' own
+`/metrics` (deltas over the fleet's phases): requests, generated tokens per request, prompt tokens
+computed vs transferred, NIXL transfer time; then the ratios P/D / aggregated and corral / vllm-router.
+Where the simulator or the router lacks P/D, those fleets are skipped with a line saying why and the
+aggregated fleet still runs.
 
 What the simulator models decides what this can show. P/D wins where a long prefill on an aggregated
 engine stalls the decodes running beside it; the run starts with an interference probe on one aggregated
 engine (a decode stream's ITL alone and while long prefills arrive) that says whether the engines model
 that coupling at all.
 
-    .venv/bin/python benchmarks/bench_pd.py [--seconds 30] [--clients 16] [--markdown]
+    .venv/bin/python benchmarks/bench_pd.py [--seconds 15] [--rounds 2] [--clients 16] [--markdown]
 """
 
 from __future__ import annotations
@@ -140,8 +143,8 @@ def engine_counters(url: str) -> dict[str, float]:
     return out
 
 
-def engine_row(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
-    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+def engine_row(d: dict[str, float]) -> dict[str, Any]:
+    """An engine's counters over a fleet's measured phases (`d`: their deltas, summed over rounds)."""
     requests = d.get(m.FINISHED, 0.0)
     row: dict[str, Any] = {
         "requests": int(requests),
@@ -164,8 +167,14 @@ def engine_row(before: dict[str, float], after: dict[str, float]) -> dict[str, A
 class Fleet:
     name: str
     engines: list[Proc]
-    router_argv: list[str]  # without host and port
-    ready_path: str
+    router: Proc
+
+
+def start_router(name: str, argv: list[str], out: Path) -> Proc:
+    """`argv` without host and port; `corral router` and `vllm-router` take both flags alike."""
+    port = free_port()
+    return spawn(f"pd-router-{name}", [*argv, "--host", "127.0.0.1", "--port", str(port)],
+                 f"http://127.0.0.1:{port}", None, out)  # fmt: skip
 
 
 def start_sims(names: list[str], base: list[str], extra: list[list[str]], out: Path) -> list[Proc]:
@@ -232,38 +241,57 @@ class Progress:
         print(f"[+{time.monotonic() - self.start:5.1f}s] {message}", file=sys.stderr, flush=True)
 
 
+@dataclass
+class FleetRun:
+    """What a fleet's measured phases (one per round) add up to."""
+
+    fleet: Fleet
+    report: TimedReport
+    engine_deltas: list[dict[str, float]]
+    warmup_failures: dict[str, int]
+    router_cpu: float = 0.0
+
+    @classmethod
+    def of(cls, fleet: Fleet) -> FleetRun:
+        return cls(fleet, TimedReport(fleet.name), [{} for _ in fleet.engines], {})
+
+    def row(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"fleet": self.fleet.name, **self.report.summary()}
+        ok = len(self.report.ok)
+        row["router_cpu_s_per_1000"] = round(self.router_cpu / ok * 1000, 2) if ok else None
+        if self.report.failures() or self.warmup_failures:
+            row["failures"] = self.report.failures()
+            row["warmup_failures"] = self.warmup_failures
+        row["engines"] = {
+            e.name: engine_row(d) for e, d in zip(self.fleet.engines, self.engine_deltas, strict=True)
+        }
+        return row
+
+
 def run_fleet(
-    fleet: Fleet, work: Workload, salt: int, args: argparse.Namespace, out: Path, say: Progress
-) -> dict[str, Any]:
-    port = free_port()
-    router = spawn(
-        f"pd-router-{fleet.name}",
-        [*fleet.router_argv, "--host", "127.0.0.1", "--port", str(port)],
-        f"http://127.0.0.1:{port}",
-        None,
-        out,
+    run: FleetRun, work: Workload, salt: int, args: argparse.Namespace, out: Path, say: Progress
+) -> None:
+    """One measured phase of `run`'s fleet, added to `run`."""
+    fleet, router = run.fleet, run.fleet.router
+    url = router.url + "/v1/chat/completions"
+    say(f"{fleet.name}: warming up")
+    warm = uvloop.run(closed_loop("warmup", url, work, salt + 50, 2, 4, 30.0, max_tokens=8))
+    before = [engine_counters(e.url) for e in fleet.engines]
+    cpu = router.cpu_seconds()
+    say(f"{fleet.name}: measuring for {args.seconds:g}s with {args.clients} clients")
+    report = uvloop.run(
+        closed_loop(fleet.name, url, work, salt, args.clients, args.max_requests, args.seconds)
     )
-    try:
-        wait_ready(router, fleet.ready_path)
-        say(f"{fleet.name}: router ready, warming up")
-        url = router.url + "/v1/chat/completions"
-        time.sleep(0.5)  # the first metrics scrape and model probe
-        warm = uvloop.run(closed_loop("warmup", url, work, salt + 50, 2, 4, 30.0, max_tokens=8))
-        before = [engine_counters(e.url) for e in fleet.engines]
-        say(f"{fleet.name}: measuring for {args.seconds:g}s with {args.clients} clients")
-        report = uvloop.run(
-            closed_loop(fleet.name, url, work, salt, args.clients, args.max_requests, args.seconds)
-        )
-        after = [engine_counters(e.url) for e in fleet.engines]
-        say(f"{fleet.name}: {len(report.samples)} requests in {report.wall:.1f}s")
-    finally:
-        router.stop()
-    row: dict[str, Any] = {"fleet": fleet.name, **report.summary()}
-    if report.failures() or warm.failures():
-        row["failures"] = report.failures()
-        row["warmup_failures"] = warm.failures()
-    row["engines"] = {e.name: engine_row(b, a) for e, b, a in zip(fleet.engines, before, after, strict=True)}
-    return row
+    run.router_cpu += router.cpu_seconds() - cpu
+    after = [engine_counters(e.url) for e in fleet.engines]
+    say(f"{fleet.name}: {len(report.samples)} requests in {report.wall:.1f}s")
+    run.report.samples += report.samples
+    run.report.wall += report.wall
+    for k, v in warm.failures().items():
+        run.warmup_failures[k] = run.warmup_failures.get(k, 0) + v
+    for total, b, a in zip(run.engine_deltas, before, after, strict=True):
+        for key, value in a.items():
+            total[key] = total.get(key, 0.0) + value - b.get(key, 0.0)
 
 
 RATIO_KEYS = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "out_tok_s")
@@ -275,9 +303,12 @@ def ratios(num: dict[str, Any], den: dict[str, Any]) -> dict[str, float | None]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=30.0, help="measured phase bound per fleet")
+    parser.add_argument("--seconds", type=float, default=15.0, help="bound of each measured phase")
     parser.add_argument("--max-requests", type=int, default=1000, help="per fleet")
     parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="measured phases per fleet, every other round in reverse order"
+    )
     parser.add_argument("--prompt-min", type=int, default=2000, help="prompt words (about tokens)")
     parser.add_argument("--prompt-max", type=int, default=8000)
     parser.add_argument("--out-min", type=int, default=256, help="output tokens")
@@ -338,7 +369,7 @@ def main() -> None:
             argv = [*CORRAL, "router", "--policy", args.policy, "--log-level", "warning"]
             for s in agg:
                 argv += ["--backend", s.url]
-            fleets.append(Fleet("aggregated", agg, argv, "/health"))
+            fleets.append(Fleet("aggregated", agg, start_router("aggregated", argv, out)))
         want_pd = [f for f in ("pd-corral", "pd-vllm-router") if not only or f in only]
         if sim_pd and want_pd and (router_pd or vr):
             config = json.dumps({"kv_connector": "NixlConnector", "kv_role": args.kv_role})
@@ -348,12 +379,18 @@ def main() -> None:
             if router_pd and "pd-corral" in want_pd:
                 argv = [*CORRAL, "router", "--policy", args.policy, "--log-level", "warning"]
                 argv += ["--prefill", prefill.url, "--decode", decode.url]
-                fleets.append(Fleet("pd-corral", [prefill, decode], argv, "/health"))
+                fleets.append(Fleet("pd-corral", [prefill, decode], start_router("pd-corral", argv, out)))
             if vr and "pd-vllm-router" in want_pd:
                 argv = [vr, "--vllm-pd-disaggregation", "--prefill", prefill.url, "--decode", decode.url]
                 argv += ["--policy", "round_robin", "--log-level", "warning"]
                 argv += ["--prometheus-port", str(free_port())]
-                fleets.append(Fleet("pd-vllm-router", [prefill, decode], argv, "/v1/models"))
+                router = start_router("pd-vllm-router", argv, out)
+                fleets.append(Fleet("pd-vllm-router", [prefill, decode], router))
+        procs += [f.router for f in fleets]
+        for f in fleets:
+            wait_ready(f.router, "/v1/models" if f.name == "pd-vllm-router" else "/health")
+        say("routers ready")
+        time.sleep(1.0)  # corral routers' first metrics scrape and model probe
         for line in skipped:
             print(f"skipped {line}", file=sys.stderr)
         if fleets and fleets[0].name == "aggregated":
@@ -361,10 +398,13 @@ def main() -> None:
             chat = fleets[0].engines[0].url + "/v1/chat/completions"
             probe = uvloop.run(interference_probe(chat, args.prompt_max, 4))
             print(f"interference probe: {orjson.dumps(probe).decode()}", flush=True)
-        for k, fleet in enumerate(fleets):
-            row = run_fleet(fleet, work, 100 * (k + 1), args, out, say)
-            results.append(row)
-            print(orjson.dumps(row).decode(), flush=True)
+        runs = [FleetRun.of(f) for f in fleets]
+        for r in range(args.rounds):  # every other round in reverse order: no fleet always runs first
+            for k, run in list(enumerate(runs)) if r % 2 == 0 else list(enumerate(runs))[::-1]:
+                run_fleet(run, work, 1000 * r + 100 * (k + 1), args, out, say)
+        for run in runs:
+            results.append(run.row())
+            print(orjson.dumps(results[-1]).decode(), flush=True)
     finally:
         for p in reversed(procs):
             p.stop()
@@ -391,7 +431,7 @@ def main() -> None:
 
 def markdown(results: list[dict[str, Any]], comparisons: dict[str, dict[str, float | None]]) -> str:
     cols = ["fleet", "requests", "failed", "rps", "out_tok_s", "ttft_p50_ms", "ttft_p99_ms",
-            "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms"]  # fmt: skip
+            "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "router_cpu_s_per_1000"]  # fmt: skip
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in results:
         lines.append("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
