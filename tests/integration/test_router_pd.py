@@ -26,12 +26,12 @@ def kv_config(role: str) -> str:
     return json.dumps({"kv_connector": "NixlConnector", "kv_role": role})
 
 
-def start_pd_sims(procs: list[CorralProcess], *specs: tuple[str, str], port: int | None = None) -> list[str]:
-    """Start one sim per (kv_role, vLLM version), all at once, and wait until each answers."""
+def start_pd_sims(procs: list[CorralProcess], *specs: tuple[str, ...], port: int | None = None) -> list[str]:
+    """Start one sim per (kv_role, vLLM version, *more flags), all at once, and wait until each answers."""
     urls = []
-    for role, version in specs:
+    for role, version, *more in specs:
         flags = ("--kv-transfer-config", kv_config(role), "--version-string", version, "--block-size", "16")
-        proc, url = start_sim(port, *SIM_ARGS, *flags, wait=False)
+        proc, url = start_sim(port, *SIM_ARGS, *flags, *more, wait=False)
         procs.append(proc)
         urls.append(url)
     for proc, url in zip(procs[-len(specs) :], urls, strict=True):
@@ -39,9 +39,11 @@ def start_pd_sims(procs: list[CorralProcess], *specs: tuple[str, str], port: int
     return urls
 
 
-def start_pd_router(prefill: list[str], decode: list[str], routable: int) -> tuple[CorralProcess, str]:
+def start_pd_router(
+    prefill: list[str], decode: list[str], routable: int, *extra: str
+) -> tuple[CorralProcess, str]:
     port = free_port()
-    args = ["router", "--host", "127.0.0.1", "--port", str(port), "--models-refresh-seconds", "0.5"]
+    args = ["router", "--host", "127.0.0.1", "--port", str(port), "--models-refresh-seconds", "0.5", *extra]
     args += [a for url in prefill for a in ("--prefill", url)]
     args += [a for url in decode for a in ("--decode", url)]
     proc = CorralProcess(args)
@@ -147,3 +149,28 @@ async def test_a_prefill_engine_is_never_paired_with_another_vllm_version(procs:
     assert metric(new_url, names.GENERATION_TOKENS) == 6 * 3
     assert metric(old_url, names.GENERATION_TOKENS) == 0
     assert metric(old_url, names.PROMPT_TOKENS) == 0
+
+
+async def test_a_failed_kv_pull_is_retried_with_a_fresh_prefill(procs: list[CorralProcess]) -> None:
+    bad, good, d_url = start_pd_sims(
+        procs,
+        ("kv_producer", "0.33.0", "--fail-kv-transfer", "1"),  # every pull of its blocks fails
+        ("kv_producer", "0.33.0"),
+        ("kv_consumer", "0.33.0"),
+    )
+    router, url = start_pd_router([bad, good], [d_url], 3, "--policy", "round_robin")
+    procs.append(router)
+    async with aiohttp.ClientSession() as s:
+        # round robin: a prefill leg on the failing engine is followed by one on the other (three
+        # requests: within the retry budget's floor of three retries)
+        for _ in range(3):
+            status, _, answer = await post(s, url + "/v1/completions", completion(5, stream=False))
+            assert status == 200, answer
+            assert orjson.loads(answer)["usage"]["completion_tokens"] == 5
+    # each pull from `bad` failed, and a fresh prefill on `good` followed it
+    failed = metric(d_url, names.NIXL_FAILED_TRANSFERS)
+    assert failed >= 1
+    assert metric(url, "corral_router_pd_failures_total", leg="decode", why="engine_error") == failed
+    assert metric(url, "corral_router_retries_total") == failed
+    assert metric(url, "corral_router_pd_pairs_total", prefill=good, decode=d_url) == 3
+    assert metric(d_url, names.GENERATION_TOKENS) == 3 * 5  # a failed load generated nothing
