@@ -18,6 +18,7 @@ from corral.fleet.local.control import FleetControl
 from corral.fleet.local.fleet import FleetSpec, LocalFleet
 from corral.fleet.local.roles import RoleCountError, engine_args_for, role_groups
 from corral.fleet.local.up import up
+from corral.router.discovery.backends_file import parse_backends
 
 
 def _flag(argv: list[str], name: str) -> str:
@@ -66,10 +67,9 @@ def test_each_role_runs_its_bundle_with_the_connector_and_tells_its_supervisor(t
         assert role_of(config) == "both" and config["kv_connector"] == "NixlConnector"
         prints.add(_flag(sim, "--kv-transfer-config"))
     assert len(prints) == 1
-    lines = fleet.backends_file.read_text().splitlines()
-    assert [line.split("  #")[0] for line in lines] == [
-        f"{m.engine_url}={m.url} role={m.role}" for m in fleet.engines
-    ]
+    backends = parse_backends(fleet.backends_file.read_text(), fleet.backends_file)  # as the router reads it
+    assert backends.roles == {m.engine_url: m.role for m in fleet.engines}
+    assert backends.supervisors == {m.engine_url: m.url for m in fleet.engines}
     body = orjson.loads(fleet.fleet_file.read_bytes())
     assert [e["role"] for e in body["engines"]] == ["prefill", "prefill", "decode", "decode"]
 
