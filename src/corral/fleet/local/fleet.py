@@ -26,9 +26,7 @@ does. Which `up` may write and remove the fleet's files is `corral.fleet.local.o
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -43,6 +41,7 @@ from corral.bundle_spec import BundleSpec
 from corral.child_process import ChildProcess, LineSink
 from corral.fleet.local.adapters import AdapterCarryFailed, carry_adapters, desired_adapters
 from corral.fleet.local.ownership import RecordedProcess
+from corral.fleet.local.ports import free_port
 from corral.fleet.local.roles import (
     engine_args_for,
     role_groups,
@@ -51,38 +50,6 @@ from corral.fleet.local.roles import (
 )
 
 LOOPBACK = "127.0.0.1"
-
-
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def _bindable(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the router binds: TIME_WAIT is no owner
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def port_problem(host: str, port: int) -> str | None:
-    """Why the fleet cannot listen on `host:port` (with the next port that is free), or None."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:
-                return f"cannot listen on {host}:{port}: {exc.strerror or exc}; check --host"
-        else:
-            return None
-    free = next((p for p in range(port + 1, min(port + 100, 65536)) if _bindable(host, p)), None)
-    hint = f"; try --port {free}" if free is not None else "; pick another --port"
-    return f"port {port} is in use by another process{hint}"
 
 
 class FleetStartError(RuntimeError):

@@ -25,8 +25,9 @@ from corral.bundle_spec import BundleError, load_bundle
 from corral.clients.access import RouterAdminError
 from corral.fleet.checks.status import fetch_fleet, summary_line
 from corral.fleet.local.control import FleetControl, write_token_file
-from corral.fleet.local.fleet import FleetSpec, LocalFleet, port_problem
+from corral.fleet.local.fleet import FleetSpec, LocalFleet
 from corral.fleet.local.ownership import FleetFiles, FleetInUse
+from corral.fleet.local.ports import port_problem
 from corral.fleet.local.roles import RoleCountError, role_groups
 from corral.state_home import corral_state_dir, state_dir_problem
 
