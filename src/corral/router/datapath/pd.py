@@ -84,8 +84,8 @@ class Disaggregation:
     def applies(self, route: RouteRequest, path: str) -> bool:
         """Whether this request goes prefill then decode: a generation request for a model that has
         routable endpoints of a prefill or decode role (all `both`: the aggregated path)."""
-        if path not in PD_PATHS or route.payload is None:
-            return False
+        if not self._membership.roles_seen or path not in PD_PATHS or route.payload is None:
+            return False  # an aggregated fleet pays one attribute read
         return any(e.role != "both" for e in self._membership.eligible(route.model))
 
     # -- the prefill leg --------------------------------------------------------------------

@@ -252,6 +252,7 @@ class SupervisorStreams:
         role, pairing = line.role or view.role, line.pairing or view.pairing
         if role != view.role:
             view.role = role
+            self._membership.note_role(role)
             mismatch = endpoint.role_mismatch()
             if mismatch is not None:
                 log.warning("endpoint %s: %s", endpoint.url, mismatch)

@@ -81,6 +81,9 @@ class Membership:
         self.exits: deque[RoutingExit] = deque(maxlen=EXITS_KEPT)
         self._on_exit = on_exit
         self.supervisors: SupervisorWatch | None = None
+        # Whether any endpoint has ever had a prefill or decode role (declared or from its
+        # supervisor): until then every request takes the aggregated path without looking at roles.
+        self.roles_seen = False
 
     # -- changes (from sources) -------------------------------------------------------------
 
@@ -89,6 +92,7 @@ class Membership:
         if existing is not None:
             return existing
         self._endpoints[endpoint.url] = endpoint
+        self.note_role(endpoint.declared_role)
         log.info("endpoint %s added (%s): %s", endpoint.url, endpoint.state, reason)
         if endpoint.group is not None:
             self.groups.join(endpoint)
@@ -132,6 +136,11 @@ class Membership:
             endpoint.models = models
             self._reindex()
         return endpoint
+
+    def note_role(self, role: str | None) -> None:
+        """A source or a supervisor named a role: a prefill or decode one turns role-aware routing on."""
+        if role is not None and role != "both":
+            self.roles_seen = True
 
     def withdraw_models(self, url: str, models: frozenset[str]) -> Endpoint | None:
         """The endpoint's supervisor says which of its models must not be routed to it (now)."""
