@@ -29,9 +29,9 @@ def connector(role: str = "kv_both", lease: float = 30.0, **kw: Any) -> KvTransf
 
 
 def wire(decode: KvTransfers, prefill: KvTransfers) -> None:
-    async def fetch(host: str, port: int, request_id: str, timeout_s: int) -> PullAnswer:
+    async def fetch(host: str, port: int, request_id: str, blocks: int, timeout_s: int) -> PullAnswer:
         assert (host, port) == prefill.side_channel
-        return await prefill.serve_pull(request_id)
+        return await prefill.serve_pull(request_id, blocks)
 
     decode.fetch = fetch
 
@@ -53,11 +53,11 @@ async def test_a_pull_frees_the_blocks_once() -> None:
     prefill, decode = connector("kv_producer"), connector("kv_consumer")
     wire(decode, prefill)
     params = prefill.hold("req", prompt_len=40, tp_size=1)
-    assert await decode.pull(params) is True
+    assert await decode.pull(params, 40) is True  # 3 blocks wanted (ceil(40/16))
     assert prefill.held == {} and prefill.scheduler.reserved_blocks == 0
     assert decode.stats.xfer_time.count == 1 and decode.stats.bytes_transferred.sum == 3 * 1000
     with pytest.raises(KvLoadFailed, match="unknown"):  # the blocks are gone: a second pull fails
-        await decode.pull(params)
+        await decode.pull(params, 40)
     assert decode.stats.failed_transfers == 1 and decode.pulls_in_flight == 0
 
 
@@ -68,7 +68,7 @@ async def test_lease_expiry_frees_and_counts_and_a_late_pull_is_told() -> None:
     await asyncio.sleep(0.1)
     assert prefill.held == {} and prefill.scheduler.reserved_blocks == 0 and prefill.stats.expired == 1
     with pytest.raises(KvLoadFailed, match="expired"):
-        await decode.pull(params)
+        await decode.pull(params, 40)
     assert prefill.stats.notifications_after_expiry == 1
 
 
@@ -77,7 +77,7 @@ async def test_failed_pull_leaves_blocks_stranded_until_the_lease() -> None:
     wire(decode, prefill)
     params = prefill.hold("req", prompt_len=20, tp_size=1)
     with pytest.raises(KvLoadFailed, match="failed"):
-        await decode.pull(params)
+        await decode.pull(params, 40)
     assert len(prefill.held) == 1 and decode.stats.failed_transfers == 1
 
 
@@ -85,7 +85,7 @@ async def test_hung_pull_stays_in_flight_until_the_lease_ends() -> None:
     prefill, decode = connector("kv_producer", lease=0.2, hang=True), connector("kv_consumer")
     wire(decode, prefill)
     params = prefill.hold("req", prompt_len=20, tp_size=1)
-    pull = asyncio.create_task(decode.pull(params))
+    pull = asyncio.create_task(decode.pull(params, 20))
     await asyncio.sleep(0.05)
     assert decode.pulls_in_flight == 1 and len(prefill.held) == 1
     with pytest.raises(KvLoadFailed, match="expired"):
@@ -102,12 +102,12 @@ async def test_recompute_policy_returns_false_instead_of_failing() -> None:
         ms_per_block=0.0,
     )
 
-    async def unreachable(host: str, port: int, request_id: str, timeout_s: int) -> PullAnswer:
+    async def unreachable(host: str, port: int, request_id: str, blocks: int, timeout_s: int) -> PullAnswer:
         return PullAnswer("unreachable")
 
     decode.fetch = unreachable
     params = {"remote_host": "127.0.0.1", "remote_port": 1, "remote_request_id": "x"}
-    assert await decode.pull(params) is False
+    assert await decode.pull(params, 40) is False
     assert decode.stats.failed_transfers == 1
 
 
@@ -121,6 +121,15 @@ async def test_held_blocks_keep_waiting_requests_out_until_freed() -> None:
     kv.abort_all()
     assert await waiting is True
     assert sched.reserved_blocks == sched.blocks_for(next(iter(sched.running)))
+
+
+async def test_a_pull_moves_only_the_blocks_the_decode_engine_lacks() -> None:
+    prefill, decode = connector("kv_producer"), connector("kv_consumer")
+    wire(decode, prefill)
+    params = prefill.hold("req", prompt_len=160, tp_size=1)  # 10 blocks held
+    assert await decode.pull(params, 32) is True  # its prefix cache had all but 2 blocks
+    assert decode.stats.bytes_transferred.sum == 2 * 1000
+    assert prefill.held == {} and prefill.scheduler.reserved_blocks == 0  # all are freed
 
 
 def test_roles() -> None:

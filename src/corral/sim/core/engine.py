@@ -163,20 +163,20 @@ class Engine:
         cached = self.cache.lookup(job.hashes, n)
         self.stats.prompt_tokens += n
         self.stats.prompt_by_source["local_cache_hit"] += cached
-        if await self._pulled(job):
+        if await self._pulled(job, n - cached):
             # the prompt's KV came from the prefill engine: one forward step yields the first token
             self.stats.prompt_by_source["external_kv_transfer"] += n - cached
             return self.latency.prefill_seconds(0)
         self.stats.prompt_by_source["local_compute"] += n - cached
         return self.latency.prefill_seconds(n - cached)
 
-    async def _pulled(self, job: Job) -> bool:
+    async def _pulled(self, job: Job, tokens: int) -> bool:
         """Pull a remote prefill's blocks when the request carries them; False: compute the prefill here."""
         kv, params = self.kv, job.transfer
         if kv is None or not kv.consumes or not params or not params.get(pd.DO_REMOTE_PREFILL):
             return False
         try:
-            return await kv.pull(params)
+            return await kv.pull(params, tokens)
         except KvLoadFailed as exc:
             self.log.error("EngineCore", "scheduler.py:2195", f"{exc}; finishing the request with an error")
             job.failed = True

@@ -43,7 +43,8 @@ class PullAnswer:
     nbytes: int = 0
 
 
-Fetch = Callable[[str, int, str, int], Awaitable[PullAnswer]]
+# (host, port, remote request id, blocks wanted, timeout seconds) -> the answer
+Fetch = Callable[[str, int, str, int, int], Awaitable[PullAnswer]]
 
 
 @dataclass(eq=False)
@@ -157,8 +158,9 @@ class KvTransfers:
                 del self._expired_ids[next(iter(self._expired_ids))]
             self._free(held)
 
-    async def serve_pull(self, request_id: str) -> PullAnswer:
-        """A decode engine reads the blocks of `request_id`: after the transfer time they are freed."""
+    async def serve_pull(self, request_id: str, wanted: int | None = None) -> PullAnswer:
+        """A decode engine reads `wanted` (default: all) of the blocks of `request_id` (those its own prefix
+        cache lacks): after their transfer time all of them are freed."""
         held = self.held.get(request_id)
         if held is None or held.reading:
             if request_id in self._expired_ids:
@@ -168,21 +170,23 @@ class KvTransfers:
         if self.fail_rate > 0 and self._rng.random() < self.fail_rate:
             return PullAnswer("failed")  # the blocks stay held until the lease runs out, as stranded
         held.reading = True
+        blocks = held.blocks if wanted is None else max(0, min(wanted, held.blocks))
         if self.hang:
             await held.gone.wait()  # never completes: the lease frees the blocks
             return PullAnswer("expired")
         try:
-            await asyncio.wait_for(held.gone.wait(), held.blocks * self.ms_per_block / 1000.0)
+            await asyncio.wait_for(held.gone.wait(), blocks * self.ms_per_block / 1000.0)
         except TimeoutError:
             self._free(held)
-            return PullAnswer("ok", held.blocks, held.blocks * self.bytes_per_block)
+            return PullAnswer("ok", blocks, blocks * self.bytes_per_block)
         return PullAnswer("expired")
 
     # -- decode side -----------------------------------------------------------------------------------
 
-    async def pull(self, params: dict[str, Any]) -> bool:
-        """Pull the blocks `params` name from the prefill engine; False when the load failed and the policy
-        is "recompute" (raises KvLoadFailed under "fail")."""
+    async def pull(self, params: dict[str, Any], tokens: int) -> bool:
+        """Pull the KV of `tokens` prompt tokens (those not in the local prefix cache) from the prefill
+        engine `params` name; False when the load failed and the policy is "recompute" (raises KvLoadFailed
+        under "fail")."""
         host, port = params.get(pd.REMOTE_HOST), params.get(pd.REMOTE_PORT)
         request_id = params.get(pd.REMOTE_REQUEST_ID)
         answer = PullAnswer("unknown")
@@ -191,7 +195,8 @@ class KvTransfers:
         self.pulls_in_flight += 1
         try:
             if self.fetch is not None and isinstance(host, str) and isinstance(port, int) and request_id:
-                answer = await self.fetch(host, port, str(request_id), self.lease_timeout_s)
+                wanted = math.ceil(tokens / self.scheduler.block_size)
+                answer = await self.fetch(host, port, str(request_id), wanted, self.lease_timeout_s)
         finally:
             self.pulls_in_flight -= 1
         if answer.outcome == "ok":

@@ -2,8 +2,9 @@
 `POST /_corral/kv/pull` on its own port (where vLLM's NIXL listens on VLLM_NIXL_SIDE_CHANNEL_PORT and the
 decode engine reads GPU memory directly), and the decode engine pulls through it.
 
-The body is `{"remote_request_id": ...}`; the answer says `outcome` (ok | unknown | expired | failed) with
-the blocks and bytes moved. A private path: no client of the OpenAI API ever calls it.
+The body is `{"remote_request_id": ..., "blocks": N}` (the blocks the decode engine lacks); the answer
+says `outcome` (ok | unknown | expired | failed) with the blocks and bytes moved. A private path: no
+client of the OpenAI API ever calls it.
 """
 
 from __future__ import annotations
@@ -43,18 +44,19 @@ class KvSideChannel:
             return web.json_response(
                 {"outcome": "bad_request", "detail": 'send {"remote_request_id": "<id>"}'}, status=400
             )
-        answer = await self.kv.serve_pull(request_id)
+        wanted = body.get("blocks")
+        answer = await self.kv.serve_pull(request_id, wanted if isinstance(wanted, int) else None)
         payload = {"outcome": answer.outcome, "blocks": answer.blocks, "bytes": answer.nbytes}
         return web.json_response(payload, status=_STATUS.get(answer.outcome, 500))
 
-    async def fetch(self, host: str, port: int, request_id: str, timeout_s: int) -> PullAnswer:
+    async def fetch(self, host: str, port: int, request_id: str, blocks: int, timeout_s: int) -> PullAnswer:
         if self._session is None:
             self._session = aiohttp.ClientSession()
         url = f"http://{host}:{port}{PULL_PATH}"
         try:
             async with self._session.post(
                 url,
-                json={"remote_request_id": request_id},
+                json={"remote_request_id": request_id, "blocks": blocks},
                 timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as resp:
                 body = await resp.json(content_type=None)
