@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from corral.sim.core.kv_transfer import KvLoadFailed, KvTransfers, PullAnswer
+from corral.sim.core.requests import RequestError
 from corral.sim.core.scheduler import EngineRequest, Scheduler
+from corral.sim.http.protocol import parse_chat, parse_completion
 
 
 def config(role: str = "kv_both", lease: float = 30.0, **more: Any) -> dict[str, Any]:
@@ -145,3 +147,14 @@ def test_roles() -> None:
         True,
         True,
     )
+
+
+def test_request_bodies_carry_kv_transfer_params() -> None:
+    params = {"do_remote_decode": True}
+    assert parse_completion({"prompt": "x", "kv_transfer_params": params}).kv_transfer_params == params
+    chat = parse_chat({"messages": [{"role": "user", "content": "x"}], "kv_transfer_params": params})
+    assert chat.kv_transfer_params == params
+    assert parse_completion({"prompt": "x"}).kv_transfer_params is None
+    with pytest.raises(RequestError) as err:
+        parse_completion({"prompt": "x", "kv_transfer_params": [1]})
+    assert err.value.status == 400 and "body.kv_transfer_params" in err.value.message
