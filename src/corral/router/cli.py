@@ -92,7 +92,7 @@ def read_supervisor_token(path: Path | None) -> str | None:
     multiple=True,
     metavar="URL",
     help="A prefill engine for prefill/decode disaggregation (repeatable; as vllm-router's "
-    "--pd-disaggregation --prefill). Its supervisor's role, when it has one, wins. Discovery `static`.",
+    "--vllm-pd-disaggregation --prefill). Its supervisor's role, when it has one, wins. Discovery `static`.",
 )
 @click.option(
     "--decode",
