@@ -138,3 +138,18 @@ def test_connector_from_either_flag() -> None:
     assert pd.connector_of({"kv_transfer_config": '{"kv_connector": "NixlConnector"}'}) == "NixlConnector"
     assert pd.connector_of({"kv_transfer_config": "not json"}) == "not json"
     assert pd.connector_of({}) is None
+
+
+def test_block_size_on_the_command_line_changes_the_pairing_identity() -> None:
+    """--block-size reaches the bundle's parts through the flags table (supervisor and PRECHECK build both
+    with bundle_from), so two engines differing only in it never pair."""
+    from corral.supervisor.checks.bundle import bundle_from
+
+    nixl = '{"kv_connector": "NixlConnector", "kv_role": "kv_both"}'
+    argv = ["vllm", "serve", "org/llama", "--kv-transfer-config", nixl]
+    models = [{"id": "org/llama"}]
+    b16 = bundle_from([*argv, "--block-size", "16"], "0.32.0", models)
+    b32 = bundle_from([*argv, "--block-size=32"], "0.32.0", models)
+    assert b32.parts["command"]["block_size"] == "32"
+    assert pd.pairing_identity(b16.parts) != pd.pairing_identity(b32.parts)
+    assert b16.fingerprint != b32.fingerprint

@@ -21,6 +21,7 @@ VALUE_FLAGS: dict[str, str] = {
     "--quantization": "quantization",
     "-q": "quantization",
     "--kv-cache-dtype": "kv_cache_dtype",
+    "--block-size": "block_size",
     "--tensor-parallel-size": "tensor_parallel_size",
     "-tp": "tensor_parallel_size",
     "--pipeline-parallel-size": "pipeline_parallel_size",
