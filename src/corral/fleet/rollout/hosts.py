@@ -16,6 +16,15 @@ There is no spare host to surge into, so `max_unavailable` supervisors are switc
               bundle (the same runbook operation) and the rollout stops
 
 PRECHECK also refuses a rollout to a bundle some host has not declared, before anything moves.
+
+A prefill/decode fleet (a host's role and pairing identity from its supervisor's /v1/state) moves in
+the waves of fleet/rollout/pd_plan.py planned without surge (paired.plan_groups, again before each wave
+once a switched host reported the target's identity): PRECHECK refuses a plan that cannot keep a
+complete compatible pair and --min-prefill/--min-decode. Each wave: PAIRS (paired.check_pairs: the
+router's /v1/fleet without the wave's hosts keeps them), the wave's prefill hosts switched, then its
+decode hosts (a prefill drain waits for its held transfers, which decode engines still routed pull),
+PAIRS after the wave; a failed switch or canary switches the wave's already switched hosts back
+(RECOVER) and the rollout stops.
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ from corral.contracts.operations import SwitchBundleRequest
 from corral.contracts.supervisor import SupervisorState
 from corral.contracts.up import GroupMember
 from corral.fleet.rollout.base import RolloutBase
+from corral.fleet.rollout.paired import check_pairs, plan_groups
+from corral.fleet.rollout.pd_plan import BOTH, DECODE, PREFILL, PairLimits, has_roles
 from corral.fleet.rollout.steps import Group, RolloutJob, Step, StepFailed, StepObserver
 
 
@@ -56,11 +67,17 @@ class HostRollout(RolloutBase):
         states = await asyncio.gather(*(self._state(u) for u in self.supervisor_urls))
         groups = []
         for i, (url, state) in enumerate(zip(self.supervisor_urls, states, strict=True)):
-            name = f"host-{i}"
+            name, role = f"host-{i}", state.role or BOTH
             self._declared_by[name] = list(state.bundles_declared)
-            member = GroupMember(name=name, group=name, supervisor=url, engine=state.engine.url or "")
-            groups.append(Group(name, BundleSpec(name=state.bundle_name or "initial"), [member]))
+            member = GroupMember(
+                name=name, group=name, supervisor=url, engine=state.engine.url or "", role=role
+            )
+            groups.append(Group(name, BundleSpec(name=state.bundle_name or "initial"), [member], role))
         return groups
+
+    @property
+    def limits(self) -> PairLimits:
+        return PairLimits(self.settings.min_prefill, self.settings.min_decode)
 
     async def _precheck(self, step: Step) -> list[Group]:
         todo = await super()._precheck(step)
@@ -75,7 +92,52 @@ class HostRollout(RolloutBase):
                 "add `--bundle FILE` to those supervisors first"
             )
         self._unmoved = {g.supervisors[0] for g in todo}
+        groups = await self._groups()
+        if has_roles(g.role for g in groups):
+            waves = plan_groups(groups, self.pairings, {g.name for g in todo}, self.batch, False, self.limits)
+            step.data["plan"] = [
+                {"groups": list(w.groups), "together": w.together, "lowest": w.lowest.to_json()}
+                for w in waves
+            ]
+            step.detail += "; P/D waves: " + " then ".join("+".join(w.groups) for w in waves)
         return todo
+
+    async def _move_all(self, todo: list[Group]) -> None:
+        groups = await self._groups()
+        if not has_roles(g.role for g in groups):
+            await super()._move_all(todo)
+            return
+        remaining = {g.name: g for g in todo}
+        n = 0
+        while remaining:
+            if n:  # the hosts switched so far publish the target's pairing identity (read at VERIFY)
+                groups = await self._groups()
+            wave = plan_groups(groups, self.pairings, set(remaining), self.batch, False, self.limits)[0]
+            n += 1
+            await self._move_wave(f"wave {n}", [remaining.pop(name) for name in wave.groups])
+
+    async def _move_wave(self, label: str, olds: list[Group]) -> None:
+        """PAIRS without the wave's hosts, its prefill hosts switched and then its decode hosts, PAIRS
+        after; on a failure, the wave's hosts already switched go back to their bundle."""
+        leaving = {u for g in olds for u in (*g.supervisors, *g.engines)}
+        admin, limits = self._router_admin, self.limits
+        await self._step("PAIRS", label, lambda s: check_pairs(admin, limits, s, leaving, "without the wave"))
+        switched: list[Group] = []
+        for roles in ((PREFILL,), (BOTH,), (DECODE,)):
+            now = [g for g in olds if g.role in roles]
+            moved = await asyncio.gather(*(self._move(g) for g in now), return_exceptions=True)
+            switched += [g for g, m in zip(now, moved, strict=True) if not isinstance(m, BaseException)]
+            failed = next((m for m in moved if isinstance(m, BaseException)), None)
+            if failed is not None:
+                await asyncio.gather(*(self._recover(g) for g in switched), return_exceptions=True)
+                raise failed
+        await self._step("PAIRS", label, lambda s: check_pairs(admin, limits, s, set(), "after the wave"))
+
+    async def _recover(self, group: Group) -> None:
+        """RECOVER: a host of a wave that cannot go on, back on the bundle it ran before."""
+        if group.bundle is not None:
+            back, supervisor = group.bundle.name, group.supervisors[0]
+            await self._step("RECOVER", group.name, lambda s: self._switch_back(s, supervisor, back))
 
     def _declared(self, group: Group) -> list[str]:
         return self._declared_by.get(group.name, [])
@@ -159,6 +221,7 @@ class HostRollout(RolloutBase):
             raise StepFailed(f"{group.name} no longer serves adapter(s) {lost} it served before the switch")
         before = self.fingerprints.get(group.name)
         self.fingerprints[group.name] = fingerprint
+        self.pairings[group.name] = state.pairing
         same = " (unchanged: this bundle starts the same engine)" if fingerprint == before else ""
         step.detail = f"READY on {self.target.name}, fingerprint {fingerprint}{same}"
         step.data = {"fingerprint": fingerprint, "before": before}

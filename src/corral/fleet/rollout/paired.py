@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Iterable
 from typing import Any
 
 from corral.clients.access import RouterAdminError
+from corral.clients.router import RouterAdminClient
 from corral.fleet.rollout.groups import LocalRollout
 from corral.fleet.rollout.pd_plan import (
     BOTH,
@@ -68,17 +69,10 @@ class PairedRollout(LocalRollout):
 
     def _plan(self, groups: list[Group], moving: set[str]) -> list[Wave]:
         """The waves that move `moving`, from the fleet's groups and their pairing identities now."""
-        planned = [
-            PlanGroup(g.name, g.role, len(g.members), self.pairings.get(g.name), g.name in moving)
-            for g in groups
-        ]
-        on_target = [self.pairings.get(g.name) for g in groups if g.name not in moving]
-        target = next((p for p in on_target if p is not None), None)
         per_wave = self.settings.max_surge or self.settings.max_unavailable
-        try:
-            return plan_waves(planned, target, per_wave, bool(self.settings.max_surge), self.limits)
-        except PlanRefused as exc:
-            raise StepFailed(str(exc)) from None
+        return plan_groups(
+            groups, self.pairings, moving, per_wave, bool(self.settings.max_surge), self.limits
+        )
 
     async def _move_all(self, todo: list[Group]) -> None:
         remaining = {g.name: g for g in todo}
@@ -158,29 +152,59 @@ class PairedRollout(LocalRollout):
             raise
 
     async def _pairs(self, step: Step, leaving: set[str], when: str) -> None:
-        """From the router's /v1/fleet: what its routable endpoints, less `leaving`, can serve as
-        prefill/decode pairs; StepFailed when that breaks the minimums."""
-        try:
-            fleet = await self._router_admin.fleet()
-        except RouterAdminError as exc:
-            raise StepFailed(str(exc)) from None
-        kept = [e for e in fleet.endpoints if e.routable and e.url not in leaving]
-        capacity = Capacity.of((e.role, e.pairing, 1) for e in kept)
-        router_pairs = [p.to_wire() for p in fleet.pairs]
-        step.data = {
-            "when": when,
-            "leaving": sorted(leaving),
-            **capacity.to_json(),
-            "routable": {e.url: {"role": e.role, "pairing": e.pairing} for e in kept},
-            "router_pairs": router_pairs,
-        }
-        why = capacity.shortfall(self.limits)
-        said = "; ".join(f"{p.model}: {p.pairs} pairs ({p.why})" for p in fleet.pairs) or "no pairs listed"
-        if why is not None:
-            raise StepFailed(f"{when}: {why}; the router says {said}")
-        if not leaving and not any(p.pairs for p in fleet.pairs):
-            raise StepFailed(f"{when}: the router lists no routable compatible pair ({said})")
-        step.detail = (
-            f"{when}: {capacity.prefill} prefill and {capacity.decode} decode usable in "
-            f"{len(capacity.pairs)} pairing identity(ies); router: {said}"
-        )
+        await check_pairs(self._router_admin, self.limits, step, leaving, when)
+
+
+def plan_groups(
+    groups: list[Group],
+    pairings: dict[str, str | None],
+    moving: set[str],
+    per_wave: int,
+    surge: bool,
+    limits: PairLimits,
+) -> list[Wave]:
+    """The waves that move `moving` (pd_plan.plan_waves), from the fleet's groups and the pairing
+    identities they published; the target's identity is that of any group already moved (None before
+    one has). StepFailed with the planner's refusal."""
+    planned = [
+        PlanGroup(g.name, g.role, len(g.members), pairings.get(g.name), g.name in moving) for g in groups
+    ]
+    on_target = [pairings.get(g.name) for g in groups if g.name not in moving]
+    target = next((p for p in on_target if p is not None), None)
+    try:
+        return plan_waves(planned, target, per_wave, surge, limits)
+    except PlanRefused as exc:
+        raise StepFailed(str(exc)) from None
+
+
+async def check_pairs(
+    admin: RouterAdminClient, limits: PairLimits, step: Step, leaving: set[str], when: str
+) -> None:
+    """PAIRS: from the router's /v1/fleet, what its routable endpoints, less `leaving` (engine or
+    supervisor URLs), can serve as prefill/decode pairs; StepFailed when that breaks the minimums."""
+    try:
+        fleet = await admin.fleet()
+    except RouterAdminError as exc:
+        raise StepFailed(str(exc)) from None
+    kept = [
+        e for e in fleet.endpoints if e.routable and e.url not in leaving and e.supervisor_url not in leaving
+    ]
+    capacity = Capacity.of((e.role, e.pairing, 1) for e in kept)
+    router_pairs = [p.to_wire() for p in fleet.pairs]
+    step.data = {
+        "when": when,
+        "leaving": sorted(leaving),
+        **capacity.to_json(),
+        "routable": {e.url: {"role": e.role, "pairing": e.pairing} for e in kept},
+        "router_pairs": router_pairs,
+    }
+    why = capacity.shortfall(limits)
+    said = "; ".join(f"{p.model}: {p.pairs} pairs ({p.why})" for p in fleet.pairs) or "no pairs listed"
+    if why is not None:
+        raise StepFailed(f"{when}: {why}; the router says {said}")
+    if not leaving and not any(p.pairs for p in fleet.pairs):
+        raise StepFailed(f"{when}: the router lists no routable compatible pair ({said})")
+    step.detail = (
+        f"{when}: {capacity.prefill} prefill and {capacity.decode} decode usable in "
+        f"{len(capacity.pairs)} pairing identity(ies); router: {said}"
+    )
