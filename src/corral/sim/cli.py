@@ -98,6 +98,14 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
     type=click.IntRange(min=1),
     help="Running slots; more requests wait in a FIFO queue.",
 )
+@click.option(
+    "--max-num-batched-tokens",
+    default=2048,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Tokens one engine step computes: the running decodes plus chunks of the prompts in prefill, "
+    "which stretch those decode steps.",
+)
 @click.option("--block-size", default=16, show_default=True, type=click.IntRange(min=1))
 @click.option("--kv-cache-blocks", default=4096, show_default=True, type=click.IntRange(min=1))
 @click.option(
@@ -331,6 +339,13 @@ def sim(ctx: click.Context, /, **options: object) -> None:
     environ = dict(os.environ)
     if options["max_model_len"] is None:
         options["max_model_len"] = default_max_model_len(str(options["model"]))
+    budget, seqs = options["max_num_batched_tokens"], options["max_num_seqs"]
+    if budget < seqs:  # type: ignore[operator]
+        raise click.BadParameter(
+            f"max_num_batched_tokens ({budget}) must be greater than or equal to max_num_seqs ({seqs}); "
+            "raise --max-num-batched-tokens or lower --max-num-seqs.",
+            param_hint="--max-num-batched-tokens",
+        )
     config = SimConfig(
         **options,  # type: ignore[arg-type]
         keep_alive_on_engine_death=_flag(environ, "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH"),

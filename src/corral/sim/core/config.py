@@ -23,6 +23,7 @@ class SimConfig:
     served_model_name: str | None = None  # what /v1/models lists; default: --model, as in vLLM
     max_model_len: int = 2048
     max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048  # tokens one engine step computes (decodes + prefill chunks)
     block_size: int = 16
     kv_cache_blocks: int = 4096
     startup_seconds: float = 0.0

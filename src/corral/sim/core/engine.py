@@ -72,7 +72,11 @@ class Engine:
         self.cache = PrefixCache(config.block_size, config.kv_cache_blocks)
         self.scheduler = Scheduler(config.max_num_seqs, config.kv_cache_blocks, config.block_size)
         self.latency = LatencyModel(
-            config.ttft_base_ms, config.prefill_ms_per_token, config.itl_ms, config.max_num_seqs
+            config.ttft_base_ms,
+            config.prefill_ms_per_token,
+            config.itl_ms,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
         )
         self.generator = Generator(config.seed, config.default_max_tokens)
         self.faults = FaultInjector(
@@ -168,7 +172,9 @@ class Engine:
             self.stats.prompt_by_source["external_kv_transfer"] += n - cached
             return self.latency.prefill_seconds(0)
         self.stats.prompt_by_source["local_compute"] += n - cached
-        return self.latency.prefill_seconds(n - cached)
+        seconds = self.latency.prefill_seconds(n - cached)
+        self.scheduler.prefill_started(job.req, n - cached, seconds, loop.time())
+        return seconds
 
     async def _pulled(self, job: Job, tokens: int) -> bool:
         """Pull a remote prefill's blocks when the request carries them; False: compute the prefill here."""
@@ -184,7 +190,19 @@ class Engine:
             raise
 
     def _prefilled(self, job: Job) -> None:
+        self.scheduler.prefill_done(job.req)
         self.cache.insert(job.hashes)
+
+    def _decodes(self) -> int:
+        return self.scheduler.num_running - self.scheduler.num_prefilling
+
+    def _decode_step(self, now: float) -> float:
+        """One decode step, stretched by the prefill chunk batched with it while prompts are computed."""
+        itl = self.latency.itl_seconds(self.scheduler.num_running)
+        if not self.scheduler.num_prefilling:
+            return itl
+        pending = self.scheduler.prefill_tokens_pending(now)
+        return itl + self.latency.stretch_seconds(pending, self._decodes())
 
     async def _hang(self) -> NoReturn:
         """Never answer; only the client closing the connection (task cancellation) ends this."""
@@ -281,7 +299,7 @@ class Engine:
             self.stats.ttft.observe(last - req.arrival)
             for i, delta in enumerate(job.plan.deltas):
                 if i:
-                    await asyncio.sleep(self.latency.itl_seconds(self.scheduler.num_running))
+                    await asyncio.sleep(self._decode_step(last))
                     now = loop.time()
                     self.stats.itl.observe(now - last)
                     last = now
@@ -318,12 +336,18 @@ class Engine:
             self._prefilled(job)
             self.stats.ttft.observe(loop.time() - req.arrival)
             if n > 1:
-                done = await self._pace(job, itl * (n - 1), itl)
+                # the prefills in progress now stretch the first steps of this paced generation
+                pending = self.scheduler.prefill_tokens_pending(loop.time())
+                spiked, extra = self.latency.stretched_steps(pending, self._decodes(), n - 1)
+                total = itl * (n - 1) + extra
+                done = await self._pace(job, total, total / (n - 1))
                 if done is not None:
                     finished = True
                     self._end(job, True, min(n - 1, 1 + done), loop.time())
                     return
-                self.stats.itl.observe(itl, n - 1)
+                if spiked:
+                    self.stats.itl.observe(itl + extra / spiked, spiked)
+                self.stats.itl.observe(itl, n - 1 - spiked)
             if self.aborted:
                 await self._hang()
             finished = True

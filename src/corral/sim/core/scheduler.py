@@ -3,7 +3,8 @@
 A request runs once a slot is free and its blocks fit; otherwise it waits in arrival order (first come,
 first served, like vLLM's default policy). While `paused` (sleep, pause) nothing new starts: arrivals queue.
 `LatencyModel` turns prefill work and batch size into time-to-first-token and inter-token latency, so
-latency grows with load.
+latency grows with load; the scheduler also knows the prefill work in progress, which stretches the decode
+steps batched beside it (chunked prefill, as vLLM's v1 scheduler runs it).
 """
 
 from __future__ import annotations
@@ -44,6 +45,28 @@ class Scheduler:
         self.reserved_blocks = 0
         self.paused = False
         self._idle: list[asyncio.Future[None]] = []
+        # Requests computing their prompt here: when that prefill started and ends, and its tokens.
+        self._prefilling: dict[EngineRequest, tuple[float, float, int]] = {}
+
+    @property
+    def num_prefilling(self) -> int:
+        return len(self._prefilling)
+
+    def prefill_started(self, req: EngineRequest, tokens: int, seconds: float, now: float) -> None:
+        """`req` computes `tokens` prompt tokens over the next `seconds` (none: nothing to track)."""
+        if tokens > 0:
+            self._prefilling[req] = (now, now + seconds, tokens)
+
+    def prefill_done(self, req: EngineRequest) -> None:
+        self._prefilling.pop(req, None)
+
+    def prefill_tokens_pending(self, now: float) -> int:
+        """Prompt tokens still to compute here: each prefill's tokens times its share of time left."""
+        pending = 0.0
+        for start, end, tokens in self._prefilling.values():
+            if end > now:
+                pending += tokens * min(1.0, (end - now) / (end - start))
+        return math.ceil(pending)
 
     @property
     def num_running(self) -> int:
@@ -98,6 +121,7 @@ class Scheduler:
 
     def release(self, req: EngineRequest) -> None:
         """Free the slot and blocks of a finished, aborted or cancelled request; start waiting ones."""
+        self._prefilling.pop(req, None)
         if req in self.running:
             self.running.remove(req)
             self.reserved_blocks -= req.blocks
@@ -165,6 +189,7 @@ class LatencyModel:
     prefill_ms_per_token: float
     itl_ms: float
     max_num_seqs: int
+    max_num_batched_tokens: int = 2048  # vLLM's token budget per engine step (`vllm serve`'s default)
 
     def prefill_seconds(self, uncached_tokens: int) -> float:
         return (self.ttft_base_ms + uncached_tokens * self.prefill_ms_per_token) / 1000.0
@@ -173,3 +198,20 @@ class LatencyModel:
         # A full batch decodes about 1.5x slower per token than a lone request.
         load = max(0, running - 1) / max(1, self.max_num_seqs)
         return self.itl_ms * (1.0 + 0.5 * load) / 1000.0
+
+    def prefill_chunk(self, pending: int, decodes: int) -> int:
+        """Prompt tokens one engine step carries beside `decodes` decode tokens (chunked prefill)."""
+        return max(0, min(self.max_num_batched_tokens - decodes, pending))
+
+    def stretch_seconds(self, pending: int, decodes: int) -> float:
+        """How much longer a decode step takes for the prefill chunk batched with it."""
+        return self.prefill_chunk(pending, decodes) * self.prefill_ms_per_token / 1000.0
+
+    def stretched_steps(self, pending: int, decodes: int, steps: int) -> tuple[int, float]:
+        """Of `steps` decode steps starting now, how many carry prefill chunks and their extra seconds in
+        all: the chunks eat the pending prefill at the budget left beside the decodes."""
+        room = self.max_num_batched_tokens - decodes
+        if pending <= 0 or steps <= 0 or room <= 0:
+            return 0, 0.0
+        tokens = min(pending, steps * room)
+        return min(steps, math.ceil(pending / room)), tokens * self.prefill_ms_per_token / 1000.0
