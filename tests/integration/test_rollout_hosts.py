@@ -7,6 +7,7 @@ supervisor's RECOVER."""
 from __future__ import annotations
 
 import asyncio
+import json
 import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -26,18 +27,20 @@ SUP = ("--propagation-timeout", "5", "--quiet-period", "0.3", "--drain-timeout",
 
 @contextmanager
 def hosts(
-    tmp_path: Path, count: int = 2, more: tuple[Path, ...] = ()
+    tmp_path: Path, count: int = 2, more: tuple[Path, ...] = (), kv_roles: tuple[str, ...] = ()
 ) -> Iterator[tuple[list[Supervised], str, Path]]:
     """`count` supervised sims that declare bundles v2 and broken (and the bundle files `more`), a
-    router over them, a fleet file."""
+    router over them, a fleet file; with `kv_roles`, one sim per vLLM kv_role instead (a P/D fleet)."""
     (tmp_path / "v2.yaml").write_text('name: v2\nengine_args: ["--version-string", "0.33.1"]\n')
     (tmp_path / "broken.yaml").write_text('name: broken\nengine_args: ["--fail-rate", "1.0"]\n')
     declared = ("--bundle", str(tmp_path / "v2.yaml"), "--bundle", str(tmp_path / "broken.yaml"))
     declared += tuple(arg for path in more for arg in ("--bundle", str(path)))
     with ExitStack() as stack:
         sups: list[Supervised] = []
-        for _ in range(count):
-            sup = start_supervised(sim_args=SIM, sup_args=(*SUP, "--bundle-name", "v1", *declared))
+        for kv_role in kv_roles or (None,) * count:
+            kv = ("--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": kv_role}))
+            sim_args = (*SIM, *kv) if kv_role else SIM
+            sup = start_supervised(sim_args=sim_args, sup_args=(*SUP, "--bundle-name", "v1", *declared))
             sups.append(sup)
 
             def stop(sup: Supervised = sup) -> None:
@@ -138,6 +141,24 @@ async def test_an_undeclared_bundle_is_refused_before_anything_moves(tmp_path: P
         )
         assert {s.url: s.state()["engine"]["pid"] for s in sups} == pids
         assert all(s.state()["state"] == "READY" for s in sups)
+
+
+async def test_a_lone_prefill_decode_pair_is_refused_before_anything_moves(tmp_path: Path) -> None:
+    """One prefill and one decode host: switching either to a bundle whose pairing identity is not
+    known leaves no complete pair, and hosts have no spare to surge into."""
+    state = tmp_path / "state"
+    with hosts(tmp_path, kv_roles=("kv_producer", "kv_consumer")) as (sups, url, fleet):
+        assert [s.state()["role"] for s in sups] == ["prefill", "decode"]
+        pids = {s.url: s.state()["engine"]["pid"] for s in sups}
+        code, output = await corral(
+            state, "rollout", "--fleet", str(fleet), "--to", str(tmp_path / "v2.yaml")
+        )
+        assert code == 1, output
+        rec = record(state, "rollout", url)
+        assert [(s["step"], s["ok"]) for s in rec["steps"]] == [("PRECHECK", False)]
+        assert "no complete compatible pair routable" in rec["reason"], rec["reason"]
+        assert "hosts are switched in place" in rec["reason"]
+        assert {s.url: s.state()["engine"]["pid"] for s in sups} == pids
 
 
 @pytest.mark.timeout(240)

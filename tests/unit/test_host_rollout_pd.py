@@ -44,11 +44,11 @@ def test_host_waves_move_a_pair_together_and_refuse_a_lone_pair() -> None:
     assert [w.groups for w in rest] == [("host-1",), ("host-3",)]
     # one prefill and one decode host: no spare, so a switch to an unknown identity keeps no pair
     lone = [_host(0, "prefill"), _host(1, "decode")]
-    with pytest.raises(StepFailed, match="no complete compatible pair routable"):
-        plan_groups(lone, {"host-0": V1, "host-1": V1}, {"host-0", "host-1"}, 1, False, PairLimits())
+    with pytest.raises(StepFailed, match="no complete compatible pair routable: hosts are switched in place"):
+        plan_groups(lone, {"host-0": V1, "host-1": V1}, {"host-0", "host-1"}, 1, False, PairLimits(), True)
     # and --min-decode 2 on two decode hosts cannot move either of them
     with pytest.raises(StepFailed, match="below --min-decode 2"):
-        plan_groups(hosts, {g.name: V1 for g in hosts}, moving, 1, False, PairLimits(1, 2))
+        plan_groups(hosts, {g.name: V1 for g in hosts}, moving, 1, False, PairLimits(1, 2), True)
 
 
 def _endpoint(i: int, role: str, pairing: str) -> dict[str, Any]:

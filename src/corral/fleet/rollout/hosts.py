@@ -94,7 +94,9 @@ class HostRollout(RolloutBase):
         self._unmoved = {g.supervisors[0] for g in todo}
         groups = await self._groups()
         if has_roles(g.role for g in groups):
-            waves = plan_groups(groups, self.pairings, {g.name for g in todo}, self.batch, False, self.limits)
+            waves = plan_groups(
+                groups, self.pairings, {g.name for g in todo}, self.batch, False, self.limits, True
+            )
             step.data["plan"] = [
                 {"groups": list(w.groups), "together": w.together, "lowest": w.lowest.to_json()}
                 for w in waves
@@ -112,7 +114,7 @@ class HostRollout(RolloutBase):
         while remaining:
             if n:  # the hosts switched so far publish the target's pairing identity (read at VERIFY)
                 groups = await self._groups()
-            wave = plan_groups(groups, self.pairings, set(remaining), self.batch, False, self.limits)[0]
+            wave = plan_groups(groups, self.pairings, set(remaining), self.batch, False, self.limits, True)[0]
             n += 1
             await self._move_wave(f"wave {n}", [remaining.pop(name) for name in wave.groups])
 

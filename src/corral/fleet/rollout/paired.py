@@ -162,6 +162,7 @@ def plan_groups(
     per_wave: int,
     surge: bool,
     limits: PairLimits,
+    in_place: bool = False,
 ) -> list[Wave]:
     """The waves that move `moving` (pd_plan.plan_waves), from the fleet's groups and the pairing
     identities they published; the target's identity is that of any group already moved (None before
@@ -172,7 +173,7 @@ def plan_groups(
     on_target = [pairings.get(g.name) for g in groups if g.name not in moving]
     target = next((p for p in on_target if p is not None), None)
     try:
-        return plan_waves(planned, target, per_wave, surge, limits)
+        return plan_waves(planned, target, per_wave, surge, limits, in_place)
     except PlanRefused as exc:
         raise StepFailed(str(exc)) from None
 

@@ -114,11 +114,13 @@ def plan_waves(
     per_wave: int,
     surge: bool,
     limits: PairLimits,
+    in_place: bool = False,
 ) -> list[Wave]:
     """The waves that move every group with `moves` to the target, each checked against `limits`
     at its lowest point; PlanRefused names the first that breaks them. `target_pairing` None: the
     target's identity is not known yet, so it is taken to differ from every group's (the safe case).
-    `per_wave`: groups of each role moved at once (--max-surge, or --max-unavailable)."""
+    `per_wave`: groups of each role moved at once (--max-surge, or --max-unavailable). `in_place`:
+    the groups are hosts switched where they run (no surge possible), which the refusal's advice says."""
     if per_wave < 1:
         raise ValueError("per_wave must be at least 1")
     target = target_pairing if target_pairing is not None else TARGET_UNKNOWN
@@ -159,15 +161,20 @@ def plan_waves(
             for g in batch:
                 fleet[g.name + "'"] = (g.role, target, g.engines)
         if (why := lowest.shortfall(limits)) is not None:
-            raise PlanRefused(_refusal(n, names, why, surge, together))
+            raise PlanRefused(_refusal(n, names, why, surge, together, in_place))
         roles = {g.role for g in batch}
         waves.append(Wave(names, together and PREFILL in roles and DECODE in roles, lowest))
     return waves
 
 
-def _refusal(n: int, names: tuple[str, ...], why: str, surge: bool, together: bool) -> str:
+def _refusal(n: int, names: tuple[str, ...], why: str, surge: bool, together: bool, in_place: bool) -> str:
     moved = f"step {n} (moving {', '.join(names)})"
-    if surge:
+    if in_place:
+        hint = (
+            "hosts are switched in place with no spare to surge into: add hosts of each role, lower "
+            "--max-unavailable or --min-prefill/--min-decode"
+        )
+    elif surge:
         hint = (
             "raise --max-surge so more new groups of each role are up before the old ones go, or lower "
             "--min-prefill/--min-decode"
