@@ -143,22 +143,47 @@ async def test_an_undeclared_bundle_is_refused_before_anything_moves(tmp_path: P
         assert all(s.state()["state"] == "READY" for s in sups)
 
 
-async def test_a_lone_prefill_decode_pair_is_refused_before_anything_moves(tmp_path: Path) -> None:
-    """One prefill and one decode host: switching either to a bundle whose pairing identity is not
-    known leaves no complete pair, and hosts have no spare to surge into."""
+@pytest.mark.timeout(240)
+async def test_a_prefill_decode_host_fleet_switches_a_pair_at_a_time(tmp_path: Path) -> None:
+    """Two prefill and two decode hosts to a new vLLM version (a new pairing identity): with
+    --min-decode 2 PRECHECK refuses before anything moves (hosts have no spare to surge into); without,
+    each wave is a prefill host then a decode host, between PAIRS checks of the router's fleet that
+    each find a complete pair, and every host reports the target's identity at the end."""
     state = tmp_path / "state"
-    with hosts(tmp_path, kv_roles=("kv_producer", "kv_consumer")) as (sups, url, fleet):
-        assert [s.state()["role"] for s in sups] == ["prefill", "decode"]
+    roles = ("kv_producer", "kv_producer", "kv_consumer", "kv_consumer")
+    with hosts(tmp_path, kv_roles=roles) as (sups, url, fleet):
+        assert [s.state()["role"] for s in sups] == ["prefill", "prefill", "decode", "decode"]
+        before = {s.state()["pairing"] for s in sups}
         pids = {s.url: s.state()["engine"]["pid"] for s in sups}
+        to = ("--fleet", str(fleet), "--to", str(tmp_path / "v2.yaml"))
+        code, output = await corral(state, "rollout", *to, "--min-decode", "2")
+        assert code == 1, output
+        refused = record(state, "rollout", url)
+        assert [(s["step"], s["ok"]) for s in refused["steps"]] == [("PRECHECK", False)]
+        assert "below --min-decode 2: hosts are switched in place" in refused["reason"], refused["reason"]
+        assert {s.url: s.state()["engine"]["pid"] for s in sups} == pids
         code, output = await corral(
             state, "rollout", "--fleet", str(fleet), "--to", str(tmp_path / "v2.yaml")
         )
-        assert code == 1, output
+        assert code == 0, output
         rec = record(state, "rollout", url)
-        assert [(s["step"], s["ok"]) for s in rec["steps"]] == [("PRECHECK", False)]
-        assert "no complete compatible pair routable" in rec["reason"], rec["reason"]
-        assert "hosts are switched in place" in rec["reason"]
-        assert {s.url: s.state()["engine"]["pid"] for s in sups} == pids
+        assert rec["outcome"] == "succeeded", rec["reason"]
+        moves = [(s["step"], s["group"]) for s in rec["steps"] if s["step"] in ("PAIRS", "SWITCH")]
+        assert moves == [
+            ("PAIRS", "wave 1"),
+            ("SWITCH", "host-0"),
+            ("SWITCH", "host-2"),
+            ("PAIRS", "wave 1"),
+            ("PAIRS", "wave 2"),
+            ("SWITCH", "host-1"),
+            ("SWITCH", "host-3"),
+            ("PAIRS", "wave 2"),
+        ], moves
+        pairs = [s["data"] for s in rec["steps"] if s["step"] == "PAIRS"]
+        assert all(len(p["pairs"]) >= 1 for p in pairs), pairs
+        assert len(pairs[1]["pairs"]) == 2  # after wave 1: the old pair and the new one
+        after = {s.state()["pairing"] for s in sups}
+        assert len(before) == 1 and len(after) == 1 and before != after
 
 
 @pytest.mark.timeout(240)
