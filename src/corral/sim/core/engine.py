@@ -2,7 +2,8 @@
 
 `prepare` applies vLLM's length rules (max_tokens vs max_model_len, the character pre-check, the token
 check, clamping max_tokens to the context left) and decides the output. `stream` / `complete` then wait for
-admission, "prefill" the uncached part of the prompt, and pace the tokens, keeping the metrics up to date.
+admission, "prefill" the uncached part of the prompt, and pace the tokens, keeping the metrics up to date;
+while prompts are being computed here, each decode step is stretched by the prefill chunk batched with it.
 After `abort_all` (shutdown) every request stops where it is and never answers, as vLLM's do.
 
 `EngineControl` (sleep, pause, abort) reaches a running request through its `EngineRequest.interrupt`:
