@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 from corral.engine import metric_names as names
 from corral.sim.core.kv_transfer import KvTransfers
 from corral.sim.core.stats import Histogram
+from corral.sim.http.metrics import histogram_family
 
 NIXL_CONNECTOR = "NixlConnector"
 
@@ -36,16 +37,7 @@ class KvTransferCollector(Collector):
         return m
 
     def _histogram(self, name: str, doc: str, hist: Histogram) -> Metric:
-        m = Metric(name, doc, "histogram")
-        cumulative = 0
-        for bound, n in zip(hist.buckets, hist.counts, strict=False):
-            cumulative += n
-            m.add_sample(name + "_bucket", {**self._labels, "le": repr(float(bound))}, cumulative)
-        m.add_sample(name + "_bucket", {**self._labels, "le": "+Inf"}, hist.count)
-        m.add_sample(name + "_count", self._labels, hist.count)
-        m.add_sample(name + "_sum", self._labels, hist.sum)
-        m.add_sample(name + "_created", self._labels, hist.created)
-        return m
+        return histogram_family(name, doc, self._labels, hist)
 
     def collect(self) -> Iterator[Metric]:
         kv, st = self._kv, self._kv.stats

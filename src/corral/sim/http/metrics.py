@@ -31,6 +31,25 @@ def _fmt_le(bound: float) -> str:
     return repr(float(bound))
 
 
+def histogram_family(name: str, doc: str, labels: dict[str, str], hist: Histogram) -> Metric:
+    """A histogram family as vLLM exposes one: cumulative `_bucket`s with `le` (labels in name order),
+    `_count`, `_sum` and `_created`."""
+
+    def labelled(**extra: str) -> dict[str, str]:
+        return dict(sorted({**labels, **extra}.items()))
+
+    m = Metric(name, doc, "histogram")
+    cumulative = 0
+    for bound, n in zip(hist.buckets, hist.counts, strict=False):
+        cumulative += n
+        m.add_sample(name + "_bucket", labelled(le=_fmt_le(bound)), cumulative)
+    m.add_sample(name + "_bucket", labelled(le="+Inf"), hist.count)
+    m.add_sample(name + "_count", labelled(), hist.count)
+    m.add_sample(name + "_sum", labelled(), hist.sum)
+    m.add_sample(name + "_created", labelled(), hist.created)
+    return m
+
+
 class EngineCollector(Collector):
     """Yields the `vllm:` families for one engine (`engine="0"`) serving `model_name`."""
 
@@ -64,16 +83,7 @@ class EngineCollector(Collector):
         return m
 
     def _histogram(self, name: str, doc: str, hist: Histogram) -> Metric:
-        m = Metric(name, doc, "histogram")
-        cumulative = 0
-        for bound, n in zip(hist.buckets, hist.counts, strict=False):
-            cumulative += n
-            m.add_sample(name + "_bucket", self._labels(le=_fmt_le(bound)), cumulative)
-        m.add_sample(name + "_bucket", self._labels(le="+Inf"), hist.count)
-        m.add_sample(name + "_count", self._labels(), hist.count)
-        m.add_sample(name + "_sum", self._labels(), hist.sum)
-        m.add_sample(name + "_created", self._labels(), hist.created)
-        return m
+        return histogram_family(name, doc, self._labels(), hist)
 
     def collect(self) -> Iterator[Metric]:
         s, sched, cache = self._stats, self._scheduler, self._cache
