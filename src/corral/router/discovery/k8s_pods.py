@@ -178,6 +178,9 @@ class PodSource:
         self._members: dict[str, tuple[str, str]] = {}  # pod key -> (identity, url) of its endpoint
         self._at: dict[str, str] = {}  # url -> the pod key whose endpoint is there
         self._answered: set[str] = set()  # pod keys whose /v1/models answered since they became routable
+        # whether any pod was labelled prefill or decode: only then is an engine's pairing identity asked
+        # for (an aggregated fleet's engines get no extra request)
+        self._pd_seen = False
         self._queue: KeyedQueue[str, PodView] = KeyedQueue()
         self.informer = PodInformer(
             api, self, config.informer, on_relist=metrics.count_relist, on_event=self._count_event
@@ -265,6 +268,7 @@ class PodSource:
             self._views.pop(key, None)
         else:
             self._views[key] = view
+            self._pd_seen = self._pd_seen or view.role in ("prefill", "decode")
         blocker = view.blocker()
         url = self.url_of(view.ip) if view.ip and not view.deleted else None
 
@@ -390,7 +394,9 @@ class PodSource:
                 self._sink.emit(EndpointUpdated(identity, f"pod {key} Ready; /v1/models: {describe(exc)}"))
                 self._retry_later(key)
             return
-        pairing = await probe_pairing(self._session, url, cards, self._config.probe_headers)
+        pairing = None
+        if self._pd_seen:
+            pairing = await probe_pairing(self._session, url, cards, self._config.probe_headers)
         if not self._current(key, view):
             return  # deleted, unready or moved while the probe ran: the answer is stale
         self._answered.add(key)

@@ -166,8 +166,11 @@ class StaticSource:
             self._probe_failed(url, describe(exc))
             return
         models = frozenset(c["id"] for c in cards)
-        # asked before READY is emitted, so that an endpoint is never routable without the identity
-        pairing = await probe_pairing(self._session, url, cards, self._probe_headers)
+        # asked before READY is emitted, so that an endpoint is never routable without the identity;
+        # only in a P/D fleet (a role declared): an aggregated fleet's engines get no extra request
+        pairing = None
+        if any(role in ("prefill", "decode") for role in self._roles.values()):
+            pairing = await probe_pairing(self._session, url, cards, self._probe_headers)
         if url not in self._urls:
             return  # dropped from the list while the probe ran
         self._answered.add(url)
