@@ -74,7 +74,7 @@ class LatencyHistogram(WireModel):
             return self
         return LatencyHistogram(
             bounds=self.bounds,
-            counts=_trimmed([n - b for n, b in zip(now, before, strict=True)]),
+            counts=trimmed([n - b for n, b in zip(now, before, strict=True)]),
             sum=max(0.0, self.sum - earlier.sum),
         )
 
@@ -103,7 +103,7 @@ class LatencyHistogram(WireModel):
         counts = [0] * (len(LATENCY_BOUNDS) + 1)
         for value in values:
             counts[bisect.bisect_left(LATENCY_BOUNDS, value)] += 1
-        return cls(counts=_trimmed(counts), sum=float(sum(values)))
+        return cls(counts=trimmed(counts), sum=float(sum(values)))
 
     @classmethod
     def from_cumulative(cls, bounds: list[float], cumulative: list[float], total: float) -> LatencyHistogram:
@@ -115,10 +115,11 @@ class LatencyHistogram(WireModel):
         for running in cumulative:
             counts.append(max(0, round(running - previous)))
             previous = max(previous, running)
-        return cls(bounds=list(bounds), counts=_trimmed(counts), sum=total)
+        return cls(bounds=list(bounds), counts=trimmed(counts), sum=total)
 
 
-def _trimmed(counts: list[int]) -> list[int]:
+def trimmed(counts: list[int]) -> list[int]:
+    """Per-bucket counts without their trailing zeros (how a histogram travels on the wire)."""
     end = len(counts)
     while end and counts[end - 1] == 0:
         end -= 1
@@ -208,7 +209,7 @@ def _added(a: LatencyHistogram, b: LatencyHistogram) -> LatencyHistogram:
         raise ValueError("the two histograms have different bucket bounds")
     width = len(a.bucket_bounds()) + 1
     counts = [x + y for x, y in zip(a._full_counts(), b._full_counts(), strict=True)][:width]
-    return LatencyHistogram(bounds=a.bounds, counts=_trimmed(counts), sum=a.sum + b.sum)
+    return LatencyHistogram(bounds=a.bounds, counts=trimmed(counts), sum=a.sum + b.sum)
 
 
 def _ms(seconds: float | None) -> float | None:

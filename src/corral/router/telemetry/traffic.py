@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from corral.contracts.traffic import LATENCY_BOUNDS, TrafficFigures
+from corral.contracts.traffic import LATENCY_BOUNDS, TrafficFigures, trimmed
 from corral.router.telemetry.histogram import Histogram
 
 
@@ -73,11 +73,7 @@ class EndpointTraffic:
 
 
 def _latency(histogram: Histogram) -> dict[str, Any]:
-    counts = histogram.buckets
-    end = len(counts)
-    while end and counts[end - 1] == 0:
-        end -= 1
-    return {"counts": counts[:end], "sum": round(histogram.total, 6)}
+    return {"counts": trimmed(histogram.buckets), "sum": round(histogram.total, 6)}
 
 
 class StreamTimes:
