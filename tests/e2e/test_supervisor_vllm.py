@@ -31,6 +31,7 @@ class LongStream:
     def __init__(self, engine_url: str) -> None:
         self.engine_url = engine_url
         self.first_byte = threading.Event()
+        self.answered = threading.Event()
         self.status = 0
         self.body = b""
         self.ended_at = 0.0
@@ -42,6 +43,7 @@ class LongStream:
         chunks = []
         with httpx.stream("POST", self.engine_url + "/v1/completions", json=body, timeout=120) as resp:
             self.status = resp.status_code
+            self.answered.set()
             for chunk in resp.iter_bytes():
                 chunks.append(chunk)
                 self.first_byte.set()
@@ -103,6 +105,10 @@ def test_start_ready_drain_shutdown_cycle(vllm_python: str, tiny_model: Path, tm
         for stream in streams:
             stream.thread.start()
         assert streams[0].first_byte.wait(60), "the first stream never started"
+        # every stream must be in flight (answered by the engine) before the drain: one whose thread
+        # the scheduler had not yet run would connect after the engine stopped, which is no fault
+        for stream in streams:
+            assert stream.answered.wait(60), "a stream was never answered"
         sigterm_at = time.monotonic()
         supervisor.signal(signal.SIGTERM)
         wait_until(lambda: http_status(supervisor_url + "/readyz") != 200, 5, "readiness to drop")
