@@ -211,3 +211,18 @@ def test_a_precheck_refusal_is_decided_by_the_strategy_too(tmp_path: Path) -> No
         assert len(sup.engine_pids()) == 1  # only the rollback's engine: the refused one never started
         outcomes = [r["outcome"] for r in sup.oplog() if r["record"] == "precheck"]
         assert outcomes == ["refused", "authorized"], outcomes
+
+
+def test_a_usage_error_is_not_retried_and_its_error_line_is_the_reason() -> None:
+    """An unknown engine flag is exit code 2 before anything loads: no restart fixes it, so the
+    restart budget is not spent on it and FAILED quotes the engine's own error line."""
+    port = free_port()
+    with supervised(
+        engine_port=port,
+        engine_cmd=sim_command(port, "--no-such-engine-flag"),
+        sup_args=("--startup-restarts", "3"),
+    ) as sup:
+        body = sup.wait_for("FAILED", lambda b: b.get("sub_state") == "gave_up", 60)
+        assert body["restarts"] == [] and len(sup.engine_pids()) == 1
+        assert "usage error" in body["reason"] and "--no-such-engine-flag" in body["reason"]
+        assert body["evidence"]["exit_code"] == 2

@@ -198,3 +198,14 @@ def test_a_failure_after_serving_is_no_start_and_gives_up_whatever_the_strategy(
     sup.machine.transition(EngineState.FAILED, "engine exited while serving")
     sup.fail_for_good("engine exited while serving; restart budget spent")
     assert sup.machine.sub_state == "gave_up" and sup.startup_failure is None and sup.live[0] is False
+
+
+def test_usage_error_is_exit_2_before_loading_and_quotes_the_engine() -> None:
+    from corral.supervisor.lifecycle.failure_strategy import usage_error
+
+    tail = ["usage: vllm serve [-h] ...", "vllm serve: error: unrecognized arguments: --bogus"]
+    reason = usage_error(2, True, tail)
+    assert reason is not None and "unrecognized arguments: --bogus" in reason and "not retried" in reason
+    assert usage_error(2, False, tail) is None  # exit 2 after loading began: not a usage error
+    assert usage_error(1, True, tail) is None  # a crash, which a restart may fix
+    assert usage_error(None, True, tail) is None

@@ -2,8 +2,9 @@
 READY, chosen before the start, and the one decision (`decide`) that turns a failed start into a verdict.
 
 A start has failed for good once nothing inside it will help: its `--startup-restarts` are spent, its
-`--startup-timeout` passed, it serves the wrong model, its LoRA adapters cannot load, its dependencies
-or preload daemon never came up, or PRECHECK refused it (never retried). Then:
+engine rejected its own command line (`usage_error`: exit code 2 before it loaded anything, never
+retried), its `--startup-timeout` passed, it serves the wrong model, its LoRA adapters cannot load,
+its dependencies or preload daemon never came up, or PRECHECK refused it (never retried). Then:
 
 - `restart` (the default): FAILED/`gave_up` and `/livez` 503, so that whatever runs the supervisor (the
   kubelet) restarts it; the bounded retry is the pod's restart.
@@ -89,6 +90,23 @@ def check_rollback_bundle(choice: OnStartupFailure, declared: Iterable[str], sta
             f"--on-startup-failure {choice}: bundle {choice.bundle!r} is not declared (declared with "
             f"--bundle: {known}); add its file with --bundle FILE"
         )
+
+
+USAGE_EXIT_CODE = 2  # argparse's and click's exit on a bad command line (vLLM's `vllm serve`, `corral sim`)
+
+
+def usage_error(exit_code: int | None, before_loading: bool, last_lines: Iterable[str]) -> str | None:
+    """Why an engine exit is a deterministic usage error (an unknown flag, a bad value), which no
+    restart fixes: exit code 2 before the engine loaded anything; the reason quotes the engine's own
+    error line when its log has one. None for any other exit."""
+    if exit_code != USAGE_EXIT_CODE or not before_loading:
+        return None
+    said = [line.strip() for line in last_lines if "error" in line.lower() and line.strip()]
+    quoted = f": {said[-1]}" if said else ""
+    return (
+        f"the engine rejected its command line (exit code 2, a usage error{quoted}); "
+        "not retried: fix the engine command or the bundle's engine_args"
+    )
 
 
 def decide(choice: OnStartupFailure, *, rolled_back: bool, operation: str | None) -> Verdict:

@@ -20,6 +20,7 @@ from corral.supervisor.checks.engine_auth import redact_argv
 from corral.supervisor.checks.readiness import EngineNotAnswering, NotReady, SmokeResult
 from corral.supervisor.lifecycle.device_memory import engine_visible_devices, read_device
 from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPolicy
+from corral.supervisor.lifecycle.failure_strategy import usage_error
 from corral.supervisor.lifecycle.memory_checks import (
     budget_evidence,
     capacity_at_ready,
@@ -230,6 +231,10 @@ class EngineStartup:
             code = engine.returncode
             self._sup.record_exit(engine)
             await engine.stop(min(5.0, self._sup.config.drain.shutdown_timeout))  # its ranks too
+            before_loading = self._sup.machine.sub_state == StartingPhase.ENGINE_STARTING
+            if lost is None and (misuse := usage_error(code, before_loading, engine.last_lines())):
+                self._sup.fail_for_good(misuse, exit_code=code, last_lines=list(engine.last_lines()))
+                return False
             backoff = policy.next_backoff()
             cause = "rank_lost" if rank_loss is not None and lost is None else "startup_exit"
             reason = (
