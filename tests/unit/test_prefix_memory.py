@@ -50,9 +50,9 @@ def test_each_endpoint_keeps_at_most_its_capacity_least_recent_first() -> None:
     memory = PrefixMemory(keys_per_endpoint=3)
     a = endpoint(1)
     for key in (1, 2, 3):
-        memory.sent(key, a)
-    memory.sent(1, a)  # 1 is the most recent now
-    memory.sent(4, a)  # evicts 2
+        memory.remember(key, a)
+    memory.remember(1, a)  # 1 is the most recent now
+    memory.remember(4, a)  # evicts 2
     assert memory.keys_of(a) == 3
     assert [k for k in (1, 2, 3, 4) if memory.holding(k, [a])] == [1, 3, 4]
     with pytest.raises(ValueError, match="at least 1"):
@@ -109,8 +109,8 @@ def test_a_new_prefix_epoch_forgets_the_engine_and_the_ring_decides_again() -> N
 def test_a_new_endpoint_at_the_same_address_starts_empty_and_forget_drops_one() -> None:
     memory = PrefixMemory()
     old, other = endpoint(1), endpoint(2)
-    memory.sent(7, old)
-    memory.sent(7, other)
+    memory.remember(7, old)
+    memory.remember(7, other)
     assert memory.holding(7, [endpoint(1)]) == []  # a new object: another engine
     memory.forget(other.url, "left membership")
     assert memory.keys_of(other) == 0
@@ -135,7 +135,7 @@ def test_memory_stays_bounded_and_answers_within_the_pool(
     endpoints = [endpoint(i) for i in range(4)]
     memory = PrefixMemory(keys_per_endpoint=capacity)
     for i, key in sends:
-        memory.sent(key, endpoints[i])
+        memory.remember(key, endpoints[i])
         assert memory.keys_of(endpoints[i]) <= capacity
     for key in range(21):
         held = memory.holding(key, endpoints[:2])

@@ -206,7 +206,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     )
     app[CONNECTION_GUARD] = guard
     metrics = RouterMetrics()
-    prefix_memory = PrefixMemory()
+    prefix_memory = PrefixMemory(block_chars=config.routing.block_chars, key_blocks=config.routing.key_blocks)
 
     def left_routing(record: RoutingExit) -> None:
         metrics.count_removal(record.cause)

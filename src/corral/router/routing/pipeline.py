@@ -10,11 +10,10 @@ from collections.abc import Mapping, Sequence
 from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.filters import within_load_bound
 from corral.router.routing.load_board import LoadBoard
-from corral.router.routing.prefix_memory import PrefixHolders
+from corral.router.routing.prefix_holders import PrefixHolders
+from corral.router.routing.prefix_memory import DEFAULT_BLOCK_CHARS, DEFAULT_KEY_BLOCKS
 from corral.router.routing.request import RouteRequest
 from corral.router.routing.scorers import (
-    DEFAULT_BLOCK_CHARS,
-    DEFAULT_KEY_BLOCKS,
     PickContext,
     PrefixScorer,
     Scorer,

@@ -5,8 +5,9 @@ home. An endpoint's keys are forgotten when its engine's prefix cache was emptie
 `prefix_epoch` changed: sleep level >= 1, reload, a new engine process), when it is replaced by a new
 endpoint at the same address, or when it leaves membership.
 
-`PrefixHolders` is the one question the scorer asks; a KV-event index (issue 17) answers it from the
-engines' own block events instead, without the scorer changing.
+It answers `PrefixHolders` from the prompt's approximate prefix key (`prompt.prefix_key`: characters,
+not tokens) for fleets without KV-cache events; the KV-event index answers the same question from the
+engines' own block events.
 """
 
 from __future__ import annotations
@@ -14,27 +15,22 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from corral.router.membership.endpoint import Endpoint
+from corral.router.routing.prompt import prefix_key
+from corral.router.routing.request import RouteRequest
 
 log = logging.getLogger("corral.router.prefix_memory")
 
 # 4096 keys of 8 bytes (plus the dict's overhead, ~100 bytes a key): about 0.4 MB per endpoint. A key
 # stands for up to `key_blocks` prompt blocks, so this is more prefixes than an engine's cache holds.
 DEFAULT_KEYS_PER_ENDPOINT = 4096
-
-
-class PrefixHolders(Protocol):
-    """Which endpoints likely hold a prompt's leading blocks, and learning from each pick."""
-
-    def holding(self, key: int, pool: Sequence[Endpoint]) -> list[Endpoint]:
-        """The endpoints of `pool` that likely cache `key`, in `pool`'s order."""
-        ...
-
-    def sent(self, key: int, endpoint: Endpoint) -> None:
-        """A request with `key` was sent to `endpoint`: it will cache the prefix."""
-        ...
+# The prompt key: whole blocks of this many characters (about a quarter as many tokens), at most
+# this many of them (the routing config's block_chars and key_blocks).
+DEFAULT_BLOCK_CHARS = 128
+DEFAULT_KEY_BLOCKS = 4
+_DERIVED = "prefix_memory"  # the request's cached key, under RouteRequest.derived
 
 
 def _epoch(endpoint: Endpoint) -> str | None:
@@ -54,12 +50,21 @@ class _Keys:
 
 
 class PrefixMemory:
-    """Bounded per-endpoint LRU sets of prefix keys; O(1) per key and endpoint."""
+    """Bounded per-endpoint LRU sets of prefix keys; O(1) per key and endpoint. A prompt's share is 1
+    on an endpoint that was sent its key, else 0."""
 
-    def __init__(self, keys_per_endpoint: int = DEFAULT_KEYS_PER_ENDPOINT) -> None:
+    def __init__(
+        self,
+        keys_per_endpoint: int = DEFAULT_KEYS_PER_ENDPOINT,
+        *,
+        block_chars: int = DEFAULT_BLOCK_CHARS,
+        key_blocks: int = DEFAULT_KEY_BLOCKS,
+    ) -> None:
         if keys_per_endpoint < 1:
             raise ValueError(f"keys_per_endpoint {keys_per_endpoint}: must be at least 1")
         self.keys_per_endpoint = keys_per_endpoint
+        self.block_chars = block_chars
+        self.key_blocks = key_blocks
         self._by_url: dict[str, _Keys] = {}
         self.forgotten = 0  # endpoints' key sets dropped (epoch change, replaced, left)
 
@@ -84,15 +89,38 @@ class PrefixMemory:
             self.forgotten += 1
             log.info("forgot %d prefix keys of %s: %s", len(entry.keys), url, why)
 
-    def holding(self, key: int, pool: Sequence[Endpoint]) -> list[Endpoint]:
-        held = []
-        for endpoint in pool:
-            entry = self._current(endpoint)
-            if entry is not None and key in entry.keys:
-                held.append(endpoint)
-        return held
+    def key(self, request: RouteRequest) -> int | None:
+        """The request's prefix key, computed once per request; None when the prompt has no whole block."""
+        derived = request.derived
+        if derived is None:
+            derived = request.derived = {}
+        elif _DERIVED in derived:
+            cached: int | None = derived[_DERIVED]
+            return cached
+        key = derived[_DERIVED] = prefix_key(request.payload, self.block_chars, self.key_blocks)
+        return key
 
-    def sent(self, key: int, endpoint: Endpoint) -> None:
+    def held(self, request: RouteRequest, pool: Sequence[Endpoint]) -> list[float]:
+        key = self.key(request)
+        if key is None:
+            return [0.0] * len(pool)
+        return [1.0 if self.holds(key, e) else 0.0 for e in pool]
+
+    def holds(self, key: int, endpoint: Endpoint) -> bool:
+        entry = self._current(endpoint)
+        return entry is not None and key in entry.keys
+
+    def holding(self, key: int, pool: Sequence[Endpoint]) -> list[Endpoint]:
+        """The endpoints of `pool` that were sent `key` (and still count as holding it), in order."""
+        return [e for e in pool if self.holds(key, e)]
+
+    def sent(self, request: RouteRequest, endpoint: Endpoint) -> None:
+        key = self.key(request)
+        if key is not None:
+            self.remember(key, endpoint)
+
+    def remember(self, key: int, endpoint: Endpoint) -> None:
+        """`endpoint` was sent a prompt with `key`: it will cache the prefix."""
         entry = self._current(endpoint)
         if entry is None:
             entry = self._by_url[endpoint.url] = _Keys(endpoint)

@@ -14,11 +14,13 @@ from corral.router.membership.endpoint import Endpoint
 @dataclass(slots=True)
 class RouteRequest:
     """What a policy may look at: the model asked for, the request's headers, and the body the proxy
-    already parsed (None for multipart), never parsed again."""
+    already parsed (None for multipart), never parsed again. `derived` keeps what routing computed
+    from the body (prefix keys, block hashes), by its owner's name, so one pick computes it once."""
 
     model: str
     headers: Mapping[str, str]
     payload: Mapping[str, Any] | None = None
+    derived: dict[str, Any] | None = None
 
 
 class Policy(Protocol):

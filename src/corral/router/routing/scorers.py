@@ -11,14 +11,13 @@ from typing import Protocol
 
 from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.load_board import LoadBoard
-from corral.router.routing.prefix_memory import PrefixHolders
+from corral.router.routing.prefix_holders import PrefixHolders
+from corral.router.routing.prefix_memory import DEFAULT_BLOCK_CHARS, DEFAULT_KEY_BLOCKS
 from corral.router.routing.prompt import prefix_key
 from corral.router.routing.request import RouteRequest
 from corral.router.routing.rings import RingCache, stable_hash
 
 SCORER_NAMES = ("prefix", "queue", "kv_usage", "in_flight", "lora", "session")
-DEFAULT_BLOCK_CHARS = 128
-DEFAULT_KEY_BLOCKS = 4
 
 
 @dataclass(slots=True)
@@ -80,7 +79,8 @@ class PrefixScorer:
         allowed = {id(e) for e in pool}
         order = [e for e in self._rings.ring(ctx.eligible).walk(key) if id(e) in allowed]
         if self.holders is not None:
-            held = self.holders.holding(key, order)
+            shares = self.holders.held(ctx.request, order)
+            held = [e for e, share in zip(order, shares, strict=True) if share > 0]
             if held and held[0] is not order[0]:
                 first = {id(e) for e in held}
                 order = held + [e for e in order if id(e) not in first]
@@ -88,8 +88,8 @@ class PrefixScorer:
 
     def learn(self, chosen: Endpoint, ctx: PickContext) -> None:
         """The pick is made: `chosen` will cache the prompt's prefix."""
-        if self.holders is not None and ctx.prefix_key is not None:
-            self.holders.sent(ctx.prefix_key, chosen)
+        if self.holders is not None:
+            self.holders.sent(ctx.request, chosen)
 
     def score(self, pool: Sequence[Endpoint], ctx: PickContext) -> list[float]:
         order = self.home_order(pool, ctx)

@@ -13,7 +13,8 @@ from corral.router.routing.load_board import LoadBoard
 from corral.router.routing.load_scraper import LoadScraper
 from corral.router.routing.pipeline import LOAD_WEIGHTS, PREFIX_WEIGHTS, ScoredPolicy
 from corral.router.routing.policies import LeastRequest, RoundRobin, SessionAffinity
-from corral.router.routing.prefix_memory import PrefixHolders, PrefixMemory
+from corral.router.routing.prefix_holders import PrefixHolders
+from corral.router.routing.prefix_memory import PrefixMemory
 from corral.router.routing.request import POLICY_NAMES, Policy, RouteRequest
 from corral.router.routing.slow_start import SlowStart
 
@@ -96,7 +97,11 @@ class Routing:
     ) -> None:
         self.config = config
         self.board = LoadBoard(stale_after=config.stale_seconds())
-        self.prefix_memory = prefix_memory if prefix_memory is not None else PrefixMemory()
+        self.prefix_memory = (
+            prefix_memory
+            if prefix_memory is not None
+            else PrefixMemory(block_chars=config.block_chars, key_blocks=config.key_blocks)
+        )
         policies: dict[str, Policy] = {}
         for name in ("round_robin", "least_request", "session"):
             policies[name] = build_policy(name, session_header, seed=seed)
