@@ -88,34 +88,46 @@ def vllm_command(vllm_python: str, model: Path, port: int, *extra: str) -> list[
 DEV_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
 
 
+def start_engine(
+    command: list[str], log_path: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """A vLLM engine process in its own session, its output in `log_path`."""
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env or vllm_env(),
+            start_new_session=True,
+        )
+
+
+def stop_engine(proc: subprocess.Popen[bytes], log_path: Path) -> None:
+    """SIGTERM to the engine's process group, SIGKILL after 20 s; says where its log is."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+    print(f"vLLM log: {log_path}", file=sys.stderr)
+
+
 @pytest.fixture(scope="session")
 def vllm_engine(
     vllm_python: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     """A plain real vLLM engine (no supervisor) in dev mode, for conformance checks."""
     port = free_port()
-    log = (tmp_path_factory.mktemp("vllm") / "engine.log").open("wb")
-    proc = subprocess.Popen(
-        vllm_command(vllm_python, tiny_model, port),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        env={**vllm_env(), **DEV_ENV},
-        start_new_session=True,
-    )
+    log_path = tmp_path_factory.mktemp("vllm") / "engine.log"
+    proc = start_engine(vllm_command(vllm_python, tiny_model, port), log_path, {**vllm_env(), **DEV_ENV})
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http_200(url + "/health", timeout=300, alive=lambda: proc.poll() is None)
         yield url
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=10)
-        log.close()
-        print(f"vLLM log: {log.name}", file=sys.stderr)
+        stop_engine(proc, log_path)

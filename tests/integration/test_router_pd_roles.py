@@ -99,12 +99,14 @@ def test_a_supervised_kv_producer_publishes_role_prefill_and_the_router_takes_it
     with supervised(sim_args=sim_args, engine_port=engine_port) as sup:
         state: dict[str, Any] = sup.wait_state("READY", 60)
         assert state["role"] == "prefill" and isinstance(state["pairing"], str), state
+        assert state["connector"] == "NixlConnector", state
         # declared a decode engine, but its supervisor says prefill: the supervisor's word wins
         router, url = start_router("--decode", sup.engine_url, "--supervised", f"{sup.engine_url}={sup.url}")
         try:
             wait_until(lambda: fleet(url).endpoints[0].routable, 20, "the supervised endpoint routable")
             [endpoint] = fleet(url).endpoints
             assert (endpoint.role, endpoint.pairing) == ("prefill", state["pairing"])
+            assert endpoint.supervisor is not None and endpoint.supervisor.connector == "NixlConnector"
             assert "declared role decode but its supervisor says prefill" in endpoint.why, endpoint.why
             pairs = pairs_of(url)
             assert (pairs.prefill_routable, pairs.decode_routable, pairs.pairs) == (1, 0, 0)

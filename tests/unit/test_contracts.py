@@ -44,6 +44,7 @@ STATE_LINE = {
     "prefix_epoch": None,
     "role": "prefill",
     "pairing": "9c1d0e4b5a673f2a",
+    "connector": "NixlConnector",
 }
 
 

@@ -88,6 +88,29 @@ def test_decode_leg_carries_the_prefill_answers_params() -> None:
     assert leg["kv_transfer_params"] is not params
 
 
+def test_an_empty_params_object_names_no_transfer() -> None:
+    assert pd.transfer_params_of({"choices": [], "kv_transfer_params": {}}) is None  # LMCacheMPConnector
+    assert pd.transfer_params_of({"choices": [], "kv_transfer_params": None}) is None  # ExampleConnector
+
+
+@pytest.mark.parametrize(
+    ("connector", "handoff"),
+    [
+        ("NixlConnector", pd.PARAMS),
+        ("NixlPushConnector", pd.PARAMS),
+        ("MooncakeConnector", pd.PARAMS),
+        ("ExampleConnector", pd.STORAGE),
+        ("LMCacheConnectorV1", pd.STORAGE),
+        ("MooncakeStoreConnector", pd.STORAGE),
+        ("MultiConnector", None),
+        ("MyOwnConnector", None),
+        (None, None),
+    ],
+)
+def test_handoff_of_a_connector(connector: str | None, handoff: str | None) -> None:
+    assert pd.handoff_of(connector) == handoff
+
+
 def _parts(**command: object) -> dict[str, object]:
     base: dict[str, object] = {"model": "org/llama", "dtype": "bfloat16"}
     base.update(command)

@@ -17,7 +17,9 @@ import orjson
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from corral.engine_state import EngineState
 from corral.router.app import MEMBERSHIP, RouterConfig, build_app
+from corral.router.membership.endpoint import SupervisorView
 
 MODEL = "m"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 5}
@@ -176,6 +178,7 @@ async def test_prefill_leg_then_decode_leg_carrying_the_transfer() -> None:
         assert f'corral_router_pd_pairs_total{{decode="{decode.url}",prefill="{prefill.url}"}} 2.0' in metrics
         assert "corral_router_pd_transfer_seconds_count 2.0" in metrics
         assert "corral_router_pd_prefill_leg_seconds_count 2.0" in metrics
+        assert 'corral_router_pd_handoffs_total{mode="params"} 2.0' in metrics
 
 
 async def test_transfer_is_pending_until_the_decode_leg_answers() -> None:
@@ -271,13 +274,80 @@ async def test_decode_5xx_before_any_byte_reached_the_client_gets_a_fresh_prefil
         assert len(decode.bodies) == 2 + 3  # the first try and two retries (--max-retries 2)
 
 
-async def test_prefill_answer_without_transfer_params_is_502_naming_the_engine() -> None:
+async def test_prefill_answer_without_params_of_an_unknown_connector_hands_off_through_storage() -> None:
+    """A static prefill engine (no supervisor says its connector) that answers without params: a storage
+    connector's flow, so the decode leg is the client's body as it came and nothing is pending."""
+    prefill, decode = FakeEngine("p0", "prefill"), FakeEngine("d0", "decode")
+    prefill.behaviour = prefill.no_transfer
+    decode.gate = asyncio.Event()
+    async with pd_fleet([prefill, decode]) as f:
+        endpoint = f.router.app[MEMBERSHIP].get(prefill.url)
+        assert endpoint is not None
+        pending = asyncio.create_task(f.post(CHAT))
+        for _ in range(200):
+            if decode.bodies:
+                break
+            await asyncio.sleep(0.01)
+        assert decode.bodies == [CHAT] and endpoint.transfers_pending == 0
+        decode.gate.set()
+        status, _, body = await pending
+        assert status == 200 and orjson.loads(body)["served_by"] == "d0"
+        assert prefill.bodies[0]["max_tokens"] == 1
+        metrics = await f.metrics()
+        assert 'corral_router_pd_handoffs_total{mode="storage"} 1.0' in metrics
+        assert 'mode="params"' not in metrics and "corral_router_pd_failures_total{" not in metrics
+
+
+async def test_prefill_answer_without_params_of_a_pull_connector_is_502_naming_it() -> None:
     prefill, decode = FakeEngine("p0", "prefill"), FakeEngine("d0", "decode")
     prefill.behaviour = prefill.no_transfer
     async with pd_fleet([prefill, decode]) as f:
+        endpoint = f.router.app[MEMBERSHIP].get(prefill.url)
+        assert endpoint is not None
+        # as a supervisor's state stream would say it (READY on a live stream, so routing is unchanged)
+        endpoint.supervisor = SupervisorView(
+            "http://supervisor", link="connected", state=EngineState.READY, epoch=1, connector="NixlConnector"
+        )
         status, _, body = await f.post(CHAT)
-        assert status == 502 and prefill.url in orjson.loads(body)["error"]["message"]
+        message = orjson.loads(body)["error"]["message"]
+        assert status == 502 and prefill.url in message and "NixlConnector" in message
         assert decode.bodies == []
+        assert (
+            'corral_router_pd_failures_total{leg="prefill",why="no_transfer_params"} 1.0' in await f.metrics()
+        )
+
+
+async def test_a_storage_connectors_params_are_carried_but_nothing_is_pending() -> None:
+    """LMCacheMPConnector answers `kv_transfer_params: {}` (carried as no params); a storage connector's
+    non-empty params go to the decode engine, but the prefill engine holds nothing for it."""
+    prefill, decode = FakeEngine("p0", "prefill"), FakeEngine("d0", "decode")
+    async with pd_fleet([prefill, decode]) as f:
+        endpoint = f.router.app[MEMBERSHIP].get(prefill.url)
+        assert endpoint is not None
+        endpoint.supervisor = SupervisorView(
+            "http://supervisor",
+            link="connected",
+            state=EngineState.READY,
+            epoch=1,
+            connector="LMCacheConnectorV1",
+        )
+        decode.gate = asyncio.Event()
+        pending = asyncio.create_task(f.post(CHAT))
+        for _ in range(200):
+            if decode.bodies:
+                break
+            await asyncio.sleep(0.01)
+        assert transfer_of(decode, 0)["remote_engine_id"] == "p0" and endpoint.transfers_pending == 0
+        decode.gate.set()
+        assert (await pending)[0] == 200
+
+        async def empty_params(request: web.Request) -> web.Response:
+            return web.json_response({"id": "p", "choices": [{"text": "x"}], "kv_transfer_params": {}})
+
+        prefill.behaviour = empty_params
+        assert (await f.post(CHAT))[0] == 200
+        assert decode.bodies[1] == CHAT
+        assert 'corral_router_pd_handoffs_total{mode="storage"} 2.0' in await f.metrics()
 
 
 async def test_mismatched_versions_are_never_paired() -> None:

@@ -27,6 +27,7 @@ class SupervisorLink(WireModel):
     acks_sent: int = 0
     role: str | None = None  # what the supervisor's state stream says (issue 16)
     pairing: str | None = None
+    connector: str | None = None  # the engine's KV connector, as its supervisor says (issue 17)
 
 
 class SlowStartRamp(WireModel):

@@ -48,6 +48,9 @@ class StateLine(WireModel):
     # the running bundle's parts); absent from supervisors before issue 16
     role: str | None = None
     pairing: str | None = None
+    # the engine's KV connector (`kv_connector` of its --kv-transfer-config): how a prefill answer hands
+    # the KV over (engine/pd_protocol.handoff_of); absent without a connector and before issue 17
+    connector: str | None = None
 
     @field_validator("from_", "to", mode="before")
     @classmethod
@@ -64,7 +67,7 @@ class StateLine(WireModel):
     def _reason(cls, value: Any) -> str:
         return str(value)
 
-    @field_validator("prefix_epoch", "role", "pairing", mode="before")
+    @field_validator("prefix_epoch", "role", "pairing", "connector", mode="before")
     @classmethod
     def _prefix_epoch(cls, value: Any) -> str | None:
         return value if isinstance(value, str) else None

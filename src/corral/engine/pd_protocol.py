@@ -119,9 +119,53 @@ def prefill_leg_body(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def transfer_params_of(answer: dict[str, Any]) -> dict[str, Any] | None:
-    """The kv_transfer_params a prefill engine's answer returns for the decode engine (None when absent)."""
+    """The kv_transfer_params a prefill engine's answer returns for the decode engine (None when absent
+    or empty: LMCacheMPConnector answers `{}`, which names no blocks)."""
     params = answer.get(TRANSFER_PARAMS)
-    return params if isinstance(params, dict) else None
+    return params if isinstance(params, dict) and params else None
+
+
+# How a connector hands a finished prefill's KV to the decode engine, as the prefill answer shows it.
+# PARAMS: the answer's kv_transfer_params say where the blocks are, and the decode leg must carry them.
+# STORAGE: the prefill engine saves the prompt's KV in a store the decode engine also reaches, keyed by
+# the prompt's tokens; the answer carries no params and the decode leg is the client's body as it came.
+PARAMS = "params"
+STORAGE = "storage"
+# Checked in vLLM 0.32 (distributed/kv_transfer/kv_connector/factory.py names; each connector's scheduler
+# `request_finished`, whose second value becomes the answer's kv_transfer_params):
+# - NixlConnector, NixlPullConnector, NixlPushConnector: nixl/base_scheduler.py builds the params above.
+# - MooncakeConnector, MoRIIOConnector: their proxies hand both legs a transfer id and bootstrap address
+#   they make up (mooncake/mooncake_connector.py, moriio/); Corral's router does not speak that flow, so
+#   an answer without params from them is an error too, not a storage hand-off.
+PARAMS_CONNECTORS = frozenset(
+    {"NixlConnector", "NixlPullConnector", "NixlPushConnector", "MooncakeConnector", "MoRIIOConnector"}
+)
+# - ExampleConnector: the base class's request_finished (no params); example_connector.py saves each
+#   prompt's KV per layer under kv_connector_extra_config.shared_storage_path/<hash of its tokens>/ and
+#   loads it for any later prompt whose tokens hash the same (`_found_match_for_prompt`).
+# - LMCacheConnectorV1: lmcache_integration/vllm_v1_adapter.py returns params only when asked
+#   `ret_first_tok`; LMCacheMPConnector returns `{}`. Both look KV up in LMCache by the tokens.
+# - MooncakeStoreConnector (mooncake/store/connector.py) and HF3FSKVConnector (hf3fs/hf3fs_connector.py):
+#   no params; a shared KV pool keyed by the tokens' hashes.
+STORAGE_CONNECTORS = frozenset(
+    {
+        "ExampleConnector",
+        "LMCacheConnectorV1",
+        "LMCacheMPConnector",
+        "MooncakeStoreConnector",
+        "HF3FSKVConnector",
+    }
+)
+
+
+def handoff_of(connector: str | None) -> str | None:
+    """PARAMS or STORAGE for a connector whose hand-off is known, None for any other (or no) name
+    (MultiConnector depends on the connectors it wraps)."""
+    if connector in PARAMS_CONNECTORS:
+        return PARAMS
+    if connector in STORAGE_CONNECTORS:
+        return STORAGE
+    return None
 
 
 def decode_leg_body(body: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:

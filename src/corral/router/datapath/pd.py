@@ -1,7 +1,9 @@
 """Prefill/decode disaggregation on the data path: for a model whose endpoints have roles, pick a prefill
 engine (the model's own policy: the prompt's prefix lives there), run the prefill leg to its whole answer,
 and hand the proxy the decode leg — the client's body carrying the answer's `kv_transfer_params`, and the
-decode endpoints compatible with that prefill engine (`Membership.compatible_decode`).
+decode endpoints compatible with that prefill engine (`Membership.compatible_decode`). With a storage
+connector (`pd_protocol.STORAGE_CONNECTORS`: the prefill engine saved the prompt's KV where the decode engine
+finds it by the prompt) the answer carries no params and the decode leg is the client's body as it came.
 
 The proxy sends and relays the decode leg as it relays any answer; a decode leg that fails before its
 first byte comes back here for a fresh prefill leg (the old transfer may be gone). A prefill leg that gets
@@ -19,7 +21,14 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from corral.engine.pd_protocol import decode_leg_body, prefill_leg_body, transfer_params_of
+from corral.engine.pd_protocol import (
+    PARAMS,
+    STORAGE,
+    decode_leg_body,
+    handoff_of,
+    prefill_leg_body,
+    transfer_params_of,
+)
 from corral.openai_errors import error_response
 from corral.router.datapath.retry_budget import RetryBudget
 from corral.router.datapath.upstream import UPSTREAM_FAILURES, UpstreamClient, describe_failure
@@ -35,6 +44,7 @@ log = logging.getLogger("corral.router.pd")
 # tokenize, ...) of a P/D model goes the aggregated way.
 PD_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 NAMED = 3  # endpoints named in a 503's reason, at most
+NOTED = 1024  # endpoints remembered as logged for a storage hand-off of an unknown connector
 
 Eject = Callable[[Endpoint, str, str, int], None]
 
@@ -47,7 +57,7 @@ class PrefillLeg:
     body: bytes  # the decode leg's body
     decoders: list[Endpoint]  # the decode endpoints compatible with `prefill`, never empty
     answered: float  # time.monotonic() of the prefill answer
-    pending: bool = True  # still counted in `prefill.transfers_pending`
+    pending: bool = True  # still counted in `prefill.transfers_pending` (never for a storage hand-off)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +90,8 @@ class Disaggregation:
         self._budget = budget
         self._max_retries = max_retries
         self._eject = eject
+        # prefill endpoints of unknown connector already logged as handing off through storage
+        self._noted: set[str] = set()
 
     def applies(self, route: RouteRequest, path: str) -> bool:
         """Whether this request goes prefill then decode: a generation request for a model that has
@@ -198,16 +210,26 @@ class Disaggregation:
             endpoint.traffic.first_token(seconds, dispatched, endpoint.routable_from)
             pd.prefill_leg.observe(seconds)
             params = _params_of(answer)
-            if params is None:
+            connector = endpoint.supervisor.connector if endpoint.supervisor is not None else None
+            handoff = handoff_of(connector)
+            if params is None and handoff == PARAMS:
                 pd.count_failure("prefill", "no_transfer_params")
                 return error_response(
                     502,
-                    f"The prefill engine {endpoint.url} answered without `kv_transfer_params`: it does "
-                    "not send its KV cache to a decode engine. Start it with --kv-transfer-config "
-                    '(e.g. {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}), or give it '
-                    "role both.",
+                    f"The prefill engine {endpoint.url} ({connector}) answered without "
+                    "`kv_transfer_params`, so no decode engine can find its KV cache. Check that it runs "
+                    'with --kv-transfer-config {"kv_connector": "' + str(connector) + '", "kv_role": '
+                    '"kv_producer"} and that nothing between the router and it drops the field.',
                     "BadGatewayError",
                 )
+            if params is None or handoff == STORAGE:
+                if handoff is None:
+                    self._note_storage(endpoint)
+                pd.count_handoff(STORAGE)
+                # the decode engine finds the prompt's KV in the store: nothing is held for it
+                decode_body = orjson.dumps(payload if params is None else decode_leg_body(payload, params))
+                return PrefillLeg(endpoint, decode_body, [], time.monotonic(), pending=False)
+            pd.count_handoff(PARAMS)
             endpoint.transfers_pending += 1
             decode_body = orjson.dumps(decode_leg_body(payload, params))
             return PrefillLeg(endpoint, decode_body, [], time.monotonic())
@@ -217,6 +239,20 @@ class Disaggregation:
                 endpoint.dispatching -= 1
             if upstream is not None:
                 upstream.close()
+
+    def _note_storage(self, endpoint: Endpoint) -> None:
+        """Log once per endpoint that a prefill engine of unknown connector handed off through storage."""
+        if endpoint.url in self._noted:
+            return
+        if len(self._noted) >= NOTED:
+            self._noted.clear()
+        self._noted.add(endpoint.url)
+        log.info(
+            "prefill %s answered without kv_transfer_params and its connector is unknown (no supervisor "
+            "said it): decode legs carry the client's body, for a storage connector (e.g. ExampleConnector, "
+            "LMCacheConnectorV1) whose decode engine finds the KV by the prompt",
+            endpoint.url,
+        )
 
     def _with_decoders(self, leg: PrefillLeg, model: str) -> PrefillLeg | NoPair:
         decoders = self._membership.compatible_decode(model, leg.prefill)

@@ -259,6 +259,7 @@ class SupervisorStreams:
             else:
                 log.info("endpoint %s: role %s (its supervisor says)", endpoint.url, role)
         view.pairing = pairing
+        view.connector = line.connector or view.connector
 
     def _apply_withdrawn(
         self, endpoint: Endpoint, view: SupervisorView, line: StateLine, epoch: int, received: float

@@ -42,6 +42,7 @@ class SupervisorView:
     # from supervisors before issue 16: None, and the endpoint's declared role and probed identity hold)
     role: str | None = None
     pairing: str | None = None
+    connector: str | None = None  # the engine's KV connector, as the last state line said (issue 17)
 
     def blocker(self) -> tuple[EngineState, str] | None:
         """(state, reason) that keeps the endpoint out of routing, or None when the supervisor, on a
@@ -71,6 +72,7 @@ class SupervisorView:
             "prefix_epoch": self.prefix_epoch,
             "role": self.role,
             "pairing": self.pairing,
+            "connector": self.connector,
         }
 
 

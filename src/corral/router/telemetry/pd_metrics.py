@@ -17,7 +17,7 @@ LEG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5
 class PdMetrics:
     """Counters and histograms of the two-leg path; one per router (`RouterMetrics.pd`)."""
 
-    __slots__ = ("decode_ttft", "failures", "pairs", "prefill_leg", "transfer")
+    __slots__ = ("decode_ttft", "failures", "handoffs", "pairs", "prefill_leg", "transfer")
 
     def __init__(self) -> None:
         # From the prefill leg's dispatch to its whole answer.
@@ -28,6 +28,7 @@ class PdMetrics:
         self.transfer = Histogram(LEG_BUCKETS)
         self.pairs: dict[tuple[str, str], int] = {}
         self.failures: dict[tuple[str, str], int] = {}
+        self.handoffs: dict[tuple[str, ...], int] = {}
 
     def count_pair(self, prefill: str, decode: str) -> None:
         key = (prefill, decode)
@@ -37,7 +38,19 @@ class PdMetrics:
         key = (leg, why)
         self.failures[key] = self.failures.get(key, 0) + 1
 
+    def count_handoff(self, mode: str) -> None:
+        key = (mode,)
+        self.handoffs[key] = self.handoffs.get(key, 0) + 1
+
     def families(self) -> Iterator[Metric]:
+        yield labelled_counter(
+            "corral_router_pd_handoffs",
+            "Prefill legs answered, by how the KV reached the decode leg: params (the answer's "
+            "kv_transfer_params, carried by the decode leg; pending until it answers) or storage (no params: "
+            "the decode engine finds the prompt's KV in a store shared with the prefill engine).",
+            ["mode"],
+            self.handoffs,
+        )
         yield labelled_counter(
             "corral_router_pd_pairs",
             "Decode legs sent, by the prefill endpoint whose transfer they carried and the decode endpoint.",
@@ -47,7 +60,8 @@ class PdMetrics:
         yield labelled_counter(
             "corral_router_pd_failures",
             "P/D legs that failed, by leg (prefill, decode) and why: upstream (no answer), engine_error "
-            "(5xx), no_transfer_params (a prefill answer without kv_transfer_params), no_pair (no "
+            "(5xx), no_transfer_params (a prefill answer without kv_transfer_params from a connector that "
+            "needs them), no_pair (no "
             "compatible prefill/decode pair was routable).",
             ["leg", "why"],
             {key: n for key, n in self.failures.items()},

@@ -172,15 +172,23 @@ class Engine:
             # the prompt's KV came from the prefill engine: one forward step yields the first token
             self.stats.prompt_by_source["external_kv_transfer"] += n - cached
             return self.latency.prefill_seconds(0)
-        self.stats.prompt_by_source["local_compute"] += n - cached
-        seconds = self.latency.prefill_seconds(n - cached)
-        self.scheduler.prefill_started(job.req, n - cached, seconds, loop.time())
+        kv, loaded, load_s = self.kv, 0, 0.0
+        if kv is not None and kv.store is not None:  # a storage connector: what the store holds loads
+            loaded = kv.store.loadable(job.prompt_ids, cached)
+            load_s = kv.load_seconds(loaded)
+            self.stats.prompt_by_source["external_kv_transfer"] += loaded
+        computed = n - cached - loaded
+        self.stats.prompt_by_source["local_compute"] += computed
+        seconds = self.latency.prefill_seconds(computed) + load_s
+        self.scheduler.prefill_started(job.req, computed, seconds, loop.time())
         return seconds
 
     async def _pulled(self, job: Job, tokens: int) -> bool:
         """Pull a remote prefill's blocks when the request carries them; False: compute the prefill here."""
         kv, params = self.kv, job.transfer
-        if kv is None or not kv.consumes or not params or not params.get(pd.DO_REMOTE_PREFILL):
+        if kv is None or kv.store is not None or not kv.consumes:
+            return False  # no connector, or a storage one: the store is where its KV loads from
+        if not params or not params.get(pd.DO_REMOTE_PREFILL):
             return False
         try:
             return await kv.pull(params, tokens)
@@ -193,6 +201,8 @@ class Engine:
     def _prefilled(self, job: Job) -> None:
         self.scheduler.prefill_done(job.req)
         self.cache.insert(job.hashes)
+        if self.kv is not None and self.kv.store is not None:
+            self.kv.store.save(job.prompt_ids)
 
     def _decodes(self) -> int:
         return self.scheduler.num_running - self.scheduler.num_prefilling

@@ -5,7 +5,9 @@ engine pulls them (through an injected `fetch`, the HTTP side channel) instead o
 As vLLM's NIXL connector: the held blocks stay allocated (they count in KV usage), a lease
 (`kv_lease_duration`) frees blocks nobody pulled and counts them expired, a pull of blocks that are gone
 fails, and a failed load finishes the request with an error (kv_load_failure_policy "fail") or computes
-the prefill locally ("recompute"). See docs/pd-conformance.md for where the simulation differs.
+the prefill locally ("recompute"). A storage connector (ExampleConnector, ...: `pd.STORAGE_CONNECTORS`)
+holds nothing and answers no params: its engines share prompts' KV through a `SharedKvStore` instead.
+See docs/pd-conformance.md for where the simulation differs.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.engine import pd_protocol as pd
+from corral.sim.core.kv_store import DEFAULT_PATH, SharedKvStore
 from corral.sim.core.scheduler import Scheduler
 from corral.sim.core.stats import Histogram
 
@@ -88,6 +91,12 @@ class KvTransfers:
         self.config = config
         self.role = pd.role_of(config)
         self.connector = str(config.get("kv_connector"))
+        self.handoff = pd.handoff_of(self.connector) or pd.PARAMS  # an unknown connector: as NIXL
+        self.store: SharedKvStore | None = None
+        if self.handoff == pd.STORAGE:
+            extra = config.get("kv_connector_extra_config") or {}
+            path = str(extra.get("shared_storage_path") or DEFAULT_PATH)
+            self.store = SharedKvStore(path, scheduler.block_size)
         self.lease_s = pd.lease_seconds(config)
         self.recompute = config.get("kv_load_failure_policy", pd.DEFAULT_FAILURE_POLICY) == "recompute"
         self.engine_id = engine_id
@@ -108,7 +117,8 @@ class KvTransfers:
 
     @property
     def produces(self) -> bool:
-        return self.role in ("prefill", "both")
+        """Whether a finished prefill asked for remote decode is held for a pull (never with a store)."""
+        return self.role in ("prefill", "both") and self.store is None
 
     @property
     def consumes(self) -> bool:
@@ -208,6 +218,10 @@ class KvTransfers:
         if self.recompute:
             return False
         raise KvLoadFailed(f"KV load of {request_id} from {host}:{port} failed: {answer.outcome}")
+
+    def load_seconds(self, tokens: int) -> float:
+        """How long loading `tokens` prompt tokens from the shared store takes: per block, as a pull."""
+        return math.ceil(tokens / self.scheduler.block_size) * self.ms_per_block / 1000.0
 
     @property
     def lease_timeout_s(self) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from corral.engine.flags import serving_settings
-from corral.engine.pd_protocol import pairing_identity, parse_kv_transfer_config, role_of
+from corral.engine.pd_protocol import connector_of, pairing_identity, parse_kv_transfer_config, role_of
 from corral.supervisor.checks.bundle import Bundle
 
 
@@ -36,6 +36,12 @@ def engine_role(argv: Sequence[str], declared: str | None = None) -> str:
         return role_of(parse_kv_transfer_config(text))
     except ValueError:
         return "both"  # the CLI refused a bad one; a bundle's bad one fails the engine's own start
+
+
+def engine_connector(argv: Sequence[str]) -> str | None:
+    """The KV connector the command's --kv-transfer-config names (None without one): the router reads
+    from it whether a prefill answer carries the transfer or the KV waits in a shared store."""
+    return connector_of(serving_settings(argv))
 
 
 def pairing_of(bundle: Bundle | None) -> str | None:

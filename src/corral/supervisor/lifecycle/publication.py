@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from corral.child_process import LineSink
 from corral.engine.evidence import classify
 from corral.supervisor.checks.engine_auth import redact_argv
-from corral.supervisor.lifecycle.pd_role import engine_role, pairing_of
+from corral.supervisor.lifecycle.pd_role import engine_connector, engine_role, pairing_of
 from corral.supervisor.lifecycle.states import StateEvent
 
 if TYPE_CHECKING:
@@ -46,11 +46,13 @@ class Publication:
             sup.metrics.count_evidence(kind)
 
     def pd_identity(self) -> dict[str, str | None]:
-        """The engine's P/D role and pairing identity: in /v1/state and on every state-stream line."""
+        """The engine's P/D role, pairing identity and KV connector: in /v1/state and on every
+        state-stream line."""
         sup = self._sup
         return {
             "role": engine_role(sup.config.engine_argv, sup.config.role),
             "pairing": pairing_of(sup.bundle),
+            "connector": engine_connector(sup.config.engine_argv),
         }
 
     def state_body(self) -> dict[str, Any]:
