@@ -13,6 +13,7 @@ their weights, and the knobs of prefix hashing and metrics scraping.
       llama-8b-sql: 0
     policies:                     # scored policies besides the built-in ones
       cache-first: {weights: {prefix: 1.0, queue: 0.1}, eps: 0.5}
+      prefix-ring: {weights: {prefix: 1.0, queue: 0.2}, placement: ring}  # the placement before issue 17
     models:
       llama-8b: cache-first
       llama-8b-sql: prefix
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -39,6 +41,9 @@ class ScoredPolicySpec(BaseModel):
 
     weights: dict[str, float]
     eps: float | None = Field(default=None, ge=0)
+    # headroom: new prefixes to the endpoint with the most headroom, hot ones to one more holder at a
+    # time; ring: new prefixes to their consistent-hash home, spills along the ring (before issue 17)
+    placement: Literal["headroom", "ring"] = "headroom"
 
     @field_validator("weights")
     @classmethod

@@ -4,6 +4,7 @@ signals come from the `LoadBoard` the scraper fills, stale or missing entries sc
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,7 +18,8 @@ from corral.router.routing.prompt import prefix_key
 from corral.router.routing.request import RouteRequest
 from corral.router.routing.rings import RingCache, stable_hash
 
-SCORER_NAMES = ("prefix", "queue", "kv_usage", "in_flight", "lora", "session")
+SCORER_NAMES = ("prefix", "queue", "kv_usage", "in_flight", "recent", "lora", "session")
+PLACEMENTS = ("headroom", "ring")
 
 
 @dataclass(slots=True)
@@ -41,17 +43,18 @@ class Scorer(Protocol):
 
 
 class PrefixScorer:
-    """Prefix affinity: the prompt's leading blocks have a home, found by consistent hashing over the
-    eligible endpoints, so every router replica with the same membership names the same home without
-    talking to the others, and an engine joining or leaving moves only the keys next to it on the ring.
+    """Prefix affinity. With a `PrefixHolders` answer (the router's memory of its picks, or the
+    engines' KV events), an endpoint scores the share of the prompt's prefix it holds: a holder scores
+    1, an endpoint that never saw the prefix 0, and the load scorers decide among equals, so a prefix
+    no engine holds goes to the endpoint with the most headroom and a prefix held by two is spread
+    over both by load (`placement="headroom"`, docs/ARCHITECTURE.md).
 
-    The home scores 1, the next endpoint clockwise 1/2, the next 1/4, ...; endpoints the load-bound
-    filter removed are skipped, so an overloaded home spills to the same second endpoint on every
-    replica (which then caches the prefix too). With a `PrefixHolders` memory, the endpoints it says
-    hold the key come first (in ring order among themselves): an engine that cached the prefix keeps
-    it while it stays within the load bound, even when membership changed the ring home; a key no
-    engine holds goes to its ring home, so replicas still agree on new keys. A prompt shorter than one
-    block has no home: every endpoint scores 0."""
+    Without holders, or with `placement="ring"` (the placement before issue 17, kept to compare
+    against), the prompt's leading blocks have a home found by consistent hashing over the eligible
+    endpoints: the holders first (in ring order), then the home 1, the next endpoint clockwise 1/2,
+    the next 1/4, ...; endpoints the load-bound filter removed are skipped, so an overloaded home
+    spills to the same second endpoint on every replica. A prompt shorter than one block has no key:
+    every endpoint scores 0."""
 
     name = "prefix"
 
@@ -60,24 +63,26 @@ class PrefixScorer:
         block_chars: int = DEFAULT_BLOCK_CHARS,
         key_blocks: int = DEFAULT_KEY_BLOCKS,
         holders: PrefixHolders | None = None,
+        placement: str = "headroom",
     ) -> None:
         self.block_chars = block_chars
         self.key_blocks = key_blocks
         self.holders = holders
-        self._rings = RingCache()
+        self.by_ring = holders is None or placement == "ring"
+        self.rings = RingCache()
 
     def key(self, ctx: PickContext) -> int | None:
-        key = ctx.prefix_key = prefix_key(ctx.request.payload, self.block_chars, self.key_blocks)
-        return key
+        if ctx.prefix_key is None:
+            ctx.prefix_key = prefix_key(ctx.request.payload, self.block_chars, self.key_blocks)
+        return ctx.prefix_key
 
     def home_order(self, pool: Sequence[Endpoint], ctx: PickContext) -> list[Endpoint] | None:
-        """`pool` in the order the prefix key prefers (holders, then ring order); None when the
-        prompt has no key."""
+        """`pool` in ring order from the prompt's key, holders first; None when the prompt has no key."""
         key = self.key(ctx)
         if key is None:
             return None
         allowed = {id(e) for e in pool}
-        order = [e for e in self._rings.ring(ctx.eligible).walk(key) if id(e) in allowed]
+        order = [e for e in self.rings.ring(ctx.eligible).walk(key) if id(e) in allowed]
         if self.holders is not None:
             shares = self.holders.held(ctx.request, order)
             held = [e for e, share in zip(order, shares, strict=True) if share > 0]
@@ -86,17 +91,65 @@ class PrefixScorer:
                 order = held + [e for e in order if id(e) not in first]
         return order
 
+    def first_on_ring(self, tied: Sequence[Endpoint], ctx: PickContext) -> Endpoint | None:
+        """Of endpoints that scored alike, the first clockwise from the prompt's key (so replicas with
+        the same membership and loads agree); None when the prompt has no key."""
+        key = self.key(ctx)
+        if key is None:
+            return None
+        wanted = {id(e) for e in tied}
+        for e in self.rings.ring(ctx.eligible).walk(key):
+            if id(e) in wanted:
+                return e
+        return None
+
     def learn(self, chosen: Endpoint, ctx: PickContext) -> None:
         """The pick is made: `chosen` will cache the prompt's prefix."""
         if self.holders is not None:
             self.holders.sent(ctx.request, chosen)
 
     def score(self, pool: Sequence[Endpoint], ctx: PickContext) -> list[float]:
+        if not self.by_ring:
+            assert self.holders is not None
+            return self.holders.held(ctx.request, pool)
         order = self.home_order(pool, ctx)
         if order is None:
             return [0.0] * len(pool)
         rank = {id(e): 0.5**i for i, e in enumerate(order)}
         return [rank.get(id(e), 0.0) for e in pool]
+
+
+class RecentScorer:
+    """Fewer of this router's recent picks is better: a count per endpoint that halves every
+    `half_life` seconds. It is the headroom signal that outlives a request: an idle fleet's in-flight
+    and queues are all zero, but the endpoint that was handed the last new prefixes will serve their
+    later turns, so the next new prefix goes elsewhere."""
+
+    name = "recent"
+
+    def __init__(self, half_life: float = 30.0) -> None:
+        self.half_life = half_life
+        self._decay = math.log(2.0) / half_life
+        self._counts: dict[str, tuple[float, float]] = {}  # url -> (count, at)
+
+    def count(self, url: str, now: float) -> float:
+        entry = self._counts.get(url)
+        if entry is None:
+            return 0.0
+        count, at = entry
+        return count * math.exp(self._decay * (at - now))
+
+    def picked(self, endpoint: Endpoint, now: float) -> None:
+        counts = self._counts
+        counts[endpoint.url] = (self.count(endpoint.url, now) + 1.0, now)
+        if len(counts) > 4096:  # endpoints long gone: drop what has decayed to nothing
+            for url in [u for u in counts if self.count(u, now) < 0.01]:
+                del counts[url]
+
+    def score(self, pool: Sequence[Endpoint], ctx: PickContext) -> list[float]:
+        counts = [self.count(e.url, ctx.now) for e in pool]
+        worst = max(counts, default=0.0) + 1.0
+        return [1.0 - c / worst for c in counts]
 
 
 class QueueScorer:
@@ -197,9 +250,12 @@ def build_scorer(
     key_blocks: int,
     session_header: str,
     holders: PrefixHolders | None = None,
+    placement: str = "headroom",
 ) -> Scorer:
     if name == "prefix":
-        return PrefixScorer(block_chars, key_blocks, holders)
+        return PrefixScorer(block_chars, key_blocks, holders, placement)
+    if name == "recent":
+        return RecentScorer()
     if name == "queue":
         return QueueScorer()
     if name == "kv_usage":

@@ -54,6 +54,7 @@ def build_scored(
     spec = config.policies.get(name)
     weights = spec.weights if spec is not None else SCORED_BUILTINS[name]
     eps = spec.eps if spec is not None and spec.eps is not None else config.eps
+    placement = spec.placement if spec is not None else "headroom"
     return ScoredPolicy(
         name,
         weights,
@@ -64,6 +65,7 @@ def build_scored(
         session_header=session_header,
         seed=seed,
         holders=holders,
+        placement=placement,
     )
 
 

@@ -1,0 +1,139 @@
+"""Load-aware placement of prompt prefixes (issue 17): a new prefix goes to the endpoint with the most
+headroom, a holder keeps its prefix within the load bound (and over it while its engine reports room),
+a saturated holder's hot prefix gains exactly one more holder, and the holders share it by load."""
+
+from __future__ import annotations
+
+import time
+
+from corral.engine_state import EngineState
+from corral.router.membership.endpoint import Endpoint
+from corral.router.routing.config import RoutingConfig
+from corral.router.routing.load_board import EngineLoad, LoadBoard
+from corral.router.routing.pipeline import PREFIX_WEIGHTS, RING_PREFIX_WEIGHTS, ScoredPolicy
+from corral.router.routing.prefix_memory import PrefixMemory
+from corral.router.routing.request import RouteRequest
+from corral.router.routing.selector import build_scored
+
+SYSTEM = "You are a careful assistant for the sea charts team. " * 20
+
+
+def fleet(n: int) -> list[Endpoint]:
+    return [Endpoint(f"http://10.0.0.{i}:8000", frozenset({"m"}), EngineState.READY) for i in range(n)]
+
+
+def request(group: int, user: int = 0) -> RouteRequest:
+    payload = {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": f"group {group}: {SYSTEM}"},
+            {"role": "user", "content": f"user {user}"},
+        ],
+    }
+    return RouteRequest("m", {}, payload)
+
+
+def board_of(endpoints: list[Endpoint], **by_index: EngineLoad) -> LoadBoard:
+    """Fresh metrics for every endpoint: idle, except those given by index (`e0=EngineLoad(...)`)."""
+    board = LoadBoard(stale_after=1e6)
+    for i, e in enumerate(endpoints):
+        load = by_index.get(f"e{i}", EngineLoad())
+        load.at = time.monotonic()
+        board.loads[e.url] = load
+    return board
+
+
+def policy(board: LoadBoard, memory: PrefixMemory, weights: dict[str, float] | None = None) -> ScoredPolicy:
+    return ScoredPolicy("prefix", weights or PREFIX_WEIGHTS, board, eps=1.0, seed=3, holders=memory)
+
+
+def test_a_new_prefix_goes_to_the_endpoint_with_the_most_headroom() -> None:
+    endpoints = fleet(4)
+    board = board_of(
+        endpoints,
+        e0=EngineLoad(running=4, waiting=1),
+        e1=EngineLoad(running=2),
+        e2=EngineLoad(running=1, kv_usage=0.2),
+        e3=EngineLoad(running=3),
+    )
+    memory = PrefixMemory()
+    for group in range(5):  # whatever the prompt's hash, the quietest engine
+        assert policy(board, memory).pick(endpoints, request(group)) is endpoints[2]
+
+
+def test_new_prefixes_on_an_idle_fleet_spread_evenly_not_by_hash() -> None:
+    """One at a time (nothing in flight, no queue anywhere): the engine handed the last new prefixes
+    is not the quietest any more, so twelve groups land three per engine, where ring homes do not."""
+    endpoints = fleet(4)
+    memory = PrefixMemory()
+    scored = policy(board_of(endpoints), memory)
+    homes = [scored.pick(endpoints, request(g)) for g in range(12)]
+    assert sorted(homes.count(e) for e in endpoints) == [3, 3, 3, 3]
+    ring = ScoredPolicy("prefix", RING_PREFIX_WEIGHTS, board_of(endpoints), seed=3, placement="ring")
+    by_ring = [ring.pick(endpoints, request(g)) for g in range(12)]
+    assert sorted(by_ring.count(e) for e in endpoints) != [3, 3, 3, 3]  # these groups hash unevenly
+    for g, home in enumerate(homes):  # and each group stays where it was placed
+        assert scored.pick(endpoints, request(g, user=1)) is home
+
+
+def test_a_holder_keeps_its_prefix_over_the_bound_while_its_engine_has_room() -> None:
+    endpoints = fleet(4)
+    memory = PrefixMemory()
+    scored = policy(board_of(endpoints), memory)
+    home = scored.pick(endpoints, request(7))
+    home.in_flight = 1  # over ceil(2 * 2 / 4) = 1 with every other engine idle
+    assert scored.pick(endpoints, request(7, user=1)) is home
+    endpoints = fleet(4)
+    a = endpoints[0]
+    strict = policy(LoadBoard(), PrefixMemory())  # no metrics: the bound alone decides
+    strict.pick([a], request(7))
+    a.in_flight = 1
+    assert strict.pick(endpoints, request(7, user=1)) is not a
+
+
+def test_a_saturated_holder_gains_exactly_one_more_holder() -> None:
+    endpoints = fleet(4)
+    memory = PrefixMemory()
+    board = board_of(endpoints)
+    scored = policy(board, memory)
+    home = scored.pick(endpoints, request(5))
+    home.in_flight = 6
+    board.loads[home.url].waiting = 3  # the engine queues: saturated
+    picked = []
+    for user in range(8):
+        e = scored.pick(endpoints, request(5, user))
+        e.in_flight += 1
+        picked.append(e)
+    key = memory.key(request(5))
+    assert key is not None
+    holders = memory.holding(key, endpoints)
+    assert len(holders) == 2 and home in holders
+    second = next(e for e in holders if e is not home)
+    assert picked == [second] * 8  # not spilled over the other engines
+
+
+def test_the_holders_of_a_prefix_share_it_by_load() -> None:
+    endpoints = fleet(4)
+    memory = PrefixMemory()
+    a, b = endpoints[1], endpoints[2]
+    key_request = request(9)
+    memory.sent(key_request, a)
+    memory.sent(key_request, b)
+    scored = policy(board_of(endpoints), memory)
+    picked = []
+    for user in range(10):
+        e = scored.pick(endpoints, request(9, user))
+        e.in_flight += 1
+        picked.append(e)
+    assert picked.count(a) == picked.count(b) == 5
+
+
+def test_the_ring_placement_is_a_routing_config_choice() -> None:
+    config = RoutingConfig.model_validate(
+        {"policies": {"prefix-ring": {"weights": dict(RING_PREFIX_WEIGHTS), "placement": "ring"}}}
+    )
+    ring = build_scored("prefix-ring", config, LoadBoard(), "x-session-id", 1, PrefixMemory())
+    assert ring.placement == "ring"
+    assert (
+        build_scored("prefix", config, LoadBoard(), "x-session-id", 1, PrefixMemory()).placement == "headroom"
+    )
