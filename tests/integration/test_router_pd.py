@@ -1,13 +1,15 @@
 """Prefill/decode disaggregation through `corral router --prefill A --decode B` in front of real `corral sim`
 engines speaking vLLM's P/D protocol (--kv-transfer-config): the requests succeed streamed and not, the
 engines' own `vllm:` counters say the prefill engine generated one token per request and computed the
-prompts, the decode engine generated the rest and computed no prefill; and a prefill engine on another
-vLLM version than a decode engine is never paired with it."""
+prompts, the decode engine generated the rest and computed no prefill; a prefill engine on another
+vLLM version than a decode engine is never paired with it; and engines on a storage connector
+(ExampleConnector: no params in the prefill answer) hand the KV over through their shared directory."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import aiohttp
 import orjson
@@ -174,3 +176,51 @@ async def test_a_failed_kv_pull_is_retried_with_a_fresh_prefill(procs: list[Corr
     assert metric(url, "corral_router_retries_total") == failed
     assert metric(url, "corral_router_pd_pairs_total", prefill=good, decode=d_url) == 3
     assert metric(d_url, names.GENERATION_TOKENS) == 3 * 5  # a failed load generated nothing
+
+
+def folders(path: Path) -> int:
+    return sum(p.is_dir() for p in path.iterdir())
+
+
+def example_connector(role: str, storage: Path) -> str:
+    extra = {"shared_storage_path": str(storage)}
+    return json.dumps(
+        {"kv_connector": "ExampleConnector", "kv_role": role, "kv_connector_extra_config": extra}
+    )
+
+
+async def test_a_storage_connector_hands_the_kv_over_through_its_shared_directory(
+    procs: list[CorralProcess], tmp_path: Path
+) -> None:
+    """ExampleConnector engines answer the prefill leg without params; the router sends the decode engine
+    the client's body and it loads the prompt's whole blocks from the directory the prefill engine wrote."""
+    urls = []
+    for role in ("kv_producer", "kv_consumer"):
+        flags = ("--kv-transfer-config", example_connector(role, tmp_path), "--block-size", "16")
+        proc, engine = start_sim(None, *SIM_ARGS, *flags, wait=False)
+        procs.append(proc)
+        urls.append(engine)
+    for proc, engine in zip(procs, urls, strict=True):
+        proc.wait_http(engine + "/health")
+    p_url, d_url = urls
+    router, url = start_pd_router([p_url], [d_url], routable=2)
+    procs.append(router)
+
+    # 100 token ids: ExampleConnector saves the first 96 (whole blocks of n - 1) and loads them back
+    prompts = [[10 + (seed * 13 + i * 7) % 300 for i in range(100)] for seed in (1, 2)]
+    async with aiohttp.ClientSession() as s:
+        for prompt, stream in zip(prompts, (False, True), strict=True):
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 5, "stream": stream}
+            status, _, answer = await post(s, url + "/v1/completions", body)
+            assert status == 200, answer
+            assert b'"error"' not in answer and (not stream or answer.endswith(b"data: [DONE]\n\n"))
+
+    assert folders(tmp_path) == 2  # one per prompt, written by the prefill engine
+    assert metric(p_url, names.GENERATION_TOKENS) == 2
+    assert metric(p_url, names.PROMPT_TOKENS_BY_SOURCE, source="local_compute") == 200
+    assert metric(d_url, names.GENERATION_TOKENS) == 2 * 5
+    assert metric(d_url, names.PROMPT_TOKENS_BY_SOURCE, source="external_kv_transfer") == 2 * 96
+    assert metric(d_url, names.PROMPT_TOKENS_BY_SOURCE, source="local_compute") == 2 * 4
+    assert metric(p_url, names.SIM_KV_TRANSFERS_HELD) == 0  # nothing held for a pull
+    assert metric(url, "corral_router_pd_handoffs_total", mode="storage") == 2
+    assert metric(url, "corral_router_pd_pairs_total", prefill=p_url, decode=d_url) == 2

@@ -1,6 +1,7 @@
 """vLLM's prefill/decode disaggregation protocol as every part of Corral shares it: an engine's role from
 its `--kv-transfer-config`, the two request bodies a P/D proxy sends (as vLLM's own proxy builds them for
-the NIXL connector), and which bundle parts must be equal for a prefill and a decode engine to pair.
+the NIXL connector), how each known connector hands the KV over (params or a shared store), and which
+bundle parts must be equal for a prefill and a decode engine to pair.
 
 Facts from vLLM 0.32 (config/kv_transfer.py `KVTransferConfig`, kv_connector/v1/nixl/*_scheduler.py
 `request_finished`, entrypoints/openai `kv_transfer_params`); see docs/pd-conformance.md.

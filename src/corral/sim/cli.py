@@ -302,14 +302,16 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
     callback=_check_kv_transfer_config,
     help='As vLLM takes it: {"kv_connector": "NixlConnector", "kv_role": "kv_producer"|"kv_consumer"|'
     '"kv_both"}; kv_connector_extra_config.kv_lease_duration (seconds, default 30) is how long a prefill\'s '
-    "blocks wait to be pulled, kv_load_failure_policy (fail|recompute) what a failed pull does.",
+    "blocks wait to be pulled, kv_load_failure_policy (fail|recompute) what a failed pull does. A storage "
+    'connector ("ExampleConnector", ...) answers no kv_transfer_params: its engines save and load prompts\' '
+    "KV under kv_connector_extra_config.shared_storage_path (default /tmp).",
 )
 @click.option(
     "--kv-transfer-ms-per-block",
     default=0.1,
     show_default=True,
     type=click.FloatRange(min=0),
-    help="Simulated time to pull one KV block from the prefill engine.",
+    help="Simulated time to pull one KV block from the prefill engine (or load it from a shared store).",
 )
 @click.option(
     "--fail-kv-transfer",
