@@ -1,7 +1,9 @@
 """The P/D pairing identity of an engine without a supervisor, from what the engine itself says: its
 `GET /version` and the model root of its `/v1/models` cards, hashed as `pd_protocol.pairing_identity`
 hashes a bundle's parts. It catches a prefill and a decode engine on different vLLM versions or models;
-dtype, quantization and KV layout are only known to a supervisor (its identity covers them)."""
+dtype, quantization, KV layout and the KV connector are only known to a supervisor (its identity covers
+them; vLLM serves its --kv-transfer-config nowhere outside dev mode), so the P/D data path treats a
+static engine's connector as unknown (router/datapath/pd.py)."""
 
 from __future__ import annotations
 

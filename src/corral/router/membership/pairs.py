@@ -34,7 +34,7 @@ def unpaired_reason(membership: Membership, model: str, prefill: Endpoint, now: 
     more = f" and {len(decode) - SHOWN} more" if len(decode) > SHOWN else ""
     return (
         f"prefill {_label(prefill)} has pairing identity {prefill.pairing}, no routable decode endpoint "
-        f"has it ({said}{more}): their vLLM version, model or KV layout differ"
+        f"has it ({said}{more}): their vLLM version, model, KV layout or KV connector differ"
     )
 
 
