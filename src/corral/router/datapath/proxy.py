@@ -15,15 +15,14 @@ import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from uuid import uuid4
 
 import orjson
 from aiohttp import web
-from multidict import CIMultiDict
 
 from corral.engine.stream_ending import StreamEnding
 from corral.openai_errors import error_response, sse_error_event
 from corral.router.datapath.pd import Disaggregation, PrefillLeg
+from corral.router.datapath.request_ids import RequestIds
 from corral.router.datapath.retry_budget import RetryBudget, RetryBudgetConfig
 from corral.router.datapath.upstream import (
     UPSTREAM_FAILURES,
@@ -62,6 +61,17 @@ HOP_BY_HOP = frozenset(
     }
 )
 RESPONSE_SKIP = HOP_BY_HOP | {"server", "date", "x-request-id"}
+# What else a request loses on its way upstream, by (the router names the request, the router sets
+# or drops Authorization): the client's X-Request-Id is replaced, its Authorization dropped.
+_REQUEST_SKIP = {
+    (renamed, reauthorized): HOP_BY_HOP
+    | ({"x-request-id"} if renamed else set())
+    | ({"authorization"} if reauthorized else set())
+    for renamed in (False, True)
+    for reauthorized in (False, True)
+}
+
+Headers = list[tuple[str, str]]
 
 # An X-Request-Id the router forwards and echoes as the client sent it; any other gets the router's own.
 _SAFE_REQUEST_ID = re.compile(r"[!-~]{1,200}")
@@ -99,6 +109,7 @@ class Proxy:
         self._metrics = metrics
         self._config = config
         self._budget = RetryBudget(config.retry_budget)
+        self._ids = RequestIds()
         # Prefill/decode disaggregation: the prefill leg picked by `policy`, the decode leg by
         # `decode_policy` (load-aware; least request when none is given).
         self._pd = Disaggregation(
@@ -118,9 +129,9 @@ class Proxy:
         request_id = request.headers.get("x-request-id", "")
         own_id = _SAFE_REQUEST_ID.fullmatch(request_id) is not None
         if not own_id:
-            request_id = uuid4().hex  # none, or one not fit to echo: the router names the request
-
-        upstream_headers, problem = _forwarded_headers(request)
+            request_id = self._ids.new()  # none, or one not fit to echo: the router names the request
+        reauthorized = self.drop_client_authorization or self.engine_authorization is not None
+        upstream_headers, problem = _forwarded_headers(request, _REQUEST_SKIP[not own_id, reauthorized])
         model: str | None = None
         payload: dict[str, Any] | None = None
         if problem is None:
@@ -132,11 +143,9 @@ class Proxy:
             await self.wake_on_demand.hold(model)
 
         if not own_id:
-            upstream_headers["X-Request-Id"] = request_id
-        if self.drop_client_authorization:
-            upstream_headers.popall("Authorization", None)
+            upstream_headers.append(("X-Request-Id", request_id))
         if self.engine_authorization is not None:
-            upstream_headers["Authorization"] = self.engine_authorization
+            upstream_headers.append(("Authorization", self.engine_authorization))
         route = RouteRequest(model, request.headers, payload)
         self._budget.record_request(time.monotonic())
         try:
@@ -154,7 +163,8 @@ class Proxy:
         answer that ends the request here."""
         model: object = None
         payload: dict[str, Any] | None = None
-        if not request.content_type.startswith("multipart/"):
+        content_type = request.headers.get("Content-Type")
+        if content_type is None or content_type.lstrip()[:10].lower() != "multipart/":
             if not body:
                 return None, payload, _bad_request("The request body is empty; send a JSON object.", "body")
             try:
@@ -222,7 +232,7 @@ class Proxy:
         self,
         request: web.Request,
         body: bytes,
-        upstream_headers: CIMultiDict[str],
+        upstream_headers: Headers,
         route: RouteRequest,
         request_id: str,
         start: float,
@@ -237,9 +247,7 @@ class Proxy:
             # P/D: a (fresh) prefill leg first; the decode leg then goes as any request goes.
             leg: PrefillLeg | None = None
             if disaggregated:
-                got = await pd.prefill(
-                    request.method, request.raw_path, upstream_headers.items(), route, request_id
-                )
+                got = await pd.prefill(request.method, request.raw_path, upstream_headers, route, request_id)
                 if not isinstance(got, PrefillLeg):
                     answer = got if isinstance(got, web.Response) else self._unavailable(model, got.why)
                     return self._reject(answer, model, request_id, start)
@@ -261,7 +269,7 @@ class Proxy:
                 # Everything up to the first byte for the client may be retried elsewhere.
                 try:
                     upstream = await self._upstream.request(
-                        endpoint.url, request.method, request.raw_path, upstream_headers.items(), sent
+                        endpoint.url, request.method, request.raw_path, upstream_headers, sent
                     )
                     endpoint.dispatching -= 1
                     dispatching = False
@@ -339,7 +347,7 @@ class Proxy:
         upstream: UpstreamResponse,
         first: bytes,
         status: int,
-        headers: CIMultiDict[str],
+        headers: Headers,
         endpoint: Endpoint,
         route: RouteRequest,
         request_id: str,
@@ -413,18 +421,18 @@ class Proxy:
             )
 
 
-def _forwarded_headers(request: web.Request) -> tuple[CIMultiDict[str], web.Response | None]:
-    """The client's headers less the hop-by-hop ones, or the 400 for one that cannot be forwarded.
+def _forwarded_headers(request: web.Request, skip: frozenset[str]) -> tuple[Headers, web.Response | None]:
+    """The client's headers less the hop-by-hop ones and `skip`, or the 400 for one that cannot be
+    forwarded.
 
     The request head goes upstream as latin-1, and the client's bytes arrive here decoded as UTF-8:
     a value outside ASCII would reach the engine as other bytes than the client sent, or not at all.
     """
     headers = request.headers
-    skip = HOP_BY_HOP
     connection = headers.get("connection")
     if connection and connection.lower() not in ("keep-alive", "close"):
-        skip = HOP_BY_HOP | {token.strip().lower() for token in connection.split(",")}
-    forwarded = CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in skip])
+        skip = skip | {token.strip().lower() for token in connection.split(",")}
+    forwarded = [(k, v) for k, v in headers.items() if k.lower() not in skip]
     if not "".join(headers.values()).isascii():
         name, value = next((k, v) for k, v in headers.items() if not v.isascii())
         at = next(i for i, char in enumerate(value) if not char.isascii())
@@ -444,9 +452,9 @@ def _forwarded_headers(request: web.Request) -> tuple[CIMultiDict[str], web.Resp
     return forwarded, None
 
 
-def _response_headers(upstream: UpstreamResponse, request_id: str) -> CIMultiDict[str]:
-    headers = CIMultiDict([(k, v) for k, v in upstream.headers if k.lower() not in RESPONSE_SKIP])
-    headers["X-Request-Id"] = request_id
+def _response_headers(upstream: UpstreamResponse, request_id: str) -> Headers:
+    headers = [(k, v) for k, v in upstream.headers if k.lower() not in RESPONSE_SKIP]
+    headers.append(("X-Request-Id", request_id))
     return headers
 
 

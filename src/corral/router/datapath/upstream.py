@@ -18,6 +18,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from corral.router.datapath.deadlines import Deadlines
+
 # Past this many unread body bytes the connection stops reading until the proxy catches up.
 HIGH_WATER = 1 << 20
 LOW_WATER = HIGH_WATER // 4
@@ -46,18 +48,18 @@ class UpstreamResponse:
         "_buffered",
         "_chunks",
         "_conn",
+        "_deadlines",
         "_done",
         "_error",
-        "_read_timeout",
         "_waiter",
         "content_type",
         "headers",
         "status",
     )
 
-    def __init__(self, conn: _Connection, read_timeout: float | None) -> None:
+    def __init__(self, conn: _Connection, deadlines: Deadlines | None) -> None:
         self._conn = conn
-        self._read_timeout = read_timeout
+        self._deadlines = deadlines
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
         self._done = False
@@ -93,14 +95,19 @@ class UpstreamResponse:
     # -- read by the proxy -------------------------------------------------------------------
 
     async def _wait(self) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
+        waiter = self._waiter = self._conn.loop.create_future()
+        deadlines = self._deadlines
+        if deadlines is None:
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+            return
+        deadlines.watch(waiter)
         try:
-            if self._read_timeout is None:
-                await self._waiter
-            else:
-                async with asyncio.timeout(self._read_timeout):
-                    await self._waiter
+            await waiter
         finally:
+            deadlines.done(waiter)
             self._waiter = None
 
     async def readany(self) -> bytes:
@@ -142,8 +149,9 @@ class _Connection(asyncio.Protocol):
     connection rather than become the next request's answer.
     """
 
-    def __init__(self, pool: _Pool) -> None:
+    def __init__(self, pool: _Pool, loop: asyncio.AbstractEventLoop) -> None:
         self._pool = pool
+        self.loop = loop
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._response: UpstreamResponse | None = None
@@ -269,7 +277,7 @@ class _Connection(asyncio.Protocol):
             self._transport.close()
             self._transport = None
 
-    async def send(self, request: bytes, head: bool, read_timeout: float | None) -> UpstreamResponse:
+    async def send(self, request: bytes, head: bool, deadlines: Deadlines | None) -> UpstreamResponse:
         """Write one request and wait for the answer's status and headers."""
         if self._transport is None or self.closed:
             raise UpstreamError("connection already closed")
@@ -277,17 +285,17 @@ class _Connection(asyncio.Protocol):
         self._received = False
         self._header_list = []
         self._head = head
-        response = UpstreamResponse(self, read_timeout)
+        response = UpstreamResponse(self, deadlines)
         self._response = response
-        self._headers_waiter = asyncio.get_running_loop().create_future()
+        waiter = self._headers_waiter = self.loop.create_future()
         self._transport.write(request)
+        if deadlines is not None:
+            deadlines.watch(waiter)
         try:
-            if read_timeout is None:
-                await self._headers_waiter
-            else:
-                async with asyncio.timeout(read_timeout):
-                    await self._headers_waiter
+            await waiter
         finally:
+            if deadlines is not None:
+                deadlines.done(waiter)
             self._headers_waiter = None
         return response
 
@@ -352,7 +360,8 @@ class UpstreamClient:
         self, connect_timeout: float | None, read_timeout: float | None, keepalive: float = 4.0
     ) -> None:
         self._connect_timeout = connect_timeout
-        self._read_timeout = read_timeout
+        # one timer for every wait on an answer (not an asyncio.timeout per wait)
+        self._deadlines = Deadlines(read_timeout) if read_timeout else None
         self._keepalive = keepalive
         self._pools: dict[str, _Pool] = {}
 
@@ -370,10 +379,12 @@ class UpstreamClient:
         loop = asyncio.get_running_loop()
         try:
             if self._connect_timeout is None:
-                _, conn = await loop.create_connection(lambda: _Connection(pool), pool.host, pool.port)
+                _, conn = await loop.create_connection(lambda: _Connection(pool, loop), pool.host, pool.port)
             else:
                 async with asyncio.timeout(self._connect_timeout):
-                    _, conn = await loop.create_connection(lambda: _Connection(pool), pool.host, pool.port)
+                    _, conn = await loop.create_connection(
+                        lambda: _Connection(pool, loop), pool.host, pool.port
+                    )
         except OSError as exc:
             raise UpstreamError(f"cannot connect to {pool.host}:{pool.port}: {exc.strerror or exc}") from exc
         return conn
@@ -392,7 +403,7 @@ class UpstreamClient:
         conn = pool.take()
         if conn is not None:
             try:
-                return await conn.send(request, head, self._read_timeout)
+                return await conn.send(request, head, self._deadlines)
             except UpstreamError:
                 conn.close()
                 if conn.answered_anything:
@@ -403,7 +414,7 @@ class UpstreamClient:
                 raise
         conn = await self._connect(pool)
         try:
-            return await conn.send(request, head, self._read_timeout)
+            return await conn.send(request, head, self._deadlines)
         except BaseException:
             conn.close()
             raise
@@ -412,3 +423,5 @@ class UpstreamClient:
         for pool in self._pools.values():
             pool.close()
         self._pools.clear()
+        if self._deadlines is not None:
+            self._deadlines.close()
