@@ -42,6 +42,8 @@ from corral.router.routing.prefix_memory import PrefixMemory
 from corral.router.routing.selector import Routing
 from corral.router.telemetry.endpoint_series import endpoint_series
 from corral.router.telemetry.metrics import RouterCollector, RouterMetrics
+from corral.router.telemetry.worker_pages import WorkerPages
+from corral.router.workers import WorkerSlot
 
 # POST paths served by vLLM outside /v1 that are per-request inference, hence routable.
 ROOT_INFERENCE_PATHS = (
@@ -97,6 +99,7 @@ class RouterConfig:
     api_keys_file: Path | None = None  # --api-keys-file: tenants; None leaves the router open
     admin: AdminAccessConfig = field(default_factory=AdminAccessConfig)  # who reads /metrics, /v1/fleet
     engine_api_key: str | None = field(default=None, repr=False)  # --engine-api-key-file
+    worker: WorkerSlot | None = None  # one of `--workers N` (N > 1): its name, its siblings' sockets
 
     def engine_headers(self) -> dict[str, str]:
         """What every request to an engine carries: its API key, when it wants one."""
@@ -235,6 +238,16 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
         RouterCollector(metrics, membership.endpoints, slow_start.weights if slow_start.enabled else None)
     )
 
+    def own_page() -> bytes:
+        return generate_latest(registry) + endpoint_series(membership.endpoints())
+
+    worker = config.worker
+    pages = (
+        WorkerPages(worker.name, own_page, worker.socket_path(worker.index), worker.sibling_sockets())
+        if worker is not None
+        else None
+    )
+
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         # the read timeout bounds every silence of the backend: before the first byte (then the
         # proxy ejects and retries) and between chunks (then the stream ends with an error).
@@ -265,6 +278,8 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             await streams.stop()
             session.close()
             raise
+        if pages is not None:
+            await pages.start()
         await source.start()
         await routing.start()
         if tenants is not None:
@@ -274,6 +289,8 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
         finally:
             if tenants is not None:
                 await tenants.stop()
+            if pages is not None:
+                await pages.stop()
             await routing.stop()
             await source.stop()
             await streams.stop()
@@ -337,6 +354,8 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             {
                 "policy": config.policy,
                 "router_id": config.streams.router_id,
+                # with --workers N: the worker that answered (each has its own membership and counters)
+                "worker": {"name": worker.name, "of": worker.count} if worker is not None else None,
                 "source": _source_name(config),
                 "endpoints": endpoints,
                 "groups": membership.groups.to_json(),
@@ -347,7 +366,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
         )
 
     async def prometheus(request: web.Request) -> web.Response:
-        body = generate_latest(registry) + endpoint_series(membership.endpoints())
+        body = await pages.page() if pages is not None else own_page()
         return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def engine_only(request: web.Request) -> web.Response:

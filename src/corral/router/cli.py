@@ -1,4 +1,5 @@
-"""`corral router`: parse the flags, run the router app on uvloop, stop cleanly on SIGTERM/SIGINT."""
+"""`corral router`: parse the flags, run the router app on uvloop (in one process, or in each of
+`--workers N`), stop cleanly on SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
@@ -6,6 +7,10 @@ import asyncio
 import logging
 import re
 import signal
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -13,7 +18,7 @@ from aiohttp import web
 
 from corral import aio
 from corral.k8s.watch.client import KubeApiError
-from corral.router.app import CONNECTION_GUARD, KubernetesDiscovery, RouterConfig, build_app
+from corral.router.app import CONNECTION_GUARD, MEMBERSHIP, KubernetesDiscovery, RouterConfig, build_app
 from corral.router.datapath.retry_budget import RetryBudgetConfig
 from corral.router.discovery.backends_file import BackendsFileError, read_backends
 from corral.router.discovery.supervisor_stream import (
@@ -25,14 +30,17 @@ from corral.router.discovery.supervisor_stream import (
 from corral.router.edge.access_options import EdgeAccess, access_options
 from corral.router.edge.client_limits import ClientLimits, client_limit_options
 from corral.router.edge.parse_errors import ParseErrorLog
+from corral.router.membership.membership import Membership
 from corral.router.routing.config import PolicyConfigError, RoutingConfig, load_routing_config
 from corral.router.routing.request import POLICY_NAMES
+from corral.router.workers import WorkerPool, WorkerSlot, cpu_limit, reserve_port
 from corral.supervisor_tokens import FleetKeyError, TokenFileError, read_fleet_key, read_management_token
 
 log = logging.getLogger("corral.router")
 
 _SUPERVISED = re.compile(r"^(https?://[^=\s]+)=(https?://\S+)$")
 _ENGINE_URL = re.compile(r"^https?://[^=\s]+$")
+RESTART_WARMUP_SECONDS = 5.0  # a restarted worker listens once something is routable, or after this
 
 
 def parse_supervised(specs: tuple[str, ...]) -> dict[str, str]:
@@ -80,6 +88,15 @@ def read_supervisor_token(path: Path | None) -> str | None:
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on.")
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 256),
+    envvar="CORRAL_ROUTER_WORKERS",
+    help="Router processes sharing the port (SO_REUSEPORT), each a replica with its own membership and "
+    "the id ROUTER_ID/wK in the supervisors' acknowledgements; a worker that dies is restarted. "
+    "Default: the CPUs this process may use (its affinity, capped by a container's CPU limit); "
+    "1: one process. Also $CORRAL_ROUTER_WORKERS.",
+)
 @click.option(
     "--backend",
     "backends",
@@ -269,6 +286,7 @@ def read_supervisor_token(path: Path | None) -> str | None:
 def router(
     host: str,
     port: int,
+    workers: int | None,
     backends: tuple[str, ...],
     prefill: tuple[str, ...],
     decode: tuple[str, ...],
@@ -381,7 +399,45 @@ def router(
         engine_api_key=access.engine_api_key,
     )
     access.log_at_start()
-    aio.run(serve(config, host, port, shutdown_timeout))
+    count = workers or cpu_limit()
+    if count == 1:
+        aio.run(serve(config, host, port, shutdown_timeout))
+        return
+    sys.exit(serve_workers(config, host, port, shutdown_timeout, count))
+
+
+def serve_workers(config: RouterConfig, host: str, port: int, shutdown_timeout: float, count: int) -> int:
+    """`--workers N`: the port held here (checked free, one port for all with --port 0), N forked workers
+    each serving it as replica ROUTER_ID/wK; returns the exit code (corral.router.workers.WorkerPool)."""
+    try:
+        held, port = reserve_port(host, port)
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; "
+            "choose a free --port or stop what holds it"
+        ) from None
+    base_id = config.streams.router_id
+
+    def worker_main(slot: WorkerSlot, ready: Callable[[], None]) -> int:
+        held.close()
+        for handler in logging.getLogger().handlers:  # each line says which worker wrote it
+            handler.setFormatter(
+                logging.Formatter(f"%(asctime)s %(levelname)s {slot.name} %(name)s: %(message)s")
+            )
+        streams = replace(config.streams, router_id=slot.router_id(base_id))
+        aio.run(serve(replace(config, streams=streams, worker=slot), host, port, shutdown_timeout, ready))
+        return 0
+
+    with held, tempfile.TemporaryDirectory(prefix="corral-router-") as run_dir:
+        log.info(
+            "corral router: %d workers on http://%s:%d, router ids %s/w1..w%d",
+            count,
+            host,
+            port,
+            base_id,
+            count,
+        )
+        return WorkerPool(count, worker_main, Path(run_dir), shutdown_timeout).run()
 
 
 def _per_pod_tokens(key_file: Path | None, token_file: Path | None, discovery: str) -> TokenFor | None:
@@ -412,7 +468,14 @@ def _routing_config(path: Path | None) -> RoutingConfig:
         raise click.UsageError(str(exc)) from None
 
 
-async def serve(config: RouterConfig, host: str, port: int, shutdown_timeout: float) -> None:
+async def serve(
+    config: RouterConfig,
+    host: str,
+    port: int,
+    shutdown_timeout: float,
+    ready: Callable[[], None] | None = None,
+) -> None:
+    """Run the router until SIGTERM/SIGINT; `ready` is called once it listens (a worker tells the parent)."""
     app = build_app(config)
     logging.getLogger("aiohttp.server").addFilter(ParseErrorLog())  # one line per malformed request
     runner = web.AppRunner(
@@ -435,11 +498,15 @@ async def serve(config: RouterConfig, host: str, port: int, shutdown_timeout: fl
     try:
         # not a TCPSite: the guard listens so that each connection is held to config.client_limits
         assert runner.server is not None
-        await guard.listen(runner.server, host, port, backlog=1024)
+        worker = config.worker
+        if worker is not None and worker.restarted:  # not its siblings' traffic into an empty table
+            await _routable(app[MEMBERSHIP], RESTART_WARMUP_SECONDS)
+        shared = worker is not None  # --workers: every worker binds the same ports
+        await guard.listen(runner.server, host, port, backlog=1024, reuse_port=shared)
         admin = config.admin
         if admin.admin_port is not None:  # /metrics and /v1/fleet only (corral.router.edge.admin_access)
             admin_listener = await loop.create_server(
-                runner.server, admin.admin_host, admin.admin_port, reuse_address=True
+                runner.server, admin.admin_host, admin.admin_port, reuse_address=True, reuse_port=shared
             )
         if config.kubernetes is not None:
             members = f"pods in {config.kubernetes.namespace} matching {config.kubernetes.selector}"
@@ -457,6 +524,8 @@ async def serve(config: RouterConfig, host: str, port: int, shutdown_timeout: fl
             config.policy,
             members,
         )
+        if ready is not None:
+            ready()
         await stop.wait()
         log.info("corral router stopping")
     finally:
@@ -465,3 +534,12 @@ async def serve(config: RouterConfig, host: str, port: int, shutdown_timeout: fl
             admin_listener.close()
         await runner.cleanup()
         await guard.close()
+
+
+async def _routable(membership: Membership, within: float) -> None:
+    """Return once membership has a routable endpoint, or after `within` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    # membership has no event for "something became routable"; once per restart, for at most `within`
+    while membership.ready_count() == 0 and loop.time() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.05)

@@ -133,7 +133,12 @@ class ConnectionGuard:
         return lambda: GuardedConnection(self, handler_factory)
 
     async def listen(
-        self, handler_factory: Callable[[], asyncio.Protocol], host: str, port: int, backlog: int = 1024
+        self,
+        handler_factory: Callable[[], asyncio.Protocol],
+        host: str,
+        port: int,
+        backlog: int = 1024,
+        reuse_port: bool = False,  # `corral router --workers N`: each worker binds the port (SO_REUSEPORT)
     ) -> asyncio.Server:
         loop = self._loop = asyncio.get_running_loop()
         make_room_for(self._limits)
@@ -141,7 +146,9 @@ class ConnectionGuard:
         factory = (
             self.protocol_factory(handler_factory) if self._limits.watches_connections else handler_factory
         )
-        self._listener = await loop.create_server(factory, host, port, backlog=backlog, reuse_address=True)
+        self._listener = await loop.create_server(
+            factory, host, port, backlog=backlog, reuse_address=True, reuse_port=reuse_port
+        )
         if self._sweep_every:
             self._sweeper = loop.call_later(self._sweep_every, self._sweep)
         return self._listener

@@ -1,0 +1,138 @@
+"""`/metrics` of a router run with `--workers N`: whichever worker a scrape reaches answers for all of
+them, each worker's samples under a `worker` label, read from its siblings over their private sockets.
+
+Each worker serves its own labelled page on a Unix socket in the router's private run directory; the
+worker that gets the scrape reads its siblings' pages there and merges the families, so one scrape of
+the port sees every worker (`sum without (worker)` gives the router's totals) and
+`corral_router_worker_up` says which answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+UP = "corral_router_worker_up"
+_UP_HEAD = (
+    f"# HELP {UP} 1 for each worker whose samples are on this page, 0 for one that did not answer "
+    "(restarting).\n"
+    f"# TYPE {UP} gauge\n"
+)
+_HEADER = (b"# HELP ", b"# TYPE ")
+
+
+def label_page(page: bytes, worker: str) -> bytes:
+    """Every sample line of a Prometheus text page with `worker="<worker>"` added to its labels."""
+    label = f'worker="{worker}"'.encode()
+    lines = page.split(b"\n")
+    for i, line in enumerate(lines):
+        if not line or line.startswith(b"#"):
+            continue
+        space = line.find(b" ")
+        brace = line.find(b"{", 0, space)  # a metric name has neither: the first of them ends it
+        if brace < 0:
+            lines[i] = line[:space] + b"{" + label + b"}" + line[space:]
+        elif line[brace + 1 : brace + 2] == b"}":
+            lines[i] = line[: brace + 1] + label + line[brace + 1 :]
+        else:
+            lines[i] = line[: brace + 1] + label + b"," + line[brace + 1 :]
+    return b"\n".join(lines)
+
+
+def merge_pages(pages: Sequence[bytes]) -> bytes:
+    """One page from several with the same families: each family's HELP and TYPE once (from the first
+    page that has it), then its samples from every page in order, as the text format wants them."""
+    families: dict[bytes, tuple[list[bytes], list[bytes]]] = {}
+    for page in pages:
+        new_here: set[bytes] = set()
+        samples: list[bytes] | None = None
+        for line in page.split(b"\n"):
+            if line.startswith(_HEADER):
+                name = line.split(b" ", 3)[2]
+                family = families.get(name)
+                if family is None:
+                    family = families[name] = ([], [])
+                    new_here.add(name)
+                if name in new_here:
+                    family[0].append(line)
+                samples = family[1]
+            elif line and not line.startswith(b"#") and samples is not None:
+                samples.append(line)
+    out = [line for head, samples in families.values() for line in (*head, *samples)]
+    return b"\n".join(out) + b"\n"
+
+
+def _worker_order(name: str) -> tuple[int, str]:
+    digits = name.lstrip("w")
+    return (int(digits), name) if digits.isdigit() else (0, name)
+
+
+class WorkerPages:
+    """This worker's labelled page on its socket for its siblings, and the merged page for a scrape."""
+
+    def __init__(
+        self,
+        name: str,
+        own_page: Callable[[], bytes],
+        socket_path: Path,
+        siblings: Mapping[str, Path],
+        timeout: float = 2.0,
+    ) -> None:
+        self.name = name
+        self._own_page = own_page
+        self._socket_path = socket_path
+        self._siblings = dict(siblings)
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._server: web.Server | None = None
+        self._listener: asyncio.Server | None = None
+
+    def labelled(self) -> bytes:
+        return label_page(self._own_page(), self.name)
+
+    async def start(self) -> None:
+        async def own(request: web.BaseRequest) -> web.Response:
+            return web.Response(body=self.labelled())
+
+        with contextlib.suppress(FileNotFoundError):
+            self._socket_path.unlink()  # left by this worker's previous process
+        self._server = web.Server(own, access_log=None)
+        self._listener = await asyncio.get_running_loop().create_unix_server(
+            self._server, str(self._socket_path)
+        )
+
+    async def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            await self._listener.wait_closed()
+            self._listener = None
+        if self._server is not None:
+            await self._server.shutdown(1.0)
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            self._socket_path.unlink()
+
+    async def page(self) -> bytes:
+        """Every worker's samples, merged; a sibling that does not answer in time is reported down."""
+        names = sorted(self._siblings)
+        read = await asyncio.gather(*(self._read(self._siblings[n]) for n in names))
+        pages = {self.name: self.labelled(), **dict(zip(names, read, strict=True))}
+        ordered = sorted(pages.items(), key=lambda item: _worker_order(item[0]))
+        up_lines = "".join(f'{UP}{{worker="{n}"}} {int(page is not None)}\n' for n, page in ordered)
+        merged = merge_pages([page for _, page in ordered if page is not None])
+        return merged + (_UP_HEAD + up_lines).encode()
+
+    async def _read(self, path: Path) -> bytes | None:
+        try:
+            connector = aiohttp.UnixConnector(path=str(path))
+            async with (
+                aiohttp.ClientSession(connector=connector, timeout=self._timeout) as session,
+                session.get("http://worker/metrics") as resp,
+            ):
+                return await resp.read() if resp.status == 200 else None
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return None
