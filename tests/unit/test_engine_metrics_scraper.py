@@ -46,3 +46,49 @@ async def test_scraper_fills_the_board_and_failures_age_into_staleness() -> None
     finally:
         await scraper.stop()
         await server.close()
+
+
+async def test_a_large_fleet_is_scraped_within_the_budget_spread_over_time() -> None:
+    """1,000 READY engines, a budget of 100 scrapes/s: each engine every 10 s (not every interval),
+    staleness 5 periods, and a tenth of a second starts ten scrapes, not a burst of a thousand."""
+    hits: list[str] = []
+
+    async def metrics(request: web.Request) -> web.Response:
+        hits.append(request.match_info["engine"])
+        return web.Response(body=METRICS)
+
+    app = web.Application()
+    app.router.add_get("/{engine}/metrics", metrics)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    fleet = [
+        Endpoint(f"http://127.0.0.1:{server.port}/e{i}", frozenset({"m"}), EngineState.READY)
+        for i in range(1000)
+    ]
+    board = LoadBoard()
+    # the background loop's first step starts nothing; the test steps the clock itself
+    scraper = LoadScraper(board, lambda: fleet, interval=1.0, budget=100.0, tick=3600.0)
+    await scraper.start()
+    try:
+        await asyncio.sleep(0.05)
+        assert scraper.step(0.1) == 10
+        assert scraper.period == 10.0 and board.stale_after == 50.0
+        fleet[10].state = EngineState.STARTING  # left routing: passed over at no cost
+        assert scraper.step(0.5) == 50
+        for _ in range(200):
+            if len(hits) == 60:
+                break
+            await asyncio.sleep(0.02)
+        expected = [f"e{i}" for i in range(61) if i != 10]
+        assert sorted(hits, key=lambda e: int(e[1:])) == expected
+        assert scraper.step(3600.0) == 939  # a stalled loop catches up at most its round, no further
+        assert scraper.step(0.0) == 0
+    finally:
+        await scraper.stop()
+        await server.close()
+
+
+def test_a_small_fleet_is_scraped_every_interval() -> None:
+    scraper = LoadScraper(LoadBoard(), list, interval=1.0, budget=100.0)
+    assert scraper.period_for(4) == 1.0 and scraper.period_for(100) == 1.0
+    assert scraper.period_for(1000) == 10.0

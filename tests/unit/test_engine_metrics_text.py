@@ -81,3 +81,36 @@ def test_named_search_matches_whole_names_at_line_starts_only() -> None:
         "vllm:num_requests_waiting"
     )
     assert [s.value for s in samples(text, names={m.WAITING})] == [3.0]
+
+
+def _dp(page: str, ranks: int) -> str:
+    """The page as a data-parallel engine of `ranks` ranks answers it: each sample once per rank."""
+    lines = []
+    for line in page.split("\n"):
+        if line.startswith("vllm:") and 'engine="0"' in line:
+            lines += [line.replace('engine="0"', f'engine="{r}"') for r in range(ranks)]
+        else:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("ranks", [1, 4])
+def test_the_bytes_reader_finds_what_the_full_parser_finds_on_real_pages(ranks: int) -> None:
+    names = {m.RUNNING, m.WAITING, m.KV_USAGE, m.LORA_INFO, m.PROMPT_TOKENS}
+    page = _dp(REAL, ranks)
+    lora = 'vllm:lora_requests_info{max_lora="2",running_lora_adapters="a,b",waiting_lora_adapters=""} 17.0\n'
+    for text in (page, page.replace("\n", "\r\n"), lora + page, page + lora.rstrip("\n")):
+        full = [(s.name, s.labels, s.value) for s in samples(text, strict=True) if s.name in names]
+        found = [(s.name, s.labels, s.value) for s in samples(text.encode(), names)]
+        assert found == full and len(full) >= 3 * ranks
+
+
+def test_the_bytes_reader_wants_whole_names_at_line_starts() -> None:
+    text = (
+        b"# HELP vllm:num_requests_running running\n"
+        b"vllm:num_requests_running_total 9\n"
+        b'xvllm:num_requests_running{a="1"} 8\n'
+        b'vllm:num_requests_running{a="2"} 2\n'
+        b"vllm:num_requests_running 3"
+    )
+    assert [(s.value, s.labels) for s in samples(text, {m.RUNNING})] == [(2.0, {"a": "2"}), (3.0, {})]

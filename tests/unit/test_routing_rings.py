@@ -15,7 +15,8 @@ from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.load_board import LoadBoard
 from corral.router.routing.policies import LeastRequest, SessionAffinity
 from corral.router.routing.request import RouteRequest
-from corral.router.routing.rings import RING_CACHE_SIZE, RingCache
+from corral.router.membership.membership import Membership
+from corral.router.routing.rings import RING_CACHE_SIZE, VIRTUAL_NODES, RingCache
 from corral.router.routing.scorers import PickContext, SessionScorer
 
 
@@ -59,3 +60,27 @@ def test_the_request_module_imports_no_other_routing_module() -> None:
         alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
     }
     assert not [name for name in imported if name.startswith("corral.router.routing")]
+
+
+@given(st.integers(1, 40), st.integers(0, 2**64 - 1), st.data())
+def test_ordered_is_the_walk_filtered_to_the_pool(n: int, key: int, data: st.DataObject) -> None:
+    endpoints = fleet(n)
+    ring = RingCache().ring(endpoints)
+    pool = data.draw(st.lists(st.sampled_from(endpoints), unique_by=id, max_size=n))
+    outsider = Endpoint(endpoints[0].url, frozenset({"m"}), EngineState.READY)  # same url, not a member
+    wanted = {id(e) for e in pool}
+    assert ring.ordered(key, [*pool, outsider]) == [e for e in ring.walk(key) if id(e) in wanted]
+
+
+def test_a_membership_set_finds_its_ring_by_identity_and_a_rebuild_rehashes_nothing_known() -> None:
+    m = Membership()
+    for e in fleet(5):
+        m.add(e, "test")
+    cache = RingCache()
+    eligible = m.eligible("m")
+    ring = cache.ring(eligible)
+    assert cache.ring(m.eligible("m")) is ring  # the same set: found without reading its urls
+    m.add(Endpoint("http://10.0.0.9:8000", frozenset({"m"}), EngineState.READY), "test")
+    bigger = cache.ring(m.eligible("m"))
+    assert bigger is not ring and len(bigger.endpoints) == 6
+    assert bigger.hashes == sorted(bigger.hashes) and len(bigger.hashes) == 6 * VIRTUAL_NODES

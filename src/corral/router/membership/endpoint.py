@@ -10,6 +10,7 @@ while the source says so and the supervisor, on a live stream, says READY too.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,17 +81,18 @@ class Endpoint:
     """A backend engine. `in_flight` is the router's own count of requests it has open there."""
 
     __slots__ = (
+        "_in_flight",
         "consecutive_failures",
         "declared_role",
         "dispatching",
         "ejected_until",
         "group",
         "group_out",
-        "in_flight",
         "last_event_version",
         "model_cards",
         "models",
         "name",
+        "on_eject",
         "probed_pairing",
         "ramp_earned",
         "ramp_start",
@@ -104,6 +106,7 @@ class Endpoint:
         "source_state",
         "state",
         "supervisor",
+        "tallies",
         "traffic",
         "transfers_pending",
         "url",
@@ -161,7 +164,11 @@ class Endpoint:
         self.ramp_taken = 0
         self.ramp_earned = 0.0
         self.settle()
-        self.in_flight = 0
+        self._in_flight = 0
+        # The eligible sets (membership.eligible) it is in, whose in-flight totals follow its own.
+        self.tallies: tuple[Any, ...] = ()
+        # Told of each ejection (membership rebuilds its eligible sets then); None outside membership.
+        self.on_eject: Callable[[], None] | None = None
         # Picked for a request whose upstream call has not answered yet: it may not have reached the
         # engine. An acknowledgement of removal waits for this to reach zero.
         self.dispatching = 0
@@ -175,6 +182,18 @@ class Endpoint:
 
     def __repr__(self) -> str:
         return f"Endpoint({self.url!r}, {self.state}, in_flight={self.in_flight})"
+
+    @property
+    def in_flight(self) -> int:
+        """The router's requests open here; setting it keeps its eligible sets' totals (O(1) load bound)."""
+        return self._in_flight
+
+    @in_flight.setter
+    def in_flight(self, count: int) -> None:
+        change = count - self._in_flight
+        self._in_flight = count
+        for tally in self.tallies:
+            tally.in_flight += change
 
     @property
     def role(self) -> str:
@@ -267,6 +286,8 @@ class Endpoint:
         seconds = base_seconds * factor
         self.ejected_until = now + seconds
         self.routable_from = max(self.routable_from, self.ejected_until)  # it ramps up when back
+        if self.on_eject is not None:
+            self.on_eject()
         return seconds
 
     def record_success(self) -> None:

@@ -3,10 +3,11 @@
 Sources (static list, backends file, Kubernetes) change it only through the `MembershipConsumer`,
 which turns their events into `add`, `update` and `remove`; supervisor state streams through
 `supervisor_changed`; the data path only reads it through `eligible` (and, for prefill/decode
-disaggregation, `eligible_role` and `compatible_decode`). An endpoint added with a
-supervisor is handed to the `SupervisorWatch` (the streams), and taken back when it is removed.
-Every time an endpoint leaves routing (removed, or READY -> anything else) membership keeps a
-`RoutingExit` record: what left, why, and how many requests had been sent to it by then.
+disaggregation, `eligible_role` and `compatible_decode`): sets built once per change and shared by
+every request until the next (`corral.router.membership.eligible`), so a pick does not walk the fleet.
+An endpoint added with a supervisor is handed to the `SupervisorWatch` (the streams), and taken back
+when it is removed. Every time an endpoint leaves routing (removed, or READY -> anything else)
+membership keeps a `RoutingExit` record: what left, why, and how many requests had been sent to it by then.
 
 Endpoints of a serving group (`ServingGroups`) are in the per-model index only while their group is
 whole. A change that takes one member out takes the others out in the same synchronous call — one
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from corral.engine_state import EngineState
+from corral.router.membership.eligible import EligibleSet, EligibleSets
 from corral.router.membership.endpoint import Endpoint
 from corral.router.membership.groups import ServingGroups
 
@@ -77,6 +79,7 @@ class Membership:
         self._serving: dict[str, tuple[Endpoint, ...]] = {}
         self._known: tuple[str, ...] = ()  # every model any endpoint serves, groups or not
         self._known_set: frozenset[str] = frozenset()
+        self._eligible = EligibleSets()
         self.groups = ServingGroups()
         self.exits: deque[RoutingExit] = deque(maxlen=EXITS_KEPT)
         self._on_exit = on_exit
@@ -92,6 +95,7 @@ class Membership:
         if existing is not None:
             return existing
         self._endpoints[endpoint.url] = endpoint
+        endpoint.on_eject = self._eligible.clear
         self.note_role(endpoint.declared_role)
         log.info("endpoint %s added (%s): %s", endpoint.url, endpoint.state, reason)
         if endpoint.group is not None:
@@ -123,6 +127,7 @@ class Membership:
         if pairing is not None and pairing != endpoint.probed_pairing:
             log.info("endpoint %s: pairing identity %s (from the engine)", url, pairing)
             endpoint.probed_pairing = pairing
+            self._eligible.clear()
         if event_version is not None:
             endpoint.last_event_version = event_version
         if state is not None:
@@ -155,12 +160,14 @@ class Membership:
         """The endpoint's `SupervisorView` changed: recompute its routing state."""
         endpoint = self._endpoints.get(url)
         if endpoint is not None:
+            self._eligible.clear()  # a state line may also change its role or pairing
             self._settle(endpoint, cause)
         return endpoint
 
     def _settle(self, endpoint: Endpoint, cause: str) -> None:
         before, was_in = endpoint.state, endpoint.in_routing
         if endpoint.settle() and before is not endpoint.state:
+            self._eligible.clear()
             log.info("endpoint %s %s -> %s: %s", endpoint.url, before, endpoint.state, endpoint.reason)
             if was_in:
                 self._exit(endpoint, "unroutable", cause, endpoint.reason)
@@ -188,6 +195,8 @@ class Membership:
     ) -> Endpoint | None:
         """Forget an endpoint; requests already in flight to it finish on their own."""
         endpoint = self._endpoints.pop(url, None)
+        if endpoint is not None:
+            endpoint.on_eject = None
         if endpoint is not None and self.supervisors is not None and endpoint.supervisor is not None:
             self.supervisors.unwatch(url)
         if endpoint is not None:
@@ -219,6 +228,7 @@ class Membership:
             self._on_exit(record)
 
     def _reindex(self) -> None:
+        self._eligible.clear()
         serving: dict[str, list[Endpoint]] = {}
         known: dict[str, None] = {}  # in first-seen order, as the index was
         for endpoint in self._endpoints.values():
@@ -239,23 +249,23 @@ class Membership:
     def endpoints(self) -> list[Endpoint]:
         return list(self._endpoints.values())
 
-    def eligible(self, model: str, now: float | None = None) -> list[Endpoint]:
-        """Endpoints that may take a request for `model` now: READY, serving it, not ejected."""
-        if now is None:
-            now = time.monotonic()
-        ready = EngineState.READY
-        return [e for e in self._serving.get(model, ()) if e.state is ready and e.ejected_until <= now]
+    def eligible(self, model: str, now: float | None = None) -> EligibleSet:
+        """Endpoints that may take a request for `model` now: READY, serving it, not ejected. The same
+        (read-only) set until membership changes or an ejection ends."""
+        return self._eligible.get(
+            model, None, self._serving.get(model, ()), time.monotonic() if now is None else now
+        )
 
-    def eligible_role(self, model: str, role: str, now: float | None = None) -> list[Endpoint]:
+    def eligible_role(self, model: str, role: str, now: float | None = None) -> EligibleSet:
         """The eligible endpoints for `model` that can take `role`'s leg: role `role`, or `both`."""
-        if now is None:
-            now = time.monotonic()
-        ready = EngineState.READY
-        return [
-            e
-            for e in self._serving.get(model, ())
-            if e.state is ready and e.ejected_until <= now and (e.role == role or e.role == "both")
-        ]
+        return self._eligible.get(
+            model, role, self._serving.get(model, ()), time.monotonic() if now is None else now
+        )
+
+    @property
+    def eligible_builds(self) -> int:
+        """How many eligible sets have been built (once per change and model, not per request)."""
+        return self._eligible.builds
 
     def compatible_decode(self, model: str, prefill: Endpoint, now: float | None = None) -> list[Endpoint]:
         """The eligible decode endpoints for `model` that may take `prefill`'s transfer: the same pairing

@@ -5,8 +5,9 @@ their weights, and the knobs of prefix hashing and metrics scraping.
     eps: 1.0                      # load bound: no engine above ceil((1 + eps) * mean) in flight
     block_chars: 128              # prefix key: whole blocks of this many prompt characters ...
     key_blocks: 4                 # ... at most this many of them
-    scrape_interval: 0.1          # seconds between /metrics scrapes of each engine
-    stale_after: 0.5              # older metrics count as saturated (default: max(5 intervals, 0.5 s))
+    scrape_interval: 1.0          # at least this many seconds between /metrics scrapes of one engine
+    scrape_budget: 100            # /metrics scrapes per second for the whole fleet, spread evenly
+    stale_after: 5.0              # older metrics count as saturated (default: 5 scrape periods, >= 0.5 s)
     header: x-corral-policy       # a request may name its policy in this header
     slow_start_seconds: 30        # ramp of an endpoint that becomes routable (default: --slow-start-seconds)
     slow_start_models:            # per model; 0 turns slow start off for it
@@ -66,7 +67,10 @@ class RoutingConfig(BaseModel):
     eps: float = Field(default=1.0, ge=0)
     block_chars: int = Field(default=128, ge=1)
     key_blocks: int = Field(default=4, ge=1)
-    scrape_interval: float = Field(default=0.1, ge=0.02)
+    # Once a second per engine at most; past scrape_budget * scrape_interval engines, less often
+    # (load_scraper.LoadScraper.period_for): the router's in-flight counts are the live signal.
+    scrape_interval: float = Field(default=1.0, ge=0.02)
+    scrape_budget: float = Field(default=100.0, gt=0)
     stale_after: float | None = Field(default=None, gt=0)
     header: str = "x-corral-policy"
     slow_start_seconds: float | None = Field(default=None, ge=0, allow_inf_nan=False)
@@ -83,6 +87,7 @@ class RoutingConfig(BaseModel):
         return ramps
 
     def stale_seconds(self) -> float:
+        """Staleness before the scraper sets it from the fleet's size (when `stale_after` is not fixed)."""
         return self.stale_after if self.stale_after is not None else max(5 * self.scrape_interval, 0.5)
 
 

@@ -1,10 +1,11 @@
-"""Scrapes every READY engine's `/metrics` at a fixed interval, off the request path, into a
-`LoadBoard` that scorers read.
+"""Scrapes the READY engines' `/metrics`, off the request path, into a `LoadBoard` that scorers read, at a
+pace that adapts to the fleet: no engine more often than `interval`, the whole fleet within a budget of
+scrapes per second, spread evenly over time (a thousand engines are never scraped in one burst).
 
-Each engine has at most one scrape in flight: an engine slower than the interval is simply scraped less
-often (and goes stale, which scorers treat as saturated), it never piles up requests. Only the few
-gauges routing needs are read from the text: requests running and waiting (summed over data-parallel
-engines), KV-cache usage (the highest), and the LoRA adapters running.
+Each engine has at most one scrape in flight: an engine slower than its turn is skipped that round (and
+goes stale, which scorers treat as saturated), it never piles up requests. Only the few gauges routing
+needs are read, from the answer's bytes without decoding the page: requests running and waiting (summed
+over data-parallel engines), KV-cache usage (the highest), and the LoRA adapters running.
 """
 
 from __future__ import annotations
@@ -27,12 +28,20 @@ log = logging.getLogger("corral.router.engine_metrics")
 
 _ROUTING_GAUGES = frozenset({m.RUNNING, m.WAITING, m.KV_USAGE, m.LORA_INFO})
 
+# Scrapes per second the router spends on the whole fleet by default: each costs the router ~0.3 ms of
+# CPU and the engine's API server one request, so 100/s is a few percent of a core (benchmarks/
+# bench_scale.py); past `budget * interval` engines, each is scraped less often than `interval`.
+DEFAULT_BUDGET = 100.0
+# Metrics older than this many scrape periods count as saturated (unless the config fixes stale_after).
+STALE_PERIODS = 5.0
+MIN_STALE_SECONDS = 0.5
+
 
 def parse_engine_metrics(text: bytes, now: float) -> EngineLoad:
     load = EngineLoad(at=now)
     adapters: frozenset[str] = frozenset()
     latest_lora = -1.0
-    for sample in samples(text.decode(errors="replace"), _ROUTING_GAUGES):
+    for sample in samples(text, _ROUTING_GAUGES):
         name, value = sample.name, sample.value
         if name == m.RUNNING:
             load.running += value
@@ -56,22 +65,44 @@ def _running_adapters(sample: Sample) -> frozenset[str]:
 
 
 class LoadScraper:
+    """`interval`: the shortest time between two scrapes of one engine; `budget`: scrapes per second for
+    the whole fleet; `stale_after`: fixed staleness, or None to follow the period (`STALE_PERIODS`)."""
+
     def __init__(
         self,
         board: LoadBoard,
         endpoints: Callable[[], list[Endpoint]],
         interval: float,
         timeout: float | None = None,
+        *,
+        budget: float = DEFAULT_BUDGET,
+        stale_after: float | None = None,
+        tick: float | None = None,
     ) -> None:
+        if budget <= 0:
+            raise ValueError(f"scrape budget {budget!r}: give scrapes per second, > 0")
         self.board = board
         self._endpoints = endpoints
         self.interval = interval
+        self.budget = budget
+        self.fixed_stale = stale_after
         self.timeout = timeout if timeout is not None else max(2 * interval, 0.5)
+        self.tick = tick if tick is not None else min(0.1, interval)  # how often scrapes are started
         self._session: aiohttp.ClientSession | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._scrapes: dict[str, asyncio.Task[None]] = {}
+        self._round: list[Endpoint] = []  # this round's READY engines, scraped in order
+        self._cursor = 0
+        self._credit = 0.0  # scrapes earned and not yet started
+        self.period = interval  # seconds between two scrapes of one engine, as the fleet's size sets it
         self.scrapes = 0
         self.failures = 0
+        self.skipped = 0  # turns passed because the engine's previous scrape had not ended
+
+    def period_for(self, engines: int) -> float:
+        """Seconds between two scrapes of each of `engines` engines: `interval`, or longer when the
+        budget cannot cover them all that often."""
+        return max(self.interval, engines / self.budget)
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
@@ -89,18 +120,57 @@ class LoadScraper:
             await self._session.close()
 
     async def _run(self) -> None:
+        last = time.monotonic()
         while True:
-            endpoints = self._endpoints()
-            live = {e.url for e in endpoints}
-            for url in [u for u in self.board.loads if u not in live]:
-                del self.board.loads[url]
-            for endpoint in endpoints:
-                if endpoint.state is not EngineState.READY or endpoint.url in self._scrapes:
-                    continue
-                task = asyncio.create_task(self._scrape(endpoint.url))
-                self._scrapes[endpoint.url] = task
-                task.add_done_callback(self._forget(endpoint.url))
-            await asyncio.sleep(self.interval)
+            now = time.monotonic()
+            self.step(now - last)
+            last = now
+            await asyncio.sleep(self.tick)
+
+    def step(self, elapsed: float) -> int:
+        """Start the scrapes that `elapsed` seconds earned; a new round (a fresh list of READY engines,
+        the period and staleness it sets) begins when the last one is done. How many started."""
+        if self._cursor >= len(self._round):
+            self._new_round()
+        rate = len(self._round) / self.period if self._round else 0.0
+        # at most one period's worth of credit: a stalled loop does not fire a burst when it resumes
+        self._credit = min(self._credit + rate * elapsed, max(1.0, float(len(self._round))))
+        started = 0
+        while self._credit >= 1.0 and self._cursor < len(self._round):
+            endpoint = self._round[self._cursor]
+            self._cursor += 1
+            if endpoint.state is not EngineState.READY:
+                continue  # left routing since the round began: costs nothing
+            self._credit -= 1.0
+            if endpoint.url in self._scrapes:
+                self.skipped += 1
+                continue
+            task = asyncio.create_task(self._scrape(endpoint.url))
+            self._scrapes[endpoint.url] = task
+            task.add_done_callback(self._forget(endpoint.url))
+            started += 1
+        return started
+
+    def _new_round(self) -> None:
+        endpoints = self._endpoints()
+        live = {e.url for e in endpoints}
+        loads = self.board.loads
+        for url in [u for u in loads if u not in live]:
+            del loads[url]
+        self._round = [e for e in endpoints if e.state is EngineState.READY]
+        self._cursor = 0
+        self._credit %= 1.0  # what the last round earned beyond its engines is not spent in a burst
+        period = self.period_for(len(self._round))
+        if period != self.period:
+            log.info(
+                "scraping %d engines' /metrics every %.3g s (%.3g scrapes/s)",
+                len(self._round),
+                period,
+                len(self._round) / period,
+            )
+        self.period = period
+        if self.fixed_stale is None:
+            self.board.stale_after = max(STALE_PERIODS * period, MIN_STALE_SECONDS)
 
     def _forget(self, url: str) -> Callable[[asyncio.Task[None]], None]:
         def done(_task: asyncio.Task[None]) -> None:

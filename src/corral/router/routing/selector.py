@@ -122,15 +122,26 @@ class Routing:
         needs = any(
             isinstance(p, ScoredPolicy) and p.uses_metrics for n, p in policies.items() if n in in_use
         )
-        self.scraper = LoadScraper(self.board, endpoints, config.scrape_interval) if needs else None
+        self.scraper = (
+            LoadScraper(
+                self.board,
+                endpoints,
+                config.scrape_interval,
+                budget=config.scrape_budget,
+                stale_after=config.stale_after,
+            )
+            if needs
+            else None
+        )
 
     async def start(self) -> None:
         if self.scraper is not None:
             await self.scraper.start()
             log.info(
-                "scraping engine /metrics every %.3f s (stale after %.3f s)",
+                "scraping engine /metrics every %.3f s or less often, %.3g scrapes/s at most (stale after "
+                "5 periods unless stale_after is set)",
                 self.config.scrape_interval,
-                self.board.stale_after,
+                self.config.scrape_budget,
             )
 
     async def stop(self) -> None:

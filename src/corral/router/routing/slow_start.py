@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from corral.router.membership.eligible import EligibleSet
 from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.request import Policy, RouteRequest
 
@@ -85,6 +86,8 @@ class SlowStart:
             return self.policy.pick(candidates, request)
         now = self._clock()
         horizon = now - seconds
+        if isinstance(candidates, EligibleSet) and candidates.newest_start <= horizon:
+            return self.policy.pick(candidates, request)  # membership's set knows: O(1), not a scan
         oldest = newest = candidates[0].routable_from
         for e in candidates:
             start = e.routable_from
