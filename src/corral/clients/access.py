@@ -18,13 +18,16 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import click
 import orjson
 
-from corral.router.edge.admin_access import SecretFileError, read_secret_file
+if TYPE_CHECKING:
+    import aiohttp
+
+# aiohttp and the router's key reader are imported where they are used: the CLIs import this module
+# for their flags, and `corral status --help` must not pay for an HTTP client (bench_cli_startup.py)
 
 ADMIN_KEY_FLAG = "--router-admin-key-file"
 ADMIN_KEY_ENV = "CORRAL_ROUTER_ADMIN_KEY_FILE"
@@ -102,6 +105,8 @@ class RouterAdmin:
 
     async def get(self, session: aiohttp.ClientSession, path: str, within: float = 3.0) -> bytes:
         """The body of a 200; RouterAdminError for anything else."""
+        import aiohttp
+
         where = f"router {self.base}: {path}"
         try:
             async with session.get(
@@ -159,6 +164,8 @@ def _error_message(body: bytes) -> str:
 def _read_key(path: Path | None, flag: str) -> str | None:
     if path is None:
         return None
+    from corral.router.edge.admin_access import SecretFileError, read_secret_file
+
     try:
         return read_secret_file(path, flag)
     except SecretFileError as exc:

@@ -51,6 +51,9 @@ class StateLine(WireModel):
     # the engine's KV connector (`kv_connector` of its --kv-transfer-config): how a prefill answer hands
     # the KV over (engine/pd_protocol.handoff_of); absent without a connector and before issue 17
     connector: str | None = None
+    # where the engine publishes its KV-cache events, `PUB[,REPLAY]` ZMQ addresses a router connects to
+    # (engine/kv_events_address, from its --kv-events-config); absent without events and before issue 17
+    kv_events: str | None = None
 
     @field_validator("from_", "to", mode="before")
     @classmethod
@@ -67,7 +70,7 @@ class StateLine(WireModel):
     def _reason(cls, value: Any) -> str:
         return str(value)
 
-    @field_validator("prefix_epoch", "role", "pairing", "connector", mode="before")
+    @field_validator("prefix_epoch", "role", "pairing", "connector", "kv_events", mode="before")
     @classmethod
     def _prefix_epoch(cls, value: Any) -> str | None:
         return value if isinstance(value, str) else None
@@ -268,8 +271,9 @@ class SupervisorState(OpenWireModel):
 
     @property
     def progress(self) -> str:
-        """One line for a terminal: state/sub-state: reason."""
-        return f"{self.state}/{self.sub_state}: {self.reason}"
+        """One line for a terminal: state (sub-state in words, when there is one): reason."""
+        sub = f" ({self.sub_state.replace('_', ' ')})" if self.sub_state else ""
+        return f"{self.state}{sub}: {self.reason}"
 
 
 LeftoverVerdict = Literal["clean", "found", "not_measured"]

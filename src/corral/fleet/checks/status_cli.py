@@ -1,50 +1,81 @@
-"""`corral status`: every engine's lifecycle state, bundle, in-flight work, KV usage and adapters, beside
-the router's view of it; once, or live with `--watch`.
+"""`corral status`: every engine's lifecycle state, supervisor, bundle, in-flight work, KV usage and
+adapters, beside the router's view of it; once, or live with `--watch`, or as JSON with `--json`.
 
 The fleet comes from the file `corral up` writes (`--port` picks which local fleet) or from explicit
 `--supervisor`/`--router` URLs (a `--router` alone, with no local fleet: the engines it lists).
 Members are asked concurrently with a short timeout (`probe.look`), so one that hangs shows as
-unreachable instead of stalling the table.
+unreachable instead of stalling the screen. Everything but click is imported when the command runs:
+`corral status --help` starts fast.
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from rich.console import Console
-from rich.live import Live
 
-from corral.aio import run
 from corral.clients.access import FleetAccess, fleet_access_options
-from corral.engine_state import EngineState
-from corral.fleet.checks.probe import FleetTarget, FleetView, TargetError, look, read_token
-from corral.fleet.checks.status_table import render_view
-from corral.state_home import local_fleet_file
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+
+    from corral.fleet.checks.probe import FleetTarget, FleetView
+
+EXIT_CODES = """Exit code: 0 when every engine is READY or SLEEPING by a runbook sleep (a planned sleep is
+not a failure) and the router answers; 3 when nothing is wrong but an engine is changing state
+(starting, draining, waking, an operation running); 1 when an engine is FAILED, stopping or
+unreachable, the router does not answer, or the fleet cannot be found; 2 for bad options."""
 
 
-def _all_ready(view: FleetView) -> bool:
-    return all(e.lifecycle == EngineState.READY for e in view.engines if e.supervisor_url is not None)
+def _screen(view: FleetView, console: Console, layout: str, title: str = "Corral fleet") -> RenderableType:
+    """The full table when asked for, or (auto) on a terminal wide enough for it; else the compact text."""
+    from rich.text import Text
+
+    from corral.fleet.checks.status_table import FULL_MIN_WIDTH, full_width, render_compact, render_full
+
+    if layout == "full" or (layout == "auto" and console.is_terminal and console.width >= FULL_MIN_WIDTH):
+        table = render_full(view, title)
+        if layout == "full" or full_width(view) <= console.width:
+            return table
+    return Text(render_compact(view, console.width if console.is_terminal else 80, title))
 
 
-async def _watch(target: FleetTarget, interval: float, console: Console) -> None:
-    """On a terminal, one table redrawn in place; into a pipe or file, one table per refresh."""
+def _print_once(view: FleetView, screen: RenderableType, console: Console) -> None:
+    """A full table asked for on a narrow screen is printed as wide as it needs, never cut short."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from corral.fleet.checks.status_table import full_width
+
+    if isinstance(screen, Table) and (needed := full_width(view)) > console.width:
+        console = Console(highlight=False, width=needed)
+    console.print(screen, soft_wrap=not isinstance(screen, Table))
+
+
+async def _watch(target: FleetTarget, interval: float, console: Console, layout: str) -> None:
+    """On a terminal, one screen redrawn in place; into a pipe or file, one screen per refresh."""
+    import asyncio
+
+    from rich.live import Live
+
+    from corral.fleet.checks.probe import look
+
     if not console.is_terminal:
         while True:
             view = await look(target)
-            console.print(render_view(view, f"Corral fleet at {time.strftime('%H:%M:%S')}"))
+            console.print(_screen(view, console, layout, f"Corral fleet at {time.strftime('%H:%M:%S')}"))
             await asyncio.sleep(interval)
     with Live(console=console, auto_refresh=False) as live:
         while True:
             view = await look(target)
-            live.update(render_view(view, f"Corral fleet at {time.strftime('%H:%M:%S')}"), refresh=True)
+            title = f"Corral fleet at {time.strftime('%H:%M:%S')}"
+            live.update(_screen(view, console, layout, title), refresh=True)
             await asyncio.sleep(interval)
 
 
-@click.command()
+@click.command(epilog=EXIT_CODES)
 @click.option("--port", default=8000, show_default=True, help="Router port of the local fleet (`corral up`).")
 @click.option("--supervisor", "supervisors", multiple=True, help="Supervisor URL (repeatable).")
 @click.option("--router", default=None, help="Router URL (default: the local fleet's).")
@@ -55,7 +86,16 @@ async def _watch(target: FleetTarget, interval: float, console: Console) -> None
     help="Bearer token for the supervisors' management API (else $CORRAL_TOKEN).",
 )
 @fleet_access_options()
-@click.option("--watch", "-w", is_flag=True, help="Keep the table on screen, refreshed, until Ctrl-C.")
+@click.option("--json", "as_json", is_flag=True, help="Print the fleet as JSON (shape corral.status/v1).")
+@click.option(
+    "--layout",
+    type=click.Choice(["auto", "compact", "full"]),
+    default="auto",
+    show_default=True,
+    help="full: a table row per engine (a terminal 140+ columns wide); compact: a few lines per engine "
+    "within 80 columns (a narrow terminal, a pipe); auto picks.",
+)
+@click.option("--watch", "-w", is_flag=True, help="Keep the screen refreshed until Ctrl-C.")
 @click.option(
     "--interval", default=2.0, show_default=True, type=click.FloatRange(min=0.2), help="--watch period."
 )
@@ -65,10 +105,25 @@ def status(
     router: str | None,
     token_file: Path | None,
     access: FleetAccess,
+    as_json: bool,
+    layout: str,
     watch: bool,
     interval: float,
 ) -> None:
-    """Show every engine's lifecycle state, bundle, load and adapters, and the router's view of it."""
+    """Show every engine's lifecycle state, supervisor, bundle, load and adapters, and the router's
+    view of it."""
+    import dataclasses
+
+    import orjson
+    from rich.console import Console
+
+    from corral.aio import run
+    from corral.fleet.checks.probe import FleetTarget, TargetError, look, read_token
+    from corral.fleet.checks.status_report import fleet_verdict, status_json
+    from corral.state_home import local_fleet_file
+
+    if as_json and watch:
+        raise click.UsageError("--json prints the fleet once; leave out --watch")
     try:
         token = read_token(token_file)
         # without --supervisor, the local fleet's file names the engines; --router only replaces its router
@@ -80,17 +135,16 @@ def status(
         raise click.ClickException(str(exc)) from None
     if router is not None:
         target = dataclasses.replace(target, router=router.rstrip("/"))
-    console = Console()
+    console = Console(highlight=False)
     if watch:
         try:
-            run(_watch(target, interval, console))
+            run(_watch(target, interval, console, layout))
         except KeyboardInterrupt:
             pass
         return
     view = run(look(target))
-    console.print(render_view(view))
-    if view.router_error:
-        click.echo(f"corral status: {view.router_error}", err=True)
-        raise SystemExit(1)
-    if not _all_ready(view):
-        raise SystemExit(1)
+    if as_json:
+        click.echo(orjson.dumps(status_json(view), option=orjson.OPT_INDENT_2).decode())
+    else:
+        _print_once(view, _screen(view, console, layout), console)
+    raise SystemExit(int(fleet_verdict(view)))

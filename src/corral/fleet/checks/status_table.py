@@ -1,43 +1,37 @@
-"""The `corral status` screen: one row per engine from a `FleetView` — lifecycle state and since-when,
-its pid and worker ranks from its supervisor, bundle fingerprint, in-flight and KV usage from the
-engine's `/metrics`, adapters from its `/v1/models` — beside the router's membership view of it."""
+"""The `corral status` screen, in two layouts of the same words (`status_report`): `full`, one table
+row per engine for a wide terminal, and `compact`, a few lines per engine that fit 80 columns (a
+narrow terminal, a pipe, a file); names and URLs are never cut short in either."""
 
 from __future__ import annotations
 
-import time
+import textwrap
 from typing import Any
 
+from rich import box
 from rich.table import Table
 
-from corral.engine import metric_names as m
-from corral.engine_state import EngineState
 from corral.fleet.checks.probe import EngineView, FleetView
+from corral.fleet.checks.status_report import (
+    Verdict,
+    bundle_cell,
+    fleet_verdict,
+    in_flight,
+    kv_usage,
+    router_seen,
+    since,
+    state_words,
+    verdict_of,
+)
 
+FULL_MIN_WIDTH = 140  # below it the compact layout is used (and whenever the full table would not fit)
+_HEADLINE = {
+    Verdict.SETTLED: "all serving or asleep by plan",
+    Verdict.MOVING: "changing state",
+    Verdict.WRONG: "something is wrong",
+}
+_COLOUR = {Verdict.SETTLED: "green", Verdict.MOVING: "yellow", Verdict.WRONG: "red"}
 
-def _since(epoch_seconds: object) -> str:
-    if not isinstance(epoch_seconds, int | float):
-        return "-"
-    ago = max(0.0, time.time() - float(epoch_seconds))
-    return f"{ago:.0f}s ago" if ago < 120 else f"{ago / 60:.0f}m ago"
-
-
-def _sum(e: EngineView, metric: str) -> float | None:
-    samples = e.metric(metric)
-    return sum(s.value for s in samples) if samples else None
-
-
-def in_flight(e: EngineView) -> str:
-    running, waiting = _sum(e, m.RUNNING), _sum(e, m.WAITING)
-    if running is None and waiting is None:
-        return "-"
-    return f"{running or 0:.0f} run / {waiting or 0:.0f} wait"
-
-
-def kv_usage(e: EngineView) -> str:
-    usage = _sum(e, m.KV_USAGE)
-    if usage is None:
-        usage = _sum(e, m.KV_USAGE_BEFORE_RENAME)
-    return "-" if usage is None else f"{usage * 100:.0f}%"
+__all__ = ["bundle_cell", "in_flight", "kv_usage", "pid_cell", "render_compact", "render_full"]
 
 
 def pid_cell(state: dict[str, Any]) -> str:
@@ -57,61 +51,93 @@ def pid_cell(state: dict[str, Any]) -> str:
     return f"{text}: {', '.join(notes)}" if notes else text
 
 
-def bundle_cell(e: EngineView) -> str:
-    """The bundle in effect (its name and fingerprint), and a start-failure strategy other than restart.
-    Before READY, the fingerprint PRECHECK authorized or refused (the reason column says why)."""
-    s = e.state or {}
-    name, strategy = s.get("bundle_name"), s.get("on_startup_failure")
-    text = e.fingerprint or "-"
-    precheck = s.get("precheck")
-    if e.fingerprint is None and isinstance(precheck, dict) and precheck.get("fingerprint"):
-        text = f"{precheck['fingerprint']} (PRECHECK {precheck.get('outcome')})"
-    if name:
-        text = f"{name} {text}"
-    if strategy and strategy != "restart":
-        text += f" [on start failure: {strategy}]"
-    return text
+def headline(view: FleetView, title: str) -> str:
+    verdict = fleet_verdict(view)
+    router = view.target.router or "no router"
+    count = f"{len(view.engines)} engine{'s' if len(view.engines) != 1 else ''}"
+    return f"{title} (router {router}): {count}, {_HEADLINE[verdict]}"
 
 
-def render_view(view: FleetView, title: str = "Corral fleet") -> Table:
-    routed = {ep.url: ep for ep in view.router_endpoints or []}
-    table = Table(title=title, title_justify="left")
-    columns = ("engine", "state", "since", "reason", "restarts", "pid", "bundle", "in flight", "KV")
-    for column in (*columns, "adapters", "router view"):
-        table.add_column(column)
-    for e in view.engines:
-        if e.state is None and e.supervisor_url is not None:
-            table.add_row(e.name, "[red]?[/red]", "-", e.state_error, *["-"] * 7)
-            continue
-        s = e.state or {}
-        state = e.lifecycle if e.state is not None else ("answers" if e.health == 200 else "no answer")
-        sub = s.get("sub_state")
-        colour = (
-            "green"
-            if state == EngineState.READY
-            else "red"
-            if state in (EngineState.FAILED, "no answer")
-            else "yellow"
-        )
-        ep = routed.get(str(e.engine_url))
-        if ep is None:
-            view_text = view.router_error or ("not listed" if view.router_endpoints is not None else "-")
-        else:
-            view_text = f"{ep.state}, {'routable' if ep.routable else 'not routable'}"
-            view_text += f", in flight {ep.in_flight}"
-        table.add_row(
+def _reason(e: EngineView) -> str:
+    return str((e.state or {}).get("reason") or e.state_error or "")
+
+
+def _restarts(e: EngineView) -> str:
+    return str(len((e.state or {}).get("restarts") or [])) if e.state is not None else "-"
+
+
+_FULL_COLUMNS = ("engine", "state", "since", "supervisor", "bundle", "in flight", "KV", "adapters", "router")
+_REASON_MIN = 30
+
+
+def _full_rows(view: FleetView) -> list[tuple[str, ...]]:
+    return [
+        (
             e.name,
-            f"[{colour}]{state}[/{colour}]"
-            + (f" ({sub})" if sub else "")
-            + (" [sleeping]" if e.sleeping else ""),
-            _since(s.get("since")),
-            str(s.get("reason") or ""),
-            str(len(s.get("restarts") or [])) if e.state is not None else "-",
-            pid_cell(s),
+            state_words(e),
+            since((e.state or {}).get("since")),
+            e.supervisor_url or "-",
             bundle_cell(e),
             in_flight(e),
             kv_usage(e),
             ", ".join(e.adapters) or "-",
-            view_text,
+            router_seen(view, e).text,
+            _reason(e),
         )
+        for e in view.engines
+    ]
+
+
+def full_width(view: FleetView) -> int:
+    """The columns the full table needs to cut no name or URL short and leave reasons room."""
+    rows = _full_rows(view)
+    widths = [max([len(header), *(len(row[i]) for row in rows)]) for i, header in enumerate(_FULL_COLUMNS)]
+    return sum(widths) + _REASON_MIN + 3 * (len(_FULL_COLUMNS) + 1)
+
+
+def render_full(view: FleetView, title: str = "Corral fleet") -> Table:
+    """One row per engine; for a terminal that holds `full_width` (restarts and pid: compact, JSON)."""
+    table = Table(title=headline(view, title), title_justify="left", box=box.SIMPLE_HEAD)
+    for column in _FULL_COLUMNS:
+        table.add_column(column, no_wrap=True)
+    table.add_column("reason", overflow="fold", ratio=1, min_width=_REASON_MIN)
+    for e, row in zip(view.engines, _full_rows(view), strict=True):
+        colour = _COLOUR[verdict_of(e)]
+        table.add_row(row[0], f"[{colour}]{row[1]}[/{colour}]", *row[2:])
+    if view.router_error:
+        table.caption = f"router: {view.router_error}"
     return table
+
+
+def render_compact(view: FleetView, width: int = 80, title: str = "Corral fleet") -> str:
+    """A few lines per engine, each wrapped to `width` (never a name cut short)."""
+    out: list[str] = []
+
+    def line(text: str, indent: str = "") -> None:
+        out.extend(
+            textwrap.wrap(
+                text,
+                width=max(40, width),
+                initial_indent=indent,
+                subsequent_indent=indent + "    ",
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+            or [indent]
+        )
+
+    line(headline(view, title))
+    if view.router_error:
+        line(f"router: {view.router_error}", "  ")
+    for e in view.engines:
+        s = e.state or {}
+        line(f"{e.name}  {state_words(e)}  since {since(s.get('since'))}  restarts {_restarts(e)}")
+        line(f"supervisor {e.supervisor_url or '-'}  pid {pid_cell(s)}", "  ")
+        adapters = ", ".join(e.adapters) or "-"
+        line(
+            f"bundle {bundle_cell(e)}  in flight {in_flight(e)}  KV {kv_usage(e)}  adapters {adapters}", "  "
+        )
+        line(f"router: {router_seen(view, e).text}", "  ")
+        if reason := _reason(e):
+            line(f"reason: {reason}", "  ")
+    return "\n".join(out)

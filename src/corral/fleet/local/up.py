@@ -30,6 +30,7 @@ from corral.fleet.local.ownership import FleetFiles, FleetInUse
 from corral.fleet.local.ports import port_problem
 from corral.fleet.local.roles import RoleCountError, role_groups
 from corral.state_home import corral_state_dir, state_dir_problem
+from corral.supervisor.lifecycle.config import is_loopback
 
 
 @click.command()
@@ -111,6 +112,13 @@ from corral.state_home import corral_state_dir, state_dir_problem
     help="Route straight to the engines instead of through each supervisor's admission gate (which "
     "names the requests a drain's deadline cuts); the engines then listen on --host.",
 )
+@click.option(
+    "--no-sleep-mode",
+    is_flag=True,
+    help="Start the simulators without sleep mode and development endpoints (then `corral sleep`, "
+    "`wake` and `reload` refuse). By default they have both, the endpoints reachable only through "
+    "each supervisor (behind its gate, or on a loopback --host).",
+)
 @click.option("--verbose", "-v", is_flag=True, help="Also print every member's log lines.")
 @click.option(
     "--sim-arg",
@@ -143,6 +151,7 @@ def up(
     bundle_file: Path | None,
     drain_timeout: float,
     no_gate: bool,
+    no_sleep_mode: bool,
 ) -> None:
     """Start a local fleet: simulated engines and a router on loopback, until Ctrl-C."""
     console = Console(highlight=False, soft_wrap=True)
@@ -178,6 +187,8 @@ def up(
         bundle=bundle,
         drain_timeout=drain_timeout,
         gate=not no_gate,
+        # development endpoints only where nothing beyond loopback reaches the engine
+        runbook_ready=not no_sleep_mode and (not no_gate or is_loopback(host)),
         prefill=prefill,
         decode=decode,
     )
@@ -256,7 +267,13 @@ async def _up(fleet: LocalFleet, token_file: Path, console: Console) -> int:
         f"try:    curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'",
         markup=False,
     )
-    console.print(f"status: corral status --port {spec.router_port}    Ctrl-C stops everything.")
+    first = fleet.engines[0].name if fleet.engines else "engine-0"
+    console.print(f"status: corral status --port {spec.router_port}")
+    if spec.bundle is not None or spec.runbook_ready:
+        console.print(
+            f"sleep:  corral sleep --port {spec.router_port} --engine {first}   (and wake, reload, logs)"
+        )
+    console.print("Ctrl-C stops everything.")
     try:
         code = await _watch(fleet, console, stop)
     finally:

@@ -171,4 +171,7 @@ class LocalRollout(RolloutBase):
             retired = await self.control.retire_group(group.name, self.settings.drain_timeout)
         except APIError as exc:
             raise StepFailed(exc.message) from None
-        step.detail = f"stopped {retired.exit_codes}"
+        step.detail = "stopped " + ", ".join(
+            f"{name} ({'exit code ' + str(code) if code is not None else 'no exit code'})"
+            for name, code in retired.exit_codes.items()
+        )

@@ -1,8 +1,9 @@
-"""`corral sleep|wake|reload|lora|switch-bundle --supervisor URL`: start a runbook operation on a
-supervised engine and follow it step by step until it is done. Exit 0 when it succeeded, 1 when it
-failed (RECOVER ran; the step and cause are printed), 2 when it was refused (409: a precondition,
-nothing changed) or the request was bad. A run that ended, failed or not, leaves its change record in
-`$XDG_STATE_HOME/corral/<kind>-<supervisor port>.json` (the last one of that kind there)."""
+"""`corral sleep|wake|reload|lora|switch-bundle --engine NAME` (an engine of a local fleet) or
+`--supervisor URL`: start a runbook operation on a supervised engine and follow it step by step until
+it is done. Exit 0 when it succeeded, 1 when it failed (RECOVER ran; the step and cause are printed), 2
+when it was refused (409: a precondition, nothing changed) or the request was bad. A run that ended,
+failed or not, leaves its change record in `$XDG_STATE_HOME/corral/<kind>-<supervisor port>.json` (the
+last one of that kind there)."""
 
 from __future__ import annotations
 
@@ -35,17 +36,73 @@ from corral.contracts.operations import (
 )
 from corral.contracts.records import ChangeRecord
 from corral.contracts.wire import first_message
+from corral.fleet.local.engine_names import EngineNameError, find_engine, fleet_engines
 from corral.fleet.local.ownership import supervisor_token_for
 from corral.state_home import corral_state_dir
 from corral.supervisor_tokens import TokenFileError, read_management_token
 
-_supervisor = click.option(
-    "--supervisor",
-    "supervisor_url",
-    default="http://127.0.0.1:8081",
-    show_default=True,
-    help="The supervisor's management address.",
+
+def _supervisor(command: Callable[..., None]) -> Callable[..., None]:
+    """Which engine: `--engine NAME` in the local fleet behind router `--port`, or `--supervisor URL`;
+    handed to the command as the supervisor's URL, resolved before it runs."""
+
+    @functools.wraps(command)
+    def addressed(**kwargs: Any) -> None:
+        url, port, engine = kwargs.pop("supervisor_url"), kwargs.pop("port"), kwargs.pop("engine")
+        command(supervisor_url=supervisor_of(url, port, engine), **kwargs)
+
+    wrapped: Callable[..., None] = addressed
+    for option in reversed(_ADDRESS_OPTIONS):
+        wrapped = option(wrapped)
+    return wrapped
+
+
+_ADDRESS_OPTIONS = (
+    click.option(
+        "--engine",
+        default=None,
+        metavar="NAME",
+        help="The engine, by its name in the local fleet (`corral status` lists them: engine-0, …).",
+    ),
+    click.option(
+        "--port",
+        default=8000,
+        show_default=True,
+        type=click.IntRange(1, 65535),
+        help="Router port of the local fleet (`corral up`) that --engine names an engine of.",
+    ),
+    click.option(
+        "--supervisor",
+        "supervisor_url",
+        default=None,
+        metavar="URL",
+        help="The engine's supervisor (its management address), for an engine outside a local fleet.",
+    ),
 )
+
+
+def supervisor_of(url: str | None, port: int, engine: str | None) -> str:
+    """The supervisor URL that --supervisor gives, or that --engine names in the local fleet on --port;
+    a usage error naming the fleet's engines when neither (or both) is given, or the name is unknown."""
+    if url is not None and engine is not None:
+        raise click.UsageError("give --engine NAME (a local fleet's engine) or --supervisor URL, not both")
+    if url is not None:
+        return url.rstrip("/")
+    try:
+        if engine is None:
+            names = ", ".join(m.name for m in run_on_uvloop(fleet_engines(port)))
+            raise click.UsageError(
+                f"which engine? name one with --engine NAME (the local fleet on port {port} has: {names}), "
+                "or give its --supervisor URL"
+            )
+        member = run_on_uvloop(find_engine(port, engine))
+    except EngineNameError as exc:
+        hint = "" if engine is not None else "; for an engine outside a local fleet give --supervisor URL"
+        raise click.UsageError(f"{exc}{hint}") from None
+    _say(f"{member.name}: supervisor {member.supervisor}")
+    return member.supervisor
+
+
 _token_file = click.option(
     "--token-file",
     type=click.Path(path_type=Path),
