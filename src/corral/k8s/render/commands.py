@@ -244,4 +244,7 @@ def router_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
         _num(budgets.router_request_timeout),
         "--shutdown-timeout",
         _num(budgets.router_shutdown_timeout),
+        # with router.cpu the pod's CPU limit sets the workers (the router's default reads the cgroup);
+        # without a limit the node's CPU count would, so one process
+        *(["--workers", "1"] if config.router.cpu is None else []),
     ]
