@@ -10,6 +10,8 @@ Each supervisor runs its admission gate (`corral supervise --gate-port`) in fron
 to loopback, and the gate's URL is the engine URL the rest of the fleet reaches (the router's
 backends, the fleet file, the control API's members): every request passes the gate, which names
 the requests a drain's deadline cuts (`--no-gate` on `corral up`: the engine itself is the URL).
+Unless given a bundle, the engines start runbook-ready: with sleep mode and the development endpoints
+the supervisor's sleep, wake and reload use, which the gate keeps off the network.
 
 The router reads the fleet's backends file (`ENGINE_URL=SUPERVISOR_URL` per engine, and
 `group=NAME/SIZE` for the members of a group of more than one engine, which the router routes to
@@ -50,6 +52,8 @@ from corral.fleet.local.roles import (
 )
 
 LOOPBACK = "127.0.0.1"
+SLEEP_MODE_FLAG = "--enable-sleep-mode"  # vLLM's, which the simulator takes too
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"  # vLLM's switch for /sleep, /wake_up, /is_sleeping, /reset_prefix_cache
 
 
 class FleetStartError(RuntimeError):
@@ -79,9 +83,18 @@ class FleetSpec:
     prefill: int = 0
     decode: int = 0
 
+    # the default bundle is runbook-ready: the simulator with sleep mode and its development endpoints
+    # (which the supervisor's sleep, wake and reload call), reachable only on loopback behind the gate
+    runbook_ready: bool = True
+
     @property
     def initial_bundle(self) -> BundleSpec:
-        return self.bundle or BundleSpec(name="initial", engine_args=self.sim_args)
+        if self.bundle is not None:
+            return self.bundle
+        if not self.runbook_ready:
+            return BundleSpec(name="initial", engine_args=self.sim_args)
+        args = self.sim_args if SLEEP_MODE_FLAG in self.sim_args else (SLEEP_MODE_FLAG, *self.sim_args)
+        return BundleSpec(name="initial", engine_args=args, env={DEV_MODE_ENV: "1"})
 
     @property
     def groups(self) -> int:
@@ -292,6 +305,9 @@ class LocalFleet:
             await asyncio.gather(*(self._wait_healthy(session, m, "/readyz") for m in self.engines))
             router_args = ["router", "--host", spec.host, "--port", str(spec.router_port)]
             router_args += ["--policy", spec.policy, "--router-id", "local-router"]
+            # one router process (a local fleet is small, and `corral status` reads one /v1/fleet);
+            # --router-arg=--workers=N comes after and wins
+            router_args += ["--workers", "1"]
             # one router process (a local fleet is small, and `corral status` reads one /v1/fleet);
             # --router-arg=--workers=N comes after and wins
             router_args += ["--workers", "1"]
