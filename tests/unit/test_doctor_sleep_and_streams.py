@@ -83,7 +83,8 @@ def test_partial_wake_seen_on_the_engine_alone() -> None:
         sleeping_engine(None, engine_metrics("weights_offloaded", 2, 0), supervised=False)
     )
     assert branch == PARTIAL_WAKE and "kv_cache still asleep" in evidence
-    assert command == "curl -X POST 'http://eng/wake_up?tags=kv_cache'"
+    assert command.startswith("run the engine under `corral supervise`") and "--tags kv_cache" in command
+    assert "curl" not in command  # doctor's next step is always a Corral command
 
 
 def test_memory_not_released_compares_with_the_figures_before_the_sleep() -> None:
@@ -148,7 +149,7 @@ def test_aborted_streams_from_the_router_and_the_engines_counts() -> None:
 def test_streams_ended_by_engine_errors_point_at_the_engine_log() -> None:
     view = fleet(router_metrics({("m", ENGINE_ERROR): 2}), "")
     ((branch, _, command),) = router_branches(view)
-    assert branch == ABORTED_STREAMS and "engine_evidence" in command
+    assert branch == ABORTED_STREAMS and "corral logs --engine" in command
 
 
 def test_no_stream_failures_no_branch() -> None:

@@ -102,3 +102,21 @@ def test_a_ready_engine_that_does_not_answer_health_is_dead() -> None:
 def test_an_unreachable_supervisor() -> None:
     view = EngineView("e0", "http://sup", None, state=None, state_error="supervisor unreachable")
     assert branch(view) == "process-dead/supervisor"
+
+
+def _next(view: EngineView) -> str:
+    return asyncio.run(diagnose_engine(view, 0.1)).next_command
+
+
+def test_the_next_command_names_the_engine_as_the_user_knows_it_and_is_never_a_curl() -> None:
+    crashed = {"state": "FAILED", "reason": "the engine was OOM-killed"}
+    local = engine(crashed, local_port=8000)
+    assert _next(local) == "corral logs --port 8000 --engine e0"
+    remote = _next(engine(crashed))
+    assert remote.startswith("corral status --supervisor http://sup --json")
+    loading = {"state": "STARTING", "sub_state": "loading_model", "reason": "loading", "since": 1.0}
+    assert "corral status --port 8000 --watch" in _next(engine(loading, local_port=8000))
+    asleep = _next(engine({"state": "READY", "reason": "ok"}, sleeping=True, local_port=8000))
+    assert asleep.startswith("corral wake --port 8000 --engine e0")
+    for view in (local, engine(crashed), engine(loading), engine({"state": "READY"}, sleeping=True)):
+        assert "curl" not in _next(view)

@@ -57,7 +57,7 @@ def _matching(lines: list[str], pattern: re.Pattern[str]) -> str | None:
 
 
 def _logs_hint(e: EngineView) -> str:
-    return f"curl -s {e.supervisor_url}/v1/state | jq '.evidence, .restarts'"
+    return e.logs_command()
 
 
 _KV_SHORTFALL = (
@@ -143,15 +143,25 @@ def _not_running(e: EngineView) -> Diagnosis | None:
             _logs_hint(e),
         )
     if lifecycle == EngineState.STARTING and (sub in _LOADING or sub == "smoke_testing"):
+        where = f"--port {e.local_port}" if e.local_port is not None else f"--supervisor {e.supervisor_url}"
         return Diagnosis(
             e.name,
             "not-ready/loading",
             f"STARTING ({sub}) since {state.get('since')}: {reason}",
-            f"wait (startup budget); watch it: curl -N {e.supervisor_url}/v1/state/watch",
+            f"wait (startup budget); watch it: corral status {where} --watch",
         )
     if lifecycle in (EngineState.DRAINING, EngineState.STOPPING):
         return Diagnosis(e.name, "not-ready/draining", f"{lifecycle} ({sub}): {reason}", _logs_hint(e))
     return None
+
+
+def _wake_hint(e: EngineView) -> str:
+    if e.supervisor_url is None:
+        return (
+            "run the engine under `corral supervise` (the runbook's wake verifies it and smokes it before "
+            "readiness returns), then: corral wake --supervisor URL"
+        )
+    return f"corral wake {e.cli_address} (it verifies the engine and smokes it before readiness returns)"
 
 
 async def _answers_a_token(engine_url: str, model: str, within: float, headers: dict[str, str]) -> bool:
@@ -203,7 +213,7 @@ async def diagnose_engine(
             e.name,
             "not-ready/sleeping",
             f"{e.dev_url}/is_sleeping is true" + memory_note(e),
-            f"curl -X POST '{e.dev_url}/wake_up' (then smoke before readiness returns)",
+            _wake_hint(e),
         )
     evidence = e.evidence
     for kind, branch, command in (
@@ -235,8 +245,8 @@ async def diagnose_engine(
             e.name,
             "requests-failing/hang",
             f"/health 200 but no token within {probe_seconds:g}s for a 1-token request",
-            "capture a stack (py-spy dump --pid ENGINE_PID), then drain and restart: "
-            f"curl -X POST {e.supervisor_url}/v1/drain",
+            "capture a stack (py-spy dump --pid ENGINE_PID), then drain it and let it restart: "
+            f"corral supervise prestop --url {e.supervisor_url}",
         )
     return Diagnosis(e.name, HEALTHY, f"{e.lifecycle}, /health 200, serving {model}", "-")
 
@@ -277,7 +287,7 @@ def diagnose_router(view: FleetView) -> list[Diagnosis]:
                     "requests-failing/router-lists-dead-engine",
                     f"router routes to {ep.url} ({ep.why}), which answers {said}",
                     "give the router the supervisor's stream (--supervised ENGINE=SUPERVISOR) or fix its "
-                    "discovery; check: curl -s ROUTER/v1/fleet",
+                    f"discovery; check: corral status {view.target.cli_flags}".rstrip(),
                 )
             )
     return found

@@ -1,11 +1,13 @@
 """`corral doctor`: one command that says what is wrong with a fleet, where in the runbook's diagnosis
-tree, with the evidence and the command to run next. Exits 1 when anything is wrong."""
+tree, with the evidence and the Corral command to run next; a table, or `--json` (shape
+`corral.doctor/v1`). Exits 1 when anything is wrong."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import click
+import orjson
 from rich.console import Console
 from rich.table import Table
 
@@ -40,6 +42,7 @@ def render(found: list[Diagnosis]) -> Table:
 )
 @click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @fleet_access_options()
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON (shape corral.doctor/v1).")
 def doctor(
     port: int,
     router: str | None,
@@ -47,8 +50,10 @@ def doctor(
     probe_seconds: float,
     token_file: Path | None,
     access: FleetAccess,
+    as_json: bool,
 ) -> None:
-    """Walk the diagnosis tree for every engine and the router; print each branch found."""
+    """Walk the diagnosis tree for every engine and the router; print each branch found, with the
+    evidence and the command to run next. Exit code: 0 when every member is healthy, 1 otherwise."""
     try:
         token = read_token(token_file)
         target = FleetTarget.resolve(port, router, supervisors, token, access)
@@ -56,8 +61,18 @@ def doctor(
         raise click.ClickException(str(exc)) from None
     view = run(look(target))
     found = run(diagnose(view, probe_seconds))
-    Console(width=max(140, Console().width)).print(render(found))
-    for d in found:
-        click.echo(f"branch {d.engine}: {d.branch}")
-    if any(not d.healthy for d in found):
+    healthy = all(d.healthy for d in found)
+    if as_json:
+        body = {
+            "schema": "corral.doctor/v1",
+            "healthy": healthy,
+            "exit_code": 0 if healthy else 1,
+            "findings": [d.to_json() for d in found],
+        }
+        click.echo(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
+    else:
+        Console(width=max(140, Console().width)).print(render(found))
+        for d in found:
+            click.echo(f"branch {d.engine}: {d.branch}")
+    if not healthy:
         raise SystemExit(1)

@@ -25,14 +25,13 @@ Finding = tuple[str, str, str, str]  # member, branch, evidence, next command
 
 _PAIRS_NEXT = (
     "`corral verify` (check pairs) names the engines whose pairing identity matches no other side; roll "
-    "the odd side to the other's bundle (corral rollout), or start an engine of the missing role; "
-    "see: curl -s ROUTER/v1/fleet | jq .pairs"
+    "the odd side to the other's bundle (corral rollout), or start an engine of the missing role"
 )
 _FAILED_NEXT = (
     "the decode engine could not pull from the prefill engine: check NIXL's side channel between them "
     "(VLLM_NIXL_SIDE_CHANNEL_HOST must be the prefill pod's IP, its port open between engine pods, as "
     "`corral k8s render`'s NetworkPolicy does) and both engines' logs: "
-    "curl -s SUPERVISOR/v1/state | jq '.engine_evidence'"
+    "corral logs --engine NAME (a local fleet), else corral status --supervisor URL --json"
 )
 _EXPIRED_NEXT = (
     "blocks held for a decode engine were freed unpulled after kv_lease_duration: the decode side is "

@@ -37,9 +37,12 @@ def _wake_command(e: EngineView, level: Any, asleep: list[str]) -> str:
     reload = " --reload" if level == 2 and "weights" in asleep else ""
     tags = ",".join(asleep) if asleep else "weights,kv_cache"
     if e.supervisor_url is None:
-        return " && ".join(f"curl -X POST '{e.engine_url}/wake_up?tags={t}'" for t in tags.split(","))
+        return (
+            f"run the engine under `corral supervise`, then finish the wake: corral wake --supervisor URL "
+            f"--tags {tags}{reload}"
+        )
     return (
-        f"finish the wake: corral wake --supervisor {e.supervisor_url} --tags {tags}{reload} "
+        f"finish the wake: corral wake {e.cli_address} --tags {tags}{reload} "
         "(or without --tags; it ends with VERIFY, a smoke request and READY)"
     )
 

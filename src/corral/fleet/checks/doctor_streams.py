@@ -21,12 +21,12 @@ _NEXT = {
         "for planned operations"
     ),
     "engine_error": (
-        "the engine ended them with an error event: read the engine's evidence and log: "
-        "curl -s SUPERVISOR/v1/state | jq '.engine_evidence, .restarts'"
+        "the engine ended them with an error event: read the engine's log: corral logs --engine NAME "
+        "(a local fleet), else corral status --supervisor URL --json"
     ),
     "cut": (
-        "the engine's connection broke mid-stream (engine died or restarted): "
-        "curl -s SUPERVISOR/v1/state | jq '.restarts'; then the process branches of this report"
+        "the engine's connection broke mid-stream (engine died or restarted): its restarts in "
+        "corral status --json; then the process branches of this report"
     ),
 }
 

@@ -38,6 +38,15 @@ class FleetTarget:
     supervisors: list[tuple[str, str]]  # (name, supervisor URL)
     token: str | None = field(default=None, repr=False)
     access: FleetAccess = field(default_factory=FleetAccess)
+    port: int | None = None  # the router port of a local fleet (`corral up`) the file named
+
+    @property
+    def cli_flags(self) -> str:
+        """The flags that name this fleet to another `corral` command."""
+        if self.port is not None:
+            return f"--port {self.port}"
+        named = " ".join(f"--supervisor {url}" for _, url in self.supervisors)
+        return " ".join(part for part in (f"--router {self.router}" if self.router else "", named) if part)
 
     @classmethod
     def resolve(
@@ -68,7 +77,7 @@ class FleetTarget:
                 token = read_supervisor_token(body, path)
             except ValueError as exc:
                 raise TargetError(str(exc)) from None
-        return cls(body.get("router"), engines, token, access)
+        return cls(body.get("router"), engines, token, access, port)
 
 
 @dataclass
@@ -88,6 +97,21 @@ class EngineView:
     # the engine's own URL as its supervisor knows it, where the development endpoints (/is_sleeping,
     # /wake_up) answer: behind an admission gate `engine_url` is the gate, which does not forward them
     own_url: str | None = None
+    local_port: int | None = None  # the router port of the local fleet that names this engine
+
+    @property
+    def cli_address(self) -> str:
+        """The flags that name this engine to `corral sleep|wake|logs|…`: its name in a local fleet,
+        else its supervisor's URL."""
+        if self.local_port is not None and self.supervisor_url is not None:
+            return f"--port {self.local_port} --engine {self.name}"
+        return f"--supervisor {self.supervisor_url}"
+
+    def logs_command(self) -> str:
+        """The Corral command that shows why this engine failed: its log, or its supervisor's account."""
+        if self.local_port is not None and self.supervisor_url is not None:
+            return f"corral logs {self.cli_address}"
+        return f"corral status --supervisor {self.supervisor_url} --json (reason, restarts, last lines)"
 
     @property
     def dev_url(self) -> str | None:
@@ -225,7 +249,9 @@ async def look(target: FleetTarget) -> FleetView:
                     view.router_error, view.router_refused = str(exc), exc.refused
         # the URL the router routes to for each supervisor's engine: its admission gate, if it has one
         routed = {e.supervisor_url: e.url for e in view.router_endpoints or [] if e.supervisor_url}
-        view.engines = [EngineView(name, url, routed.get(url)) for name, url in target.supervisors]
+        view.engines = [
+            EngineView(name, url, routed.get(url), local_port=target.port) for name, url in target.supervisors
+        ]
         await asyncio.gather(
             *(_look_at_engine(session, e, target.token, target.access) for e in view.engines)
         )

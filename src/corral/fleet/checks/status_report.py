@@ -146,6 +146,7 @@ def engine_json(view: FleetView, e: EngineView) -> dict[str, Any]:
         "reason": s.get("reason") or e.state_error or "",
         "operation": s.get("busy"),
         "restarts": len(s.get("restarts") or []),
+        "last_lines": [str(line) for line in (s.get("evidence") or {}).get("last_lines") or []],
         "pid": (s.get("engine") or {}).get("pid"),
         "bundle": {"name": s.get("bundle_name"), "fingerprint": e.fingerprint, "text": bundle_cell(e)},
         "in_flight": None
