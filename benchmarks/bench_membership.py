@@ -72,6 +72,7 @@ def routable(router_url: str) -> int:
 
 
 def start_router(args: list[str]) -> tuple[CorralProcess, str]:
+    args = ["--workers", "1", *args]  # one router process, as this benchmark always measured
     port = free_port()
     proc = CorralProcess(
         ["router", "--port", str(port), "--policy", "least_request", "--log-level", "warning", *args]

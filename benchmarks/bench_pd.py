@@ -255,7 +255,7 @@ def main() -> None:
         if not only or "aggregated" in only:
             agg = start_sims(["pd-agg-sim-0", "pd-agg-sim-1"], base, [[], []], out)
             procs += agg
-            argv = [*CORRAL, "router", "--policy", args.policy, "--log-level", "warning"]
+            argv = [*CORRAL, "router", "--workers", "1", "--policy", args.policy, "--log-level", "warning"]
             for s in agg:
                 argv += ["--backend", s.url]
             fleets.append(Fleet("aggregated", agg, start_router("aggregated", argv, out)))
@@ -267,7 +267,7 @@ def main() -> None:
             procs += [prefill, decode]
             if router_pd and "pd-corral" in want_pd:
                 argv = [*CORRAL, "router", "--policy", args.policy, "--log-level", "warning"]
-                argv += ["--prefill", prefill.url, "--decode", decode.url]
+                argv += ["--workers", "1", "--prefill", prefill.url, "--decode", decode.url]
                 fleets.append(Fleet("pd-corral", [prefill, decode], start_router("pd-corral", argv, out)))
             if vr and "pd-vllm-router" in want_pd:
                 argv = [vr, "--vllm-pd-disaggregation", "--prefill", prefill.url, "--decode", decode.url]

@@ -80,6 +80,8 @@ def main() -> None:
         "-m",
         "corral",
         "router",
+        "--workers",
+        "1",
         "--port",
         str(port),
         "--backend",

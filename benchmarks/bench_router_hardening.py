@@ -39,6 +39,7 @@ from loadgen import JSON_HEADERS, chat_body, run_closed_loop
 def start_router(name: str, flags: list[str], sims: list[Proc], cpus: set[int] | None, out: Path) -> Proc:
     port = free_port()
     argv = [sys.executable, "-m", "corral", "router", "--host", "127.0.0.1", "--port", str(port), *flags]
+    argv += ["--workers", "1"]  # one router process, as this benchmark always measured
     for s in sims:
         argv += ["--backend", s.url]
     router = spawn(name, argv, f"http://127.0.0.1:{port}", cpus, out)

@@ -75,7 +75,7 @@ async def run_variant(
         port = free_port()
         argv = [sys.executable, "-m", "corral", "router", "--host", "127.0.0.1", "--port", str(port)]
         argv += ["--backends-file", str(backends), "--policy", args.policy, "--slow-start-seconds", str(ramp)]
-        argv += ["--models-refresh-seconds", "0.3"]
+        argv += ["--models-refresh-seconds", "0.3", "--workers", "1"]
         router = spawn(f"ss-router-{ramp}", argv, f"http://127.0.0.1:{port}", None, out_dir)
         procs.append(router)
         wait_ready(router, "/health")

@@ -143,7 +143,7 @@ def main() -> None:
         router_port = free_port()
         router = CorralProcess(
             ["router", "--port", str(router_port), "--policy", "least_request", "--log-level", "warning",
-             "--router-id", "bench", *[a for pair in pairs for a in ("--supervised", pair)]]
+             "--router-id", "bench", "--workers", "1", *[a for pair in pairs for a in ("--supervised", pair)]]
         )  # fmt: skip
         url = f"http://127.0.0.1:{router_port}"
         router.wait_http(url + "/health")
