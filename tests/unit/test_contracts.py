@@ -45,6 +45,7 @@ STATE_LINE = {
     "role": "prefill",
     "pairing": "9c1d0e4b5a673f2a",
     "connector": "NixlConnector",
+    "kv_events": "tcp://10.0.0.5:5557,tcp://10.0.0.5:5558",
 }
 
 

@@ -128,3 +128,17 @@ def test_a_pending_hold_counts_until_it_lapses() -> None:
 def test_bad_caps_are_refused() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         KvIndex(blocks_per_engine=0)
+
+
+def test_many_holders_then_one_left() -> None:
+    index = KvIndex()
+    tokens = _tokens(2)
+    urls = [f"http://e{i}:8000" for i in range(70)]
+    stored = {url: _store(index, url, tokens) for url in urls}
+    assert index.longest(content_chain(tokens, BS)) == dict.fromkeys(urls, 2)
+    for url in urls[:-1]:
+        index.removed(url, stored[url])
+    assert index.longest(content_chain(tokens, BS)) == {urls[-1]: 2}
+    index.removed(urls[-1], stored[urls[-1]][1:])
+    assert index.longest(content_chain(tokens, BS)) == {urls[-1]: 1}
+    assert index.distinct_blocks == 1

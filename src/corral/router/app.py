@@ -22,6 +22,7 @@ from corral.router.datapath.retry_budget import RetryBudgetConfig
 from corral.router.datapath.upstream import UpstreamClient
 from corral.router.datapath.wake_on_demand import WakeOnDemand
 from corral.router.discovery.backends_file import FileSource
+from corral.router.discovery.kv_events_feed import KvEventFeeds
 from corral.router.discovery.static import StaticSource
 from corral.router.discovery.supervisor_stream import StreamSettings, SupervisorStreams, default_router_id
 from corral.router.edge.admin_access import ADMIN_PATHS, OPEN_PATHS, AdminAccess, AdminAccessConfig
@@ -38,7 +39,10 @@ from corral.router.membership.consumer import MembershipConsumer
 from corral.router.membership.membership import Membership, RoutingExit
 from corral.router.membership.pairs import model_pairs
 from corral.router.routing.config import RoutingConfig
+from corral.router.routing.kv_holders import KvPrefixHolders
+from corral.router.routing.kv_index import KvIndex
 from corral.router.routing.prefix_memory import PrefixMemory
+from corral.router.routing.prompt_tokens import prompt_tokens
 from corral.router.routing.selector import Routing
 from corral.router.telemetry.endpoint_series import endpoint_series
 from corral.router.telemetry.metrics import RouterCollector, RouterMetrics
@@ -100,6 +104,8 @@ class RouterConfig:
     admin: AdminAccessConfig = field(default_factory=AdminAccessConfig)  # who reads /metrics, /v1/fleet
     engine_api_key: str | None = field(default=None, repr=False)  # --engine-api-key-file
     worker: WorkerSlot | None = None  # one of `--workers N` (N > 1): its name, its siblings' sockets
+    # --tokenizer: sim | a model's tokenizer; with one, prefix routing reads the engines' KV events
+    tokenizer: str | None = None
 
     def engine_headers(self) -> dict[str, str]:
         """What every request to an engine carries: its API key, when it wants one."""
@@ -215,8 +221,13 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
         metrics.count_removal(record.cause)
         if record.kind == "removed":
             prefix_memory.forget(record.url, f"left membership ({record.cause})")
+            if kv_feeds is not None:
+                kv_feeds.forget(record.url, f"left membership ({record.cause})")
 
     membership = Membership(on_exit=left_routing)
+    # The engines' KV events, when the router can tokenize as they do (issue 17)
+    kv_tokens = prompt_tokens(config.tokenizer)
+    kv_feeds = KvEventFeeds(KvIndex(), membership.endpoints) if kv_tokens is not None else None
     app[MEMBERSHIP] = membership
     app[METRICS] = metrics
     streams = SupervisorStreams(membership, metrics, config.streams)
@@ -232,6 +243,11 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
         membership.endpoints,
         prefix_memory=prefix_memory,
         slow_start_seconds=config.slow_start_seconds,
+        prefix_holders=(
+            KvPrefixHolders(kv_feeds.index, kv_tokens, kv_feeds.publishing, prefix_memory)
+            if kv_feeds is not None and kv_tokens is not None
+            else None
+        ),
     )
     slow_start = routing.slow_start
     registry.register(
@@ -282,6 +298,8 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             await pages.start()
         await source.start()
         await routing.start()
+        if kv_feeds is not None:
+            await kv_feeds.start()
         if tenants is not None:
             await tenants.start()
         try:
@@ -291,6 +309,8 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
                 await tenants.stop()
             if pages is not None:
                 await pages.stop()
+            if kv_feeds is not None:
+                await kv_feeds.stop()
             await routing.stop()
             await source.stop()
             await streams.stop()
@@ -341,6 +361,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
                 "why": e.routing_verdict(now),
                 "supervisor": e.supervisor.to_json(now) if e.supervisor is not None else None,
                 "prefix_memory": prefix_memory.to_json(e),
+                "kv_events": kv_feeds.to_json(e.url) if kv_feeds is not None else None,
                 "slow_start": slow_start.to_json(e),
                 "group": str(e.group) if e.group is not None else None,
                 "traffic": e.traffic.to_json(),

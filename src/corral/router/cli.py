@@ -32,6 +32,7 @@ from corral.router.edge.client_limits import ClientLimits, client_limit_options
 from corral.router.edge.parse_errors import ParseErrorLog
 from corral.router.membership.membership import Membership
 from corral.router.routing.config import PolicyConfigError, RoutingConfig, load_routing_config
+from corral.router.routing.prompt_tokens import prompt_tokens
 from corral.router.routing.request import POLICY_NAMES
 from corral.router.workers import WorkerPool, WorkerSlot, cpu_limit, reserve_port
 from corral.supervisor_tokens import FleetKeyError, TokenFileError, read_fleet_key, read_management_token
@@ -233,6 +234,15 @@ def read_supervisor_token(path: Path | None) -> str | None:
     "metrics scrape interval (see corral.router.routing.config). Its `policy` overrides --policy.",
 )
 @click.option(
+    "--tokenizer",
+    help="How the engines tokenize prompts: `sim` for `corral sim` engines, or a model directory or name "
+    "(needs the optional `transformers` package). With it, prefix routing (policies `prefix`, `load`) "
+    "reads the KV-cache events of every engine that publishes them (--kv-events-config; address from its "
+    "supervisor, the backends file's kv_events=, the pod annotation corral.dev/kv-events) and routes by "
+    "the longest prefix each engine holds; without it, or for engines without events, by approximate "
+    "prefix memory.",
+)
+@click.option(
     "--slow-start-seconds",
     default=0.0,
     show_default=True,
@@ -311,6 +321,7 @@ def router(
     policy: str,
     session_header: str,
     policy_config: Path | None,
+    tokenizer: str | None,
     slow_start_seconds: float,
     max_retries: int,
     eject_seconds: float,
@@ -389,6 +400,7 @@ def router(
         session_header=session_header.lower(),
         routing=_routing_config(policy_config),
         slow_start_seconds=slow_start_seconds,
+        tokenizer=_tokenizer(tokenizer),
         max_retries=max_retries,
         eject_seconds=eject_seconds,
         models_refresh_seconds=models_refresh_seconds,
@@ -404,6 +416,15 @@ def router(
         aio.run(serve(config, host, port, shutdown_timeout))
         return
     sys.exit(serve_workers(config, host, port, shutdown_timeout, count))
+
+
+def _tokenizer(source: str | None) -> str | None:
+    """`--tokenizer`, checked here so that a bad one stops the start with its reason."""
+    try:
+        prompt_tokens(source)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--tokenizer") from None
+    return source
 
 
 def serve_workers(config: RouterConfig, host: str, port: int, shutdown_timeout: float, count: int) -> int:

@@ -3,7 +3,9 @@ an engine URL, or `ENGINE_URL=SUPERVISOR_URL` for an engine run under `corral su
 while its supervisor says READY, each removal confirmed, as with `--supervised`). A line may end in
 `group=NAME/SIZE`: the engine is a member of serving group NAME of SIZE engines, routed to only while
 the whole group is READY on one bundle fingerprint, and/or `role=prefill|decode|both`: the engine's
-role in prefill/decode disaggregation (its supervisor's word, when it has one, wins). The file is
+role in prefill/decode disaggregation (its supervisor's word, when it has one, wins), and/or
+`kv_events=PUB[,REPLAY]`: where the engine publishes KV-cache events (`tcp://*:5557` on the engine's
+host; its supervisor's word, when it has one, wins). The file is
 read again whenever its modification time, size or inode changes, and the list it names replaces the
 previous one (probing is `StaticSource`'s job). This is how a fleet that Corral runs changes the
 router's members at run time: write the new file atomically (temp file, then rename)."""
@@ -16,9 +18,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from corral.aio import cancel_tasks
 from corral.atomic_file import file_stamp
+from corral.engine.kv_events_address import parse_address
 from corral.engine.pd_protocol import ROLES
 from corral.router.discovery.static import StaticSource
 from corral.router.membership.events import MembershipSink
@@ -34,7 +38,7 @@ class BackendsFileError(Exception):
 
 _LINE = re.compile(r"^(https?://[^=\s]+?)/?(?:=(https?://\S+?)/?)?$")
 _GROUP = re.compile(r"^group=([^/\s]*)/(\S*)$")
-MARKERS = ("group=", "role=")
+MARKERS = ("group=", "role=", "kv_events=")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +50,7 @@ class Backends:
     supervisors: dict[str, str]
     groups: dict[str, GroupTag] = field(default_factory=dict)
     roles: dict[str, str] = field(default_factory=dict)
+    kv_events: dict[str, str] = field(default_factory=dict)  # where each engine publishes KV events
 
 
 def parse_backends(text: str, path: Path) -> Backends:
@@ -53,6 +58,7 @@ def parse_backends(text: str, path: Path) -> Backends:
     supervisors: dict[str, str] = {}
     groups: dict[str, GroupTag] = {}
     roles: dict[str, str] = {}
+    kv_events: dict[str, str] = {}
     counted: dict[str, list[int]] = {}  # group name -> the line numbers naming it
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
@@ -73,6 +79,10 @@ def parse_backends(text: str, path: Path) -> Backends:
         markers = [m for m in markers if not m.startswith("role=")]
         if role_markers:
             roles[match.group(1)] = _role_marker(role_markers, path, number)
+        event_markers = [m for m in markers if m.startswith("kv_events=")]
+        markers = [m for m in markers if not m.startswith("kv_events=")]
+        if event_markers:
+            kv_events[match.group(1)] = _kv_events_marker(event_markers, match.group(1), path, number)
         if markers:
             tag = _group_marker(markers, path, number)
             first = next((t for t in groups.values() if t.name == tag.name), None)
@@ -88,7 +98,18 @@ def parse_backends(text: str, path: Path) -> Backends:
                     f"(lines {', '.join(map(str, counted[tag.name]))}); fix its size or its members"
                 )
             groups[match.group(1)] = tag
-    return Backends(urls, supervisors, groups, roles)
+    return Backends(urls, supervisors, groups, roles, kv_events)
+
+
+def _kv_events_marker(markers: list[str], engine: str, path: Path, number: int) -> str:
+    text = markers[0].removeprefix("kv_events=")
+    if len(markers) > 1:
+        raise BackendsFileError(f"{path}:{number}: give one kv_events= marker, not {len(markers)}")
+    try:
+        parse_address(text, urlsplit(engine).hostname or "127.0.0.1")
+    except ValueError as exc:
+        raise BackendsFileError(f"{path}:{number}: kv_events={text}: {exc}") from None
+    return text
 
 
 def _role_marker(markers: list[str], path: Path, number: int) -> str:
@@ -148,6 +169,7 @@ class FileSource:
             supervisors=first.supervisors,
             groups=first.groups,
             roles=first.roles,
+            kv_events=first.kv_events,
             probe_headers=probe_headers,
         )
         self._task: asyncio.Task[None] | None = None
@@ -187,5 +209,7 @@ class FileSource:
             len(backends.groups),
             len(backends.roles),
         )
-        self._static.set_urls(backends.urls, backends.supervisors, backends.groups, backends.roles)
+        self._static.set_urls(
+            backends.urls, backends.supervisors, backends.groups, backends.roles, backends.kv_events
+        )
         return True

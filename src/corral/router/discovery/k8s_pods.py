@@ -17,6 +17,8 @@ READY on one bundle fingerprint. A pod whose group size is missing or not a numb
 out of routing (its reason says which pod and what to fix) rather than routing it alone. The label
 `corral.dev/role=prefill|decode|both` declares the pod's role in prefill/decode disaggregation (its
 supervisor's word wins); a pod with another value stays out of routing, its reason naming the fix.
+The annotation `corral.dev/kv-events` (`PUB[,REPLAY]`, e.g. `tcp://*:5557,tcp://*:5558`) says where the
+pod's engine publishes KV-cache events, a wildcard host meaning the pod IP (its supervisor's word wins).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ log = logging.getLogger("corral.router.k8s.pod_source")
 
 SOURCE = "k8s"
 SUPERVISOR_PORT_ANNOTATION = "corral.dev/supervisor-port"
+KV_EVENTS_ANNOTATION = "corral.dev/kv-events"  # PUB[,REPLAY]: where the engine publishes KV events
 SERVING_GROUP_LABEL = "corral.dev/serving-group"
 SERVING_GROUP_SIZE_ANNOTATION = "corral.dev/serving-group-size"
 ROLE_LABEL = "corral.dev/role"
@@ -70,6 +73,7 @@ class PodView:
     group_error: str = ""  # the pod says it is in a group but its group marker is unusable
     role: str | None = None  # from the corral.dev/role label
     role_error: str = ""  # the label names no role
+    kv_events: str | None = None  # from the corral.dev/kv-events annotation (tcp://*:5557 on the pod IP)
 
     def blocker(self) -> tuple[str, str] | None:
         """(cause, reason) that keeps this pod out of routing, or None when it is routable."""
@@ -114,7 +118,9 @@ def pod_view(obj: dict[str, Any], deleted: bool = False, gone_why: str = "") -> 
     if role is not None and role not in ROLES:
         role_error = f"label {ROLE_LABEL}={role!r} is not a role; label it one of {', '.join(ROLES)}"
         role = None
+    kv_events = annotations.get(KV_EVENTS_ANNOTATION) if isinstance(annotations, dict) else None
     return PodView(
+        kv_events=kv_events if isinstance(kv_events, str) else None,
         role=role,
         role_error=role_error,
         group=group,
@@ -311,6 +317,7 @@ class PodSource:
                     event_version=view.version,
                     group=view.group,
                     role=view.role,
+                    kv_events=view.kv_events,
                 )
             )
             self._members[key] = (identity, url)

@@ -41,8 +41,11 @@ class StaticSource:
         probe_headers: Mapping[str, str] | None = None,
         groups: Mapping[str, GroupTag] | None = None,
         roles: Mapping[str, str] | None = None,
+        kv_events: Mapping[str, str] | None = None,
     ) -> None:
         self._sink = sink
+        # engine url -> where it publishes KV-cache events (`PUB[,REPLAY]`), for the engines that say
+        self._kv_events = {k.rstrip("/"): v for k, v in (kv_events or {}).items()}
         # engine url -> its declared role (prefill | decode | both), for the engines declared one
         self._roles = {k.rstrip("/"): v for k, v in (roles or {}).items()}
         self._answered: set[str] = set()  # urls whose /v1/models answered since they were added
@@ -67,6 +70,7 @@ class StaticSource:
         supervisors: Mapping[str, str] | None = None,
         groups: Mapping[str, GroupTag] | None = None,
         roles: Mapping[str, str] | None = None,
+        kv_events: Mapping[str, str] | None = None,
     ) -> None:
         """Make the list exactly `urls`: new ones are added (probed on the next round, or now when
         running), dropped ones removed from membership at once. With `supervisors` (engine url ->
@@ -87,6 +91,10 @@ class StaticSource:
             recast = {k.rstrip("/"): v for k, v in roles.items()}
             moved |= {u for u in self._urls if self._roles.get(u) != recast.get(u)}
             self._roles = recast
+        if kv_events is not None:
+            readdressed = {k.rstrip("/"): v for k, v in kv_events.items()}
+            moved |= {u for u in self._urls if self._kv_events.get(u) != readdressed.get(u)}
+            self._kv_events = readdressed
         for url in self._urls:
             if url not in wanted or url in moved:
                 self._count(url, "DELETED")
@@ -112,6 +120,7 @@ class StaticSource:
                     supervisor_url=supervisor,
                     group=self._groups.get(url),
                     role=self._roles.get(url),
+                    kv_events=self._kv_events.get(url),
                 )
             )
         self._urls = wanted

@@ -260,6 +260,7 @@ class SupervisorStreams:
                 log.info("endpoint %s: role %s (its supervisor says)", endpoint.url, role)
         view.pairing = pairing
         view.connector = line.connector or view.connector
+        view.kv_events = line.kv_events or view.kv_events
 
     def _apply_withdrawn(
         self, endpoint: Endpoint, view: SupervisorView, line: StateLine, epoch: int, received: float

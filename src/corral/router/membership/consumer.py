@@ -72,6 +72,7 @@ class MembershipConsumer:
             supervisor=SupervisorView(event.supervisor_url) if event.supervisor_url else None,
             group=event.group,
             role=event.role,
+            kv_events=event.kv_events,
         )
         if event.event_version is not None:
             endpoint.last_event_version = event.event_version

@@ -44,6 +44,7 @@ class SupervisorView:
     role: str | None = None
     pairing: str | None = None
     connector: str | None = None  # the engine's KV connector, as the last state line said (issue 17)
+    kv_events: str | None = None  # where its engine publishes KV events, `PUB[,REPLAY]` (issue 17)
 
     def blocker(self) -> tuple[EngineState, str] | None:
         """(state, reason) that keeps the endpoint out of routing, or None when the supervisor, on a
@@ -74,6 +75,7 @@ class SupervisorView:
             "role": self.role,
             "pairing": self.pairing,
             "connector": self.connector,
+            "kv_events": self.kv_events,
         }
 
 
@@ -88,6 +90,7 @@ class Endpoint:
         "ejected_until",
         "group",
         "group_out",
+        "kv_events",
         "last_event_version",
         "model_cards",
         "models",
@@ -125,8 +128,12 @@ class Endpoint:
         supervisor: SupervisorView | None = None,
         group: GroupTag | None = None,
         role: str | None = None,
+        kv_events: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        # Where its engine publishes KV-cache events as its membership source declared it, `PUB[,REPLAY]`
+        # (engine/kv_events_address); its supervisor's word, when it gives one, wins.
+        self.kv_events = kv_events
         # prefill | decode | both as its membership source declared it (None: it said nothing); the
         # supervisor's role, when it publishes one, wins (`role`).
         self.declared_role = role

@@ -25,6 +25,7 @@ class EndpointAdded:
     event_version: str | None = None
     group: GroupTag | None = None  # its serving group, routed to only as a whole
     role: str | None = None  # prefill | decode | both as the source declares it; None: it says nothing
+    kv_events: str | None = None  # where its engine publishes KV events, `PUB[,REPLAY]` (issue 17)
 
 
 @dataclass(frozen=True, slots=True)

@@ -91,6 +91,8 @@ class KvIndex:
         self.pending_limit = pending_limit
         self._engines: dict[str, _Engine] = {}
         self._by_slot: dict[int, _Engine] = {}
+        # content key -> its holders: ~slot for a block one engine holds (most blocks; a small int),
+        # else the bitmask of their slots (a large int once slots run into the hundreds)
         self._holders: dict[int, int] = {}
         # content key -> (bitmask of engines a request was just sent to, when that hold lapses)
         self._pending: dict[int, tuple[int, float]] = {}
@@ -126,7 +128,7 @@ class KvIndex:
                 engine.orphans += len(block_hashes)
                 return 0
             parent = known
-        holders, blocks, bit = self._holders, engine.blocks, engine.bit
+        holders, blocks, bit, alone = self._holders, engine.blocks, engine.bit, ~engine.slot
         added = 0
         for i, engine_hash in enumerate(block_hashes):
             tokens = token_ids[i * block_size : (i + 1) * block_size]
@@ -139,7 +141,11 @@ class KvIndex:
             elif old != parent:
                 self._release(old, bit)
             blocks[engine_hash] = parent
-            holders[parent] = holders.get(parent, 0) | bit
+            held = holders.get(parent)
+            if held is None:
+                holders[parent] = alone
+            elif held != alone:
+                holders[parent] = (1 << ~held if held < 0 else held) | bit
         engine.stored += added
         self._total += added
         if len(blocks) > self.blocks_per_engine:
@@ -195,11 +201,16 @@ class KvIndex:
         engine.blocks = {}
 
     def _release(self, key: int, bit: int) -> None:
-        mask = self._holders.get(key, 0) & ~bit
-        if mask:
+        held = self._holders.get(key)
+        if held is None:
+            return
+        mask = (1 << ~held if held < 0 else held) & ~bit
+        if not mask:
+            del self._holders[key]
+        elif mask & (mask - 1):
             self._holders[key] = mask
         else:
-            self._holders.pop(key, None)
+            self._holders[key] = ~(mask.bit_length() - 1)
 
     def _evict(self, engine: _Engine, at_least: int) -> None:
         count = max(at_least, len(engine.blocks) // _EVICT_SHARE)
@@ -275,6 +286,8 @@ class KvIndex:
         alive = -1
         for i, key in enumerate(keys):
             mask = holders.get(key, 0)
+            if mask < 0:
+                mask = 1 << ~mask
             if pending:
                 hold = pending.get(key)
                 if hold is not None and hold[1] > t:

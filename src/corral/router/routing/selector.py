@@ -96,6 +96,7 @@ class Routing:
         seed: int | None = None,
         prefix_memory: PrefixMemory | None = None,
         slow_start_seconds: float = 0.0,
+        prefix_holders: PrefixHolders | None = None,
     ) -> None:
         self.config = config
         self.board = LoadBoard(stale_after=config.stale_seconds())
@@ -108,7 +109,9 @@ class Routing:
         for name in ("round_robin", "least_request", "session"):
             policies[name] = build_policy(name, session_header, seed=seed)
         for name in (*SCORED_BUILTINS, *config.policies):
-            policies[name] = build_scored(name, config, self.board, session_header, seed, self.prefix_memory)
+            # the KV-event index when the engines publish events (it falls back to the memory per endpoint)
+            holders = prefix_holders if prefix_holders is not None else self.prefix_memory
+            policies[name] = build_scored(name, config, self.board, session_header, seed, holders)
         default = config.policy or default_policy
         check_policy_names(config, policies, "routing config")
         if default not in policies:

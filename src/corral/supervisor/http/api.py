@@ -187,7 +187,8 @@ class SupervisorAPI:
                 prefix_epoch = self.supervisor.prefix_cache.token(self.supervisor.engine)
                 line = {**event.to_json(), "since": machine.since, "fingerprint": fingerprint}
                 pd = self.supervisor.publication.pd_identity()  # role and pairing identity (issue 16)
-                queue.put_nowait({**line, "prefix_epoch": prefix_epoch, **pd})
+                kv_events = self.supervisor.publication.kv_events()  # issue 17
+                queue.put_nowait({**line, "prefix_epoch": prefix_epoch, **pd, "kv_events": kv_events})
             except asyncio.QueueFull:  # a reader this far behind reconnects and gets the state first
                 with contextlib.suppress(asyncio.QueueFull):
                     queue.get_nowait()

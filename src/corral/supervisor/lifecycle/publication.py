@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from corral.child_process import LineSink
 from corral.engine.evidence import classify
+from corral.engine.kv_events_address import address_from_argv
 from corral.supervisor.checks.engine_auth import redact_argv
 from corral.supervisor.lifecycle.pd_role import engine_connector, engine_role, pairing_of
 from corral.supervisor.lifecycle.states import StateEvent
@@ -55,6 +56,13 @@ class Publication:
             "connector": engine_connector(sup.config.engine_argv),
         }
 
+    def kv_events(self) -> str | None:
+        """Where the engine publishes KV-cache events, `PUB[,REPLAY]` as a router connects to them (its
+        --kv-events-config, a wildcard bind read as the engine URL's host): on every state-stream line."""
+        sup = self._sup
+        address = address_from_argv(sup.config.engine_argv, sup.config.engine_url)
+        return address.to_text() if address is not None else None
+
     def state_body(self) -> dict[str, Any]:
         sup = self._sup
         engine = sup.engine
@@ -90,4 +98,5 @@ class Publication:
             # the engine's worker ranks (pid, liveness) and the world size its command asks for
             **(engine.ranks.to_json() if engine is not None else {"world_size": None, "ranks": []}),
             **self.pd_identity(),
+            "kv_events": self.kv_events(),
         }

@@ -1,0 +1,86 @@
+"""`PrefixHolders` answered from the engines' KV-cache events: the share of a request's leading token
+blocks each endpoint holds, from the `KvIndex`, for the endpoints whose events the router follows; the
+others are asked of the approximate memory (`fallback`), so a fleet that half publishes events still
+routes by prefix everywhere."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from corral.router.membership.endpoint import Endpoint
+from corral.router.routing.kv_index import KvIndex
+from corral.router.routing.prefix_holders import PrefixHolders
+from corral.router.routing.prompt_tokens import PromptTokens
+from corral.router.routing.request import RouteRequest
+
+_DERIVED = "kv_chains"  # block size -> the request's content keys, under RouteRequest.derived
+_TOKENS = "kv_tokens"  # the request's token ids (None: no single prompt)
+
+
+class KvPrefixHolders:
+    """Longest held prefix per endpoint from the KV index; `publishing(url)` says which endpoints'
+    events are followed (the feeds), the rest fall back."""
+
+    def __init__(
+        self,
+        index: KvIndex,
+        tokenizer: PromptTokens,
+        publishing: Callable[[str], bool],
+        fallback: PrefixHolders,
+    ) -> None:
+        self.index = index
+        self.tokenizer = tokenizer
+        self.publishing = publishing
+        self.fallback = fallback
+
+    def _chain(self, request: RouteRequest, block_size: int) -> list[int]:
+        """The content keys of the prompt's full blocks of `block_size` tokens, computed once per request
+        (under `RouteRequest.derived`)."""
+        derived = request.derived
+        if derived is None:
+            derived = request.derived = {}
+        chains: dict[int, list[int]] | None = derived.get(_DERIVED)
+        if chains is None:
+            chains = derived[_DERIVED] = {}
+        chain = chains.get(block_size)
+        if chain is None:
+            tokens = derived.get(_TOKENS, False)
+            if tokens is False:
+                tokens = derived[_TOKENS] = self.tokenizer.tokens(request.payload)
+            root = self.index.root_of_model(request.model)
+            chain = chains[block_size] = [] if tokens is None else self.index.chain(tokens, block_size, root)
+        return chain
+
+    def held(self, request: RouteRequest, pool: Sequence[Endpoint]) -> list[float]:
+        shares = [0.0] * len(pool)
+        others: list[int] = []
+        longest: dict[int, tuple[int, dict[str, int]]] = {}  # block size -> (blocks, held per url)
+        for i, endpoint in enumerate(pool):
+            url = endpoint.url
+            if not self.publishing(url):
+                others.append(i)
+                continue
+            # an engine that stored nothing yet may hold a pending pick, in its peers' block size
+            block_size = self.index.block_size(url) or self.index.common_block_size()
+            if block_size is None:
+                continue  # no engine stored anything yet: nothing is held
+            found = longest.get(block_size)
+            if found is None:
+                chain = self._chain(request, block_size)
+                found = longest[block_size] = (len(chain), self.index.longest(chain))
+            total, depths = found
+            if total:
+                shares[i] = depths.get(url, 0) / total
+        if others:
+            for i, share in zip(others, self.fallback.held(request, [pool[i] for i in others]), strict=True):
+                shares[i] = share
+        return shares
+
+    def sent(self, request: RouteRequest, endpoint: Endpoint) -> None:
+        url = endpoint.url
+        if self.publishing(url):
+            block_size = self.index.block_size(url) or self.index.common_block_size()
+            if block_size is not None:
+                self.index.sent(url, self._chain(request, block_size))
+        # the approximate memory learns every pick too: it answers at once if the events stop
+        self.fallback.sent(request, endpoint)
