@@ -97,9 +97,15 @@ def test_two_workers_serve_one_port_and_a_killed_worker_is_restarted() -> None:
         served = served_by_worker(url)
         assert served.keys() == {"w1", "w2"} and all(n > 0 for n in served.values()), served
         assert sum(served.values()) == 40
-        status, fleet = http_json(url + "/v1/fleet")
-        assert status == 200 and fleet["worker"]["of"] == 2
-        assert fleet["router_id"].endswith("/" + fleet["worker"]["name"]), fleet["router_id"]
+        for _ in range(4):  # each request on a connection of its own: the workers answer in turn
+            status, fleet = http_json(url + "/v1/fleet")
+            assert status == 200 and fleet["worker"]["of"] == 2
+            assert fleet["router_id"].endswith("/" + fleet["worker"]["name"]), fleet["router_id"]
+            # counters are the router's, whichever worker answered: both workers' added up
+            assert fleet["worker"]["counters_from"] == ["w1", "w2"], fleet["worker"]
+            assert sum(e["requests_sent"] for e in fleet["endpoints"]) == 40
+            assert sum(e["traffic"]["requests"] for e in fleet["endpoints"]) == 40
+            assert fleet["totals"]["requests"] == 40
 
         during = kill_one_worker(router, url)
         assert during and during == [200] * len(during), during  # the survivor served the restart through

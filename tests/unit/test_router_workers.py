@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from corral.engine.metrics_text import samples
-from corral.router.telemetry.worker_pages import label_page, merge_pages
+from corral.router.telemetry.worker_pages import label_page, merge_fleets, merge_pages
 from corral.router.workers import WorkerPool, WorkerSlot, cgroup_cpu_quota, cpu_limit
 
 # -- CPUs ------------------------------------------------------------------------------------------
@@ -123,3 +123,19 @@ def test_merged_pages_keep_each_family_together_with_one_header() -> None:
     ]
     total = sum(s.value for s in samples(merged, ("corral_router_requests_total",), strict=True))
     assert total == 6.0
+
+
+def _fleet(requests: int, ttft_counts: list[int]) -> dict[str, object]:
+    traffic = {"requests": requests, "errors": 0, "ttft": {"counts": ttft_counts, "sum": 0.5}, "itl": {}}
+    endpoint = {"url": "http://e1", "state": "READY", "in_flight": 1, "requests_sent": requests}
+    totals = {"requests": requests, "errors": 1, "stream_failures": 0}
+    return {"endpoints": [{**endpoint, "traffic": traffic}], "totals": totals}
+
+
+def test_fleet_counters_are_summed_over_workers() -> None:
+    merged = merge_fleets(_fleet(3, [1, 2]), [_fleet(5, [0, 4, 1])])
+    (endpoint,) = merged["endpoints"]
+    assert (endpoint["in_flight"], endpoint["requests_sent"], endpoint["state"]) == (2, 8, "READY")
+    assert endpoint["traffic"]["requests"] == 8
+    assert endpoint["traffic"]["ttft"]["counts"] == [1, 6, 1]
+    assert merged["totals"] == {"requests": 8, "errors": 2, "stream_failures": 0}

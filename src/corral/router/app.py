@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
@@ -257,13 +257,6 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     def own_page() -> bytes:
         return generate_latest(registry) + endpoint_series(membership.endpoints())
 
-    worker = config.worker
-    pages = (
-        WorkerPages(worker.name, own_page, worker.socket_path(worker.index), worker.sibling_sockets())
-        if worker is not None
-        else None
-    )
-
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         # the read timeout bounds every silence of the backend: before the first byte (then the
         # proxy ejects and retries) and between chunks (then the stream ends with an error).
@@ -342,7 +335,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             cards = [c for c in cards if tenant.serves(str(c.get("id")))]
         return _json({"object": "list", "data": cards})
 
-    async def fleet(request: web.Request) -> web.Response:
+    def own_fleet() -> dict[str, Any]:
         now = time.monotonic()
         endpoints = [
             {
@@ -371,20 +364,30 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             for e in membership.endpoints()
         ]
         exits = [record.as_json() for record in membership.exits]
-        return _json(
-            {
-                "policy": config.policy,
-                "router_id": config.streams.router_id,
-                # with --workers N: the worker that answered (each has its own membership and counters)
-                "worker": {"name": worker.name, "of": worker.count} if worker is not None else None,
-                "source": _source_name(config),
-                "endpoints": endpoints,
-                "groups": membership.groups.to_json(),
-                "left_routing": exits,
-                "totals": metrics.totals().to_wire(),
-                "pairs": model_pairs(membership, now),
-            }
+        return {
+            "policy": config.policy,
+            "router_id": config.streams.router_id,
+            # with --workers N: the worker that answered (its membership; counters of all, WorkerPages)
+            "worker": {"name": worker.name, "of": worker.count} if worker is not None else None,
+            "source": _source_name(config),
+            "endpoints": endpoints,
+            "groups": membership.groups.to_json(),
+            "left_routing": exits,
+            "totals": metrics.totals().to_wire(),
+            "pairs": model_pairs(membership, now),
+        }
+
+    worker = config.worker
+    pages = (
+        WorkerPages(
+            worker.name, own_page, own_fleet, worker.socket_path(worker.index), worker.sibling_sockets()
         )
+        if worker is not None
+        else None
+    )
+
+    async def fleet(request: web.Request) -> web.Response:
+        return _json(await pages.fleet() if pages is not None else own_fleet())
 
     async def prometheus(request: web.Request) -> web.Response:
         body = await pages.page() if pages is not None else own_page()
