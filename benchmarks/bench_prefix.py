@@ -2,22 +2,30 @@
 
 Workload: `--groups` groups, each with a long system prompt of its own and `--users` users; a request
 is one user's question after its group's system prompt, streamed, arriving as a Poisson process at
-`--rate` requests/s for `--seconds` (bounded count and time). Before each target's measured phase every
+`--rate` requests/s for `--seconds` (bounded count and time). `--workload issue17` is issue 17's: 12
+groups of 600-1200-token system prompts, multi-turn users (a user's turn carries its earlier turns, so
+each extends the conversation before it), each engine's prefix cache about a third of the system
+prompts, 8 requests/s. Before each target's measured phase every
 group sends one request through it (the same warm-up for every target); each target gets fresh system
 prompts, so what an earlier target left in the engines' caches is junk that LRU evicts first.
 
 Fleet: 4 `corral sim` engines whose prefix cache holds only a fraction of all system prompts
 (`--kv-cache-blocks`), with a prefill cost per uncached token that makes cache hits matter.
 
-Targets: `corral router` with round_robin, least_request and prefix; two `corral router --policy
-prefix` replicas behind a random splitter (the load generator picks one per request); the Rust
-`vllm-router` with cache_aware and round_robin.
+Targets: `oracle` (no router: the load generator pins each group to one engine, the groups balanced
+over the engines, as a router that knew every cache and every group's traffic would); `corral router`
+with round_robin, least_request, prefix, and prefix with the placement before issue 17 (`prefix
+(ring)`: ring homes, the strict load bound); two `corral router --policy prefix` replicas behind a
+random splitter (the load generator picks one per request); the Rust `vllm-router` with cache_aware
+and round_robin. `--kv-events` adds the prefix targets routed by the engines' KV-cache events (the
+sims publish them, the routers read them with `--tokenizer sim`).
 
 Reported per target: TTFT p50/p90/p99, throughput, prefix-cache hit rate (token hits / token queries
 from the engines' /metrics, deltas over the measured phase), and load spread (max / mean of requests per
 engine, from vllm:request_success_total deltas).
 
     .venv/bin/python benchmarks/bench_prefix.py [--rate 40] [--seconds 15] [--markdown]
+    .venv/bin/python benchmarks/bench_prefix.py --workload issue17 [--kv-events] [--markdown]
 """
 
 from __future__ import annotations
@@ -49,16 +57,35 @@ def system_prompt(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(words))
 
 
+# --workload issue17: issue 17's shared-prefix workload (the arguments it sets; the others keep theirs).
+ISSUE17 = {
+    "groups": 12,
+    "users": 4,
+    "system_words": (600, 1200),
+    "multi_turn": True,
+    "rate": 8.0,
+    "seconds": 40.0,
+    # By the end of a run the prefixes are 12 system prompts of 900 tokens on average and 48
+    # conversations of about 150 tokens: ~18k tokens, 1,125 blocks of 16; a third of them per engine.
+    "kv_cache_blocks": 384,
+}
+
+
 class Workload:
-    """Prompts for one target: fresh system prompts, the same arrival schedule for every target."""
+    """Prompts for one target: fresh system prompts, the same arrival schedule for every target. With
+    `multi_turn`, a user's request is its next turn: its earlier questions and (fixed) answers, then a
+    new question, so each turn's prompt extends the one before."""
 
     def __init__(self, args: argparse.Namespace, prompt_seed: int) -> None:
         rng = random.Random(prompt_seed)
+        low, high = args.system_words
         self.systems = [
-            f"Group {g} instructions. " + system_prompt(rng, args.system_words) for g in range(args.groups)
+            f"Group {g} instructions. " + system_prompt(rng, rng.randint(low, high))
+            for g in range(args.groups)
         ]
         self.users = args.users
         self.max_tokens = args.max_tokens
+        self.multi_turn = args.multi_turn
         sched = random.Random(args.seed)  # the same arrivals and choices for every target
         self.schedule: list[tuple[float, int, int]] = []
         t = 0.0
@@ -67,15 +94,28 @@ class Workload:
             if t > args.seconds:
                 break
             self.schedule.append((t, sched.randrange(args.groups), sched.randrange(args.users)))
+        # each scheduled request's turn in its user's conversation (0: the user's first request)
+        seen: dict[tuple[int, int], int] = {}
+        self.turns: list[int] = []
+        for _, group, user in self.schedule:
+            turn = seen.get((group, user), 0)
+            self.turns.append(turn)
+            seen[(group, user)] = turn + 1
 
     def body(self, group: int, user: int, i: int) -> bytes:
+        turn = self.turns[i] if self.multi_turn and 0 <= i < len(self.turns) else 0
+        messages: list[dict[str, str]] = [{"role": "system", "content": self.systems[group]}]
+        for k in range(turn):
+            messages.append({"role": "user", "content": f"I am user {user} of group {group}. Question {k}?"})
+            messages.append(
+                {"role": "assistant", "content": f"Answer {k} to user {user}: the sea says hush."}
+            )
+        question = f"I am user {user} of group {group}. Question {turn if self.multi_turn else i}?"
+        messages.append({"role": "user", "content": question})
         return orjson.dumps(
             {
                 "model": MODEL,
-                "messages": [
-                    {"role": "system", "content": self.systems[group]},
-                    {"role": "user", "content": f"I am user {user}. Question {i}: what does the sea say?"},
-                ],
+                "messages": messages,
                 "max_tokens": self.max_tokens,
                 "temperature": 0,
                 "stream": True,
@@ -125,16 +165,35 @@ def engine_counters(url: str) -> dict[str, float]:
     return out
 
 
-async def run_target(name: str, urls: list[str], work: Workload, bound_s: float) -> Report:
+def prefix_keys_held(router: str) -> list[int] | None:
+    """Per endpoint, how many prefix keys the router's memory says it holds (its /v1/fleet)."""
+    try:
+        with urllib.request.urlopen(router + "/v1/fleet", timeout=5) as resp:
+            fleet = orjson.loads(resp.read())
+    except OSError:
+        return None
+    return [int((e.get("prefix_memory") or {}).get("keys", 0)) for e in fleet.get("endpoints", [])]
+
+
+async def run_target(
+    name: str, urls: list[str], work: Workload, bound_s: float, pinned: bool = False
+) -> Report:
+    """Send the workload through `urls`: one picked at random per request (router replicas), or with
+    `pinned`, each group to one of them, the groups dealt round the urls (the oracle, straight to
+    engines)."""
     for u in urls:
         check_loopback(u)
     paths = [u + "/v1/chat/completions" for u in urls]
     pick = random.Random(7)
+
+    def target(group: int) -> str:
+        return paths[group % len(paths)] if pinned else pick.choice(paths)
+
     limits = aiohttp.ClientTimeout(total=bound_s)
     report = Report(name)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         for g in range(len(work.systems)):  # warm-up: each group once, one at a time
-            await stream_one(session, pick.choice(paths), work.body(g, 0, -1 - g), limits)
+            await stream_one(session, target(g), work.body(g, 0, -1 - g), limits)
         start = time.perf_counter()
         tasks: list[asyncio.Task[Sample]] = []
         for i, (at, group, user) in enumerate(work.schedule):
@@ -142,30 +201,57 @@ async def run_target(name: str, urls: list[str], work: Workload, bound_s: float)
             if delay > 0:
                 await asyncio.sleep(delay)
             body = work.body(group, user, i)
-            tasks.append(asyncio.create_task(stream_one(session, pick.choice(paths), body, limits)))
+            tasks.append(asyncio.create_task(stream_one(session, target(group), body, limits)))
         report.samples = list(await asyncio.gather(*tasks))
         report.wall = time.perf_counter() - start
     return report
 
 
-def corral_router(port: int, sims: list[Proc], policy: str, config: Path | None, out: Path, tag: str) -> Proc:
+def corral_router(
+    port: int,
+    sims: list[Proc],
+    policy: str,
+    config: Path | None,
+    out: Path,
+    tag: str,
+    kv_events: list[str] | None = None,
+) -> Proc:
+    """A router over the sims; with `kv_events` (each sim's event address), it reads their KV events."""
     argv = [sys.executable, "-m", "corral", "router", "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--policy", policy, "--log-level", "warning"]
+    argv += ["--policy", policy, "--log-level", "warning", "--workers", "1"]  # one router process
     if config is not None:
         argv += ["--policy-config", str(config)]
-    for s in sims:
-        argv += ["--backend", s.url]
+    if kv_events is None:
+        for s in sims:
+            argv += ["--backend", s.url]
+    else:
+        backends = out / f"{tag}-backends.txt"
+        lines = [f"{s.url} kv_events={addr}" for s, addr in zip(sims, kv_events, strict=True)]
+        backends.write_text("\n".join(lines) + "\n")
+        argv += ["--backends-file", str(backends), "--tokenizer", "sim"]
     return spawn(tag, argv, f"http://127.0.0.1:{port}", None, out)
+
+
+def words_range(text: str) -> tuple[int, int]:
+    low, _, high = text.partition("-")
+    return int(low), int(high or low)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument(
+        "--workload", choices=("default", "issue17"), default="default", help="a preset (flags given win)"
+    )
     parser.add_argument("--rate", type=float, default=40.0, help="Poisson arrival rate, requests/s")
     parser.add_argument("--seconds", type=float, default=15.0, help="measured phase bound per target")
     parser.add_argument("--max-requests", type=int, default=2000)
     parser.add_argument("--groups", type=int, default=24)
     parser.add_argument("--users", type=int, default=4)
-    parser.add_argument("--system-words", type=int, default=500, help="about one token per word")
+    parser.add_argument(
+        "--system-words", type=words_range, default=(500, 500), help="N or LOW-HIGH; about one token per word"
+    )
+    parser.add_argument("--multi-turn", action="store_true", help="a user's turn carries its earlier turns")
+    parser.add_argument("--kv-events", action="store_true", help="also route by the sims' KV-cache events")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--kv-cache-blocks", type=int, default=400, help="per engine, 16-token blocks")
     parser.add_argument("--max-num-seqs", type=int, default=8)
@@ -178,10 +264,22 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/out"))
     args = parser.parse_args()
+    if args.workload == "issue17":
+        given = parser.parse_args([]).__dict__
+        for key, value in ISSUE17.items():
+            if getattr(args, key) == given[key]:  # not set on the command line
+                setattr(args, key, value)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     config = out / "prefix-policy.yaml"
     config.write_text(f"eps: {args.eps}\nscrape_interval: {args.scrape_interval}\n")
+    # the placement before issue 17: ring homes and the strict load bound, under its own policy name
+    ring_config = out / "prefix-ring-policy.yaml"
+    ring_config.write_text(
+        f"eps: {args.eps}\nscrape_interval: {args.scrape_interval}\npolicy: prefix-ring\n"
+        "policies:\n  prefix-ring:\n    placement: ring\n"
+        "    weights: {prefix: 1.0, queue: 0.2, in_flight: 0.15, kv_usage: 0.1}\n"
+    )
 
     sim_args = [
         "--max-num-seqs", str(args.max_num_seqs), "--kv-cache-blocks", str(args.kv_cache_blocks),
@@ -189,22 +287,34 @@ def main() -> None:
         "--ttft-base-ms", "2", "--itl-ms", "2", "--max-model-len", "4096",
     ]  # fmt: skip
     sims: list[Proc] = []
+    events: list[str] | None = [] if args.kv_events else None
     results: list[dict[str, Any]] = []
     try:
         for i in range(ENGINES):
             port = free_port()
             argv = [sys.executable, "-m", "corral", "sim", "--host", "127.0.0.1", "--port", str(port)]
             argv += ["--model", MODEL, "--seed", str(i), *sim_args]
+            if events is not None:
+                events.append(f"tcp://127.0.0.1:{free_port()}")
+                kv_config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": events[-1]}
+                argv += ["--kv-events-config", orjson.dumps(kv_config).decode()]
             sims.append(spawn(f"prefix-sim-{i}", argv, f"http://127.0.0.1:{port}", None, out))
         for s in sims:
             wait_ready(s, "/health")
         vr = find_vllm_router(args.vllm_router)
         targets: list[tuple[str, str, str | None]] = [
+            ("oracle", "oracle", None),
             ("corral round_robin", "corral", "round_robin"),
             ("corral least_request", "corral", "least_request"),
             ("corral prefix", "corral", "prefix"),
+            ("corral prefix (ring)", "corral", "prefix-ring"),
             ("corral prefix x2 replicas", "corral2", "prefix"),
         ]
+        if events is not None:
+            targets += [
+                ("corral prefix kv-events", "corral-kv", "prefix"),
+                ("corral prefix kv-events x2 replicas", "corral2-kv", "prefix"),
+            ]
         if vr:
             targets += [
                 ("vllm-router cache_aware", "vr", "cache_aware"),
@@ -227,18 +337,25 @@ def main() -> None:
                         spawn(f"prefix-vllm-router-{policy}", argv, f"http://127.0.0.1:{port}", None, out)
                     )
                     wait_ready(routers[0], "/v1/models")
-                else:
+                elif kind != "oracle":
                     assert policy is not None
-                    for r in range(2 if kind == "corral2" else 1):
-                        tag = f"prefix-corral-{policy}-{r}"
-                        routers.append(corral_router(free_port(), sims, policy, config, out, tag))
+                    ring = policy == "prefix-ring"
+                    kv = events if kind.endswith("-kv") else None
+                    for r in range(2 if kind.startswith("corral2") else 1):
+                        tag = f"prefix-corral-{policy}{'-kv' if kv else ''}-{r}"
+                        cfg = ring_config if ring else config
+                        routers.append(
+                            corral_router(free_port(), sims, "prefix" if ring else policy, cfg, out, tag, kv)
+                        )
                     for router in routers:
                         wait_ready(router, "/health")
                 time.sleep(0.5)  # first metrics scrape, first model probe
                 work = Workload(args, prompt_seed=1000 + k)
                 before = [engine_counters(s.url) for s in sims]
-                report = uvloop.run(run_target(name, [r.url for r in routers], work, 120.0))
+                urls = [s.url for s in sims] if kind == "oracle" else [r.url for r in routers]
+                report = uvloop.run(run_target(name, urls, work, 120.0, pinned=kind == "oracle"))
                 after = [engine_counters(s.url) for s in sims]
+                held = [prefix_keys_held(r.url) for r in routers] if kind.startswith("corral") else []
             finally:
                 for router in routers:
                     router.stop()
@@ -259,6 +376,8 @@ def main() -> None:
                 "per_engine": [int(r) for r in requests],
                 "spread_max_over_mean": round(max(requests) / mean, 2) if mean else None,
             }
+            if held:  # prefixes each endpoint holds by the router's memory: 12 when none was replicated
+                row["prefix_keys_held"] = held
             if report.errors:
                 row["error_kinds"] = report.error_kinds()
             results.append(row)
@@ -267,6 +386,10 @@ def main() -> None:
         for s in reversed(sims):
             s.stop()
     by = {r["target"]: r for r in results}
+    oracle = by.get("oracle")
+    for r in results:
+        if oracle and oracle["ttft_p90_ms"] and r is not oracle:
+            print(f"{r['target']}: TTFT p90 / oracle's = {r['ttft_p90_ms'] / oracle['ttft_p90_ms']:.2f}x")
     prefix, rr, ca = by.get("corral prefix"), by.get("corral round_robin"), by.get("vllm-router cache_aware")
     two = by.get("corral prefix x2 replicas")
     if prefix and rr and prefix["ttft_p90_ms"]:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from corral.router.membership.endpoint import Endpoint
-from corral.router.routing.filters import load_bound
+from corral.router.routing.filters import candidates_for, favored, load_bound
 from corral.router.routing.load_board import LoadBoard
 from corral.router.routing.prefix_holders import PrefixHolders
 from corral.router.routing.prefix_memory import DEFAULT_BLOCK_CHARS, DEFAULT_KEY_BLOCKS
@@ -84,7 +84,8 @@ class ScoredPolicy:
                 ),
                 weight,
             )
-            for scorer, weight in weights.items()
+            # the prefix scorer first: the others read what it found (PickContext.held)
+            for scorer, weight in sorted(weights.items(), key=lambda item: item[0] != "prefix")
             if weight
         ]
         self._random = random.Random(seed)
@@ -104,14 +105,18 @@ class ScoredPolicy:
         pool, totals, _ = self._scored(candidates, request)
         return pool, totals
 
-    def within_bound(self, candidates: Sequence[Endpoint], now: float) -> list[Endpoint]:
-        """The candidates under the load bound, and those over it whose engine reports room."""
+    def within_bound(
+        self, candidates: Sequence[Endpoint], now: float, among: Sequence[Endpoint] | None = None
+    ) -> list[Endpoint]:
+        """The candidates (those of `among`, when given) under the load bound of all the candidates,
+        and those over it whose engine reports room."""
         bound = load_bound(candidates, self.eps)
+        among = candidates if among is None else among
         if not self._room_counts:
-            return [e for e in candidates if e.in_flight < bound]
+            return [e for e in among if e.in_flight < bound]
         board = self.board
         pool = []
-        for e in candidates:
+        for e in among:
             if e.in_flight < bound:
                 pool.append(e)
                 continue
@@ -124,7 +129,11 @@ class ScoredPolicy:
         self, candidates: Sequence[Endpoint], request: RouteRequest
     ) -> tuple[list[Endpoint], list[float], PickContext]:
         ctx = PickContext(request, candidates, self.board, time.monotonic())
-        pool = self.within_bound(candidates, ctx.now)
+        # a large fleet: the prompt's holders and ring home and a sample, not every endpoint (filters)
+        sample = candidates_for(candidates, self._random, lambda: favored(self._prefix, ctx))
+        pool = self.within_bound(candidates, ctx.now, sample)
+        if not pool:  # every one of the sample is over the bound (rare): all of them, as before
+            pool = self.within_bound(candidates, ctx.now)
         totals = [0.0] * len(pool)
         for scorer, weight in self.scorers:
             for i, s in enumerate(scorer.score(pool, ctx)):

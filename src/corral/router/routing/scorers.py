@@ -31,7 +31,8 @@ class PickContext:
     eligible: Sequence[Endpoint]
     board: LoadBoard
     now: float = field(default_factory=time.monotonic)
-    prefix_key: int | None = None  # set by the prefix scorer: what the pick teaches its memory
+    prefix_key: int | None = None  # set by the prefix scorer: the prompt's key on the ring
+    held: bool = False  # set by the prefix scorer: some endpoint of the pool holds the prompt's prefix
 
 
 class Scorer(Protocol):
@@ -81,8 +82,7 @@ class PrefixScorer:
         key = self.key(ctx)
         if key is None:
             return None
-        allowed = {id(e) for e in pool}
-        order = [e for e in self.rings.ring(ctx.eligible).walk(key) if id(e) in allowed]
+        order = self.rings.ring(ctx.eligible).ordered(key, pool)
         if self.holders is not None:
             shares = self.holders.held(ctx.request, order)
             held = [e for e, share in zip(order, shares, strict=True) if share > 0]
@@ -97,11 +97,8 @@ class PrefixScorer:
         key = self.key(ctx)
         if key is None:
             return None
-        wanted = {id(e) for e in tied}
-        for e in self.rings.ring(ctx.eligible).walk(key):
-            if id(e) in wanted:
-                return e
-        return None
+        ordered = self.rings.ring(ctx.eligible).ordered(key, tied)
+        return ordered[0] if ordered else None
 
     def learn(self, chosen: Endpoint, ctx: PickContext) -> None:
         """The pick is made: `chosen` will cache the prompt's prefix."""
@@ -111,7 +108,9 @@ class PrefixScorer:
     def score(self, pool: Sequence[Endpoint], ctx: PickContext) -> list[float]:
         if not self.by_ring:
             assert self.holders is not None
-            return self.holders.held(ctx.request, pool)
+            shares = self.holders.held(ctx.request, pool)
+            ctx.held = max(shares, default=0.0) > 0.0
+            return shares
         order = self.home_order(pool, ctx)
         if order is None:
             return [0.0] * len(pool)
@@ -123,7 +122,9 @@ class RecentScorer:
     """Fewer of this router's recent picks is better: a count per endpoint that halves every
     `half_life` seconds. It is the headroom signal that outlives a request: an idle fleet's in-flight
     and queues are all zero, but the endpoint that was handed the last new prefixes will serve their
-    later turns, so the next new prefix goes elsewhere."""
+    later turns, so the next new prefix goes elsewhere. It places prefixes no endpoint holds: among a
+    prefix's holders the live load decides (then ring order), so a prefix held twice is served by
+    one holder while that one is not busier, and does not fill both caches."""
 
     name = "recent"
 
@@ -147,6 +148,8 @@ class RecentScorer:
                 del counts[url]
 
     def score(self, pool: Sequence[Endpoint], ctx: PickContext) -> list[float]:
+        if ctx.held:
+            return [0.0] * len(pool)
         counts = [self.count(e.url, ctx.now) for e in pool]
         worst = max(counts, default=0.0) + 1.0
         return [1.0 - c / worst for c in counts]
