@@ -17,6 +17,7 @@ import click
 
 from corral import aio
 from corral.engine import pd_protocol as pd
+from corral.engine.kv_events import HASH_ALGOS, parse_kv_events_config
 from corral.sim.core.config import GIB, SimConfig
 from corral.sim.core.lora import parse_lora_module
 from corral.sim.core.sizing import default_max_model_len
@@ -50,6 +51,15 @@ def _check_kv_transfer_config(_ctx: click.Context, _param: click.Parameter, valu
     if value is not None:
         try:
             pd.lease_seconds(pd.parse_kv_transfer_config(value))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from exc
+    return value
+
+
+def _check_kv_events_config(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    if value is not None:
+        try:
+            parse_kv_events_config(value)
         except ValueError as exc:
             raise click.BadParameter(str(exc)) from exc
     return value
@@ -327,6 +337,22 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
     help="Pulls of this engine's held blocks never complete; the lease frees the blocks and the pull fails.",
 )
 @click.option(
+    "--kv-events-config",
+    default=None,
+    metavar="JSON",
+    callback=_check_kv_events_config,
+    help='As vLLM takes it: {"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", "replay_endpoint": '
+    '"tcp://*:5558", "buffer_steps": 10000, "hwm": 100000, "topic": ""}; the prefix cache publishes '
+    "BlockStored / BlockRemoved / AllBlocksCleared on ZMQ, byte for byte as vLLM does.",
+)
+@click.option(
+    "--prefix-caching-hash-algo",
+    default="sha256",
+    show_default=True,
+    type=click.Choice(HASH_ALGOS),
+    help="How block hashes are made (what KV events carry); PYTHONHASHSEED seeds them, as in vLLM.",
+)
+@click.option(
     "--api-key",
     "api_key",
     multiple=True,
@@ -355,6 +381,7 @@ def sim(ctx: click.Context, /, **options: object) -> None:
         runtime_lora_updating=_runtime_lora(environ),
         env_api_key=environ.get("VLLM_API_KEY"),
         side_channel_host=environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST"),
+        hash_seed=environ.get("PYTHONHASHSEED"),
     )
     sys.exit(aio.run(SimServer(config).run()))
 

@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 
+import zmq
 from aiohttp import web
 from prometheus_client.registry import Collector
 
@@ -38,6 +39,7 @@ from corral.sim.http.kv_metrics import KvTransferCollector
 from corral.sim.http.kv_side_channel import KvSideChannel
 from corral.sim.http.metrics import EngineCollector, MetricsEndpoint
 from corral.sim.http.ops_metrics import LifecycleCollector, LoraCollector
+from corral.sim.kv_events_publisher import KvEventPublisher
 from corral.sim.startup import WEIGHTS_END, WEIGHTS_START, EngineStartup, StartupFailed
 from corral.sim.weights.weight_loader import LoadOutcome
 
@@ -104,6 +106,10 @@ class SimServer:
             addons.append((KvSideChannel(kv), kv_side_channel.ROUTES))
             extra.append(KvTransferCollector(config.model_name, kv, self.engine.stats.created))
         self.api = SimApi(config, self.engine, MetricsEndpoint(collector, *extra), self.lora, addons)
+        self.kv_events: KvEventPublisher | None = None
+        kv_events, cache_events = config.kv_events, self.engine.cache.events
+        if kv_events is not None and cache_events is not None:
+            self.kv_events = KvEventPublisher(kv_events, cache_events, self.log)
         self.executor: Executor | None = None
         if config.tensor_parallel_size > 1:
             self.executor = Executor(config.tensor_parallel_size, self.log, self._on_rank_death)
@@ -188,6 +194,8 @@ class SimServer:
         await self._first(self._stop, self._dead)
         code = await self._shutdown() if self._stop.is_set() else await self._die()
         stats.cancel()
+        if self.kv_events is not None:
+            await self.kv_events.close()
         return code
 
     @staticmethod
@@ -257,6 +265,17 @@ class SimServer:
         return self.config.startup_seconds * (WEIGHTS_END - WEIGHTS_START)
 
     async def _bind(self) -> None:
+        if self.kv_events is not None:
+            try:
+                self.kv_events.start()
+            except zmq.ZMQError as exc:
+                cfg = self.kv_events.config
+                self.log.error(
+                    "EngineCore",
+                    "kv_events.py:430",
+                    f"could not open the KV events sockets {cfg.endpoint} / {cfg.replay_endpoint}: {exc}",
+                )
+                raise StartupFailed(str(exc)) from exc
         runner = web.AppRunner(self.api.build(), handler_cancellation=True, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self.config.host, self.config.port, backlog=2048)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from corral.engine.kv_events import KvEventsConfig, parse_kv_events_config
+
 KV_BYTES_PER_TOKEN = 128 * 1024
 GIB = 2**30
 
@@ -78,6 +80,10 @@ class SimConfig:
     fail_kv_transfer: float = 0.0  # that fraction of pulls from this (prefill) engine fail
     hang_kv_transfer: bool = False  # pulls from this engine never finish; the lease frees the blocks
     side_channel_host: str | None = None  # VLLM_NIXL_SIDE_CHANNEL_HOST
+    # -- KV-cache events: vLLM's --kv-events-config (JSON) and how its block hashes are made --
+    kv_events_config: str | None = None
+    prefix_caching_hash_algo: str = "sha256"
+    hash_seed: str | None = None  # PYTHONHASHSEED, the seed of vLLM's block hashes when set
     # From the environment (read by the CLI, never at import): VLLM_SERVER_DEV_MODE and
     # VLLM_ALLOW_RUNTIME_LORA_UPDATING.
     dev_mode: bool = False
@@ -91,6 +97,14 @@ class SimConfig:
     def api_keys(self) -> tuple[str, ...]:
         """The keys `/v1...` requests must carry: `--api-key` wins over VLLM_API_KEY; empty guards nothing."""
         return effective_keys(self.api_key, self.env_api_key)
+
+    @property
+    def kv_events(self) -> KvEventsConfig | None:
+        """`--kv-events-config` when it publishes events on ZMQ; None otherwise."""
+        if self.kv_events_config is None:
+            return None
+        parsed = parse_kv_events_config(self.kv_events_config)
+        return parsed if parsed.publishing else None
 
     @property
     def model_name(self) -> str:

@@ -22,13 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from corral.engine import pd_protocol as pd
+from corral.sim.core.cache_events import CachedLora, CacheEvents
 from corral.sim.core.config import SimConfig
 from corral.sim.core.faults import FaultInjector
 from corral.sim.core.generator import GenerationPlan, Generator, garbage
 from corral.sim.core.kv_transfer import KvLoadFailed, KvTransfers
 from corral.sim.core.logs import EngineLog
 from corral.sim.core.lora import LoraAdapter, LoraRegistry
-from corral.sim.core.prefix_cache import PrefixCache, block_hashes
+from corral.sim.core.prefix_cache import PrefixCache
 from corral.sim.core.requests import InferenceRequest, bad_request
 from corral.sim.core.scheduler import EngineRequest, LatencyModel, Scheduler
 from corral.sim.core.stats import EngineStats
@@ -45,6 +46,7 @@ class Job:
     hang: bool = False
     hashes: list[int] = field(default_factory=list)
     adapter: str | None = None
+    lora: CachedLora | None = None  # the adapter's identity in block hashes (with KV events)
     aborted: bool = False  # ended early with finish_reason "abort"
     emitted: int = 0  # tokens produced (set when it ends)
     lora_running: bool = False
@@ -70,7 +72,10 @@ class Engine:
         self.config = config
         self.tokenizer = tokenizer
         self.log = log
-        self.cache = PrefixCache(config.block_size, config.kv_cache_blocks)
+        events = None
+        if config.kv_events is not None:
+            events = CacheEvents(config.block_size, config.prefix_caching_hash_algo, config.hash_seed)
+        self.cache = PrefixCache(config.block_size, config.kv_cache_blocks, events)
         self.scheduler = Scheduler(config.max_num_seqs, config.kv_cache_blocks, config.block_size)
         self.latency = LatencyModel(
             config.ttft_base_ms,
@@ -143,6 +148,7 @@ class Engine:
             job.transfer = r.kv_transfer_params
         if adapter is not None:
             job.adapter = adapter.name
+            job.lora = CachedLora(adapter.name, adapter.path, adapter.int_id)
         return job
 
     async def _admit(self, job: Job) -> float | None:
@@ -163,7 +169,7 @@ class Engine:
         if self.garbage:
             job.plan = garbage(job.plan)
         self.stats.queue_time.observe(loop.time() - job.req.arrival)
-        job.hashes = block_hashes(job.prompt_ids, self.config.block_size)
+        job.hashes = self.cache.hashes(job.prompt_ids, job.lora)
         n = len(job.prompt_ids)
         cached = self.cache.lookup(job.hashes, n)
         self.stats.prompt_tokens += n
@@ -200,7 +206,7 @@ class Engine:
 
     def _prefilled(self, job: Job) -> None:
         self.scheduler.prefill_done(job.req)
-        self.cache.insert(job.hashes)
+        self.cache.insert(job.hashes, token_ids=job.prompt_ids, lora=job.lora)
         if self.kv is not None and self.kv.store is not None:
             self.kv.store.save(job.prompt_ids)
 
