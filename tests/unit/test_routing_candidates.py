@@ -1,5 +1,6 @@
 """The bounded candidate set of scored picks on large fleets (`filters.candidates_for`): the favoured
-endpoints and a random sample, all within the load bound, never empty; small fleets score everyone."""
+endpoints and a random sample, each once; small fleets score everyone. And a scored policy on a large
+fleet still finds the prompt's holder wherever the holder is (`filters.favored`)."""
 
 from __future__ import annotations
 
@@ -10,54 +11,64 @@ from hypothesis import strategies as st
 
 from corral.engine_state import EngineState
 from corral.router.membership.endpoint import Endpoint
-from corral.router.routing.filters import (
-    SAMPLED,
-    SCORE_ALL_UP_TO,
-    candidates_for,
-    load_bound,
-    within_load_bound,
-)
+from corral.router.membership.membership import Membership
+from corral.router.routing.filters import SAMPLED, SCORE_ALL_UP_TO, candidates_for
+from corral.router.routing.request import RouteRequest
+from corral.router.routing.selector import build_policy
 
 
-def fleet(n: int, loads: list[int]) -> list[Endpoint]:
-    out = []
-    for i in range(n):
-        e = Endpoint(f"http://10.0.{i // 256}.{i % 256}:8000", frozenset({"m"}), EngineState.READY)
-        e.in_flight = loads[i % len(loads)]
-        out.append(e)
-    return out
+def fleet(n: int) -> list[Endpoint]:
+    return [
+        Endpoint(f"http://10.0.{i // 256}.{i % 256}:8000", frozenset({"m"}), EngineState.READY)
+        for i in range(n)
+    ]
 
 
-@given(st.integers(2, SCORE_ALL_UP_TO), st.lists(st.integers(0, 20), min_size=1, max_size=8))
-def test_a_small_fleet_scores_every_endpoint_within_the_bound(n: int, loads: list[int]) -> None:
-    endpoints = fleet(n, loads)
-    assert candidates_for(endpoints, 0.25, random.Random(0)) == within_load_bound(endpoints, 0.25)
+@given(st.integers(1, SCORE_ALL_UP_TO))
+def test_a_small_fleet_scores_every_endpoint(n: int) -> None:
+    endpoints = fleet(n)
+    assert candidates_for(endpoints, random.Random(0), lambda: endpoints[:1]) is endpoints
 
 
 @given(
-    st.integers(SCORE_ALL_UP_TO + 1, 400),
-    st.lists(st.integers(0, 20), min_size=1, max_size=8),
-    st.integers(0, 2**32),
-    st.lists(st.integers(0, 399), max_size=4),
+    st.integers(SCORE_ALL_UP_TO + 1, 400), st.integers(0, 2**32), st.lists(st.integers(0, 399), max_size=4)
 )
-def test_a_large_fleet_scores_the_favoured_and_a_sample(
-    n: int, loads: list[int], seed: int, favoured_at: list[int]
+def test_a_large_fleet_scores_the_favoured_first_and_a_sample(
+    n: int, seed: int, favoured_at: list[int]
 ) -> None:
-    endpoints = fleet(n, loads)
+    endpoints = fleet(n)
     favoured = [endpoints[i % n] for i in favoured_at]
-    pool = candidates_for(endpoints, 0.25, random.Random(seed), favoured)
-    bound = load_bound(endpoints, 0.25)
-    assert pool and len(pool) <= len(set(map(id, favoured))) + SAMPLED
+    pool = candidates_for(endpoints, random.Random(seed), lambda: favoured)
+    distinct = list({id(e): e for e in favoured}.values())
+    assert len(distinct) < len(pool) <= len(distinct) + SAMPLED
     assert len({id(e) for e in pool}) == len(pool)
+    assert list(pool[: len(distinct)]) == distinct
     assert all(any(e is c for c in endpoints) for e in pool)
-    under = [e for e in pool if e.in_flight < bound]
-    assert under == pool or (len(pool) == 1 and not under)  # over the bound only when all drawn were
-    kept = [e for e in favoured if e.in_flight < bound]
-    assert pool[: len({id(e) for e in kept})] == list({id(e): e for e in kept}.values())
 
 
 def test_the_sample_spreads_over_the_whole_fleet() -> None:
-    endpoints = fleet(1000, [0])
+    endpoints = fleet(1000)
     rng = random.Random(3)
-    seen = {id(e) for _ in range(2000) for e in candidates_for(endpoints, 1.0, rng)}
+    seen = {id(e) for _ in range(5000) for e in candidates_for(endpoints, rng)}
     assert len(seen) > 990
+
+
+def chat(system: str, user: str) -> RouteRequest:
+    payload = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
+    return RouteRequest("m", {}, payload)
+
+
+def test_on_a_large_fleet_the_prefix_policy_returns_to_the_holder_of_a_prompt() -> None:
+    """1,000 endpoints: each prompt group's second and later requests go where its first went (the
+    holder is scored although no sample would find it), and new groups spread over many endpoints."""
+    membership = Membership()
+    for e in fleet(1000):
+        membership.add(e, "test")
+    policy = build_policy("prefix", seed=7)
+    homes: dict[int, Endpoint] = {}
+    for turn in range(3):
+        for group in range(50):
+            system = f"group {group} " + "shared system prompt text " * 30
+            chosen = policy.pick(membership.eligible("m"), chat(system, f"turn {turn}"))
+            assert homes.setdefault(group, chosen) is chosen
+    assert len({id(e) for e in homes.values()}) > 40

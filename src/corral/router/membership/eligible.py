@@ -21,7 +21,7 @@ class EligibleSet(list[Endpoint]):
     """The endpoints, in membership's order. Shared by every request until the next change: callers
     read it and never change it (a filtered view is a new list)."""
 
-    __slots__ = ("in_flight", "key", "newest_start", "valid_until")
+    __slots__ = ("_by_url", "in_flight", "key", "newest_start", "valid_until")
 
     def __init__(self, key: tuple[str, str | None], members: Iterable[Endpoint], valid_until: float) -> None:
         super().__init__(members)
@@ -30,6 +30,14 @@ class EligibleSet(list[Endpoint]):
         # The sum of the members' `in_flight`, kept by `Endpoint.in_flight`'s setter while attached.
         self.in_flight = sum(e.in_flight for e in self)
         self.newest_start = max((e.routable_from for e in self), default=-math.inf)
+        self._by_url: dict[str, Endpoint] | None = None
+
+    @property
+    def by_url(self) -> dict[str, Endpoint]:
+        """The members by url (built on first use, once per set)."""
+        if self._by_url is None:
+            self._by_url = {e.url: e for e in self}
+        return self._by_url
 
     def attach(self) -> None:
         for e in self:

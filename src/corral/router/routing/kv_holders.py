@@ -76,6 +76,11 @@ class KvPrefixHolders:
                 shares[i] = share
         return shares
 
+    def holders(self, request: RouteRequest) -> list[str]:
+        block_size = self.index.common_block_size()
+        held = self.index.longest(self._chain(request, block_size)) if block_size is not None else {}
+        return [url for url, depth in held.items() if depth] + self.fallback.holders(request)
+
     def sent(self, request: RouteRequest, endpoint: Endpoint) -> None:
         url = endpoint.url
         if self.publishing(url):

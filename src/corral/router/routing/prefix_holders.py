@@ -21,3 +21,8 @@ class PrefixHolders(Protocol):
     def sent(self, request: RouteRequest, endpoint: Endpoint) -> None:
         """The pick is made: `endpoint` will cache the prompt's prefix."""
         ...
+
+    def holders(self, request: RouteRequest) -> list[str]:
+        """The urls of the endpoints that likely hold some of the request's prefix, without a pool:
+        what a pick on a large fleet scores besides a sample (`filters.candidates_for`)."""
+        ...

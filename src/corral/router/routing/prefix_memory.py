@@ -66,6 +66,7 @@ class PrefixMemory:
         self.block_chars = block_chars
         self.key_blocks = key_blocks
         self._by_url: dict[str, _Keys] = {}
+        self._urls_of: dict[int, dict[str, None]] = {}  # key -> the urls it was sent to (`holders`)
         self.forgotten = 0  # endpoints' key sets dropped (epoch change, replaced, left)
 
     def _current(self, endpoint: Endpoint) -> _Keys | None:
@@ -86,6 +87,8 @@ class PrefixMemory:
     def _drop(self, url: str, why: str) -> None:
         entry = self._by_url.pop(url, None)
         if entry is not None:
+            for key in entry.keys:
+                self._unsent(key, url)
             self.forgotten += 1
             log.info("forgot %d prefix keys of %s: %s", len(entry.keys), url, why)
 
@@ -127,8 +130,21 @@ class PrefixMemory:
         keys = entry.keys
         keys[key] = None
         keys.move_to_end(key)
+        self._urls_of.setdefault(key, {})[endpoint.url] = None
         if len(keys) > self.keys_per_endpoint:
-            keys.popitem(last=False)
+            self._unsent(keys.popitem(last=False)[0], endpoint.url)
+
+    def _unsent(self, key: int, url: str) -> None:
+        urls = self._urls_of.get(key)
+        if urls is not None:
+            urls.pop(url, None)
+            if not urls:
+                del self._urls_of[key]
+
+    def holders(self, request: RouteRequest) -> list[str]:
+        key = self.key(request)
+        urls = self._urls_of.get(key) if key is not None else None
+        return list(urls) if urls else []
 
     def forget(self, url: str, why: str) -> None:
         """Drop an endpoint's keys now (it left membership)."""

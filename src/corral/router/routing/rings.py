@@ -62,15 +62,14 @@ class Ring:
         n = len(self.endpoints)
         size = len(self.hashes)
         start = bisect.bisect_left(self.hashes, key_hash)
-        seen = [False] * n
-        found = 0
+        seen: set[int] = set()  # not a list of n flags: a walk usually stops after a few
+        owners, endpoints = self.owners, self.endpoints
         for k in range(size):
-            owner = self.owners[(start + k) % size]
-            if not seen[owner]:
-                seen[owner] = True
-                yield self.endpoints[owner]
-                found += 1
-                if found == n:
+            owner = owners[(start + k) % size]
+            if owner not in seen:
+                seen.add(owner)
+                yield endpoints[owner]
+                if len(seen) == n:
                     return
 
     def ordered(self, key_hash: int, pool: Sequence[Endpoint]) -> list[Endpoint]:
