@@ -13,6 +13,7 @@ from corral.engine_state import EngineState
 from corral.router.membership.endpoint import Endpoint
 from corral.router.membership.membership import Membership
 from corral.router.routing.filters import SAMPLED, SCORE_ALL_UP_TO, candidates_for
+from corral.router.routing.prefix_memory import PrefixMemory
 from corral.router.routing.request import RouteRequest
 from corral.router.routing.selector import build_policy
 
@@ -72,3 +73,17 @@ def test_on_a_large_fleet_the_prefix_policy_returns_to_the_holder_of_a_prompt() 
             chosen = policy.pick(membership.eligible("m"), chat(system, f"turn {turn}"))
             assert homes.setdefault(group, chosen) is chosen
     assert len({id(e) for e in homes.values()}) > 40
+
+
+def test_the_prefix_memory_names_the_holders_of_a_key_as_it_forgets_them() -> None:
+    memory = PrefixMemory(keys_per_endpoint=2)
+    a, b = fleet(2)
+    first, second, third = (chat(f"group {g} " + "system prompt " * 20, "q") for g in range(3))
+    memory.sent(first, a)
+    memory.sent(first, b)
+    memory.sent(second, a)
+    assert sorted(memory.holders(first)) == [a.url, b.url] and memory.holders(second) == [a.url]
+    memory.sent(third, a)  # a keeps two keys: `first`, its oldest, is forgotten there
+    assert memory.holders(first) == [b.url] and memory.holders(third) == [a.url]
+    memory.forget(b.url, "left")
+    assert memory.holders(first) == [] and memory.holders(chat("short", "q")) == []

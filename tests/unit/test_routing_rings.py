@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 import corral.router.routing.request as request_module
 from corral.engine_state import EngineState
 from corral.router.membership.endpoint import Endpoint
+from corral.router.membership.membership import Membership
 from corral.router.routing.load_board import LoadBoard
 from corral.router.routing.policies import LeastRequest, SessionAffinity
 from corral.router.routing.request import RouteRequest
-from corral.router.membership.membership import Membership
-from corral.router.routing.rings import RING_CACHE_SIZE, VIRTUAL_NODES, RingCache
+from corral.router.routing.rings import RING_CACHE_SIZE, RingCache
 from corral.router.routing.scorers import PickContext, SessionScorer
 
 
@@ -72,7 +72,7 @@ def test_ordered_is_the_walk_filtered_to_the_pool(n: int, key: int, data: st.Dat
     assert ring.ordered(key, [*pool, outsider]) == [e for e in ring.walk(key) if id(e) in wanted]
 
 
-def test_a_membership_set_finds_its_ring_by_identity_and_a_rebuild_rehashes_nothing_known() -> None:
+def test_a_membership_set_finds_its_ring_by_identity_and_a_change_rehashes_nothing_known() -> None:
     m = Membership()
     for e in fleet(5):
         m.add(e, "test")
@@ -83,4 +83,16 @@ def test_a_membership_set_finds_its_ring_by_identity_and_a_rebuild_rehashes_noth
     m.add(Endpoint("http://10.0.0.9:8000", frozenset({"m"}), EngineState.READY), "test")
     bigger = cache.ring(m.eligible("m"))
     assert bigger is not ring and len(bigger.endpoints) == 6
-    assert bigger.hashes == sorted(bigger.hashes) and len(bigger.hashes) == 6 * VIRTUAL_NODES
+
+
+@given(st.integers(2, 30), st.data())
+def test_a_ring_of_a_set_is_the_shared_ring_walked_past_the_others(n: int, data: st.DataObject) -> None:
+    """Sets seen one after another (as membership changes) walk exactly as a ring of each set alone."""
+    endpoints = fleet(n)
+    cache = RingCache()
+    for _ in range(3):
+        subset = data.draw(st.lists(st.sampled_from(endpoints), unique_by=id, min_size=1, max_size=n))
+        key = data.draw(st.integers(0, 2**64 - 1))
+        alone = RingCache().ring(subset)
+        assert list(cache.ring(subset).walk(key)) == list(alone.walk(key))
+        assert sorted(id(e) for e in alone.walk(key)) == sorted(id(e) for e in subset)

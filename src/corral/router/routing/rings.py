@@ -1,16 +1,20 @@
 """Consistent-hash rings of virtual nodes over candidate sets, and the one cache that keeps a ring
 per distinct set (a fleet has few); the session policy and the prefix and session scorers walk them.
 
-On a membership `EligibleSet` (the same object for every request until membership changes) the cache
-answers by identity, in O(1); another sequence is looked up by its endpoints' urls. A ring of n
-endpoints answers the first endpoint clockwise from a key in O(log n) (`walk`), and orders a small pool
-of them by their distance from the key in O(pool) (`ordered`), without walking the ring.
+Every endpoint's virtual nodes depend on its url alone, so the ring of a set is the ring of every url
+the cache has seen, walked past the urls not in the set: the cache keeps one sorted ring of all the urls
+it has seen (`Points`), grown by inserting a newcomer's nodes, and a set's `Ring` is a view of it. So a
+membership change (an endpoint leaving, coming back, its state flipping) costs no rehashing and no
+sort. On a membership `EligibleSet` (the same object for every request until membership changes) the
+cache answers by identity; another sequence is looked up by its endpoints' urls. A ring finds the first
+endpoint clockwise from a key in O(log n) (`walk`) and orders a small pool of endpoints by their
+distance from a key in O(pool) (`ordered`).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from hashlib import blake2b
 
 from corral.router.membership.eligible import EligibleSet
@@ -19,8 +23,7 @@ from corral.router.membership.endpoint import Endpoint
 VIRTUAL_NODES = 64
 RING_CACHE_SIZE = 32
 _SPACE = 1 << 64
-# url -> its virtual nodes' hashes, sorted; kept across rings (a ring rebuilt after one endpoint joins
-# hashes only the newcomer), emptied whole past this many urls.
+# Past this many urls ever seen (pods come and go with new addresses), the shared ring starts over.
 POINTS_CACHE_SIZE = 16384
 
 
@@ -34,54 +37,77 @@ def virtual_nodes(url: str, count: int = VIRTUAL_NODES) -> list[int]:
     return sorted(stable_hash(f"{url}#{v}") for v in range(count))
 
 
-class Ring:
-    """Virtual nodes of a fixed endpoint set, sorted by hash."""
+class Points:
+    """The virtual nodes of every url seen, sorted: `hashes[i]` belongs to `urls[i]`."""
 
-    __slots__ = ("_index", "_points", "endpoints", "hashes", "owners")
+    __slots__ = ("hashes", "of", "urls")
 
-    def __init__(
-        self,
-        endpoints: Sequence[Endpoint],
-        virtual_nodes_of: dict[str, list[int]] | None = None,
-    ) -> None:
-        known = virtual_nodes_of if virtual_nodes_of is not None else {}
-        self.endpoints = tuple(endpoints)
-        self._points: list[list[int]] = []
-        for e in self.endpoints:
-            points = known.get(e.url)
-            if points is None:
-                points = known[e.url] = virtual_nodes(e.url)
-            self._points.append(points)
-        self._index = {id(e): i for i, e in enumerate(self.endpoints)}
-        ring = sorted((h, i) for i, points in enumerate(self._points) for h in points)
+    def __init__(self) -> None:
+        self.hashes: list[int] = []
+        self.urls: list[str] = []
+        self.of: dict[str, list[int]] = {}  # url -> its nodes, sorted
+
+    def include(self, urls: Sequence[str]) -> None:
+        new = [u for u in dict.fromkeys(urls) if u not in self.of]
+        if not new:
+            return
+        for url in new:
+            self.of[url] = virtual_nodes(url)
+        if len(new) * VIRTUAL_NODES * 16 < len(self.hashes):  # a few newcomers: insert them in place
+            for url in new:
+                for h in self.of[url]:
+                    i = bisect.bisect_left(self.hashes, h)
+                    self.hashes.insert(i, h)
+                    self.urls.insert(i, url)
+            return
+        ring = sorted((h, url) for url, nodes in self.of.items() for h in nodes)
         self.hashes = [h for h, _ in ring]
-        self.owners = [i for _, i in ring]
+        self.urls = [u for _, u in ring]
+
+
+class Ring:
+    """The ring of a fixed endpoint set: a view of the shared `Points`."""
+
+    __slots__ = ("_members", "_points", "endpoints")
+
+    def __init__(self, endpoints: Sequence[Endpoint], points: Points | None = None) -> None:
+        self.endpoints = tuple(endpoints)
+        if points is None:
+            points = Points()
+        points.include([e.url for e in self.endpoints])
+        self._points = points
+        self._members: Mapping[str, Endpoint] = (
+            endpoints.by_url if isinstance(endpoints, EligibleSet) else {e.url: e for e in self.endpoints}
+        )
 
     def walk(self, key_hash: int) -> Iterator[Endpoint]:
         """Endpoints in ring order clockwise from `key_hash`, each once."""
-        n = len(self.endpoints)
-        size = len(self.hashes)
-        start = bisect.bisect_left(self.hashes, key_hash)
-        seen: set[int] = set()  # not a list of n flags: a walk usually stops after a few
-        owners, endpoints = self.owners, self.endpoints
+        members = self._members
+        n = len(members)
+        hashes, urls = self._points.hashes, self._points.urls
+        size = len(hashes)
+        start = bisect.bisect_left(hashes, key_hash)
+        seen: set[str] = set()  # not n flags: a walk usually stops after a few
         for k in range(size):
-            owner = owners[(start + k) % size]
-            if owner not in seen:
-                seen.add(owner)
-                yield endpoints[owner]
+            url = urls[(start + k) % size]
+            if url not in seen:
+                endpoint = members.get(url)
+                if endpoint is None:
+                    continue
+                seen.add(url)
+                yield endpoint
                 if len(seen) == n:
                     return
 
     def ordered(self, key_hash: int, pool: Sequence[Endpoint]) -> list[Endpoint]:
         """The endpoints of `pool` on this ring in the order `walk(key_hash)` meets them (others are
         left out): each by the clockwise distance from the key to its nearest virtual node."""
-        index, points_of = self._index, self._points
+        members, nodes_of = self._members, self._points.of
         ranked: list[tuple[int, int, Endpoint]] = []
-        for e in pool:
-            i = index.get(id(e))
-            if i is None or self.endpoints[i] is not e:
+        for i, e in enumerate(pool):
+            if members.get(e.url) is not e:
                 continue
-            points = points_of[i]
+            points = nodes_of[e.url]
             j = bisect.bisect_left(points, key_hash)
             distance = points[j] - key_hash if j < len(points) else points[0] + _SPACE - key_hash
             ranked.append((distance, i, e))
@@ -91,7 +117,8 @@ class Ring:
 
 class RingCache:
     """The ring of each candidate set seen lately, rebuilt when the set's endpoints are new objects
-    (an endpoint that left and came back) and emptied whole past `RING_CACHE_SIZE` sets."""
+    (an endpoint that left and came back) and emptied whole past `RING_CACHE_SIZE` sets; every ring a
+    view of one shared `Points`."""
 
     __slots__ = ("_by_identity", "_points", "_rings")
 
@@ -99,7 +126,7 @@ class RingCache:
         self._rings: dict[tuple[str, ...], Ring] = {}
         # id(set) -> (the set, its ring): the set is held so that its id is not reused while cached
         self._by_identity: dict[int, tuple[Sequence[Endpoint], Ring]] = {}
-        self._points: dict[str, list[int]] = {}
+        self._points = Points()
 
     def ring(self, candidates: Sequence[Endpoint]) -> Ring:
         known = self._by_identity.get(id(candidates))
@@ -110,8 +137,10 @@ class RingCache:
         if ring is None or ring.endpoints != tuple(candidates):
             if len(self._rings) >= RING_CACHE_SIZE:
                 self._rings.clear()
-            if len(self._points) >= POINTS_CACHE_SIZE:
-                self._points.clear()
+            if len(self._points.of) >= POINTS_CACHE_SIZE:
+                self._points = Points()
+                self._rings.clear()
+                self._by_identity.clear()
             ring = self._rings[key] = Ring(candidates, self._points)
         if len(self._by_identity) >= RING_CACHE_SIZE:
             self._by_identity.clear()
