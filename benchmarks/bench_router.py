@@ -132,6 +132,14 @@ def wait_ready(proc: Proc, path: str, timeout: float = 60.0) -> None:
     raise SystemExit(f"{proc.name} not ready at {proc.url}{path} after {timeout}s")
 
 
+def router_has_workers_flag() -> bool:
+    """Whether this checkout's `corral router` takes --workers (older ones serve one process only)."""
+    help_text = subprocess.run(
+        [sys.executable, "-m", "corral", "router", "--help"], capture_output=True, text=True, check=False
+    ).stdout
+    return "--workers" in help_text
+
+
 def find_vllm_router(explicit: str | None) -> str | None:
     for candidate in (explicit, str(ROOT / ".bench-venv/bin/vllm-router"), shutil.which("vllm-router")):
         if candidate and Path(candidate).exists():
@@ -253,6 +261,19 @@ def main() -> None:
         help="give each request a system prompt of this many characters, one of 16 groups (request i "
         "is group i %% 16), so the prefix policy keys, scores and remembers every request",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="`corral router --workers` for the `corral` target (1: the single process, compared with "
+        "the Rust router on the same pinned core); ignored by a router without the flag",
+    )
+    parser.add_argument(
+        "--lean-prototype",
+        action="store_true",
+        help="also run `lean-prototype` (benchmarks/lean_server_prototype.py): the proxy path on an "
+        "httptools server protocol with no edge, the floor a server swap could reach",
+    )
     parser.add_argument("--markdown", action="store_true", help="also print a Markdown table")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/out"))
     args = parser.parse_args()
@@ -288,6 +309,7 @@ def main() -> None:
             variants["both"] = variants["off"] + variants["on"]
             tenant_headers["Authorization"] = f"Bearer {tenant_key}"
         chosen = list(variants[args.limits])
+        worker_flags = ["--workers", str(args.workers)] if router_has_workers_flag() else []
         if args.baseline_src:
             chosen.append(("corral-baseline", variants["on"][-1][1]))
         for name, limit_flags in chosen:
@@ -305,6 +327,7 @@ def main() -> None:
                 args.corral_policy,
                 *limit_flags,
                 *(shlex.split(args.corral_args) if name == "corral" else []),
+                *(worker_flags if name != "corral-baseline" else []),
             ]
             for s in sims:
                 argv += ["--backend", s.url]
@@ -316,6 +339,16 @@ def main() -> None:
             wait_ready(corral, "/health")
             headers = tenant_headers if name in ("corral", "corral-baseline") else dict(JSON_HEADERS)
             targets.append(Target(name, [corral.url], corral, headers))
+
+        if args.lean_prototype:
+            port = free_port()
+            argv = [sys.executable, str(ROOT / "benchmarks/lean_server_prototype.py"), "--port", str(port)]
+            for s in sims:
+                argv += ["--backend", s.url]
+            lean = spawn("lean-prototype", argv, f"http://127.0.0.1:{port}", router_cpus, out)
+            procs.append(lean)
+            wait_ready(lean, "/health")
+            targets.append(Target("lean-prototype", [lean.url], lean))
 
         vr = find_vllm_router(args.vllm_router)
         if vr:
@@ -445,10 +478,22 @@ def main() -> None:
                     ratio = cpu_new / cpu_old
                     print(f"{label}: corral / corral-baseline, router CPU per request = {ratio:.3f}")
                     rows["corral"]["cpu_vs_baseline"] = round(ratio, 3)
+            if "lean-prototype" in rows and "vllm-router" in rows and rows["vllm-router"]["rps"]:
+                proto, rust_row = rows["lean-prototype"], rows["vllm-router"]
+                proto["rps_vs_vllm_router"] = round(proto["rps"] / rust_row["rps"], 3)
+                if proto["router_cpu_s_per_1000"] and rust_row["router_cpu_s_per_1000"]:
+                    ratio = proto["router_cpu_s_per_1000"] / rust_row["router_cpu_s_per_1000"]
+                    print(f"{label}: lean-prototype/vllm-router router CPU per request = {ratio:.2f}")
+                    proto["cpu_vs_vllm_router"] = round(ratio, 3)
             if "corral" in rows and "vllm-router" in rows and rows["vllm-router"]["rps"]:
                 ratio = rows["corral"]["rps"] / rows["vllm-router"]["rps"]
                 print(f"{label}: corral/vllm-router requests/s = {ratio:.2f}")
                 rows["corral"]["rps_vs_vllm_router"] = round(ratio, 3)
+                cpu_corral, cpu_rust = (rows[n]["router_cpu_s_per_1000"] for n in ("corral", "vllm-router"))
+                if cpu_corral and cpu_rust:
+                    ratio = cpu_corral / cpu_rust
+                    print(f"{label}: corral/vllm-router router CPU per request = {ratio:.2f}")
+                    rows["corral"]["cpu_vs_vllm_router"] = round(ratio, 3)
         (out / "bench_router.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
         if args.markdown:
             print(markdown(results))
@@ -473,6 +518,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
         "router_cpu_s_per_1000",
         "rps_vs_direct",
         "rps_vs_vllm_router",
+        "cpu_vs_vllm_router",
         "rps_vs_nolimits",
         "cpu_vs_nolimits",
         "rps_vs_baseline",

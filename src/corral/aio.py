@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -14,6 +15,20 @@ T = TypeVar("T")
 
 def run(main: Coroutine[Any, Any, T]) -> T:
     return uvloop.run(main)
+
+
+# Net allocations of tracked objects between young-generation collections (CPython's default: 700).
+SERVING_GC_THRESHOLD = 20_000
+
+
+def settle_heap() -> None:
+    """Once a server has started: freeze what startup allocated (imports, config, the app) out of the
+    cyclic collector's reach, so that its full collections stop re-walking it, and run young
+    collections less often. A request's objects die by reference counting; the collector only
+    finds the rare cycle, so collecting it every 700 allocations costs a hot path CPU for nothing."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(SERVING_GC_THRESHOLD, 10, 10)
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

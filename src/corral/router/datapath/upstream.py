@@ -395,10 +395,9 @@ class UpstreamClient:
         """Send `method raw_path` with `body` to the engine at `base_url`; returns once the status and
         headers arrived. `headers` must not carry Host, Content-Length or hop-by-hop headers."""
         pool = self._pool(base_url)
-        lines = [f"{method} {raw_path} HTTP/1.1\r\nHost: {pool.host}:{pool.port}\r\n"]
-        lines.extend(f"{name}: {value}\r\n" for name, value in headers)
-        lines.append(f"Content-Length: {len(body)}\r\n\r\n")
-        request = "".join(lines).encode("latin-1") + body
+        fields = "".join([f"{name}: {value}\r\n" for name, value in headers])
+        start = f"{method} {raw_path} HTTP/1.1\r\nHost: {pool.host}:{pool.port}\r\n{fields}"
+        request = f"{start}Content-Length: {len(body)}\r\n\r\n".encode("latin-1") + body
         head = method == "HEAD"
         conn = pool.take()
         if conn is not None:
