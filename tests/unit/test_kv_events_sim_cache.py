@@ -31,6 +31,7 @@ def test_stored_blocks_carry_vllms_hashes_and_their_tokens() -> None:
         lora_name=None,
         extra_keys=[None] * 4,
         group_idx=0,
+        kv_cache_spec_kind="full_attention",
     )
     cache.insert(hashes, token_ids=TOKENS)
     assert events.take() == []  # nothing new: no event

@@ -21,6 +21,9 @@ from corral.engine.kv_events import (
     block_hashes,
 )
 
+# The kind of the one KV cache group a plain decoder has (vLLM's KVCacheSpecKind.FULL_ATTENTION).
+FULL_ATTENTION = "full_attention"
+
 
 @dataclass(frozen=True)
 class CachedLora:
@@ -75,6 +78,7 @@ class CacheEvents:
                     # vLLM lists each block's keys even when none has any: [None, ...] for plain text.
                     extra_keys=[(lora.name,) if lora else None] * (index + 1 - first),
                     group_idx=0,
+                    kv_cache_spec_kind=FULL_ATTENTION,
                 )
             )
             run_start = i + 1
