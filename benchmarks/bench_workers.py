@@ -10,19 +10,22 @@ Layouts (`--layout`, on a 2-core machine; CPU ids are taken from this process's 
 Workloads: closed loop, `--clients` clients, zero think time, non-streamed and streamed chat. Each row:
 requests/s, p50/p99, the router's CPU-seconds per 1000 requests (every worker's, parent included), the
 CPU each side used per second of wall time (the router; the load generator with the simulators), and
-how the requests split across workers (from the router's merged /metrics).
+how the requests split across workers (from the router's merged /metrics); before the load, the
+router's idle CPU (each worker probes the engines on its own).
 
 The model for C cores: a worker serves at most 1000 / (router CPU-s per 1000) requests per second of
 one core, and the load generator with the simulators costs their CPU-s per 1000 requests; with R cores
 for the router and C - R for the rest, requests/s ≈ min(R x per-core rate, (C - R) / their cost).
 
     .venv/bin/python benchmarks/bench_workers.py [--seconds 10] [--layout pinned,spread] [--workers 1,2]
+        [--corral-args '--policy prefix']
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import time
 import urllib.request
@@ -120,7 +123,9 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2", help="worker counts to compare, comma-separated")
     parser.add_argument("--layout", default="pinned,spread", help="pinned, spread, or both (comma-separated)")
     parser.add_argument("--model-cores", type=int, default=16)
+    parser.add_argument("--idle-seconds", type=float, default=5.0, help="idle CPU read before the load")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "out"))
+    parser.add_argument("--corral-args", default="", help="extra `corral router` flags, shell-split")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -138,6 +143,7 @@ def main() -> None:
                 port = free_port()
                 argv = [sys.executable, "-m", "corral", "router", "--host", "127.0.0.1", "--port", str(port)]
                 argv += ["--workers", str(count), *(a for s in sims for a in ("--backend", s.url))]
+                argv += shlex.split(args.corral_args)
                 label = f"{layout} --workers {count}"
                 router = spawn(
                     f"router-{layout}-{count}", argv, f"http://127.0.0.1:{port}", layouts[layout], out
@@ -145,6 +151,10 @@ def main() -> None:
                 try:
                     wait_ready(router, "/health")
                     time.sleep(1.0)  # every worker has probed the simulators
+                    idle_from = router.cpu_seconds()
+                    time.sleep(args.idle_seconds)
+                    idle = (router.cpu_seconds() - idle_from) / args.idle_seconds
+                    print(f"{label}: idle router {idle * 100:.1f}% of a core", flush=True)
                     uvloop.run(
                         run_closed_loop(
                             "warmup", [router.url + "/v1/chat/completions"],
