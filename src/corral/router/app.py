@@ -59,6 +59,8 @@ ROOT_INFERENCE_PATHS = (
     "/rerank",
     "/invocations",
 )
+# The busiest OpenAI paths, routed by exact match ahead of the `/v1/...` pattern that serves them too.
+HOT_INFERENCE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 # Per-engine management calls: sending them to one engine picked at random would be wrong.
 ENGINE_ONLY_PATHS = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 
@@ -415,7 +417,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     app.router.add_get("/v1/fleet", fleet)
     for path in ENGINE_ONLY_PATHS:
         app.router.add_post(path, engine_only)
-    for path in ROOT_INFERENCE_PATHS:
+    for path in ROOT_INFERENCE_PATHS + HOT_INFERENCE_PATHS:  # exact paths: one dict lookup to route
         app.router.add_post(path, proxy, expect_handler=expect)
     app.router.add_post("/v1/{tail:.*}", proxy, expect_handler=expect)
     app.router.add_route("*", "/{tail:.*}", not_found)
