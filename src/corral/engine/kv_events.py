@@ -242,7 +242,12 @@ def _cbor(value: Any, out: bytearray) -> None:
     elif isinstance(value, (tuple, list)):
         _cbor_head(4, len(value), out)
         for item in value:
-            _cbor(item, out)
+            if type(item) is int and 0 <= item < 24:  # token ids: the common cases inline
+                out.append(item)
+            elif type(item) is int and 0 <= item < 65536:
+                out += bytes((0x18, item) if item < 256 else (0x19, item >> 8, item & 0xFF))
+            else:
+                _cbor(item, out)
     else:
         raise ValueError(f"block hash input of type {type(value).__name__} has no CBOR form here")
 

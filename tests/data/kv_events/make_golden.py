@@ -23,7 +23,8 @@ from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.kv_cache_utils import hash_block_tokens, init_none_hash, maybe_convert_block_hash
 
 HERE = Path(__file__).parent
-TOKENS = [(i * 7919) % 32000 for i in range(100)]
+# Ids below 24, below 256, below 65536 and above: every width an integer takes in CBOR.
+TOKENS = [5, 200, *((i * 104729) % 152000 for i in range(98))]
 BLOCK_SIZE = 16
 
 
@@ -79,6 +80,7 @@ def hash_cases() -> list[dict]:
         ("sha256_cbor", None, None),
         ("sha256_cbor", "42", None),
         ("sha256", None, [(lora, ("cache_salt", "tenant-a"))] + [(lora,)] * 5),
+        ("sha256_cbor", "7", [(lora, ("cache_salt", "tenant-a"))] + [(lora,)] * 5),
     ]
     for algo, seed, extra in specs:
         if seed is None:
