@@ -257,7 +257,9 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=8)
     parser.add_argument("--prefill-ms-per-token", type=float, default=0.5)
     parser.add_argument("--eps", type=float, default=1.0, help="load bound of the corral prefix policy")
-    parser.add_argument("--scrape-interval", type=float, default=0.1)
+    parser.add_argument(
+        "--scrape-interval", type=float, default=1.0, help="the routers' /metrics period (their default)"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--only", default="", help="comma-separated target names to run (default: all)")
     parser.add_argument("--vllm-router", default=None)
@@ -295,8 +297,16 @@ def main() -> None:
             argv = [sys.executable, "-m", "corral", "sim", "--host", "127.0.0.1", "--port", str(port)]
             argv += ["--model", MODEL, "--seed", str(i), *sim_args]
             if events is not None:
-                events.append(f"tcp://127.0.0.1:{free_port()}")
-                kv_config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": events[-1]}
+                # the sim binds its publisher on a wildcard (vLLM connects out to any other tcp address)
+                # and the routers connect to it, replaying what they missed from the replay socket
+                pub, replay = free_port(), free_port()
+                events.append(f"tcp://127.0.0.1:{pub},tcp://127.0.0.1:{replay}")
+                kv_config = {
+                    "enable_kv_cache_events": True,
+                    "publisher": "zmq",
+                    "endpoint": f"tcp://*:{pub}",
+                    "replay_endpoint": f"tcp://*:{replay}",
+                }
                 argv += ["--kv-events-config", orjson.dumps(kv_config).decode()]
             sims.append(spawn(f"prefix-sim-{i}", argv, f"http://127.0.0.1:{port}", None, out))
         for s in sims:

@@ -42,6 +42,9 @@ async def _send_groups(url: str, groups: int, users: int) -> None:
 
 
 def test_prefix_policy_keeps_each_group_on_one_engines_cache() -> None:
+    """Six groups, first sent one at a time on an idle fleet: each new prefix goes to the engine with
+    the most headroom (the fewest recent picks), not to its hash, so every engine holds two groups and
+    serves their later users (hashing six groups onto three engines is even one time in eight)."""
     args = (*SIM_ARGS[:-2], "--max-model-len", "2048")
     sims = [start_sim(None, *args) for _ in range(3)]
     router, url = start_router(*(u for _, u in sims), extra=("--policy", "prefix"))
@@ -58,6 +61,8 @@ def test_prefix_policy_keeps_each_group_on_one_engines_cache() -> None:
         with urllib.request.urlopen(url + "/v1/fleet", timeout=2.0) as resp:
             fleet = orjson.loads(resp.read())
         assert sum(e["requests_sent"] for e in fleet["endpoints"]) == 24
+        assert [e["prefix_memory"]["keys"] for e in fleet["endpoints"]] == [2, 2, 2], fleet
+        assert [e["requests_sent"] for e in fleet["endpoints"]] == [8, 8, 8], fleet
     finally:
         router.stop()
         for proc, _ in sims:

@@ -137,3 +137,16 @@ def test_the_ring_placement_is_a_routing_config_choice() -> None:
     assert (
         build_scored("prefix", config, LoadBoard(), "x-session-id", 1, PrefixMemory()).placement == "headroom"
     )
+
+
+def test_an_idle_prefix_held_twice_stays_on_one_holder() -> None:
+    """Recent picks place new prefixes only: with nothing in flight, a prefix two engines hold goes to
+    the same one every time (ring order), so it does not fill both caches."""
+    endpoints = fleet(4)
+    memory = PrefixMemory()
+    a, b = endpoints[0], endpoints[3]
+    memory.sent(request(4), a)
+    memory.sent(request(4), b)
+    scored = policy(board_of(endpoints), memory)
+    picked = {scored.pick(endpoints, request(4, user)).url for user in range(6)}
+    assert len(picked) == 1 and picked <= {a.url, b.url}
