@@ -91,6 +91,7 @@ class Proxy:
     wake_on_demand: WakeOnDemand | None = None  # set by the app with --wake-hold-seconds
     # The client's Authorization goes upstream only on an open router with no engine key: a tenant's
     # key (--api-keys-file) is the router's, and --engine-api-key-file sends the engine's own instead.
+    # Set exactly when the router has tenants.
     drop_client_authorization = False
     engine_authorization: str | None = None  # "Bearer <engine key>"
 
@@ -176,7 +177,9 @@ class Proxy:
             payload = parsed
             model = parsed.get("model")
         membership = self._membership
-        tenant = tenant_of(request)  # a tenant sees only its `models`; any other is unknown to it
+        # a tenant sees only its `models`; any other is unknown to it (an open router has no tenants,
+        # and asking the request for one that is not there costs a KeyError)
+        tenant = tenant_of(request) if self.drop_client_authorization else None
         if model is None:
             known = [m for m in membership.known_models() if tenant is None or tenant.serves(m)]
             if len(known) == 1:
