@@ -4,9 +4,9 @@ once the supervisor's state stream says READY too). A backend may be declared a 
 engine (`--prefill`, `--decode`, a backends file's `role=`).
 
 A background task asks every backend concurrently, with a timeout, at start and then every
-`refresh_seconds`; the answers update what each endpoint serves, and its `/version` the P/D pairing
-identity (`engine_identity`) that an engine without a supervisor has. Nothing here runs on the
-request path.
+`refresh_seconds` (a fleet too large for `PROBES_PER_SECOND` over a longer round, spread evenly); the
+answers update what each endpoint serves, and its `/version` the P/D pairing identity
+(`engine_identity`) that an engine without a supervisor has. Nothing here runs on the request path.
 """
 
 from __future__ import annotations
@@ -26,6 +26,11 @@ from corral.router.membership.groups import GroupTag
 from corral.router.telemetry.metrics import RouterMetrics
 
 log = logging.getLogger("corral.router.static_source")
+
+# Past PROBES_PER_SECOND x --models-refresh-seconds backends, each is asked less often than the refresh
+# interval: the whole fleet at most this many probes a second, started a few at a time.
+PROBES_PER_SECOND = 50
+PROBES_PER_TICK = 5
 
 
 class StaticSource:
@@ -158,9 +163,22 @@ class StaticSource:
             self._session = None
 
     async def _run(self) -> None:
+        await self.refresh()  # the first round at once: every backend becomes READY as soon as it can
         while True:
-            await self.refresh()
             await asyncio.sleep(self._refresh_seconds)
+            if len(self._urls) <= PROBES_PER_SECOND * self._refresh_seconds:
+                await self.refresh()
+                continue
+            # A large fleet: one round over every backend, its probes spread evenly at the budget's
+            # pace (1,000 backends are not asked in one burst, nor more than PROBES_PER_SECOND a second).
+            urls = list(self._urls)
+            step = 1.0 / PROBES_PER_SECOND
+            for start in range(0, len(urls), PROBES_PER_TICK):
+                for url in urls[start : start + PROBES_PER_TICK]:
+                    task = asyncio.create_task(self._probe(url), name=f"corral-router-probe-{url}")
+                    self._probes.add(task)
+                    task.add_done_callback(self._probes.discard)
+                await asyncio.sleep(step * PROBES_PER_TICK)
 
     async def refresh(self) -> None:
         """Ask every backend once, concurrently."""
