@@ -9,6 +9,7 @@ Facts from vLLM 0.32 (distributed/kv_events.py `KVEventBatch`, `ZmqEventPublishe
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import json
@@ -302,6 +303,7 @@ def hash_function(algo: str) -> Callable[[Any], bytes]:
         ) from None
 
 
+@functools.lru_cache(maxsize=16)
 def none_hash(algo: str = DEFAULT_HASH_ALGO, seed: str | None = None) -> bytes:
     """The parent hash of every first block: the hash of the engine's seed."""
     if seed is None:
