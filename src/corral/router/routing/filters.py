@@ -76,19 +76,19 @@ def candidates_for(
 
 def favored(prefix: PrefixScorer | None, ctx: PickContext) -> list[Endpoint]:
     """What a prompt's pick must see on a large fleet besides a sample: the eligible endpoints its
-    prefix holders name (`PrefixHolders.holders`), then its ring home."""
+    prefix holders name (`PrefixHolders.holders`), or, for a prefix no endpoint holds, its ring home
+    (which every replica names alike, so an idle fleet's replicas agree on where a new prefix goes)."""
     if prefix is None:
         return []
-    out: list[Endpoint] = []
     if prefix.holders is not None:
         urls = prefix.holders.holders(ctx.request)
         if urls:
             members = members_by_url(ctx.eligible)
-            out = [e for e in map(members.get, urls) if e is not None]
+            held = [e for e in map(members.get, urls) if e is not None]
+            if held:
+                return held
     key = prefix.key(ctx)
-    if key is not None:
-        out.extend(islice(prefix.rings.ring(ctx.eligible).walk(key), 1))
-    return out
+    return [] if key is None else list(islice(prefix.rings.ring(ctx.eligible).walk(key), 1))
 
 
 def members_by_url(candidates: Sequence[Endpoint]) -> Mapping[str, Endpoint]:
