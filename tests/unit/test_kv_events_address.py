@@ -34,3 +34,9 @@ def test_written_addresses() -> None:
     for bad in ("", "tcp://*:5557,", "a,b,c"):
         with pytest.raises(ValueError, match="KV events address"):
             parse_address(bad, "h")
+
+
+def test_an_engine_whose_publisher_connects_out_has_no_address_to_subscribe_to() -> None:
+    # vLLM binds only a wildcard, ipc or inproc endpoint; at any other tcp address its PUB connects out
+    config = '{"enable_kv_cache_events": true, "endpoint": "tcp://10.0.0.1:5557"}'
+    assert address_from_argv(["--kv-events-config", config], "http://10.0.0.7:8000") is None

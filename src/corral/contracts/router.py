@@ -28,6 +28,7 @@ class SupervisorLink(WireModel):
     role: str | None = None  # what the supervisor's state stream says (issue 16)
     pairing: str | None = None
     connector: str | None = None  # the engine's KV connector, as its supervisor says (issue 17)
+    kv_events: str | None = None  # where the engine publishes KV events, as its supervisor says (issue 17)
 
 
 class SlowStartRamp(WireModel):
@@ -64,6 +65,10 @@ class FleetEndpoint(WireModel):
     # the P/D pairing identity (None: unknown, paired with nothing); absent before issue 16
     role: str = "both"
     pairing: str | None = None
+    # the router's subscription to the engine's KV events and what its index holds from them (issue 17:
+    # endpoint, replay, last_seq, batches, gaps, replays, lost, restarts, index.blocks, ...); None when
+    # the router does not read the engine's events
+    kv_events: dict[str, Any] | None = None
 
     @property
     def supervisor_url(self) -> str:

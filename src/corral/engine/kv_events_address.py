@@ -68,10 +68,17 @@ def kv_events_config_text(argv: Sequence[str]) -> str | None:
     return found
 
 
+def publisher_binds(endpoint: str) -> bool:
+    """Whether vLLM binds its publisher at `endpoint` (a wildcard host, ipc, inproc) rather than
+    connecting out to a subscriber that binds there (any other tcp address)."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
 def address_from_argv(argv: Sequence[str], engine_url: str) -> KvEventsAddress | None:
     """Where the engine that `argv` starts publishes its KV events, as seen from elsewhere (its wildcard
-    bind becomes `engine_url`'s host); None when it publishes none or the config cannot be read (the
-    engine itself refuses a bad one)."""
+    bind becomes `engine_url`'s host); None when it publishes none, when its publisher connects out to a
+    subscriber of its own (a tcp address without a wildcard host) instead of binding, or when the config
+    cannot be read (the engine itself refuses a bad one)."""
     text = kv_events_config_text(argv)
     if text is None:
         return None
@@ -79,7 +86,7 @@ def address_from_argv(argv: Sequence[str], engine_url: str) -> KvEventsAddress |
         config = parse_kv_events_config(text)
     except ValueError:
         return None
-    if not config.publishing:
+    if not config.publishing or not publisher_binds(config.endpoint):
         return None
     host = urlsplit(engine_url).hostname or "127.0.0.1"
     try:
