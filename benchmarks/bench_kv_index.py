@@ -22,7 +22,7 @@ import time
 from corral.engine_state import EngineState
 from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.kv_holders import KvPrefixHolders
-from corral.router.routing.kv_index import KvIndex, content_chain
+from corral.router.routing.kv_index import DEFAULT_TOTAL_BLOCKS, KvIndex, content_chain
 from corral.router.routing.prefix_memory import PrefixMemory
 from corral.router.routing.request import RouteRequest
 
@@ -129,13 +129,13 @@ def main() -> None:
     ):
         xs.sort()
         print(f"{name}: p50 {statistics.median(xs):,.0f} us, p99 {xs[int(len(xs) * 0.99) - 1]:,.0f} us")
-    print(
-        f"at 100k blocks per engine: "
-        f"{grown / max(index.blocks, 1) * args.engines * 100_000 / 2**30:,.1f} GiB "
-        f"unbounded; the default cap holds {index.total_blocks:,} blocks in all"
-        if args.blocks < 100_000
-        else ""
-    )
+    if args.blocks < 100_000:
+        per_block = grown / max(index.blocks, 1)
+        print(
+            f"at 100k blocks per engine: {per_block * args.engines * 100_000 / 2**30:,.1f} GiB unbounded; "
+            f"the router's default cap ({DEFAULT_TOTAL_BLOCKS:,} blocks in all) holds it to "
+            f"{per_block * DEFAULT_TOTAL_BLOCKS / 2**30:,.2f} GiB (the largest engines' oldest blocks dropped)"
+        )
 
 
 if __name__ == "__main__":

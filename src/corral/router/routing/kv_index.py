@@ -21,8 +21,9 @@ from typing import Any
 
 # A real engine's GPU cache holds tens of thousands of blocks; 200k covers a large one's whole cache.
 DEFAULT_BLOCKS_PER_ENGINE = 200_000
-# At ~150 bytes per block held (benchmarks/bench_kv_index.py), 8M blocks is about 1.2 GB.
-DEFAULT_TOTAL_BLOCKS = 8_000_000
+# At ~160 bytes per block held (benchmarks/bench_kv_index.py), 4M blocks is about 0.6 GB per router
+# process (each --workers worker keeps its own index).
+DEFAULT_TOTAL_BLOCKS = 4_000_000
 # An eviction drops this share of the engine's blocks at once, so a full index rebuilds its dict
 # rarely (amortized O(1) per block) instead of leaving deleted slots at the front of its order.
 _EVICT_SHARE = 8
