@@ -134,7 +134,7 @@ def main() -> None:
         print(
             f"at 100k blocks per engine: {per_block * args.engines * 100_000 / 2**30:,.1f} GiB unbounded; "
             f"the router's default cap ({DEFAULT_TOTAL_BLOCKS:,} blocks in all) holds it to "
-            f"{per_block * DEFAULT_TOTAL_BLOCKS / 2**30:,.2f} GiB (the largest engines' oldest blocks dropped)"
+            f"{per_block * DEFAULT_TOTAL_BLOCKS / 2**30:,.2f} GiB (the largest engines' oldest dropped)"
         )
 
 
