@@ -270,10 +270,12 @@ class SimServer:
                 self.kv_events.start()
             except zmq.ZMQError as exc:
                 cfg = self.kv_events.config
+                where = ", ".join(a for a in (cfg.endpoint, cfg.replay_endpoint) if a)
                 self.log.error(
                     "EngineCore",
                     "kv_events.py:430",
-                    f"could not open the KV events sockets {cfg.endpoint} / {cfg.replay_endpoint}: {exc}",
+                    f"could not open the KV events sockets at {where}: {exc}; give --kv-events-config free "
+                    "ports",
                 )
                 raise StartupFailed(str(exc)) from exc
         runner = web.AppRunner(self.api.build(), handler_cancellation=True, access_log=None)
