@@ -9,6 +9,7 @@ import asyncio
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -21,12 +22,13 @@ from corral.engine.kv_events import (
     BlockStored,
     KVEventBatch,
     block_hashes,
+    decode_batch,
     encode_batch,
     seq_frame,
 )
 from corral.engine.kv_events_address import parse_address
 from corral.engine_state import EngineState
-from corral.router.discovery.kv_events_feed import KvEventFeeds
+from corral.router.discovery.kv_events_feed import KvEventFeeds, apply_batch
 from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.kv_index import KvIndex, content_chain
 
@@ -205,3 +207,18 @@ async def test_a_replay_socket_that_never_answers_does_not_stop_the_live_stream(
     await asyncio.sleep(0.6)
     await publisher.publish(stored(B))
     await eventually(lambda: held(feeds, B) == 3, "the live batch, after the replay gave up")
+
+
+def test_a_batch_vllm_itself_encoded_is_indexed() -> None:
+    # tests/data/kv_events: bytes made by vLLM 0.32's own classes (int hashes up to 2**64 - 1)
+    data = Path(__file__).resolve().parents[1] / "data" / "kv_events"
+    batch = decode_batch((data / "batch_int.msgpack").read_bytes())
+    index = KvIndex()
+    first = KVEventBatch(ts=batch.ts, events=batch.events[:1])
+    apply_batch(index, "http://e:1", first)
+    assert index.longest(content_chain(list(range(32)), 16)) == {"http://e:1": 2}
+    apply_batch(index, "http://e:1", batch)  # ... then removed, then all cleared
+    assert index.blocks == 0
+    # another tier's blocks (medium CPU) are not what a prefill finds on the GPU: not indexed
+    apply_batch(index, "http://e:1", decode_batch((data / "batch_bytes.msgpack").read_bytes()))
+    assert index.blocks == 0
