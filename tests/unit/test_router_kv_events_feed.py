@@ -29,7 +29,7 @@ from corral.engine.kv_events import (
 from corral.engine.kv_events_address import parse_address
 from corral.engine_state import EngineState
 from corral.router.discovery.kv_events_feed import KvEventFeeds, apply_batch
-from corral.router.membership.endpoint import Endpoint
+from corral.router.membership.endpoint import Endpoint, SupervisorView
 from corral.router.routing.kv_index import KvIndex, content_chain
 
 BS = 4
@@ -222,3 +222,17 @@ def test_a_batch_vllm_itself_encoded_is_indexed() -> None:
     # another tier's blocks (medium CPU) are not what a prefill finds on the GPU: not indexed
     apply_batch(index, "http://e:1", decode_batch((data / "batch_bytes.msgpack").read_bytes()))
     assert index.blocks == 0
+
+
+async def test_a_new_prefix_epoch_forgets_the_engine_and_subscribes_again(rig: Rig) -> None:
+    publisher, feeds, members = rig
+    members[0].supervisor = SupervisorView("http://s", prefix_epoch="1")
+    await feeds.start()
+    await eventually(lambda: publisher.replays_served == 1, "the first replay")
+    await asyncio.sleep(0.2)
+    await publisher.publish(stored(A))
+    await eventually(lambda: held(feeds, A) == 4, "stored")
+    publisher.buffer.clear()  # the engine's cache was emptied: nothing to replay
+    members[0].supervisor.prefix_epoch = "2"
+    await eventually(lambda: publisher.replays_served == 2, "subscribed again")
+    assert held(feeds, A) == 0
