@@ -8,11 +8,13 @@ where a missing engine is a failure rather than a silent skip.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -117,14 +119,41 @@ def stop_engine(proc: subprocess.Popen[bytes], log_path: Path) -> None:
     print(f"vLLM log: {log_path}", file=sys.stderr)
 
 
+@dataclass(frozen=True)
+class VllmKvEvents:
+    """Where the shared engine publishes its KV-cache events (`--kv-events-config`)."""
+
+    endpoint: str
+    replay: str
+
+
+@pytest.fixture(scope="session")
+def vllm_kv_events() -> VllmKvEvents:
+    return VllmKvEvents(f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}")
+
+
+def kv_events_args(events: VllmKvEvents) -> list[str]:
+    """The engine binds on every interface (vLLM binds only a wildcard address; it connects to others)."""
+    config = {
+        "enable_kv_cache_events": True,
+        "endpoint": events.endpoint.replace("127.0.0.1", "*"),
+        "replay_endpoint": events.replay.replace("127.0.0.1", "*"),
+    }
+    return ["--kv-events-config", json.dumps(config)]
+
+
 @pytest.fixture(scope="session")
 def vllm_engine(
-    vllm_python: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+    vllm_python: str,
+    tiny_model: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    vllm_kv_events: VllmKvEvents,
 ) -> Iterator[str]:
-    """A plain real vLLM engine (no supervisor) in dev mode, for conformance checks."""
+    """A plain real vLLM engine (no supervisor) in dev mode with KV events on, for conformance checks."""
     port = free_port()
     log_path = tmp_path_factory.mktemp("vllm") / "engine.log"
-    proc = start_engine(vllm_command(vllm_python, tiny_model, port), log_path, {**vllm_env(), **DEV_ENV})
+    command = vllm_command(vllm_python, tiny_model, port, *kv_events_args(vllm_kv_events))
+    proc = start_engine(command, log_path, {**vllm_env(), **DEV_ENV})
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http_200(url + "/health", timeout=300, alive=lambda: proc.poll() is None)
