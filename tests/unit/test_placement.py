@@ -5,6 +5,7 @@ a saturated holder's hot prefix gains exactly one more holder, and the holders s
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from corral.engine_state import EngineState
 from corral.router.membership.endpoint import Endpoint
@@ -150,3 +151,35 @@ def test_an_idle_prefix_held_twice_stays_on_one_holder() -> None:
     scored = policy(board_of(endpoints), memory)
     picked = {scored.pick(endpoints, request(4, user)).url for user in range(6)}
     assert len(picked) == 1 and picked <= {a.url, b.url}
+
+
+class FixedShares:
+    """A `PrefixHolders` answer with graded shares, as the KV-event index gives (longest held prefix)."""
+
+    def __init__(self, shares: dict[str, float]) -> None:
+        self.shares = shares
+        self.taught: list[str] = []
+
+    def held(self, request: RouteRequest, pool: Sequence[Endpoint]) -> list[float]:
+        return [self.shares.get(e.url, 0.0) for e in pool]
+
+    def sent(self, request: RouteRequest, endpoint: Endpoint) -> None:
+        self.taught.append(endpoint.url)
+
+    def holders(self, request: RouteRequest) -> list[str]:
+        return [url for url, share in self.shares.items() if share > 0]
+
+
+def test_graded_shares_place_by_the_same_rule() -> None:
+    """With the KV-event index's graded shares: the longest holder wins while loads are alike, a
+    nearly-as-long holder takes over when the longest is busier, and the pick is taught back."""
+    endpoints = fleet(4)
+    a, b, c, _ = endpoints
+    holders = FixedShares({a.url: 0.3, b.url: 0.9, c.url: 0.85})
+    board = board_of(endpoints)
+    scored = ScoredPolicy("prefix", PREFIX_WEIGHTS, board, eps=1.0, seed=3, holders=holders)
+    assert scored.pick(endpoints, request(1)) is b
+    b.in_flight = 2
+    board.loads[b.url].running = 2
+    assert scored.pick(endpoints, request(1)) is c
+    assert holders.taught == [b.url, c.url]
