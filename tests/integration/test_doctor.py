@@ -115,7 +115,7 @@ def test_sleeping(supervised: list[Supervised], tmp_path: Path) -> None:
     assert httpx.post(s.engine_url + "/sleep", params={"level": 1}, timeout=10).status_code == 200
     code, branches, out = doctor("--supervisor", s.url)
     assert (code, branches) == (1, ["not-ready/sleeping"]), out
-    assert "wake_up" in out
+    assert "corral wake --supervisor" in out and "curl" not in out, out  # the runbook's wake
 
 
 def test_fallback_to_disk(supervised: list[Supervised], tmp_path: Path) -> None:

@@ -224,9 +224,12 @@ async def test_rollout_and_rollback_under_load_lose_nothing(tmp_path: Path) -> N
         assert forward_starts[1]["started"] >= first_gone["started"] + first_gone["seconds"] - 0.01
         back_starts = [s for s in back_record["steps"] if s["step"] == "START"]
         assert back_starts[1]["started"] < back_starts[0]["started"] + back_starts[0]["seconds"]
-        assert forward_record["from_bundles"] == {
-            g: {"name": "initial", "engine_args": ["--itl-ms=5"], "env": {}} for g in ("g0", "g1")
+        initial = {  # `corral up`'s default bundle is runbook-ready: sleep mode and dev endpoints
+            "name": "initial",
+            "engine_args": ["--enable-sleep-mode", "--itl-ms=5"],
+            "env": {"VLLM_SERVER_DEV_MODE": "1"},
         }
+        assert forward_record["from_bundles"] == {g: initial for g in ("g0", "g1")}
         fingerprints = {r["fingerprint"] for r in forward_record["replaced"]}
         assert len(fingerprints) == 1 and fingerprints.isdisjoint(
             {forward_record["fingerprints"][g] for g in ("g0", "g1")}

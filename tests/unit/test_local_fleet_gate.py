@@ -45,3 +45,13 @@ def test_without_a_gate_the_engine_itself_is_the_url(tmp_path: Path) -> None:
     engine = f"http://127.0.0.1:{_flag(sim, '--port')}"
     assert _flag(supervise, "--engine-url") == engine == fleet.engines[0].engine_url
     assert fleet.backends_file.read_text().startswith(f"{engine}=")
+
+
+def test_the_default_bundle_is_runbook_ready_unless_told_or_loading_from_a_daemon() -> None:
+    ready = FleetSpec(sim_args=("--itl-ms=5",)).initial_bundle
+    assert ready.engine_args == ("--enable-sleep-mode", "--itl-ms=5")
+    assert ready.env == {"VLLM_SERVER_DEV_MODE": "1"}
+    plain = FleetSpec(sim_args=("--itl-ms=5",), runbook_ready=False).initial_bundle
+    assert plain.engine_args == ("--itl-ms=5",) and plain.env == {}
+    daemon = FleetSpec(sim_args=("--load-format=ipc_cache",)).initial_bundle  # vLLM refuses sleep mode there
+    assert daemon.engine_args == ("--load-format=ipc_cache",) and daemon.env == {"VLLM_SERVER_DEV_MODE": "1"}

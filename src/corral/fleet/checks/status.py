@@ -14,12 +14,13 @@ async def fetch_fleet(session: aiohttp.ClientSession, router_url: str) -> list[F
     return (await RouterAdminClient(session, RouterAdmin(router_url)).fleet()).endpoints
 
 
-def summary_line(endpoints: list[FleetEndpoint]) -> str:
-    """One line: routable count, then each endpoint's state and in-flight requests."""
+def summary_line(endpoints: list[FleetEndpoint], names: dict[str, str] | None = None) -> str:
+    """One line: routable count, then each engine (by name when `names` maps its URL to one) with its
+    state and in-flight requests, and why it is not routable."""
     routable = sum(1 for e in endpoints if e.routable)
     parts = []
     for e in endpoints:
-        url = e.url.removeprefix("http://")
-        mark = "" if e.routable else " (not routable: " + (e.reason or "-") + ")"
-        parts.append(f"{url} {e.state} in_flight={e.in_flight}{mark}")
+        name = (names or {}).get(e.url) or e.url.removeprefix("http://")
+        mark = "" if e.routable else ", not routable"
+        parts.append(f"{name} {e.state} ({e.in_flight} in flight{mark})")
     return f"{routable}/{len(endpoints)} routable | " + " | ".join(parts)

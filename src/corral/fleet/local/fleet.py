@@ -93,7 +93,10 @@ class FleetSpec:
             return self.bundle
         if not self.runbook_ready:
             return BundleSpec(name="initial", engine_args=self.sim_args)
-        args = self.sim_args if SLEEP_MODE_FLAG in self.sim_args else (SLEEP_MODE_FLAG, *self.sim_args)
+        args = self.sim_args
+        # vLLM refuses sleep mode for weights loaded from a preload daemon (--load-format ipc_cache)
+        if SLEEP_MODE_FLAG not in args and "ipc_cache" not in " ".join(args):
+            args = (SLEEP_MODE_FLAG, *args)
         return BundleSpec(name="initial", engine_args=args, env={DEV_MODE_ENV: "1"})
 
     @property

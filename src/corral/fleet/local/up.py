@@ -297,7 +297,8 @@ async def _watch(fleet: LocalFleet, console: Console, stop: asyncio.Event) -> in
                     )
                 return 1
             try:
-                line = summary_line(await fetch_fleet(session, fleet.router_url))
+                names = {m.engine_url: m.name for m in fleet.engines}
+                line = summary_line(await fetch_fleet(session, fleet.router_url), names)
             except RouterAdminError as exc:
                 line = str(exc)
             now = time.monotonic()
@@ -314,4 +315,8 @@ async def _watch(fleet: LocalFleet, console: Console, stop: asyncio.Event) -> in
 async def _stop(fleet: LocalFleet, console: Console) -> None:
     console.print("stopping router, then engines …")
     codes = await fleet.stop()
-    console.print("stopped: " + ", ".join(f"{name}={code}" for name, code in codes.items()))
+    said = {0: "exited cleanly", None: "no exit code"}
+    console.print(
+        "stopped: "
+        + ", ".join(f"{name} ({said.get(code, f'exit code {code}')})" for name, code in codes.items())
+    )
