@@ -29,7 +29,7 @@ log = logging.getLogger("corral.router.static_source")
 
 # Past PROBES_PER_SECOND x --models-refresh-seconds backends, each is asked less often than the refresh
 # interval: the whole fleet at most this many probes a second, started a few at a time.
-PROBES_PER_SECOND = 50
+PROBES_PER_SECOND = 20
 PROBES_PER_TICK = 5
 
 

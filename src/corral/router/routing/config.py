@@ -6,7 +6,7 @@ their weights, and the knobs of prefix hashing and metrics scraping.
     block_chars: 128              # prefix key: whole blocks of this many prompt characters ...
     key_blocks: 4                 # ... at most this many of them
     scrape_interval: 1.0          # at least this many seconds between /metrics scrapes of one engine
-    scrape_budget: 100            # /metrics scrapes per second for the whole fleet, spread evenly
+    scrape_budget: 50             # /metrics scrapes per second for the whole fleet, spread evenly
     stale_after: 5.0              # older metrics count as saturated (default: 5 scrape periods, >= 0.5 s)
     header: x-corral-policy       # a request may name its policy in this header
     slow_start_seconds: 30        # ramp of an endpoint that becomes routable (default: --slow-start-seconds)
@@ -70,7 +70,7 @@ class RoutingConfig(BaseModel):
     # Once a second per engine at most; past scrape_budget * scrape_interval engines, less often
     # (load_scraper.LoadScraper.period_for): the router's in-flight counts are the live signal.
     scrape_interval: float = Field(default=1.0, ge=0.02)
-    scrape_budget: float = Field(default=100.0, gt=0)
+    scrape_budget: float = Field(default=50.0, gt=0)
     stale_after: float | None = Field(default=None, gt=0)
     header: str = "x-corral-policy"
     slow_start_seconds: float | None = Field(default=None, ge=0, allow_inf_nan=False)

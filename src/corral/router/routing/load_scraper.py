@@ -28,10 +28,12 @@ log = logging.getLogger("corral.router.engine_metrics")
 
 _ROUTING_GAUGES = frozenset({m.RUNNING, m.WAITING, m.KV_USAGE, m.LORA_INFO})
 
-# Scrapes per second the router spends on the whole fleet by default: each costs the router ~0.3 ms of
-# CPU and the engine's API server one request, so 100/s is a few percent of a core (benchmarks/
-# bench_scale.py); past `budget * interval` engines, each is scraped less often than `interval`.
-DEFAULT_BUDGET = 100.0
+# Scrapes per second the router spends on the whole fleet by default: each costs the router ~0.4 ms of
+# CPU and the engine's API server one request (bench_scale: 98 scrapes/s at 1,000 engines were 4-5% of
+# a core), so 50/s keeps an idle router at a few percent; past `budget * interval` engines (50), each
+# engine is scraped less often than `interval` (every 20 s at 1,000) and the router's own in-flight
+# counts are the live signal.
+DEFAULT_BUDGET = 50.0
 # Metrics older than this many scrape periods count as saturated (unless the config fixes stale_after).
 STALE_PERIODS = 5.0
 MIN_STALE_SECONDS = 0.5
