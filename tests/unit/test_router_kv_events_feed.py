@@ -124,7 +124,7 @@ async def rig() -> AsyncIterator[Rig]:
     finally:
         await feeds.stop()
         await publisher.close()
-        ctx.term()
+        ctx.destroy(linger=0)
 
 
 def held(feeds: KvEventFeeds, tokens: list[int]) -> int:

@@ -38,11 +38,17 @@ REPLAY_TIMEOUT_SECONDS = 2.0
 BACKOFF_SECONDS = (0.5, 10.0)
 
 
-def kv_events_address(endpoint: Endpoint) -> KvEventsAddress:
-    """Where `endpoint`'s engine publishes KV events: its supervisor's word, else its source's; a
-    ValueError when the one given cannot be read, LookupError when none is given."""
+def kv_events_text(endpoint: Endpoint) -> str | None:
+    """The `PUB[,REPLAY]` address `endpoint`'s engine publishes at: its supervisor's word, else its
+    membership source's; None when neither gives one."""
     view = endpoint.supervisor
-    text = view.kv_events if view is not None and view.kv_events else endpoint.kv_events
+    return view.kv_events if view is not None and view.kv_events else endpoint.kv_events
+
+
+def kv_events_address(endpoint: Endpoint) -> KvEventsAddress:
+    """Where `endpoint`'s engine publishes KV events, ready to connect to; a ValueError when the one
+    given cannot be read, LookupError when none is given."""
+    text = kv_events_text(endpoint)
     if not text:
         raise LookupError(endpoint.url)
     return parse_address(text, urlsplit(endpoint.url).hostname or "127.0.0.1")
@@ -79,6 +85,7 @@ class EngineEvents:
         self.endpoint = endpoint
         self.url = endpoint.url
         self.address = address
+        self.text = kv_events_text(endpoint)  # as given, to notice a change without parsing it again
         self.index = index
         self.prefix_epoch = _epoch(endpoint)
         self.last_seq: int | None = None
@@ -237,6 +244,7 @@ class KvEventFeeds:
         self.sync_seconds = sync_seconds
         self._feeds: dict[str, EngineEvents] = {}
         self._unreadable: set[str] = set()  # endpoints whose address was refused (logged once)
+        self._stopping: set[asyncio.Task[None]] = set()
         self._ctx: zmq.asyncio.Context | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -249,10 +257,11 @@ class KvEventFeeds:
         tasks = [f.task for f in self._feeds.values() if f.task is not None]
         if self._task is not None:
             tasks.append(self._task)
-        await cancel_tasks(*tasks)
+        await cancel_tasks(*tasks, *self._stopping)
         self._feeds.clear()
         if self._ctx is not None:
-            self._ctx.term()
+            # every socket is closed by its task's end; destroy, not term, so a straggler cannot block
+            self._ctx.destroy(linger=0)
             self._ctx = None
 
     async def _loop(self) -> None:
@@ -270,6 +279,15 @@ class KvEventFeeds:
             return
         seen: set[str] = set()
         for endpoint in self._endpoints():
+            feed = self._feeds.get(endpoint.url)
+            if (
+                feed is not None
+                and feed.endpoint is endpoint
+                and feed.text == kv_events_text(endpoint)
+                and feed.prefix_epoch == _epoch(endpoint)
+            ):
+                seen.add(endpoint.url)  # unchanged: nothing to parse (a resync of 1,000 stays cheap)
+                continue
             try:
                 address = kv_events_address(endpoint)
             except LookupError:
@@ -280,14 +298,7 @@ class KvEventFeeds:
                     log.warning("KV events of %s not followed: %s", endpoint.url, exc)
                 continue
             seen.add(endpoint.url)
-            feed = self._feeds.get(endpoint.url)
             if feed is not None:
-                if (
-                    feed.endpoint is endpoint
-                    and feed.address == address
-                    and feed.prefix_epoch == _epoch(endpoint)
-                ):
-                    continue
                 self._drop(endpoint.url, "its address, engine or prefix epoch changed")
             feed = self._feeds[endpoint.url] = EngineEvents(self._ctx, endpoint, address, self.index)
             feed.start()
@@ -298,6 +309,8 @@ class KvEventFeeds:
         feed = self._feeds.pop(url)
         if feed.task is not None:
             feed.task.cancel()
+            self._stopping.add(feed.task)  # its sockets close when it ends; stop() waits for that
+            feed.task.add_done_callback(self._stopping.discard)
         self.index.forget(url)
         log.info("KV events of %s: unsubscribed, %s", url, why)
 
