@@ -236,3 +236,13 @@ async def test_a_new_prefix_epoch_forgets_the_engine_and_subscribes_again(rig: R
     members[0].supervisor.prefix_epoch = "2"
     await eventually(lambda: publisher.replays_served == 2, "subscribed again")
     assert held(feeds, A) == 0
+
+
+async def test_batches_between_the_connect_replay_and_the_first_live_one_come_by_replay(rig: Rig) -> None:
+    publisher, feeds, _ = rig
+    await feeds.start()
+    await eventually(lambda: publisher.replays_served == 1, "the replay on connect, empty")
+    await asyncio.sleep(0.2)
+    await publisher.publish(stored(A[: 2 * BS]), skip=True)  # published before the SUB had joined
+    await publisher.publish(stored(A, first=2))
+    await eventually(lambda: held(feeds, A) == 4, "seq 0 replayed before seq 1 applied")

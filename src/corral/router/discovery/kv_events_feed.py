@@ -151,9 +151,11 @@ class EngineEvents:
             await self._replay(0)
             if self.last_seq is not None and seq <= self.last_seq:
                 return
-        elif last is not None and seq > last + 1:
+        elif seq > (last + 1 if last is not None else 0):
+            # a gap, or a first live batch that is not the engine's first while the replay on connect
+            # brought nothing (it ran before the batches the subscription joined too late to see)
             self.gaps += 1
-            await self._replay(last + 1)
+            await self._replay(last + 1 if last is not None else 0)
             if self.last_seq is not None and seq <= self.last_seq:
                 return
             if self.last_seq is not None and seq > self.last_seq + 1:
