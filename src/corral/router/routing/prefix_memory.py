@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from corral.router.membership.endpoint import Endpoint
-from corral.router.routing.prompt import prefix_key
+from corral.router.routing.prompt import request_prefix_key
 from corral.router.routing.request import RouteRequest
 
 log = logging.getLogger("corral.router.prefix_memory")
@@ -30,7 +30,6 @@ DEFAULT_KEYS_PER_ENDPOINT = 4096
 # this many of them (the routing config's block_chars and key_blocks).
 DEFAULT_BLOCK_CHARS = 128
 DEFAULT_KEY_BLOCKS = 4
-_DERIVED = "prefix_memory"  # the request's cached key, under RouteRequest.derived
 
 
 def _epoch(endpoint: Endpoint) -> str | None:
@@ -94,14 +93,7 @@ class PrefixMemory:
 
     def key(self, request: RouteRequest) -> int | None:
         """The request's prefix key, computed once per request; None when the prompt has no whole block."""
-        derived = request.derived
-        if derived is None:
-            derived = request.derived = {}
-        elif _DERIVED in derived:
-            cached: int | None = derived[_DERIVED]
-            return cached
-        key = derived[_DERIVED] = prefix_key(request.payload, self.block_chars, self.key_blocks)
-        return key
+        return request_prefix_key(request, self.block_chars, self.key_blocks)
 
     def held(self, request: RouteRequest, pool: Sequence[Endpoint]) -> list[float]:
         key = self.key(request)

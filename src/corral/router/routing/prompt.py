@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from hashlib import blake2b
 from typing import Any
 
+from corral.router.routing.request import RouteRequest
+
 
 def leading_text(payload: Mapping[str, Any] | None, limit: int) -> str:
     """The first `limit` characters of the prompt: chat messages rendered in order (role, then
@@ -59,3 +61,17 @@ def prefix_key(payload: Mapping[str, Any] | None, block_chars: int, key_blocks: 
         return None
     data = text[: blocks * block_chars].encode("utf-8", "surrogatepass")
     return int.from_bytes(blake2b(data, digest_size=8).digest(), "big")
+
+
+def request_prefix_key(request: RouteRequest, block_chars: int, key_blocks: int) -> int | None:
+    """`prefix_key` of the request's body, computed once per request and block shape (kept under
+    `RouteRequest.derived`): the prefix scorer and the prefix memory ask for the same key."""
+    derived = request.derived
+    if derived is None:
+        derived = request.derived = {}
+    name = f"prefix_key/{block_chars}/{key_blocks}"
+    if name in derived:
+        cached: int | None = derived[name]
+        return cached
+    key = derived[name] = prefix_key(request.payload, block_chars, key_blocks)
+    return key

@@ -14,7 +14,7 @@ from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.load_board import LoadBoard
 from corral.router.routing.prefix_holders import PrefixHolders
 from corral.router.routing.prefix_memory import DEFAULT_BLOCK_CHARS, DEFAULT_KEY_BLOCKS
-from corral.router.routing.prompt import prefix_key
+from corral.router.routing.prompt import request_prefix_key
 from corral.router.routing.request import RouteRequest
 from corral.router.routing.rings import RingCache, stable_hash
 
@@ -74,7 +74,7 @@ class PrefixScorer:
 
     def key(self, ctx: PickContext) -> int | None:
         if ctx.prefix_key is None:
-            ctx.prefix_key = prefix_key(ctx.request.payload, self.block_chars, self.key_blocks)
+            ctx.prefix_key = request_prefix_key(ctx.request, self.block_chars, self.key_blocks)
         return ctx.prefix_key
 
     def home_order(self, pool: Sequence[Endpoint], ctx: PickContext) -> list[Endpoint] | None:
