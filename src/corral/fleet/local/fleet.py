@@ -311,9 +311,6 @@ class LocalFleet:
             # one router process (a local fleet is small, and `corral status` reads one /v1/fleet);
             # --router-arg=--workers=N comes after and wins
             router_args += ["--workers", "1"]
-            # one router process (a local fleet is small, and `corral status` reads one /v1/fleet);
-            # --router-arg=--workers=N comes after and wins
-            router_args += ["--workers", "1"]
             # each engine with its supervisor: routed only while it says READY, each drain confirmed
             router_args += ["--backends-file", str(self.backends_file), "--models-refresh-seconds", "1"]
             if self.supervisor_token_file is not None:
