@@ -63,6 +63,7 @@ import orjson
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from corral.fleet.local import ports
 from loadgen import _quantile, chat_body, check_loopback
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,11 +74,7 @@ KINDS = ("completed", "failed_before_stream", "broken")
 
 
 def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return ports.free_port("127.0.0.1")
 
 
 # -- the load ---------------------------------------------------------------------------------------

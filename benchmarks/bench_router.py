@@ -37,6 +37,7 @@ import uvloop
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from corral.fleet.local import ports
 from loadgen import JSON_HEADERS, Report, chat_body, run_closed_loop, run_open_loop
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,11 +54,7 @@ LIMITS_OFF = [
 
 
 def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return ports.free_port("127.0.0.1")
 
 
 @dataclass

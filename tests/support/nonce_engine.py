@@ -31,6 +31,8 @@ from typing import Any
 
 import orjson
 
+from corral.fleet.local.ports import free_port
+
 MODEL = "nonce-model"
 REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 429: b"Too Many Requests", 500: b"Error"}
 
@@ -194,9 +196,7 @@ def _head(status: int, headers: dict[str, str]) -> bytes:
 
 def start(root: Path) -> tuple[subprocess.Popen[bytes], str]:
     """Start the engine as a process on a free loopback port (`root`: the repository, for `-m`)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port("127.0.0.1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.support.nonce_engine", "--port", str(port)],
         cwd=root,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,11 +17,12 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from corral.fleet.local import ports
+
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port for a child to listen on, outside the kernel's ephemeral range (see `ports`)."""
+    return ports.free_port("127.0.0.1")
 
 
 class CorralProcess:

@@ -6,7 +6,6 @@ fleet gets none of it, and the branch reads the engines' /metrics again over rea
 from __future__ import annotations
 
 import asyncio
-import socket
 from typing import Any
 
 from aiohttp import web
@@ -24,6 +23,7 @@ from corral.fleet.checks.doctor_pd import (
     pd_findings,
 )
 from corral.fleet.checks.probe import EngineView, FleetTarget, FleetView
+from corral.fleet.local.ports import free_port
 from corral.sim.core.kv_transfer import KvTransfers
 from corral.sim.http.kv_metrics import KvTransferCollector
 
@@ -148,9 +148,7 @@ def test_an_aggregated_fleet_has_no_pd_branch() -> None:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port("127.0.0.1")
 
 
 async def test_doctor_reads_the_engines_metrics_again_over_http() -> None:

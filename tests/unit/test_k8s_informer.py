@@ -6,7 +6,6 @@ rules (NotReady, evicted without IP, terminating), and removal never waiting for
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from aiohttp import web
 
 from corral.engine_state import EngineState
+from corral.fleet.local.ports import free_port
 from corral.k8s.watch.client import KubePodApi
 from corral.k8s.watch.informer import InformerConfig
 from corral.router.discovery.k8s_pods import PodSource, PodSourceConfig
@@ -29,9 +29,7 @@ LABELS = {"app": "vllm"}
 
 def shared_port() -> int:
     """A port free on 127.0.0.1, used by every engine stub at its own 127.0.0.N address."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port("127.0.0.1")
 
 
 @dataclass

@@ -6,7 +6,6 @@ the endpoint leaves."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -28,6 +27,7 @@ from corral.engine.kv_events import (
 )
 from corral.engine.kv_events_address import parse_address
 from corral.engine_state import EngineState
+from corral.fleet.local.ports import free_port
 from corral.router.discovery.kv_events_feed import KvEventFeeds, apply_batch
 from corral.router.membership.endpoint import Endpoint, SupervisorView
 from corral.router.routing.kv_index import KvIndex, content_chain
@@ -36,9 +36,7 @@ BS = 4
 
 
 def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port("127.0.0.1")
 
 
 class Publisher:

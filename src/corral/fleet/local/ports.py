@@ -1,16 +1,71 @@
 """Ports of a local fleet: a free one for each member, and why the router's port cannot be used (with
-the next free one)."""
+the next free one).
+
+A port handed to a child process is free when it is chosen and bound by the child a moment later. A port
+from `bind(host, 0)` comes from the kernel's ephemeral range, the same range every outgoing connection on
+the machine takes its local port from; under load one of those connections can take the port in that
+moment and the child fails with "address already in use". So `free_port` chooses outside the ephemeral
+range (`/proc/sys/net/ipv4/ip_local_port_range`), where the kernel hands out nothing by itself, checks that
+nobody listens there or holds it in TIME_WAIT, and never hands out the same port twice in one process.
+"""
 
 from __future__ import annotations
 
 import errno
+import random
 import socket
+import threading
+from pathlib import Path
+
+_EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST = 10000  # below this: well-known and registered services people run by hand
+_HIGHEST = 65535
+_handed_out: set[tuple[str, int]] = set()
+_lock = threading.Lock()
+_rng = random.SystemRandom()
 
 
-def free_port(host: str) -> int:
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = (int(v) for v in _EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+    return low, high
+
+
+def _candidate_ranges() -> list[range]:
+    low, high = _ephemeral_range()
+    ranges = [range(_LOWEST, min(low, _HIGHEST + 1)), range(max(high + 1, _LOWEST), _HIGHEST + 1)]
+    return [r for r in ranges if len(r) > 0]
+
+
+def _free_now(host: str, port: int) -> bool:
+    """Nobody listens on or is connected from `host:port`, and it is not in TIME_WAIT (no SO_REUSEADDR)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port on `host` that is free now, outside the kernel's ephemeral range, not handed out before by
+    this process. Falls back to a kernel-chosen port when the machine leaves no range outside."""
+    ranges = _candidate_ranges()
+    with _lock:
+        for _ in range(200 if ranges else 0):
+            r = _rng.choice(ranges)
+            port = _rng.randrange(r.start, r.stop)
+            if (host, port) in _handed_out or not _free_now(host, port):
+                continue
+            _handed_out.add((host, port))
+            return port
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        _handed_out.add((host, port))
+        return port
 
 
 def _bindable(host: str, port: int) -> bool:
