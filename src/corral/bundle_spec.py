@@ -89,9 +89,25 @@ def bundle_from_json(body: Any, where: str) -> BundleSpec:
         return BundleSpec.model_validate(body)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}" for err in exc.errors()
+            f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {_plain(err)}" for err in exc.errors()
         )
         raise BundleError(f"{where}: {problems}") from None
+
+
+# what a wrong type answers, in the words of the file rather than the validator's
+_WANTED = {
+    "tuple_type": 'a list of strings, e.g. ["--max-model-len", "8192"]',
+    "list_type": 'a list of strings, e.g. ["--max-model-len", "8192"]',
+    "dict_type": "a mapping of names to strings, e.g. {CORRAL_IMAGE: img:2}",
+    "string_type": "a string (quote it if YAML reads it as a number or true/false)",
+}
+
+
+def _plain(err: Any) -> str:
+    wanted = _WANTED.get(err["type"])
+    if wanted is None:
+        return str(err["msg"])
+    return f"write {wanted}; it is {err['input']!r}"
 
 
 def load_bundle(path: Path) -> BundleSpec:
