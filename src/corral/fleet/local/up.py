@@ -26,6 +26,7 @@ from corral.clients.access import RouterAdminError
 from corral.fleet.checks.status import fetch_fleet, summary_line
 from corral.fleet.local.control import FleetControl, write_token_file
 from corral.fleet.local.fleet import FleetSpec, LocalFleet
+from corral.fleet.local.fleet_config import FleetConfigError, config_bundle, load_fleet_config, up_values
 from corral.fleet.local.ownership import FleetFiles, FleetInUse
 from corral.fleet.local.ports import port_problem
 from corral.fleet.local.roles import RoleCountError, role_groups
@@ -34,6 +35,14 @@ from corral.supervisor.lifecycle.config import is_loopback
 
 
 @click.command()
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A fleet.yaml describing the fleet (docs/fleet-yaml.md); a flag given on the command line "
+    "overrides the file's value.",
+)
 @click.option(
     "--engines",
     "-n",
@@ -152,9 +161,28 @@ def up(
     drain_timeout: float,
     no_gate: bool,
     no_sleep_mode: bool,
+    config_file: Path | None,
 ) -> None:
     """Start a local fleet: simulated engines and a router on loopback, until Ctrl-C."""
     console = Console(highlight=False, soft_wrap=True)
+    bundle = None
+    if config_file is not None:
+        ctx = click.get_current_context()
+        try:
+            config, given = load_fleet_config(config_file)
+            bundle = config_bundle(config, config_file)
+        except FleetConfigError as exc:
+            raise click.UsageError(str(exc)) from None
+        from_file = up_values(config, config_file, given)
+        if any(_typed(ctx, k) for k in ("engines", "prefill", "decode")):  # the command line's counts
+            from_file = {k: v for k, v in from_file.items() if k not in ("engines", "prefill", "decode")}
+        p = {**ctx.params, **{k: v for k, v in from_file.items() if not _typed(ctx, k)}}
+        if sim_args:  # --sim-arg on the command line replaces the file's bundle
+            bundle = None
+        engines, prefill, decode, group_size = p["engines"], p["prefill"], p["decode"], p["group_size"]
+        port, host, model, policy = p["port"], p["host"], p["model"], p["policy"]
+        drain_timeout, no_gate, no_sleep_mode = p["drain_timeout"], p["no_gate"], p["no_sleep_mode"]
+        startup_timeout, stop_grace, router_args = p["startup_timeout"], p["stop_grace"], p["router_args"]
     if engines is not None and (prefill or decode):
         raise click.UsageError(
             "use either --engines N (engines that do prefill and decode) or --prefill N --decode M "
@@ -165,7 +193,6 @@ def up(
         role_groups(engines, prefill, decode, group_size)
     except RoleCountError as exc:
         raise click.UsageError(str(exc)) from None
-    bundle = None
     if bundle_file is not None:
         if sim_args:
             raise click.UsageError("Use either --bundle or --sim-arg: a bundle names its engine_args.")
@@ -211,6 +238,11 @@ def up(
     finally:
         files.release()  # ours: claimed above, so no other fleet's files
     raise SystemExit(code)
+
+
+def _typed(ctx: click.Context, name: str) -> bool:
+    """Whether the user gave this option on the command line (it then wins over --config)."""
+    return ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
 
 
 def _bad_input(message: str) -> NoReturn:
@@ -261,7 +293,7 @@ async def _up(fleet: LocalFleet, token_file: Path, console: Console) -> int:
     )
     url = fleet.router_url
     console.print(f"[green]fleet ready[/green] in {time.monotonic() - started:.1f}s")
-    console.print(f"router: [bold]{url}[/bold]")
+    console.print(f"router: [bold]{url}[/bold]   dashboard: [bold]{url}/dashboard[/bold]")
     body = orjson.dumps({"model": spec.model, "messages": [{"role": "user", "content": "Hello"}]}).decode()
     console.print(
         f"try:    curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'",
