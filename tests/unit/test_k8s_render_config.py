@@ -98,7 +98,7 @@ def test_every_problem_is_reported_at_once() -> None:
     data = copy.deepcopy(seed())
     data["startup"]["read_gbps"] = -1
     data["router"]["replicas"] = 0
-    del data["image"]
+    data["image"] = ""
     message = problems_of(data)
     assert "3 problem(s)" in message
     for field in ("startup.read_gbps", "router.replicas", "image"):

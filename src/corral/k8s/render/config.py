@@ -8,8 +8,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from corral.k8s.render.images_config import ImagesSpec, fill_default_images
 from corral.k8s.render.pd_config import PdSpec
 from corral.router.routing.request import POLICY_NAMES
 from corral.supervisor.checks.dependencies import GateSpecError, parse_gate
@@ -318,7 +319,9 @@ class AdminKeySpec(_Section):
 
 class RouterSpec(_Section):
     replicas: int = Field(default=2, ge=1, description="router pods")
-    image: str | None = Field(default=None, description="router image; null uses the engine image")
+    image: str | None = Field(
+        default=None, description="router image; null: the Corral router image from images.registry"
+    )
     port: Port = Field(default=8000, description="the router's port, in the pod and on its Service")
     policy: str = Field(default="least_request", description=f"one of {', '.join(POLICY_NAMES)}")
     cpu: str | None = Field(default=None, description="CPU request and limit")
@@ -477,7 +480,12 @@ class CorralDeployment(_Section):
     )
     namespace: str = Field(default="default", pattern=_DNS_LABEL, max_length=63, description="a namespace")
     labels: dict[str, str] = Field(default_factory=dict, description="extra labels on every object")
-    image: str = Field(min_length=1, description="engine image: vLLM with corral installed")
+    image: str = Field(
+        min_length=1,
+        description="engine image: vLLM with corral installed; left out: the Corral engine image from "
+        "images.registry",
+    )
+    images: ImagesSpec = Field(default_factory=ImagesSpec, description="where the default images come from")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     replicas: int = Field(ge=1, description="engines (with pd: left out, each role has its own)")
     model: ModelSpec
@@ -498,6 +506,11 @@ class CorralDeployment(_Section):
         description="a prefill/decode fleet: {kv_transfer_config, side_channel_port, prefill: {replicas, "
         "gpu_capacity, ...}, decode: {...}} instead of replicas and gpu.capacity",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_images(cls, data: Any) -> Any:
+        return fill_default_images(data)
 
     @field_validator("labels")
     @classmethod
