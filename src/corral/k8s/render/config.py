@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from corral.k8s.render.images_config import ImagesSpec, fill_default_images
+from corral.k8s.render.monitoring_config import MonitoringSpec
 from corral.k8s.render.pd_config import PdSpec
 from corral.router.routing.request import POLICY_NAMES
 from corral.supervisor.checks.dependencies import GateSpecError, parse_gate
@@ -501,6 +502,9 @@ class CorralDeployment(_Section):
     token: TokenSpec = Field(default_factory=TokenSpec)
     security: SecuritySpec = Field(default_factory=SecuritySpec)
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
+    monitoring: MonitoringSpec = Field(
+        default_factory=MonitoringSpec, description="Grafana dashboard, alerts and ServiceMonitors (all off)"
+    )
     pd: PdSpec | None = Field(
         default=None,
         description="a prefill/decode fleet: {kv_transfer_config, side_channel_port, prefill: {replicas, "

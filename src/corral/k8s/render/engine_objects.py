@@ -285,11 +285,16 @@ def engine_network_policy(config: CorralDeployment) -> Obj:
         {"from": [{"podSelector": {"matchLabels": commands.router_selector(config)}}], "ports": tcp}
     ]
     peers = config.network_policy.supervisor_from
+    scrapes_gate = config.monitoring.service_monitors
     if peers:
         ingress.append(
             {
                 "from": [_peer(p) for p in peers],
-                "ports": [{"port": config.supervisor.port, "protocol": "TCP"}],
+                "ports": [
+                    {"port": config.supervisor.port, "protocol": "TCP"},
+                    # ServiceMonitors scrape vLLM's /metrics through the gate too
+                    *([{"port": config.supervisor.gate_port, "protocol": "TCP"}] if scrapes_gate else []),
+                ],
             }
         )
     return {

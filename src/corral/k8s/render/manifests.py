@@ -36,6 +36,7 @@ from corral.k8s.render.engine_objects import (
     engine_pdb,
     engine_service,
 )
+from corral.k8s.render.monitoring_objects import monitoring_objects
 from corral.k8s.render.parts import Obj, disruption_budget, router_name
 from corral.k8s.render.pd_objects import pd_engine_objects, pd_network_policy
 from corral.k8s.render.router_objects import (
@@ -101,4 +102,5 @@ def render(config: CorralDeployment, budgets: Budgets) -> list[Manifest]:
                 disruption_budget(config, router_name(config), commands.router_selector(config), "router", 1),
             )
         )
+    manifests.extend(Manifest(name, obj) for name, obj in monitoring_objects(config, budgets))
     return manifests
