@@ -274,8 +274,9 @@ def _peer(peer: PeerSpec) -> Obj:
 
 def engine_network_policy(config: CorralDeployment) -> Obj:
     """Only this deployment's routers reach the engine pods' gate and supervisor ports; nothing else
-    reaches them at all (configured scrapers: the supervisor port only). The kubelet's probes come
-    from the node, which NetworkPolicies do not block."""
+    reaches them at all (configured scrapers: the supervisor port, plus the gate port when
+    monitoring.service_monitors scrapes vLLM's /metrics through it). The kubelet's probes come from
+    the node, which NetworkPolicies do not block."""
     selector = commands.engine_selector(config)
     tcp = [
         {"port": config.supervisor.gate_port, "protocol": "TCP"},
