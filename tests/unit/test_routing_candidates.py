@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from corral.engine_state import EngineState
 from corral.router.membership.endpoint import Endpoint
 from corral.router.membership.membership import Membership
-from corral.router.routing.filters import SAMPLED, SCORE_ALL_UP_TO, candidates_for
+from corral.router.routing.filters import SAMPLED, SCORE_ALL_UP_TO, candidates_for, first_holders
 from corral.router.routing.prefix_memory import PrefixMemory
 from corral.router.routing.request import RouteRequest
 from corral.router.routing.selector import build_policy
@@ -87,3 +87,19 @@ def test_the_prefix_memory_names_the_holders_of_a_key_as_it_forgets_them() -> No
     assert memory.holders(first) == [b.url] and memory.holders(third) == [a.url]
     memory.forget(b.url, "left")
     assert memory.holders(first) == [] and memory.holders(chat("short", "q")) == []
+
+
+@given(st.lists(st.integers(0, 3), min_size=0, max_size=40), st.integers(1, 3), st.integers(1, 6))
+def test_a_hot_prefix_scores_a_bounded_number_of_its_holders_the_unloaded_first(
+    loads: list[int], bound: int, limit: int
+) -> None:
+    endpoints = fleet(len(loads))
+    for e, load in zip(endpoints, loads, strict=True):
+        e.in_flight = load
+    members = {e.url: e for e in endpoints[::2]}  # the odd ones left membership: never named
+    urls = [e.url for e in endpoints]
+    chosen = first_holders(urls, members, bound, limit)
+    eligible = [e for e in endpoints if e.url in members]
+    under = [e for e in eligible if e.in_flight < bound]
+    over = [e for e in eligible if e.in_flight >= bound]
+    assert chosen == (under + over)[:limit]

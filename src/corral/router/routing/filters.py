@@ -30,6 +30,10 @@ from corral.router.routing.scorers import PickContext, PrefixScorer
 SAMPLED = 2
 # Up to this many eligible endpoints, a scored pick scores them all (the sample would be most of them).
 SCORE_ALL_UP_TO = 8
+# Of a hot prefix's holders, a pick on a large fleet scores at most this many, those within the load
+# bound first: a prefix gains holders as its traffic grows (and on a larger fleet, where the bound is
+# tighter, it gains more), and scoring every one of them made the pick grow with the fleet.
+HOLDERS_SCORED = 2
 
 
 def in_flight_total(candidates: Sequence[Endpoint]) -> int:
@@ -59,36 +63,57 @@ def candidates_for(
     n = len(candidates)
     if n <= SCORE_ALL_UP_TO:
         return candidates
+    # a handful at most (`favored` names few), so a repeat is found by scanning the pool (an endpoint
+    # compares by identity)
     pool: list[Endpoint] = []
-    seen: set[int] = set()
     for e in favored() if favored is not None else ():
-        if id(e) not in seen:
-            seen.add(id(e))
+        if e not in pool:
             pool.append(e)
     draw = rng.random
     for _ in range(sampled):  # with replacement: a repeat is rare on a fleet this size, and skipped
         e = candidates[int(draw() * n)]
-        if id(e) not in seen:
-            seen.add(id(e))
+        if e not in pool:
             pool.append(e)
     return pool
 
 
-def favored(prefix: PrefixScorer | None, ctx: PickContext) -> list[Endpoint]:
+def favored(
+    prefix: PrefixScorer | None, ctx: PickContext, bound: int | None = None, limit: int = HOLDERS_SCORED
+) -> list[Endpoint]:
     """What a prompt's pick must see on a large fleet besides a sample: the eligible endpoints its
-    prefix holders name (`PrefixHolders.holders`), or, for a prefix no endpoint holds, its ring home
-    (which every replica names alike, so an idle fleet's replicas agree on where a new prefix goes)."""
+    prefix holders name (`PrefixHolders.holders`), at most `limit` of them, those under `bound` in
+    flight first, in the holders' order; or, for a prefix no endpoint holds, its ring home (which every
+    replica names alike, so an idle fleet's replicas agree on where a new prefix goes)."""
     if prefix is None:
         return []
     if prefix.holders is not None:
         urls = prefix.holders.holders(ctx.request)
         if urls:
-            members = members_by_url(ctx.eligible)
-            held = [e for e in map(members.get, urls) if e is not None]
+            held = first_holders(urls, members_by_url(ctx.eligible), bound, limit)
             if held:
                 return held
     key = prefix.key(ctx)
     return [] if key is None else list(islice(prefix.rings.ring(ctx.eligible).walk(key), 1))
+
+
+def first_holders(
+    urls: Iterable[str], members: Mapping[str, Endpoint], bound: int | None, limit: int
+) -> list[Endpoint]:
+    """The first `limit` eligible endpoints of `urls` under `bound` in flight, then, if fewer, the
+    first of those over it (the policy keeps an engine over the bound that reports room)."""
+    under: list[Endpoint] = []
+    over: list[Endpoint] = []
+    for url in urls:
+        e = members.get(url)
+        if e is None:
+            continue
+        if bound is None or e.in_flight < bound:
+            under.append(e)
+            if len(under) == limit:
+                return under
+        elif len(over) < limit:
+            over.append(e)
+    return under + over[: limit - len(under)]
 
 
 def members_by_url(candidates: Sequence[Endpoint]) -> Mapping[str, Endpoint]:

@@ -106,11 +106,16 @@ class ScoredPolicy:
         return pool, totals
 
     def within_bound(
-        self, candidates: Sequence[Endpoint], now: float, among: Sequence[Endpoint] | None = None
+        self,
+        candidates: Sequence[Endpoint],
+        now: float,
+        among: Sequence[Endpoint] | None = None,
+        bound: int | None = None,
     ) -> list[Endpoint]:
-        """The candidates (those of `among`, when given) under the load bound of all the candidates,
-        and those over it whose engine reports room."""
-        bound = load_bound(candidates, self.eps)
+        """The candidates (those of `among`, when given) under the load bound of all the candidates
+        (`bound`, when the caller has it), and those over it whose engine reports room."""
+        if bound is None:
+            bound = load_bound(candidates, self.eps)
         among = candidates if among is None else among
         if not self._room_counts:
             return [e for e in among if e.in_flight < bound]
@@ -130,10 +135,11 @@ class ScoredPolicy:
     ) -> tuple[list[Endpoint], list[float], PickContext]:
         ctx = PickContext(request, candidates, self.board, time.monotonic())
         # a large fleet: the prompt's holders and ring home and a sample, not every endpoint (filters)
-        sample = candidates_for(candidates, self._random, lambda: favored(self._prefix, ctx))
-        pool = self.within_bound(candidates, ctx.now, sample)
+        bound = load_bound(candidates, self.eps)
+        sample = candidates_for(candidates, self._random, lambda: favored(self._prefix, ctx, bound))
+        pool = self.within_bound(candidates, ctx.now, sample, bound)
         if not pool:  # every one of the sample is over the bound (rare): all of them, as before
-            pool = self.within_bound(candidates, ctx.now)
+            pool = self.within_bound(candidates, ctx.now, bound=bound)
         totals = [0.0] * len(pool)
         for scorer, weight in self.scorers:
             for i, s in enumerate(scorer.score(pool, ctx)):
