@@ -17,6 +17,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from corral.k8s.watch.client import PodApi
 from corral.openai_errors import error_response
+from corral.router.dashboard.feed import DashboardFeed
+from corral.router.dashboard.page import page_handler
 from corral.router.datapath.proxy import Proxy, ProxyConfig
 from corral.router.datapath.retry_budget import RetryBudgetConfig
 from corral.router.datapath.upstream import UpstreamClient
@@ -302,6 +304,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
         finally:
             if tenants is not None:
                 await tenants.stop()
+            await dashboard_feed.stop()
             if pages is not None:
                 await pages.stop()
             if kv_feeds is not None:
@@ -391,6 +394,11 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     async def fleet(request: web.Request) -> web.Response:
         return _json(await pages.fleet() if pages is not None else own_fleet())
 
+    async def fleet_view() -> dict[str, Any]:
+        return await pages.fleet() if pages is not None else own_fleet()
+
+    dashboard_feed = DashboardFeed(fleet_view)  # one read per 0.5 s shared by every open dashboard
+
     async def prometheus(request: web.Request) -> web.Response:
         body = await pages.page() if pages is not None else own_page()
         return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
@@ -415,6 +423,8 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     app.router.add_get("/metrics", prometheus)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/fleet", fleet)
+    app.router.add_get("/dashboard", page_handler())
+    app.router.add_get("/dashboard/events", dashboard_feed.serve)
     for path in ENGINE_ONLY_PATHS:
         app.router.add_post(path, engine_only)
     for path in ROOT_INFERENCE_PATHS + HOT_INFERENCE_PATHS:  # exact paths: one dict lookup to route

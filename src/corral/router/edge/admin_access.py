@@ -24,7 +24,7 @@ from aiohttp import web
 
 from corral.openai_errors import error_response
 
-ADMIN_PATHS = frozenset({"/metrics", "/v1/fleet"})
+ADMIN_PATHS = frozenset({"/metrics", "/v1/fleet", "/dashboard", "/dashboard/events"})
 OPEN_PATHS = frozenset({"/health", "/livez"})  # probes: counts only, never a URL
 
 

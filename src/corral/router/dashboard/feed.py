@@ -1,0 +1,121 @@
+"""One shared snapshot loop feeding every open dashboard over Server-Sent Events.
+
+The loop reads the router's fleet view (the same dict `/v1/fleet` answers) at most once per
+`interval` seconds, and only while at least one dashboard is open. It pushes a snapshot to the
+clients only when it changed, so N dashboards cost one read per interval, not N. Each client has a
+small bounded queue; a client whose queue is full (it reads slower than the fleet changes) is
+dropped, and its browser's EventSource reconnects and starts from a fresh snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+Snapshot = Callable[[], Awaitable[dict[str, Any]]]
+
+HEARTBEAT = b": heartbeat\n\n"
+
+
+class DashboardFeed:
+    """Coalesced fleet snapshots, fanned out to bounded per-client queues."""
+
+    def __init__(
+        self, snapshot: Snapshot, interval: float = 0.5, heartbeat: float = 15.0, queue_size: int = 8
+    ) -> None:
+        self._snapshot = snapshot
+        self._interval = interval
+        self._heartbeat = heartbeat
+        self._queue_size = queue_size
+        self._clients: set[asyncio.Queue[bytes | None]] = set()
+        self._last: bytes | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.reads = 0  # snapshots taken (for tests and for the curious)
+        self.dropped = 0  # clients dropped for reading too slowly
+
+    @property
+    def clients(self) -> int:
+        return len(self._clients)
+
+    def _ensure_loop(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while self._clients:
+            try:
+                body = orjson.dumps(await self._snapshot())
+            except Exception as exc:  # a failed read is shown on the page; the loop goes on
+                body = orjson.dumps({"error": f"the router could not read its fleet view: {exc}"})
+            self.reads += 1
+            if body != self._last:
+                self._last = body
+                self._publish(b"event: fleet\ndata: " + body + b"\n\n")
+            await asyncio.sleep(self._interval)
+        self._last = None  # nobody listens: the next client starts from a fresh read
+
+    def _publish(self, message: bytes) -> None:
+        for queue in list(self._clients):
+            try:
+                queue.put_nowait(message)
+            except asyncio.QueueFull:
+                self._drop(queue)
+
+    def _drop(self, queue: asyncio.Queue[bytes | None]) -> None:
+        self._clients.discard(queue)
+        self.dropped += 1
+        with contextlib.suppress(asyncio.QueueEmpty):
+            while True:
+                queue.get_nowait()
+        queue.put_nowait(None)  # tells the client's handler to end its response
+
+    def subscribe(self) -> asyncio.Queue[bytes | None]:
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=self._queue_size)
+        if self._last is not None:
+            queue.put_nowait(b"event: fleet\ndata: " + self._last + b"\n\n")
+        self._clients.add(queue)
+        self._ensure_loop()
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[bytes | None]) -> None:
+        self._clients.discard(queue)
+
+    async def stop(self) -> None:
+        for queue in list(self._clients):
+            self._drop(queue)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def serve(self, request: web.Request) -> web.StreamResponse:
+        """GET /dashboard/events: `event: fleet` with the whole view on change; a comment as heartbeat."""
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-store",
+                "X-Accel-Buffering": "no",
+            }
+        )
+        await response.prepare(request)
+        await response.write(b"retry: 2000\n\n")
+        queue = self.subscribe()
+        try:
+            while True:
+                try:
+                    message = await asyncio.wait_for(queue.get(), self._heartbeat)
+                except TimeoutError:
+                    message = HEARTBEAT
+                if message is None:
+                    break
+                await response.write(message)
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            self.unsubscribe(queue)
+        return response
