@@ -74,7 +74,7 @@
       const sv = e.supervisor || {};
       const fp = sv.fingerprint ? sv.fingerprint.slice(0, 12) : "–";
       const ramp = e.slow_start ? Math.round(e.slow_start.weight * 100) + "%" : "–";
-      const routable = el("span", e.routable ? "yes" : "no — " + (e.why || e.reason || "?"), e.routable ? "yes" : "no");
+      const routable = el("span", e.routable ? "yes" : "no — " + String(e.why || e.reason || "?").replace(/^not routable: /, ""), e.routable ? "yes" : "no");
       const tr = row([el("b", engineName(e)), badge(e), e.role || sv.role || "–", e.group || "–",
         el("span", fp, "mono"), String(e.in_flight ?? 0), kv(e), "–", ramp, routable]);
       tr.dataset.engine = engineName(e);
