@@ -34,6 +34,16 @@ def test_parse_backends_reads_supervised_engines(tmp_path: Path) -> None:
             parse_backends(bad + "\n", tmp_path / "f")
 
 
+def test_parse_backends_reads_engine_names(tmp_path: Path) -> None:
+    text = "http://a:1=http://a:9101 group=g0/2 name=engine-0  # g0\nhttp://b:2 name=engine-1 role=decode\n"
+    backends = parse_backends(text, tmp_path / "f")
+    assert backends.names == {"http://a:1": "engine-0", "http://b:2": "engine-1"}
+    assert backends.groups["http://a:1"].name == "g0" and backends.roles == {"http://b:2": "decode"}
+    for bad in ("name=", "name=a/b", "name=x name=y", "name=-x"):
+        with pytest.raises(BackendsFileError, match=r"f:1: .* is not a name marker; write one name=NAME"):
+            parse_backends(f"http://a:1 {bad}\n", tmp_path / "f")
+
+
 async def test_backends_file_is_reloaded_on_change(tmp_path: Path) -> None:
     engines = [FakeEngine(f"e{i}") for i in range(2)]
     for e in engines:
@@ -68,9 +78,13 @@ async def test_backends_file_is_reloaded_on_change(tmp_path: Path) -> None:
         try:
             body = await routable({engines[0].url})
             assert body["source"] == "file" and body["endpoints"][0]["source"] == "file"
-            write(f"{engines[0].url}\n{engines[1].url}\n")
-            await routable({engines[0].url, engines[1].url})
-            write(f"# e0 taken out\n{engines[1].url}\n")
+            write(f"{engines[0].url}\n{engines[1].url} name=engine-1\n")
+            body = await routable({engines[0].url, engines[1].url})
+            assert {e["url"]: e["name"] for e in body["endpoints"]} == {
+                engines[0].url: None,
+                engines[1].url: "engine-1",
+            }
+            write(f"# e0 taken out\n{engines[1].url} name=engine-1\n")
             body = await routable({engines[1].url})
             assert [e["url"] for e in body["endpoints"]] == [engines[1].url]
             assert body["left_routing"][-1]["url"] == engines[0].url

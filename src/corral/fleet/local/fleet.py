@@ -240,7 +240,7 @@ class LocalFleet:
         sizes = {name: len(members) for name, members in self.groups().items()}
         lines = [
             f"{m.engine_url}={m.url}{f' group={m.group}/{sizes[m.group]}' if sizes[m.group] > 1 else ''}"
-            f"{role_marker(m.role)}  # {m.name} {m.group}"
+            f"{role_marker(m.role)} name={m.name}  # {m.group}"
             for m in self.engines
         ]
         write_atomically(self.backends_file, ("\n".join(lines) + "\n").encode())

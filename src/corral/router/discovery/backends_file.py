@@ -5,7 +5,8 @@ while its supervisor says READY, each removal confirmed, as with `--supervised`)
 the whole group is READY on one bundle fingerprint, and/or `role=prefill|decode|both`: the engine's
 role in prefill/decode disaggregation (its supervisor's word, when it has one, wins), and/or
 `kv_events=PUB[,REPLAY]`: where the engine publishes KV-cache events (`tcp://*:5557` on the engine's
-host; its supervisor's word, when it has one, wins). The file is
+host; its supervisor's word, when it has one, wins), and/or `name=NAME`: what people call the engine
+(`engine-0`; shown in `/v1/fleet` and the dashboard). The file is
 read again whenever its modification time, size or inode changes, and the list it names replaces the
 previous one (probing is `StaticSource`'s job). This is how a fleet that Corral runs changes the
 router's members at run time: write the new file atomically (temp file, then rename)."""
@@ -38,7 +39,8 @@ class BackendsFileError(Exception):
 
 _LINE = re.compile(r"^(https?://[^=\s]+?)/?(?:=(https?://\S+?)/?)?$")
 _GROUP = re.compile(r"^group=([^/\s]*)/(\S*)$")
-MARKERS = ("group=", "role=", "kv_events=")
+MARKERS = ("group=", "role=", "kv_events=", "name=")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,7 @@ class Backends:
     groups: dict[str, GroupTag] = field(default_factory=dict)
     roles: dict[str, str] = field(default_factory=dict)
     kv_events: dict[str, str] = field(default_factory=dict)  # where each engine publishes KV events
+    names: dict[str, str] = field(default_factory=dict)  # what people call each engine that has a name
 
 
 def parse_backends(text: str, path: Path) -> Backends:
@@ -59,6 +62,7 @@ def parse_backends(text: str, path: Path) -> Backends:
     groups: dict[str, GroupTag] = {}
     roles: dict[str, str] = {}
     kv_events: dict[str, str] = {}
+    names: dict[str, str] = {}
     counted: dict[str, list[int]] = {}  # group name -> the line numbers naming it
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
@@ -70,7 +74,7 @@ def parse_backends(text: str, path: Path) -> Backends:
             raise BackendsFileError(
                 f"{path}:{number}: {line!r} is not an engine; write one http(s)://host:port per line, "
                 "or ENGINE_URL=SUPERVISOR_URL for a supervised engine, optionally followed by "
-                "group=NAME/SIZE and role=prefill|decode|both"
+                "group=NAME/SIZE, role=prefill|decode|both, kv_events=PUB[,REPLAY] and name=NAME"
             )
         urls.append(match.group(1))
         if match.group(2):
@@ -83,6 +87,10 @@ def parse_backends(text: str, path: Path) -> Backends:
         markers = [m for m in markers if not m.startswith("kv_events=")]
         if event_markers:
             kv_events[match.group(1)] = _kv_events_marker(event_markers, match.group(1), path, number)
+        name_markers = [m for m in markers if m.startswith("name=")]
+        markers = [m for m in markers if not m.startswith("name=")]
+        if name_markers:
+            names[match.group(1)] = _name_marker(name_markers, path, number)
         if markers:
             tag = _group_marker(markers, path, number)
             first = next((t for t in groups.values() if t.name == tag.name), None)
@@ -98,7 +106,17 @@ def parse_backends(text: str, path: Path) -> Backends:
                     f"(lines {', '.join(map(str, counted[tag.name]))}); fix its size or its members"
                 )
             groups[match.group(1)] = tag
-    return Backends(urls, supervisors, groups, roles, kv_events)
+    return Backends(urls, supervisors, groups, roles, kv_events, names)
+
+
+def _name_marker(markers: list[str], path: Path, number: int) -> str:
+    name = markers[0].removeprefix("name=")
+    if len(markers) > 1 or _NAME.match(name) is None:
+        raise BackendsFileError(
+            f"{path}:{number}: {' '.join(markers)!r} is not a name marker; write one name=NAME with NAME of "
+            "letters, digits, '.', '_' or '-' (at most 63, e.g. name=engine-0)"
+        )
+    return name
 
 
 def _kv_events_marker(markers: list[str], engine: str, path: Path, number: int) -> str:
@@ -170,6 +188,7 @@ class FileSource:
             groups=first.groups,
             roles=first.roles,
             kv_events=first.kv_events,
+            names=first.names,
             probe_headers=probe_headers,
         )
         self._task: asyncio.Task[None] | None = None
@@ -210,6 +229,11 @@ class FileSource:
             len(backends.roles),
         )
         self._static.set_urls(
-            backends.urls, backends.supervisors, backends.groups, backends.roles, backends.kv_events
+            backends.urls,
+            backends.supervisors,
+            backends.groups,
+            backends.roles,
+            backends.kv_events,
+            backends.names,
         )
         return True

@@ -47,8 +47,11 @@ class StaticSource:
         groups: Mapping[str, GroupTag] | None = None,
         roles: Mapping[str, str] | None = None,
         kv_events: Mapping[str, str] | None = None,
+        names: Mapping[str, str] | None = None,
     ) -> None:
         self._sink = sink
+        # engine url -> what people call it (`engine-0`), for the engines given a name
+        self._names = {k.rstrip("/"): v for k, v in (names or {}).items()}
         # engine url -> where it publishes KV-cache events (`PUB[,REPLAY]`), for the engines that say
         self._kv_events = {k.rstrip("/"): v for k, v in (kv_events or {}).items()}
         # engine url -> its declared role (prefill | decode | both), for the engines declared one
@@ -76,6 +79,7 @@ class StaticSource:
         groups: Mapping[str, GroupTag] | None = None,
         roles: Mapping[str, str] | None = None,
         kv_events: Mapping[str, str] | None = None,
+        names: Mapping[str, str] | None = None,
     ) -> None:
         """Make the list exactly `urls`: new ones are added (probed on the next round, or now when
         running), dropped ones removed from membership at once. With `supervisors` (engine url ->
@@ -100,6 +104,10 @@ class StaticSource:
             readdressed = {k.rstrip("/"): v for k, v in kv_events.items()}
             moved |= {u for u in self._urls if self._kv_events.get(u) != readdressed.get(u)}
             self._kv_events = readdressed
+        if names is not None:
+            renamed = {k.rstrip("/"): v for k, v in names.items()}
+            moved |= {u for u in self._urls if self._names.get(u) != renamed.get(u)}
+            self._names = renamed
         for url in self._urls:
             if url not in wanted or url in moved:
                 self._count(url, "DELETED")
@@ -126,6 +134,7 @@ class StaticSource:
                     group=self._groups.get(url),
                     role=self._roles.get(url),
                     kv_events=self._kv_events.get(url),
+                    name=self._names.get(url),
                 )
             )
         self._urls = wanted

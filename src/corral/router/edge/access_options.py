@@ -50,7 +50,7 @@ class EdgeAccess:
             who = "from loopback only"
         else:
             who = "to nobody (no --admin-key-file and not bound to loopback)"
-        log.info("admin routes /metrics and /v1/fleet: on %s, %s", where, who)
+        log.info("admin routes /metrics, /v1/fleet and /dashboard: on %s, %s", where, who)
 
 
 def access_options(command: Callable[..., None]) -> Callable[..., None]:
