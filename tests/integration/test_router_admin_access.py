@@ -138,7 +138,7 @@ def test_with_an_admin_port_the_admin_routes_live_there_only() -> None:
         assert status_of(admin + "/livez") == status_of(main + "/livez") == 200
         assert status_of(admin + "/v1/models") == 404
         assert status_of(main + "/v1/models") == 200
-        assert "admin routes /metrics and /v1/fleet: on http://127.0.0.1:" in proc.output()
+        assert "admin routes /metrics, /v1/fleet and /dashboard: on http://127.0.0.1:" in proc.output()
     finally:
         proc.stop()
 
