@@ -56,6 +56,18 @@ def test_the_share_held_follows_the_engines_events() -> None:
     assert 0.5 < other[0] < 1.0 and other[1] < other[0]
 
 
+def test_holders_come_deepest_first() -> None:
+    """A pick on a large fleet scores only the first few holders: the ones holding most come first,
+    whatever order the engines' events arrived in."""
+    shallow, middle, deep = _endpoint("s"), _endpoint("m"), _endpoint("d")
+    holders, index, _ = _holders({shallow.url, middle.url, deep.url})
+    tokens = _engine_tokens("What is a cache?")
+    hashes = block_hashes(tokens, BS, seed="x")
+    for endpoint, count in ((shallow, 2), (middle, len(hashes) // 2), (deep, len(hashes))):
+        index.stored(endpoint.url, hashes[:count], None, tokens[: count * BS], BS)
+    assert holders.holders(_request("What is a cache?"))[:3] == [deep.url, middle.url, shallow.url]
+
+
 def test_endpoints_without_events_are_answered_by_the_memory() -> None:
     a, b = _endpoint("a"), _endpoint("b")
     holders, index, memory = _holders({a.url})

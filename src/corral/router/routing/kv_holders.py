@@ -79,7 +79,9 @@ class KvPrefixHolders:
     def holders(self, request: RouteRequest) -> list[str]:
         block_size = self.index.common_block_size()
         held = self.index.longest(self._chain(request, block_size)) if block_size is not None else {}
-        return [url for url, depth in held.items() if depth] + self.fallback.holders(request)
+        # deepest first: a pick on a large fleet scores only the first few holders
+        deepest = sorted((item for item in held.items() if item[1]), key=lambda item: -item[1])
+        return [url for url, _ in deepest] + self.fallback.holders(request)
 
     def sent(self, request: RouteRequest, endpoint: Endpoint) -> None:
         url = endpoint.url
