@@ -30,7 +30,7 @@ from corral.k8s.render.budgets import derive
 from corral.k8s.render.config_reading import ConfigError, parse_config
 from corral.k8s.render.manifests import render
 
-SEED = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "seed000" / "corral.yaml"
+SEED = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "wait-for-kv-cache" / "corral.yaml"
 
 
 def state(desired: dict[str, str]) -> SupervisorState:

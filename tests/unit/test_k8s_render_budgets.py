@@ -1,5 +1,6 @@
 """The probe, drain and rollout numbers of `corral k8s render` follow from the config by their formulas:
-checked once by hand on the seed-000 example, then by moving one input and watching the number move."""
+checked once by hand on the wait-for-kv-cache example, then by moving one input and watching the number
+move."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from corral.k8s.render import budgets as b
 from corral.k8s.render.config_reading import parse_config
 from corral.supervisor.lifecycle.engine_process import RestartPolicy
 
-SEED = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "seed000" / "corral.yaml"
+SEED = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "wait-for-kv-cache" / "corral.yaml"
 
 
 def seed() -> dict[str, Any]:
@@ -176,7 +177,7 @@ def test_grace_always_outlasts_the_prestop_hook() -> None:
 @pytest.mark.parametrize(
     ("replicas", "gpus", "capacity", "max_unavailable", "cap", "surge", "unavailable"),
     [
-        (1, 1, 2, 1, None, 1, 0),  # seed 000: one spare GPU, surge one engine, lose nothing
+        (1, 1, 2, 1, None, 1, 0),  # wait-for-kv-cache: one spare GPU, surge one engine, lose nothing
         (4, 2, 8, 1, None, 0, 1),  # full: one engine at a time goes down first
         (4, 2, 8, 2, None, 0, 2),
         (4, 2, 12, 1, None, 2, 0),  # 4 spare GPUs = 2 engines of 2 GPUs

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from corral.cli import main
 from corral.k8s.render.config_reading import ConfigError, load_config, parse_config
 
-SEED = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "seed000" / "corral.yaml"
+SEED = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "wait-for-kv-cache" / "corral.yaml"
 
 
 def seed() -> dict[str, Any]:

@@ -23,7 +23,7 @@ from tests.unit.test_k8s_render_manifests import build, by_file, seed, variant
 
 Obj = dict[str, Any]
 CASES = [seed(), variant()]
-IDS = ["seed000", "variant"]
+IDS = ["wait-for-kv-cache", "variant"]
 
 
 def _parse(command: click.Command, args: list[str]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Rendered manifests validate against the Kubernetes schemas (kubernetes-validate, offline, strict),
 their command lines parse with Corral's own CLIs, the router finds exactly the engine pods, no secret
-value is written, and the committed seed-000 rendering equals a fresh one."""
+value is written, and the committed wait-for-kv-cache rendering equals a fresh one."""
 
 from __future__ import annotations
 
@@ -26,12 +26,11 @@ from corral.supervisor.cli import prestop as prestop_command
 from corral.supervisor.cli import run_command as supervise_run_command
 
 KUBERNETES = "1.30.0"  # the oldest Kubernetes the manifests must apply to; schemas ship in the package
-EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "seed000"
+EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "wait-for-kv-cache"
 SEED = EXAMPLE / "corral.yaml"
 RENDERED = EXAMPLE / "rendered"
-REGENERATE = (
-    "corral k8s render --config deploy/examples/seed000/corral.yaml --out deploy/examples/seed000/rendered"
-)
+_EXAMPLE_DIR = "deploy/examples/wait-for-kv-cache"
+REGENERATE = f"corral k8s render --config {_EXAMPLE_DIR}/corral.yaml --out {_EXAMPLE_DIR}/rendered"
 HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"  # a made-up 40-hex hub commit
 
 
@@ -83,7 +82,7 @@ def engine_container(manifests: list[Manifest]) -> dict[str, Any]:
     return container
 
 
-@pytest.mark.parametrize("data", [seed(), variant()], ids=["seed000", "variant"])
+@pytest.mark.parametrize("data", [seed(), variant()], ids=["wait-for-kv-cache", "variant"])
 def test_every_object_validates_against_the_kubernetes_schema(data: dict[str, Any]) -> None:
     _, _, manifests = build(data)
     assert len(manifests) >= 8
@@ -101,7 +100,7 @@ def test_the_validator_is_strict_enough_to_catch_a_typo() -> None:
         kubernetes_validate.validate(broken, KUBERNETES, strict=True)
 
 
-def test_committed_seed000_rendering_is_current() -> None:
+def test_committed_example_rendering_is_current() -> None:
     config, _, manifests = build(seed())
     committed = {p.name: p.read_text(encoding="utf-8") for p in sorted(RENDERED.glob("*.yaml"))}
     assert sorted(committed) == sorted(m.filename for m in manifests), f"stale: run `{REGENERATE}`"
@@ -109,7 +108,7 @@ def test_committed_seed000_rendering_is_current() -> None:
         assert committed[m.filename] == document(config, m), f"{m.filename} is stale: run `{REGENERATE}`"
 
 
-def test_committed_seed000_rendering_validates_as_read_from_disk() -> None:
+def test_committed_example_rendering_validates_as_read_from_disk() -> None:
     for path in sorted(RENDERED.glob("*.yaml")):
         for obj in yaml.safe_load_all(path.read_text(encoding="utf-8")):
             kubernetes_validate.validate(obj, KUBERNETES, strict=True)
@@ -122,7 +121,7 @@ def _parse(command: click.Command, args: list[str]) -> dict[str, Any]:
     return dict(ctx.params)
 
 
-@pytest.mark.parametrize("data", [seed(), variant()], ids=["seed000", "variant"])
+@pytest.mark.parametrize("data", [seed(), variant()], ids=["wait-for-kv-cache", "variant"])
 def test_supervisor_entrypoint_parses_and_carries_the_budgets(data: dict[str, Any]) -> None:
     config, budgets, manifests = build(data)
     command = engine_container(manifests)["command"]
@@ -143,7 +142,7 @@ def test_supervisor_entrypoint_parses_and_carries_the_budgets(data: dict[str, An
     assert engine[engine.index("--tensor-parallel-size") + 1] == str(config.engine.tensor_parallel_size)
 
 
-def test_seed000_engine_waits_for_the_kv_cache_socket_and_rpc_endpoint() -> None:
+def test_example_engine_waits_for_the_kv_cache_socket_and_rpc_endpoint() -> None:
     _, _, manifests = build(seed())
     command = engine_container(manifests)["command"]
     gates = [command[i + 1] for i, arg in enumerate(command) if arg == "--wait-for"]
@@ -153,7 +152,7 @@ def test_seed000_engine_waits_for_the_kv_cache_socket_and_rpc_endpoint() -> None
     assert command[command.index("--") + 1 :][:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
 
 
-@pytest.mark.parametrize("data", [seed(), variant()], ids=["seed000", "variant"])
+@pytest.mark.parametrize("data", [seed(), variant()], ids=["wait-for-kv-cache", "variant"])
 def test_probes_and_prestop_follow_the_budgets(data: dict[str, Any]) -> None:
     config, budgets, manifests = build(data)
     container = engine_container(manifests)
@@ -218,7 +217,7 @@ def _selector(text: str) -> dict[str, str]:
     return dict(pair.split("=", 1) for pair in text.split(","))
 
 
-@pytest.mark.parametrize("data", [seed(), variant()], ids=["seed000", "variant"])
+@pytest.mark.parametrize("data", [seed(), variant()], ids=["wait-for-kv-cache", "variant"])
 def test_router_discovers_exactly_the_engine_pods(data: dict[str, Any]) -> None:
     config, _, manifests = build(data)
     objs = by_file(manifests)

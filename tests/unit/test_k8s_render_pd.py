@@ -247,7 +247,7 @@ def test_a_missing_role_is_named() -> None:
 
 def test_an_aggregated_config_is_unchanged() -> None:
     seed = yaml.safe_load(
-        (EXAMPLE.parent / "seed000" / "corral.yaml").read_text(encoding="utf-8")
+        (EXAMPLE.parent / "wait-for-kv-cache" / "corral.yaml").read_text(encoding="utf-8")
     )  # no pd section: one engine Deployment selected by role=engine, as before
     objs = objects(seed)
     assert "engine-deployment.yaml" in objs and "prefill-deployment.yaml" not in objs
@@ -278,6 +278,6 @@ def test_the_routers_pod_source_reads_each_rendered_pods_role() -> None:
         pod = pod_view(_running(objs[f"{role}-deployment.yaml"]["spec"]["template"]))
         assert pod.role == role and pod.blocker() is None
     # an aggregated fleet's pods keep their selector label corral.dev/role=engine: both roles, routable
-    seed = yaml.safe_load((EXAMPLE.parent / "seed000" / "corral.yaml").read_text(encoding="utf-8"))
+    seed = yaml.safe_load((EXAMPLE.parent / "wait-for-kv-cache" / "corral.yaml").read_text(encoding="utf-8"))
     pod = pod_view(_running(objects(seed)["engine-deployment.yaml"]["spec"]["template"]))
     assert pod.role == "both" and pod.blocker() is None

@@ -32,7 +32,7 @@ from tests.unit.test_k8s_render_manifests import KUBERNETES, build, seed, varian
 
 Obj = dict[str, Any]
 CASES = [seed(), variant()]
-IDS = ["seed000", "variant"]
+IDS = ["wait-for-kv-cache", "variant"]
 
 
 def keyed(data: dict[str, Any], secret: str = "vllm-key", key: str = "api-key") -> dict[str, Any]:

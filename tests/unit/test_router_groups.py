@@ -41,7 +41,7 @@ from tests.unit.test_router_endpoint_identity import NoApi
 from tests.unit.test_router_endpoint_identity import pod as identity_pod
 from tests.unit.test_router_supervisor_stream import SETTINGS, FakeSupervisor, state_line, until
 
-SEED = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "seed000" / "corral.yaml"
+SEED = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "wait-for-kv-cache" / "corral.yaml"
 G = GroupTag("g0", 2)
 A, B, C = "http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000"
 

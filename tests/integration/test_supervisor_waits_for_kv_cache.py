@@ -1,4 +1,4 @@
-"""Seed 000 reproduced and fixed: an engine whose KV-cache socket comes up late.
+"""An engine whose KV-cache socket comes up late (the crash-on-first-start case), reproduced and fixed.
 
 Without the supervisor, the engine started before its socket exists crashes at init. Under
 `corral supervise --wait-for unix:SOCK` the engine is started only once the socket listens, reaches
