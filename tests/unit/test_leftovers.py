@@ -55,9 +55,15 @@ def children() -> Iterator[list[subprocess.Popen[bytes]]]:
 
 
 def _spawn(children: list[subprocess.Popen[bytes]], argv: tuple[str, ...]) -> KnownProcess:
+    """A child running `argv`, returned once it runs it: between fork and exec a child still shows its
+    parent's command line, and a check made then would not see it (bounded wait)."""
     proc = subprocess.Popen(argv)
     children.append(proc)
-    return KnownProcess(proc.pid, psutil.Process(proc.pid).create_time(), "engine")
+    process = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 10
+    while tuple(process.cmdline()) != argv and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return KnownProcess(proc.pid, process.create_time(), "engine")
 
 
 def _listener(children: list[subprocess.Popen[bytes]], path: Path) -> int:

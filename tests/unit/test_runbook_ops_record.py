@@ -12,7 +12,7 @@ import pytest
 
 from corral.contracts.operations import OperationRecord
 from corral.contracts.records import ChangeRecord
-from corral.supervisor.commands.runbook_ops import change_record_file, keep_change_record
+from corral.supervisor.commands.runbook_run import change_record_file, keep_change_record
 
 URL = "http://127.0.0.1:9181"
 
@@ -44,3 +44,11 @@ def test_a_record_off_the_schema_or_missing_is_not_written(
     keep_change_record(URL, finished({"steps": []}))
     assert "no change record in the operation's result" in capsys.readouterr().out
     assert not (tmp_path / "corral").exists()
+
+
+def test_the_observe_limit_the_options_take_is_the_contracts_limit() -> None:
+    """`runbook_ops` keeps its own copy so that `--help` need not import the wire models."""
+    from corral.contracts.operations import OBSERVE_SECONDS_MAX
+    from corral.supervisor.commands import runbook_ops
+
+    assert runbook_ops.OBSERVE_SECONDS_MAX == OBSERVE_SECONDS_MAX

@@ -3,43 +3,23 @@
 it is done. Exit 0 when it succeeded, 1 when it failed (RECOVER ran; the step and cause are printed), 2
 when it was refused (409: a precondition, nothing changed) or the request was bad. A run that ended,
 failed or not, leaves its change record in `$XDG_STATE_HOME/corral/<kind>-<supervisor port>.json` (the
-last one of that kind there)."""
+last one of that kind there).
+
+This module only defines the commands and their options, with light imports, so that `--help` starts
+fast; what runs them is `runbook_run`, imported when a command runs."""
 
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-import aiohttp
 import click
-import orjson
-from pydantic import ValidationError
 
-from corral.aio import run as run_on_uvloop
-from corral.atomic_file import write_atomically
-from corral.clients.calls import APIError
-from corral.clients.supervisor import OperationStillRunning, SupervisorClient
-from corral.contracts.operations import (
-    OBSERVE_SECONDS_MAX,
-    LoadAdapterRequest,
-    OperationRecord,
-    OperationRequest,
-    ReloadRequest,
-    SleepRequest,
-    SwitchBundleRequest,
-    UnloadAdapterRequest,
-    WakeRequest,
-)
-from corral.contracts.records import ChangeRecord
-from corral.contracts.wire import first_message
-from corral.fleet.local.engine_names import EngineNameError, find_engine, fleet_engines
-from corral.fleet.local.ownership import supervisor_token_for
-from corral.state_home import corral_state_dir
-from corral.supervisor_tokens import TokenFileError, read_management_token
+# the most seconds `--observe-seconds` takes: `contracts.operations.OBSERVE_SECONDS_MAX` (a unit test
+# holds the two equal; importing the wire models here would cost every `--help` their import time)
+OBSERVE_SECONDS_MAX = 3600.0
 
 
 def _supervisor(command: Callable[..., None]) -> Callable[..., None]:
@@ -49,6 +29,8 @@ def _supervisor(command: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(command)
     def addressed(**kwargs: Any) -> None:
         url, port, engine = kwargs.pop("supervisor_url"), kwargs.pop("port"), kwargs.pop("engine")
+        from corral.supervisor.commands.runbook_run import supervisor_of
+
         command(supervisor_url=supervisor_of(url, port, engine), **kwargs)
 
     wrapped: Callable[..., None] = addressed
@@ -79,28 +61,6 @@ _ADDRESS_OPTIONS = (
         help="The engine's supervisor (its management address), for an engine outside a local fleet.",
     ),
 )
-
-
-def supervisor_of(url: str | None, port: int, engine: str | None) -> str:
-    """The supervisor URL that --supervisor gives, or that --engine names in the local fleet on --port;
-    a usage error naming the fleet's engines when neither (or both) is given, or the name is unknown."""
-    if url is not None and engine is not None:
-        raise click.UsageError("give --engine NAME (a local fleet's engine) or --supervisor URL, not both")
-    if url is not None:
-        return url.rstrip("/")
-    try:
-        if engine is None:
-            names = ", ".join(m.name for m in run_on_uvloop(fleet_engines(port)))
-            raise click.UsageError(
-                f"which engine? name one with --engine NAME (the local fleet on port {port} has: {names}), "
-                "or give its --supervisor URL"
-            )
-        member = run_on_uvloop(find_engine(port, engine))
-    except EngineNameError as exc:
-        hint = "" if engine is not None else "; for an engine outside a local fleet give --supervisor URL"
-        raise click.UsageError(f"{exc}{hint}") from None
-    _say(f"{member.name}: supervisor {member.supervisor}")
-    return member.supervisor
 
 
 _token_file = click.option(
@@ -163,91 +123,6 @@ def _observed(command: Callable[..., None]) -> Callable[..., None]:
     return wrapped
 
 
-def _say(line: str) -> None:
-    click.echo(line)
-
-
-def observed_line(evidence: dict[str, Any]) -> str:
-    """OBSERVE's outcome in one line: the verdict and its reason, or why there was none."""
-    verdict = evidence.get("verdict")
-    if isinstance(verdict, dict):
-        return f"{verdict.get('verdict')}: {verdict.get('reason')}"
-    return str(evidence.get("not_applicable") or evidence.get("error") or "no verdict")
-
-
-async def follow_operation(url: str, request: OperationRequest, token: str | None, limit_s: float) -> int:
-    async with aiohttp.ClientSession() as session:
-        supervisor = SupervisorClient(session, url, token, timeout=30.0)
-        try:
-            record, started = await supervisor.start(request)
-        except APIError as exc:
-            if exc.unreachable:
-                _say(f"supervisor at {url} is not answering: {exc.message}")
-                return 1
-            _say(f"refused (HTTP {exc.status}): {exc.message}")
-            return 2
-        op_id = record.operation_id
-        _say(f"{record.kind} {op_id} {'started' if started else 'already known'}")
-        try:
-            record = await supervisor.wait_for_operation(
-                op_id, within=limit_s, on_poll=supervisor.progress_lines(_say)
-            )
-        except OperationStillRunning:
-            _say(f"{op_id} not finished after {limit_s:g}s; it goes on: GET {url}/v1/operations/{op_id}")
-            return 1
-    for step in record.steps:
-        _say(f"  {step.step}: {step.status} ({step.seconds}s)")
-        if step.step == "observe":
-            _say(f"    {observed_line(step.evidence)}")
-    keep_change_record(url, record)
-    if record.succeeded:
-        _say(f"{record.kind} {op_id} succeeded")
-        return 0
-    _say(f"{record.kind} {op_id} failed: {record.error}")
-    return 1
-
-
-def change_record_file(kind: str, url: str) -> Path:
-    """Where `corral sleep|wake|…` keeps the last change record of `kind` on the supervisor at `url`."""
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    return corral_state_dir() / f"{kind}-{port}.json"
-
-
-def keep_change_record(url: str, record: OperationRecord) -> None:
-    """The operation's change record (in its result) written to `change_record_file`, and its path
-    printed; a supervisor that sent none, or a record off the schema, is said so and nothing written."""
-    body = (record.result or {}).get("change_record")
-    if not isinstance(body, dict):
-        _say("no change record in the operation's result (a supervisor from before change records?)")
-        return
-    path = change_record_file(record.kind, url)
-    try:
-        change = ChangeRecord.model_validate(body)
-        write_atomically(path, orjson.dumps(change.to_file(), option=orjson.OPT_INDENT_2))
-    except ValidationError as exc:
-        _say(f"the operation's change record does not match the schema ({first_message(exc)}); not written")
-        return
-    except OSError as exc:
-        _say(f"could not write the change record to {path}: {exc.strerror or exc}")
-        return
-    _say(f"change record: {path}")
-
-
-def _run(url: str, request: OperationRequest, token_file: Path | None, limit_s: float) -> None:
-    try:
-        token = read_management_token(token_file)
-    except TokenFileError as exc:
-        click.echo(f"corral: {exc}", err=True)
-        sys.exit(2)
-    if token is None:  # a supervisor of a local fleet: the token `corral up` made for it
-        try:
-            token = supervisor_token_for(url, corral_state_dir())
-        except ValueError as exc:
-            raise click.UsageError(str(exc)) from None
-    sys.exit(run_on_uvloop(follow_operation(url.rstrip("/"), request, token, limit_s)))
-
-
 @click.command(name="sleep")
 @_supervisor
 @_token_file
@@ -268,8 +143,11 @@ def sleep_command(
     observe: dict[str, Any],
 ) -> None:
     """Take the engine out of routing, drain it by MODE, and put it to sleep at LEVEL."""
+    from corral.contracts.operations import SleepRequest
+    from corral.supervisor.commands.runbook_run import run_operation
+
     asked = SleepRequest(level=level, mode=mode, release_kv=release_kv, operation_id=operation_id, **observe)
-    _run(supervisor_url, asked, token_file, timeout)
+    run_operation(supervisor_url, asked, token_file, timeout)
 
 
 @click.command(name="wake")
@@ -300,8 +178,11 @@ def wake_command(
 ) -> None:
     """Wake the sleeping engine, verify it and make it READY again (or wake it in steps: --tags)."""
     wanted = [*tags, *(t.strip() for t in (tag_list or "").split(",") if t.strip())]
+    from corral.contracts.operations import WakeRequest
+    from corral.supervisor.commands.runbook_run import run_operation
+
     asked = WakeRequest(reload=reload_weights, tags=wanted or None, operation_id=operation_id, **observe)
-    _run(supervisor_url, asked, token_file, timeout)
+    run_operation(supervisor_url, asked, token_file, timeout)
 
 
 @click.command(name="reload")
@@ -320,7 +201,12 @@ def reload_command(
     observe: dict[str, Any],
 ) -> None:
     """Reload the engine's weights in place (level-2 sleep, wake weights, reload, wake KV cache)."""
-    _run(supervisor_url, ReloadRequest(mode=mode, operation_id=operation_id, **observe), token_file, timeout)
+    from corral.contracts.operations import ReloadRequest
+    from corral.supervisor.commands.runbook_run import run_operation
+
+    run_operation(
+        supervisor_url, ReloadRequest(mode=mode, operation_id=operation_id, **observe), token_file, timeout
+    )
 
 
 @click.group(name="lora")
@@ -346,8 +232,11 @@ def lora_load_command(
     observe: dict[str, Any],
 ) -> None:
     """Load adapter NAME from PATH; it joins the desired set reloaded after every engine restart."""
+    from corral.contracts.operations import LoadAdapterRequest
+    from corral.supervisor.commands.runbook_run import run_operation
+
     asked = LoadAdapterRequest(name=name, path=path, operation_id=operation_id, **observe)
-    _run(supervisor_url, asked, token_file, timeout)
+    run_operation(supervisor_url, asked, token_file, timeout)
 
 
 @lora_group.command(name="unload")
@@ -366,8 +255,11 @@ def lora_unload_command(
     observe: dict[str, Any],
 ) -> None:
     """Withdraw adapter NAME from routing, wait for its requests to finish, then unload it."""
+    from corral.contracts.operations import UnloadAdapterRequest
+    from corral.supervisor.commands.runbook_run import run_operation
+
     asked = UnloadAdapterRequest(name=name, operation_id=operation_id, **observe)
-    _run(supervisor_url, asked, token_file, timeout)
+    run_operation(supervisor_url, asked, token_file, timeout)
 
 
 @click.command(name="switch-bundle")
@@ -394,8 +286,11 @@ def switch_bundle_command(
 ) -> None:
     """Move the engine to bundle NAME, declared on its host (`corral supervise --bundle FILE`): out of
     routing, drained, restarted on the bundle, READY again; the old bundle comes back on failure."""
+    from corral.contracts.operations import SwitchBundleRequest
+    from corral.supervisor.commands.runbook_run import run_operation
+
     asked = SwitchBundleRequest(name=name, ready_timeout=ready_timeout, operation_id=operation_id, **observe)
-    _run(supervisor_url, asked, token_file, timeout)
+    run_operation(supervisor_url, asked, token_file, timeout)
 
 
 RUNBOOK_COMMANDS = (sleep_command, wake_command, reload_command, lora_group, switch_bundle_command)
