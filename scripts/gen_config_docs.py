@@ -109,15 +109,9 @@ def render() -> str:
 
 
 def run(argv: list[str]) -> int:
-    page = render()
-    if "--check" in argv:
-        if not PAGE.exists() or PAGE.read_text(encoding="utf-8") != page:
-            print(f"{PAGE} is stale: run scripts/gen_config_docs.py", file=sys.stderr)
-            return 1
-        return 0
-    PAGE.write_text(page, encoding="utf-8")
-    print(f"wrote {PAGE}")
-    return 0
+    from generated_page import write_or_check  # beside this script (its directory is on sys.path)
+
+    return write_or_check(PAGE, render(), argv, "scripts/gen_config_docs.py")
 
 
 if __name__ == "__main__":

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import ModuleType
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gen_cli_docs.py"
+from tests.support.scripts import load_script
 
 
 def _generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gen_cli_docs", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gen_cli_docs")
 
 
 def test_cli_reference_is_current() -> None:

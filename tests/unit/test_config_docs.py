@@ -3,21 +3,14 @@ match it, and name every key of that model."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import ModuleType
 
 from corral.k8s.render.config import CorralDeployment
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gen_config_docs.py"
+from tests.support.scripts import load_script
 
 
 def _generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gen_config_docs", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gen_config_docs")
 
 
 def test_corral_yaml_reference_is_current() -> None:
