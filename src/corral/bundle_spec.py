@@ -19,8 +19,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from corral.yaml_file import YamlFileError, read_yaml_file
 
 # set by the fleet for each engine it starts; a bundle that set them would collide with it
 _FLEET_OWNED = ("--host", "--port", "--seed")
@@ -112,11 +113,9 @@ def _plain(err: Any) -> str:
 
 def load_bundle(path: Path) -> BundleSpec:
     try:
-        body = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise BundleError(f"cannot read the bundle file {path}: {exc.strerror or exc}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise BundleError(f"{path} is not valid YAML: {exc}") from None
+        body = read_yaml_file(path, "bundle")
+    except YamlFileError as exc:
+        raise BundleError(str(exc)) from None
     if not isinstance(body, dict):
         raise BundleError(f"{path}: write a mapping with name, engine_args and env")
     return bundle_from_json(body, str(path))

@@ -18,10 +18,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corral.bundle_spec import BundleError, BundleSpec, bundle_from_json, load_bundle
+from corral.yaml_file import YamlFileError, read_yaml_file
 
 
 class FleetConfigError(ValueError):
@@ -82,11 +82,9 @@ class FleetConfig(_Section):
 def load_fleet_config(path: Path) -> tuple[FleetConfig, set[str]]:
     """The file's fleet and the top-level fields it set (only those override `up`'s defaults)."""
     try:
-        body = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise FleetConfigError(f"cannot read the fleet file {path}: {exc.strerror or exc}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise FleetConfigError(f"{path} is not valid YAML: {exc}") from None
+        body = read_yaml_file(path, "fleet")
+    except YamlFileError as exc:
+        raise FleetConfigError(str(exc)) from None
     if not isinstance(body, dict):
         raise FleetConfigError(
             f"{path}: write a mapping, e.g. 'engines: {{count: 2}}' (see docs/fleet-yaml.md)"
