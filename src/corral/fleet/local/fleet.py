@@ -43,7 +43,7 @@ from corral.bundle_spec import BundleSpec
 from corral.child_process import ChildProcess, LineSink
 from corral.fleet.local.adapters import AdapterCarryFailed, carry_adapters, desired_adapters
 from corral.fleet.local.ownership import RecordedProcess
-from corral.fleet.local.ports import free_port
+from corral.fleet.local.ports import free_port, reserve
 from corral.fleet.local.roles import (
     engine_args_for,
     role_groups,
@@ -180,6 +180,7 @@ class LocalFleet:
         self.token_file: Path | None = None
         self._next_engine = 0
         self._next_group = 0
+        reserve(spec.router_port)  # the router binds it after the engines start: none of them gets it
 
     @property
     def router_url(self) -> str:

@@ -6,7 +6,9 @@ from `bind(host, 0)` comes from the kernel's ephemeral range, the same range eve
 the machine takes its local port from; under load one of those connections can take the port in that
 moment and the child fails with "address already in use". So `free_port` chooses outside the ephemeral
 range (`/proc/sys/net/ipv4/ip_local_port_range`), where the kernel hands out nothing by itself, checks that
-nobody listens there or holds it in TIME_WAIT, and never hands out the same port twice in one process.
+nobody listens there or holds it in TIME_WAIT, and never hands out the same port twice in one process,
+nor a port the process said it will listen on itself (`reserve`: `corral up`'s router port, which its
+engines must not be given while the router has not bound it yet).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 _EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _LOWEST = 10000  # below this: well-known and registered services people run by hand
 _HIGHEST = 65535
-_handed_out: set[tuple[str, int]] = set()
+_handed_out: set[int] = set()  # by number: 127.0.0.1:P and 0.0.0.0:P cannot both listen
 _lock = threading.Lock()
 _rng = random.SystemRandom()
 
@@ -49,6 +51,12 @@ def _free_now(host: str, port: int) -> bool:
     return True
 
 
+def reserve(port: int) -> None:
+    """`port` is this process's to listen on later: `free_port` never hands it to anyone."""
+    with _lock:
+        _handed_out.add(port)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port on `host` that is free now, outside the kernel's ephemeral range, not handed out before by
     this process. Falls back to a kernel-chosen port when the machine leaves no range outside."""
@@ -57,14 +65,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         for _ in range(200 if ranges else 0):
             r = _rng.choice(ranges)
             port = _rng.randrange(r.start, r.stop)
-            if (host, port) in _handed_out or not _free_now(host, port):
+            if port in _handed_out or not _free_now(host, port):
                 continue
-            _handed_out.add((host, port))
+            _handed_out.add(port)
             return port
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((host, 0))
             port = int(s.getsockname()[1])
-        _handed_out.add((host, port))
+        _handed_out.add(port)
         return port
 
 
