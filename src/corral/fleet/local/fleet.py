@@ -42,6 +42,7 @@ from corral.atomic_file import write_atomically
 from corral.bundle_spec import BundleSpec
 from corral.child_process import ChildProcess, LineSink
 from corral.fleet.local.adapters import AdapterCarryFailed, carry_adapters, desired_adapters
+from corral.fleet.local.kv_events import kv_events_args
 from corral.fleet.local.ownership import RecordedProcess
 from corral.fleet.local.ports import free_port, reserve
 from corral.fleet.local.roles import (
@@ -58,6 +59,10 @@ DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"  # vLLM's switch for /sleep, /wake_up, /is
 
 class FleetStartError(RuntimeError):
     """A fleet member did not come up; the message names it and says why."""
+
+
+# the router's policies a local fleet offers (all of `corral router --policy`)
+UP_POLICIES = ("round_robin", "least_request", "session", "prefix", "load")
 
 
 @dataclass(frozen=True)
@@ -215,6 +220,8 @@ class LocalFleet:
         engine_url = f"http://{engine_host}:{engine_port}"
         sim = [sys.executable, "-m", "corral", "sim", "--host", engine_host, "--port", str(engine_port)]
         sim += ["--model", spec.model, "--seed", str(i), *engine_args_for(role, bundle.engine_args)]
+        if spec.policy == "prefix":  # the router places requests by what each engine's cache holds
+            sim += kv_events_args(self.log_dir, f"engine-{i}", bundle.engine_args)
         args = ["supervise", "--host", host, "--port", str(supervisor_port), "--engine-url", engine_url]
         if spec.gate:
             gate_port = free_port(host)
@@ -309,6 +316,8 @@ class LocalFleet:
             await asyncio.gather(*(self._wait_healthy(session, m, "/readyz") for m in self.engines))
             router_args = ["router", "--host", spec.host, "--port", str(spec.router_port)]
             router_args += ["--policy", spec.policy, "--router-id", "local-router"]
+            if spec.policy == "prefix":  # hash prompts into blocks as the simulated engines do
+                router_args += ["--tokenizer", "sim"]
             # one router process (a local fleet is small, and `corral status` reads one /v1/fleet);
             # --router-arg=--workers=N comes after and wins
             router_args += ["--workers", "1"]

@@ -44,7 +44,7 @@ class EnginesConfig(_Section):
 
 
 class RouterConfig(_Section):
-    policy: Literal["round_robin", "least_request", "session"] = Field(
+    policy: Literal["round_robin", "least_request", "session", "prefix", "load"] = Field(
         default="least_request", description="How the router picks an engine (`--policy`)."
     )
     slow_start_seconds: float | None = Field(

@@ -25,7 +25,7 @@ from corral.bundle_spec import BundleError, load_bundle
 from corral.clients.access import RouterAdminError
 from corral.fleet.checks.status import fetch_fleet, summary_line
 from corral.fleet.local.control import FleetControl, write_token_file
-from corral.fleet.local.fleet import FleetSpec, LocalFleet
+from corral.fleet.local.fleet import UP_POLICIES, FleetSpec, LocalFleet
 from corral.fleet.local.fleet_config import FleetConfigError, config_bundle, load_fleet_config, up_values
 from corral.fleet.local.ownership import FleetFiles, FleetInUse
 from corral.fleet.local.ports import port_problem
@@ -69,7 +69,9 @@ from corral.supervisor.lifecycle.config import is_loopback
     "--policy",
     default="least_request",
     show_default=True,
-    type=click.Choice(["round_robin", "least_request", "session"]),
+    type=click.Choice(list(UP_POLICIES)),
+    help="How the router picks an engine. `prefix` also routes by the engines' own KV-cache events "
+    "(published on sockets in the log directory).",
 )
 @click.option(
     "--startup-timeout",
