@@ -177,7 +177,7 @@ def test_grace_always_outlasts_the_prestop_hook() -> None:
 @pytest.mark.parametrize(
     ("replicas", "gpus", "capacity", "max_unavailable", "cap", "surge", "unavailable"),
     [
-        (1, 1, 2, 1, None, 1, 0),  # wait-for-kv-cache: one spare GPU, surge one engine, lose nothing
+        (2, 1, 3, 1, None, 1, 0),  # wait-for-kv-cache: one spare GPU, surge one engine, lose nothing
         (4, 2, 8, 1, None, 0, 1),  # full: one engine at a time goes down first
         (4, 2, 8, 2, None, 0, 2),
         (4, 2, 12, 1, None, 2, 0),  # 4 spare GPUs = 2 engines of 2 GPUs
@@ -212,6 +212,7 @@ def test_rolling_update_refuses_more_engines_than_gpus() -> None:
 
 def test_tensor_parallel_engines_need_more_gpus_per_surge() -> None:
     data = changed("engine.tensor_parallel_size", 2)
+    data["replicas"] = 1
     data["gpu"]["capacity"] = 4
     got = derive(data)
     assert (got.rollout.spare_gpus, got.rollout.max_surge, got.rollout.max_unavailable) == (2, 1, 0)

@@ -57,7 +57,7 @@ _DELETE = object()
         ("startup.read_gbps", 0, ["startup.read_gbps: 0:", "greater than 0", "GB/s"]),
         ("drain.longest_stream_seconds", _DELETE, ["drain.longest_stream_seconds: (missing): required"]),
         ("startup.read_gpbs", 1.0, ["startup.read_gpbs", "not a config field", "read_gbps"]),
-        ("replicas", 3, ["replicas: 3:", "= 3 GPUs, more than gpu.capacity 2"]),
+        ("replicas", 4, ["replicas: 4:", "= 4 GPUs, more than gpu.capacity 3"]),
         ("engine.args", ["--port", "9000"], ["engine.args", "set it with engine.port"]),
         ("engine.args", ["--api-key=abc"], ["engine.args", "engine.secret_env"]),
         ("engine.env", {"HF_TOKEN": "hf_abc"}, ["engine.env", "HF_TOKEN looks like a secret", "secret_env"]),

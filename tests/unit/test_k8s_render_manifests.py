@@ -190,7 +190,8 @@ def test_rendered_grace_and_probe_move_with_the_config() -> None:
     assert moved_ft - base_ft == 90
 
 
-@pytest.mark.parametrize(("capacity", "surge", "unavailable"), [(2, 1, 0), (1, 0, 1)])
+# the example runs 2 engines of 1 GPU: 2 spare GPUs surge 2, 1 surges 1, none takes one down first
+@pytest.mark.parametrize(("capacity", "surge", "unavailable"), [(4, 2, 0), (3, 1, 0), (2, 0, 1)])
 def test_rolling_update_in_the_deployment_comes_from_gpu_capacity(
     capacity: int, surge: int, unavailable: int
 ) -> None:
