@@ -459,8 +459,10 @@ class NetworkPolicySpec(_Section):
     )
     supervisor_from: list[PeerSpec] = Field(
         default_factory=list,
-        description="further peers allowed to the supervisor port only, e.g. Prometheus for /metrics "
-        "(the management API still wants the pod's token)",
+        description="peers the engine NetworkPolicy lets in besides the routers, e.g. Prometheus: the "
+        "supervisor port (its /metrics; the management API still wants the pod's token) and, with "
+        "monitoring.service_monitors on, the gate port too (vLLM's /metrics; inference only reaches a "
+        "READY engine); no effect when network_policy.enabled is false",
     )
 
     @field_validator("supervisor_from")
