@@ -1,18 +1,19 @@
 """`corral k8s render --config corral.yaml [--out DIR] [--explain]`. A bad config is a list of problems
-on stderr (field, value, what to do) and exit code 2; nothing is written."""
+on stderr (field, value, what to do) and exit code 2; nothing is written.
+
+The config model, the budgets and the manifests (pydantic, the Grafana SDK) are imported when the
+command runs, so that `--help` starts fast."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from corral.k8s.render.budgets import Step, derive
-from corral.k8s.render.config_reading import ConfigError, load_config
-from corral.k8s.render.manifests import render as render_manifests
-from corral.k8s.render.output import admin_secret_hint, secret_hint, stream, write_dir
-from corral.k8s.render.pd_objects import explain as pd_explain
+if TYPE_CHECKING:
+    from corral.k8s.render.budgets import Step
 
 
 @click.group(name="k8s", context_settings={"help_option_names": ["-h", "--help"]})
@@ -46,6 +47,12 @@ def render(config_path: Path, out: Path | None, explain: bool) -> None:
     """Render the engine Deployment (supervisor entrypoint, probes, preStop drain; engine on loopback
     behind the admission gate; restricted securityContext; a token per pod), its Service,
     PodDisruptionBudget and NetworkPolicy, and the router with its RBAC and Service."""
+    from corral.k8s.render.budgets import derive
+    from corral.k8s.render.config_reading import ConfigError, load_config
+    from corral.k8s.render.manifests import render as render_manifests
+    from corral.k8s.render.output import admin_secret_hint, secret_hint, stream, write_dir
+    from corral.k8s.render.pd_objects import explain as pd_explain
+
     try:
         config = load_config(config_path)
     except ConfigError as exc:
