@@ -21,6 +21,7 @@ from corral.contracts.supervisor import (
     AckRequest,
     Heartbeat,
     NotJSON,
+    OperationLine,
     StateLine,
     UnusableLine,
     decode_watch_line,
@@ -46,6 +47,7 @@ STATE_LINE = {
     "pairing": "9c1d0e4b5a673f2a",
     "connector": "NixlConnector",
     "kv_events": "tcp://10.0.0.5:5557,tcp://10.0.0.5:5558",
+    "operation": {"kind": "sleep", "id": "op-1", "detail": "level 1", "step": "drain_policy", "since": 1.5},
 }
 
 
@@ -70,6 +72,21 @@ def test_watch_lines_of_each_kind() -> None:
         decode_watch_line(b"{nope")
     with pytest.raises(UnusableLine):
         decode_watch_line(b'{"type": "state", "epoch": 1, "state": "NAPPING"}')
+
+
+def test_operation_lines_carry_the_runbook_step_and_an_old_or_odd_one_reads_as_none() -> None:
+    line = decode_watch_line(
+        b'{"type": "operation", "epoch": 4, "time": 2.0, "operation": '
+        b'{"kind": "sleep", "id": null, "detail": "level 1", "step": "precheck", "since": 1.0}}'
+    )
+    assert isinstance(line, OperationLine) and line.operation is not None
+    assert (line.operation.kind, line.operation.id, line.operation.step) == ("sleep", None, "precheck")
+    ended = decode_watch_line(b'{"type": "operation", "epoch": 4, "time": 3.0, "operation": null}')
+    assert isinstance(ended, OperationLine) and ended.operation is None
+    odd = decode_watch_line(b'{"type": "operation", "operation": {"step": 3}}')
+    assert isinstance(odd, OperationLine) and odd.operation is None
+    old = {k: v for k, v in STATE_LINE.items() if k != "operation"}  # a supervisor before issue 18
+    assert StateLine.model_validate(old).operation is None
 
 
 def test_an_ack_keeps_its_field_order_and_values() -> None:

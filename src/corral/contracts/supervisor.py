@@ -1,6 +1,6 @@
 """The supervisor's state API: `GET /v1/state`, the lines of `GET /v1/state/watch` (a state line per
-event, a heartbeat when nothing happened) and a router's acknowledgement (`POST /v1/acks`) with the
-record the supervisor answers it with."""
+event, an operation line per runbook step, a heartbeat when nothing happened) and a router's
+acknowledgement (`POST /v1/acks`) with the record the supervisor answers it with."""
 
 from __future__ import annotations
 
@@ -22,6 +22,28 @@ def _state_or_none(value: Any) -> EngineState | None:
     try:
         return EngineState(value)
     except ValueError:
+        return None
+
+
+class OperationInFlight(WireModel):
+    """The runbook operation holding an engine: its kind (`sleep`), id (None during PRECHECK), what
+    was asked in a few words (`level 1`), the step it is in (`drain_policy`) and since when (the
+    supervisor's wall clock). Absent from supervisors before issue 18."""
+
+    kind: str
+    id: str | None = None
+    detail: str | None = None
+    step: str
+    since: float | None = None
+
+
+def _operation_or_none(value: Any) -> OperationInFlight | None:
+    """An operation as a newer or older peer sent it; one this version cannot read is left out."""
+    if isinstance(value, OperationInFlight):
+        return value
+    try:
+        return OperationInFlight.model_validate(value) if isinstance(value, dict) else None
+    except ValidationError:
         return None
 
 
@@ -54,6 +76,12 @@ class StateLine(WireModel):
     # where the engine publishes its KV-cache events, `PUB[,REPLAY]` ZMQ addresses a router connects to
     # (engine/kv_events_address, from its --kv-events-config); absent without events and before issue 17
     kv_events: str | None = None
+    operation: OperationInFlight | None = None  # the runbook operation in flight (issue 18)
+
+    @field_validator("operation", mode="before")
+    @classmethod
+    def _operation(cls, value: Any) -> OperationInFlight | None:
+        return _operation_or_none(value)
 
     @field_validator("from_", "to", mode="before")
     @classmethod
@@ -100,7 +128,22 @@ class Heartbeat(WireModel):
     time: float
 
 
-WatchLine = StateLine | Heartbeat
+class OperationLine(WireModel):
+    """A runbook operation began a step (`operation`), or ended (`operation` None). Not a state
+    event: it moves no epoch and changes no routing; a reader before issue 18 ignores it."""
+
+    type: Literal["operation"] = "operation"
+    epoch: int | None = None
+    time: float | None = None
+    operation: OperationInFlight | None = None
+
+    @field_validator("operation", mode="before")
+    @classmethod
+    def _operation(cls, value: Any) -> OperationInFlight | None:
+        return _operation_or_none(value)
+
+
+WatchLine = StateLine | Heartbeat | OperationLine
 
 
 class NotJSON(ValueError):
@@ -130,6 +173,8 @@ def decode_watch_line(raw: bytes) -> WatchLine | None:
             return StateLine.model_validate(line)
         if kind == "heartbeat":
             return Heartbeat.model_validate(line)
+        if kind == "operation":
+            return OperationLine.model_validate(line)
     except ValidationError as exc:
         raise UnusableLine(line, str(exc)) from None
     return None
@@ -253,6 +298,7 @@ class SupervisorState(OpenWireModel):
     # the last PRECHECK: outcome, reason, fingerprint, authorized_at, checks (absent before issue 14)
     precheck: dict[str, Any] | None = None
     busy: str | None = None
+    operation: OperationInFlight | None = None  # kind, id, detail, step, since (absent before issue 18)
     sleep: dict[str, Any] | None = None
     drain: dict[str, Any] | None = None
     routers: dict[str, Any] | None = None

@@ -7,7 +7,10 @@ state, then one line per state event, each `{"type": "state", "epoch", "from", "
 "sub_state", "ready", "reason", "evidence", "time", "since", "fingerprint", "prefix_epoch", "role",
 "pairing"}` (the engine's P/D role and pairing identity, `lifecycle/pd_role.py`; the running
 bundle's fingerprint when the line was queued: a router keeps a serving group whole only on one; the
-engine's prefix-cache epoch, `lifecycle/prefix_epoch.py`: a router forgets its prefixes when it moves), and a
+engine's prefix-cache epoch, `lifecycle/prefix_epoch.py`: a router forgets its prefixes when it moves;
+`operation`, the runbook operation in flight or null), an `{"type": "operation", "epoch", "time",
+"operation": {"kind", "id", "detail", "step", "since"} | null}` line each time an operation begins a
+runbook step and once when it ends (`lifecycle/operation_lock.py`), and a
 `{"type": "heartbeat", "epoch", "time"}` line when nothing happened for `heartbeat_seconds`. Epochs
 only grow; a reader that reconnects gets the current state first, so it never needs a replay.
 
@@ -179,6 +182,8 @@ class SupervisorAPI:
                 return _error(400, f"heartbeat {request.query['heartbeat']!r} is not a number of seconds")
             heartbeat = min(max(heartbeat, HEARTBEAT_LIMITS[0]), HEARTBEAT_LIMITS[1])
         queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=1024)
+        put = queue.put_nowait
+        lock = self.supervisor.operation_lock
 
         def listener(event: StateEvent) -> None:
             try:
@@ -188,11 +193,25 @@ class SupervisorAPI:
                 line = {**event.to_json(), "since": machine.since, "fingerprint": fingerprint}
                 pd = self.supervisor.publication.pd_identity()  # role and pairing identity (issue 16)
                 kv_events = self.supervisor.publication.kv_events()  # issue 17
-                queue.put_nowait({**line, "prefix_epoch": prefix_epoch, **pd, "kv_events": kv_events})
+                operation = lock.in_flight()  # the runbook step in flight (issue 18)
+                line = {**line, "prefix_epoch": prefix_epoch, **pd, "kv_events": kv_events}
+                put({**line, "operation": operation})
             except asyncio.QueueFull:  # a reader this far behind reconnects and gets the state first
-                with contextlib.suppress(asyncio.QueueFull):
-                    queue.get_nowait()
-                queue.put_nowait(None)
+                stop()
+
+        def step_listener(operation: dict[str, Any] | None) -> None:
+            """One `operation` line per runbook step begun, and one (null) when the operation ends."""
+            try:
+                put(
+                    {"type": "operation", "epoch": machine.epoch, "time": time.time(), "operation": operation}
+                )
+            except asyncio.QueueFull:
+                stop()
+
+        def stop() -> None:
+            with contextlib.suppress(asyncio.QueueFull):
+                queue.get_nowait()
+            queue.put_nowait(None)
 
         resp = web.StreamResponse(
             headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"}
@@ -203,6 +222,7 @@ class SupervisorAPI:
             # subscribed before the first line is queued: a drain that starts from here on awaits it
             routers.subscribe(router_id)
         machine.subscribe(listener)
+        lock.subscribe(step_listener)
         closing = asyncio.ensure_future(self._closing.wait())
         try:
             while True:
@@ -226,6 +246,7 @@ class SupervisorAPI:
         finally:
             closing.cancel()
             machine.unsubscribe(listener)
+            lock.unsubscribe(step_listener)
             if router_id is not None:
                 routers.unsubscribe(router_id)
         with contextlib.suppress(ConnectionResetError, RuntimeError):
@@ -307,7 +328,11 @@ class SupervisorAPI:
     # -- runbook operations (corral.supervisor.runbook) ----------------------------------------------
 
     async def _runbook_op(
-        self, request: web.Request, asked: type[R], make_plan: Callable[[R], Any]
+        self,
+        request: web.Request,
+        asked: type[R],
+        make_plan: Callable[[R], Any],
+        detail: Callable[[R], str | None] = lambda _: None,
     ) -> web.Response:
         parsed = await self._op_request(request)
         if isinstance(parsed, web.Response):
@@ -317,7 +342,7 @@ class SupervisorAPI:
             validated = asked.model_validate(body)
             plan = make_plan(validated)
             observer = ObservedWindow.asked(self.supervisor, plan.kind, validated)
-            op, started = await start_operation(self.supervisor, plan, op_id, observer)
+            op, started = await start_operation(self.supervisor, plan, op_id, observer, detail(validated))
         except Refused as exc:
             return _error(409, str(exc), "conflict_error")
         except OperationConflict as exc:
@@ -333,6 +358,7 @@ class SupervisorAPI:
             request,
             SleepRequest,
             lambda asked: SleepPlan(self.supervisor, asked.level, asked.mode, asked.release_kv),
+            lambda asked: f"level {asked.level}",
         )
 
     async def wake(self, request: web.Request) -> web.Response:
@@ -350,6 +376,7 @@ class SupervisorAPI:
             request,
             SwitchBundleRequest,
             lambda asked: SwitchBundlePlan(self.supervisor, asked.name, asked.ready_timeout),
+            lambda asked: f"to {asked.name}",
         )
 
     async def lora_load(self, request: web.Request) -> web.Response:
@@ -357,11 +384,15 @@ class SupervisorAPI:
             request,
             LoadAdapterRequest,
             lambda asked: LoadAdapterPlan(self.supervisor, asked.name, asked.adapter_path),
+            lambda asked: str(asked.name),
         )
 
     async def lora_unload(self, request: web.Request) -> web.Response:
         return await self._runbook_op(
-            request, UnloadAdapterRequest, lambda asked: UnloadAdapterPlan(self.supervisor, asked.name)
+            request,
+            UnloadAdapterRequest,
+            lambda asked: UnloadAdapterPlan(self.supervisor, asked.name),
+            lambda asked: str(asked.name),
         )
 
     async def operation(self, request: web.Request) -> web.Response:

@@ -84,6 +84,7 @@ class Publication:
             "gate": sup.gate.to_json() if sup.gate is not None else None,
             "preload": sup.preload_json(),
             "busy": sup.busy,
+            "operation": sup.operation_lock.in_flight(),  # kind, id, detail, runbook step, since
             "bundle": sup.bundle.to_json() if sup.bundle is not None else None,
             "precheck": sup.precheck.to_json() if sup.precheck is not None else None,
             "bundle_name": sup.running_bundle.name,

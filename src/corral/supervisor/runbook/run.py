@@ -18,10 +18,15 @@ if TYPE_CHECKING:
 
 
 async def start_operation(
-    sup: EngineAccess, plan: RunbookPlan, op_id: str | None, observer: Observer | None = None
+    sup: EngineAccess,
+    plan: RunbookPlan,
+    op_id: str | None,
+    observer: Observer | None = None,
+    detail: str | None = None,
 ) -> tuple[Operation, bool]:
     """Raises `Refused` (PRECHECK) or `OperationConflict` (the id names another kind of operation).
-    With an `observer`, PRECHECK also reads OBSERVE's baseline and the run ends with OBSERVE."""
+    With an `observer`, PRECHECK also reads OBSERVE's baseline and the run ends with OBSERVE.
+    `detail` says what was asked in a few words (`level 1`): shown with the operation's step."""
     if op_id is not None:
         existing = sup.operations.get(op_id)
         if existing is not None:
@@ -30,7 +35,7 @@ async def start_operation(
     witness = ChangeWitness(sup, plan.kind)
     checking = time.monotonic()
     try:
-        lock.take(f"{plan.kind} (precheck)")
+        lock.take(f"{plan.kind} (precheck)", plan.kind, detail)
     except EngineHeld as exc:
         witness.refused(op_id, f"{plan.kind} refused: {exc}", checking)
         raise Refused(f"{plan.kind} refused: {exc}") from None
@@ -47,7 +52,7 @@ async def start_operation(
         raise
 
     async def body(op: Operation) -> dict[str, Any]:
-        runbook = Runbook(plan, op.id, sup.oplog.append, sup.log, observer)
+        runbook = Runbook(plan, op.id, sup.oplog.append, sup.log, observer, on_step=lock.at_step)
         try:
             await witness.begin()
             try:

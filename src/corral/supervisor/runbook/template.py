@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 Record = Callable[..., Any]  # OperationLog.append(record_type, **fields)
 Log = Callable[[str], None]
+OnStep = Callable[[str, str], None]  # (operation id, step value) as each step begins
 Evidence = dict[str, Any]
 
 
@@ -83,14 +84,26 @@ class Runbook:
     """Runs one plan under one operation id, recording every step."""
 
     def __init__(
-        self, plan: RunbookPlan, operation_id: str, record: Record, log: Log, observer: Observer | None = None
+        self,
+        plan: RunbookPlan,
+        operation_id: str,
+        record: Record,
+        log: Log,
+        observer: Observer | None = None,
+        on_step: OnStep | None = None,
     ) -> None:
         self.plan = plan
         self.observer = observer
         self.operation_id = operation_id
         self._record = record
         self._log = log
+        self._on_step = on_step
         self.steps: list[dict[str, Any]] = []
+
+    def _begin(self, step: Step) -> float:
+        if self._on_step is not None:
+            self._on_step(self.operation_id, step.value)
+        return time.monotonic()
 
     def _note(self, step: Step, status: str, evidence: Evidence, started: float) -> None:
         seconds = time.monotonic() - started  # `started` is monotonic; the record shows wall clock
@@ -106,7 +119,7 @@ class Runbook:
         self._log(f"{self.plan.kind} {self.operation_id}: {step} {status}")
 
     async def _step(self, step: Step, body: Callable[[], Awaitable[Evidence]]) -> None:
-        started = time.monotonic()
+        started = self._begin(step)
         try:
             evidence = await body()
         except StepFailed as exc:
@@ -148,7 +161,7 @@ class Runbook:
             raise
 
     async def _recover(self, failed_step: Step, cause: str) -> None:
-        started = time.monotonic()
+        started = self._begin(Step.RECOVER)
         try:
             recovered = await self.plan.recover(failed_step, cause)
             status = "done"
