@@ -1,20 +1,28 @@
-"""The live dashboard in a real headless Chromium, on a real `corral up` fleet: every engine READY,
-then engine-0 SLEEPING after `corral sleep`, READY after `corral wake`, and during `corral rollout` a
-new serving group appearing and the old one leaving. Screenshots of each stage are kept."""
+"""The live dashboard in a real headless Chromium, on a real `corral up` fleet of LoRA-enabled
+simulators: every engine READY; an adapter loaded with `corral lora load` shown on its engine; a
+`corral sleep` whose drain waits on a stream held open shown at its runbook step (DRAIN), then
+engine-0 SLEEPING, READY after `corral wake`; requests through the router counted in the models'
+one-minute window; and during `corral rollout` a new serving group appearing and the old one leaving.
+Screenshots of each stage are kept."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import re
 import shutil
+import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
 from tests.integration.test_rollout import stop_up
-from tests.integration.test_up import start_up
-from tests.support.procs import CorralProcess
+from tests.support.procs import CorralProcess, free_port
+from tests.support.waits import wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [
@@ -28,6 +36,10 @@ ARGS = [
     "--disable-sync",
 ]
 WAIT_MS = 30_000
+# LoRA with runtime loads, as vLLM takes them; 20 ms a token, so a 300-token stream holds a drain ~6 s
+ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
+ENGINE_ARGS = ["--enable-lora", "--max-loras", "2", "--itl-ms", "20"]
+ADAPTER = "adapter-dash"
 
 
 def _browser_or_skip() -> None:
@@ -56,7 +68,16 @@ def artifacts(tmp_path: Path) -> Path:
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[tuple[CorralProcess, str, Path]]:
     state = tmp_path / "state"
-    proc, url = start_up("--engines", "2", "--group-size", "2", state_home=state)
+    port = free_port()
+    sim = [f"--sim-arg={arg}" for arg in ENGINE_ARGS]
+    proc = CorralProcess(
+        ["up", "--port", str(port), "--engines", "2", "--group-size", "2", *sim],
+        env={"XDG_STATE_HOME": str(state), **ENV},
+    )
+    wait_until(lambda: "router: " in proc.output() or proc.proc.poll() is not None, 90, "the router URL")
+    match = re.search(r"router: (http://\S+)", proc.output())
+    assert match, proc.output()
+    url = match.group(1)
     try:
         yield proc, url, state
     finally:
@@ -70,7 +91,28 @@ def _corral(state: Path, *args: str) -> str:
     return proc.output()
 
 
-def test_the_dashboard_follows_sleep_wake_and_a_rollout(
+def hold_stream(engine: str, first_chunk: threading.Event) -> None:
+    """A long completion streamed straight from the engine, read to its end: the sleep's drain
+    (mode wait) waits for it."""
+    where = urlsplit(engine)
+    conn = http.client.HTTPConnection(where.hostname or "127.0.0.1", where.port, timeout=60)
+    body = {"model": "sim-model", "prompt": "hold the drain", "max_tokens": 300, "stream": True}
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200, resp.read()[:500]
+    while resp.readline():
+        first_chunk.set()
+    conn.close()
+
+
+def complete(router: str) -> None:
+    body = json.dumps({"model": "sim-model", "prompt": "hello", "max_tokens": 3}).encode()
+    req = urllib.request.Request(router + "/v1/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.status == 200
+
+
+def test_the_dashboard_follows_an_adapter_a_sleep_step_by_step_a_wake_and_a_rollout(
     fleet: tuple[CorralProcess, str, Path], artifacts: Path, tmp_path: Path
 ) -> None:
     _browser_or_skip()
@@ -95,17 +137,56 @@ def test_the_dashboard_follows_sleep_wake_and_a_rollout(
             assert old_groups, page.content()
             page.screenshot(path=str(artifacts / "1-ready.png"), full_page=True)
 
-            _corral(state, "sleep", "--port", port, "--engine", "engine-0", "--level", "1")
+            # an adapter loaded at run time is listed on its engine (the router learns it from /v1/models)
+            adapter_dir = tmp_path / ADAPTER
+            adapter_dir.mkdir()
+            _corral(state, "lora", "load", "--port", port, "--engine", "engine-0", ADAPTER, str(adapter_dir))
+            page.wait_for_selector(f'{row["engine-0"]} [data-adapters~="{ADAPTER}"]', timeout=WAIT_MS)
+            assert ADAPTER not in page.inner_text(row["engine-1"])
+            page.screenshot(path=str(artifacts / "2-adapter.png"), full_page=True)
+
+            # a sleep whose drain waits for a stream held open: the page shows the runbook step
+            first_chunk = threading.Event()
+            engine0 = next(e["engine"] for e in up_file["engines"] if e["name"] == "engine-0")
+            holder = threading.Thread(target=hold_stream, args=(engine0, first_chunk), daemon=True)
+            holder.start()
+            assert first_chunk.wait(30), "the held stream sent nothing"
+            sleep = CorralProcess(
+                ["sleep", "--port", port, "--engine", "engine-0", "--level", "1"],
+                env={"XDG_STATE_HOME": str(state)},
+            )
+            step = page.wait_for_selector('#ops li[data-step="drain_policy"]', timeout=WAIT_MS)
+            assert step is not None
+            shown = step.inner_text()
+            assert "engine-0" in shown and "sleep (level 1) · DRAIN" in shown, shown
+            assert "DRAIN" in page.inner_text(row["engine-0"])  # on the engine's row as well
+            page.screenshot(path=str(artifacts / "3-draining.png"), full_page=True)
+            assert sleep.wait_exit(120) == 0, sleep.output()[-3000:]
+            holder.join(30)
             page.wait_for_selector(row["engine-0"] + '[data-state="SLEEPING"]', timeout=WAIT_MS)
             assert "SLEEPING" in page.inner_text(row["engine-0"])  # text, not color alone
-            page.screenshot(path=str(artifacts / "2-sleeping.png"), full_page=True)
+            page.wait_for_selector('#ops li[data-step="drain_policy"]', state="detached", timeout=WAIT_MS)
+            page.screenshot(path=str(artifacts / "4-sleeping.png"), full_page=True)
 
             _corral(state, "wake", "--port", port, "--engine", "engine-0")
             page.wait_for_selector(row["engine-0"] + '[data-state="READY"]', timeout=WAIT_MS)
-            page.screenshot(path=str(artifacts / "3-awake.png"), full_page=True)
+
+            # requests through the router are counted in the models' window, which the page names
+            for _ in range(3):
+                complete(url)
+            page.wait_for_function(
+                "() => Number(document.querySelector('#models tr[data-model=\"sim-model\"]')"
+                "?.dataset.requests) >= 3",
+                timeout=WAIT_MS,
+            )
+            assert "last" in page.inner_text("#window") and " s" in page.inner_text("#window")
+            assert ADAPTER in page.inner_text('#models tr[data-model="sim-model"]')  # counted with its base
+            page.screenshot(path=str(artifacts / "5-awake.png"), full_page=True)
 
             bundle = tmp_path / "v2.yaml"
-            bundle.write_text('name: v2\nengine_args: ["--version-string", "0.33.1"]\n')
+            bundle.write_text(
+                f"name: v2\nengine_args: {json.dumps(['--version-string', '0.33.1', *ENGINE_ARGS])}\n"
+            )
             rollout = CorralProcess(
                 ["rollout", "--port", port, "--to", str(bundle)], env={"XDG_STATE_HOME": str(state)}
             )
@@ -116,7 +197,7 @@ def test_the_dashboard_follows_sleep_wake_and_a_rollout(
                 timeout=90_000,
             )
             assert seen_new
-            page.screenshot(path=str(artifacts / "4-rollout.png"), full_page=True)
+            page.screenshot(path=str(artifacts / "6-rollout.png"), full_page=True)
             assert rollout.wait_exit(120) == 0, rollout.output()[-3000:]
             page.wait_for_function(
                 "old => ![...document.querySelectorAll('li[data-group]')]"
@@ -124,6 +205,6 @@ def test_the_dashboard_follows_sleep_wake_and_a_rollout(
                 arg=sorted(old_groups),
                 timeout=WAIT_MS,
             )
-            page.screenshot(path=str(artifacts / "5-rolled-out.png"), full_page=True)
+            page.screenshot(path=str(artifacts / "7-rolled-out.png"), full_page=True)
         finally:
             browser.close()

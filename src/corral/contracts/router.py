@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from corral.contracts.supervisor import OperationInFlight
 from corral.contracts.traffic import RequestCounts, TrafficFigures
 from corral.contracts.wire import WireModel
 from corral.engine_state import EngineState
@@ -29,6 +30,9 @@ class SupervisorLink(WireModel):
     pairing: str | None = None
     connector: str | None = None  # the engine's KV connector, as its supervisor says (issue 17)
     kv_events: str | None = None  # where the engine publishes KV events, as its supervisor says (issue 17)
+    # the runbook operation in flight and its step, as the supervisor's stream last said (issue 18;
+    # None from an older supervisor, or none in flight)
+    operation: OperationInFlight | None = None
 
 
 class SlowStartRamp(WireModel):
@@ -69,6 +73,10 @@ class FleetEndpoint(WireModel):
     # endpoint, replay, last_seq, batches, gaps, replays, lost, restarts, index.blocks, ...); None when
     # the router does not read the engine's events
     kv_events: dict[str, Any] | None = None
+    # the LoRA adapters the engine serves, as its /v1/models lists them (a card with a `parent`), and
+    # those its supervisor withdrew from routing before an unload; absent before issue 18
+    adapters: list[str] = Field(default_factory=list)
+    withdrawn: list[str] = Field(default_factory=list)
 
     @property
     def supervisor_url(self) -> str:

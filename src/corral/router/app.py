@@ -352,6 +352,8 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
                 "since": e.since,
                 "last_event_resource_version": e.last_event_version,
                 "models": sorted(e.models),
+                "adapters": e.adapters,
+                "withdrawn": sorted(e.withdrawn_models),
                 "in_flight": e.in_flight,
                 "requests_sent": e.requests_sent,
                 "ejected_until": e.ejected_until_wall(now),

@@ -5,17 +5,23 @@ The loop reads the router's fleet view (the same dict `/v1/fleet` answers) at mo
 clients only when it changed, so N dashboards cost one read per interval, not N. Each client has a
 small bounded queue; a client whose queue is full (it reads slower than the fleet changes) is
 dropped, and its browser's EventSource reconnects and starts from a fresh snapshot.
+
+Each snapshot carries, beside the fleet view, `model_windows`: per-model figures over the last
+minute (`windows.py`), from readings this loop takes; they start afresh when nobody watches.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 from aiohttp import web
+
+from corral.router.dashboard.windows import ModelWindows
 
 Snapshot = Callable[[], Awaitable[dict[str, Any]]]
 
@@ -26,9 +32,15 @@ class DashboardFeed:
     """Coalesced fleet snapshots, fanned out to bounded per-client queues."""
 
     def __init__(
-        self, snapshot: Snapshot, interval: float = 0.5, heartbeat: float = 15.0, queue_size: int = 8
+        self,
+        snapshot: Snapshot,
+        interval: float = 0.5,
+        heartbeat: float = 15.0,
+        queue_size: int = 8,
+        windows: ModelWindows | None = None,
     ) -> None:
         self._snapshot = snapshot
+        self._windows = windows if windows is not None else ModelWindows()
         self._interval = interval
         self._heartbeat = heartbeat
         self._queue_size = queue_size
@@ -49,7 +61,9 @@ class DashboardFeed:
     async def _run(self) -> None:
         while self._clients:
             try:
-                body = orjson.dumps(await self._snapshot())
+                view = await self._snapshot()
+                view["model_windows"] = self._windows.update(view, time.monotonic())
+                body = orjson.dumps(view)
             except Exception as exc:  # a failed read is shown on the page; the loop goes on
                 body = orjson.dumps({"error": f"the router could not read its fleet view: {exc}"})
             self.reads += 1
@@ -58,6 +72,7 @@ class DashboardFeed:
                 self._publish(b"event: fleet\ndata: " + body + b"\n\n")
             await asyncio.sleep(self._interval)
         self._last = None  # nobody listens: the next client starts from a fresh read
+        self._windows.clear()
 
     def _publish(self, message: bytes) -> None:
         for queue in list(self._clients):

@@ -35,7 +35,14 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from corral.contracts.supervisor import AckRequest, NotJSON, StateLine, UnusableLine, decode_watch_line
+from corral.contracts.supervisor import (
+    AckRequest,
+    NotJSON,
+    OperationLine,
+    StateLine,
+    UnusableLine,
+    decode_watch_line,
+)
 from corral.engine_state import EngineState
 from corral.router.membership.endpoint import Endpoint, SupervisorView
 from corral.router.membership.membership import Membership
@@ -204,8 +211,11 @@ class SupervisorStreams:
                         first = False
                     continue
                 if isinstance(line, StateLine):
+                    view.operation = line.operation
                     self._apply(endpoint, view, line, received, first)
                     first = False
+                elif isinstance(line, OperationLine):  # a runbook step began: shown, never routed on
+                    view.operation = line.operation
                 # a heartbeat (or a line of a kind this version does not know): nothing to apply
 
     def _apply(

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from corral.contracts.supervisor import OperationInFlight
 from corral.engine_state import EngineState
 from corral.router.membership.groups import GroupTag
 from corral.router.telemetry.traffic import EndpointTraffic
@@ -45,6 +46,9 @@ class SupervisorView:
     pairing: str | None = None
     connector: str | None = None  # the engine's KV connector, as the last state line said (issue 17)
     kv_events: str | None = None  # where its engine publishes KV events, `PUB[,REPLAY]` (issue 17)
+    # the runbook operation in flight and its step, as the stream last said (issue 18); a lost stream
+    # keeps the last word, as it keeps the last state
+    operation: OperationInFlight | None = None
 
     def blocker(self) -> tuple[EngineState, str] | None:
         """(state, reason) that keeps the endpoint out of routing, or None when the supervisor, on a
@@ -76,6 +80,7 @@ class SupervisorView:
             "pairing": self.pairing,
             "connector": self.connector,
             "kv_events": self.kv_events,
+            "operation": self.operation.to_wire() if self.operation is not None else None,
         }
 
 
@@ -216,6 +221,11 @@ class Endpoint:
         if self.supervisor is not None and self.supervisor.pairing is not None:
             return self.supervisor.pairing
         return self.probed_pairing
+
+    @property
+    def adapters(self) -> list[str]:
+        """The LoRA adapters it serves: the models its /v1/models lists with a `parent` (the base)."""
+        return sorted(str(c["id"]) for c in self.model_cards if c.get("parent") and c.get("id"))
 
     def role_mismatch(self) -> str | None:
         """Why the declared role is not the one routing uses (its supervisor says otherwise), or None."""

@@ -20,7 +20,28 @@
   const fill = (node, children) => node.replaceChildren(...children);
   const engineName = (e) => e.name || e.url.replace(/^https?:\/\//, "");
   const stateOf = (e) => (e.supervisor && e.supervisor.state) || e.state || "unknown";
-  let previous = null; // {at, byModel} for rates
+  const STEPS = { drain_policy: "DRAIN" }; // the runbook's step names as the runbook document writes them
+  const stepName = (step) => STEPS[step] || String(step).replace(/_/g, " ").toUpperCase();
+  const seconds = (since) => {
+    const s = Math.max(0, Date.now() / 1000 - since);
+    return s < 60 ? s.toFixed(1) + " s" : Math.floor(s / 60) + " min " + Math.round(s % 60) + " s";
+  };
+  // "sleep (level 1) · DRAIN · 1.2 s": the elapsed part is a span the clock below keeps current
+  function operation(op) {
+    const span = el("span", null, "op");
+    span.dataset.kind = op.kind;
+    span.dataset.step = op.step;
+    span.append(`${op.kind}${op.detail ? " (" + op.detail + ")" : ""} · `, el("b", stepName(op.step)));
+    if (typeof op.since === "number") {
+      const t = el("span", " · " + seconds(op.since), "elapsed");
+      t.dataset.since = String(op.since);
+      span.append(t);
+    }
+    return span;
+  }
+  setInterval(() => {
+    for (const t of document.querySelectorAll("span.elapsed")) t.textContent = " · " + seconds(Number(t.dataset.since));
+  }, 1000);
 
   function badge(e) {
     const span = el("span");
@@ -30,6 +51,8 @@
     span.appendChild(b);
     const sub = e.supervisor && e.supervisor.sub_state;
     if (sub) span.appendChild(el("span", " " + sub, "sub"));
+    const op = e.supervisor && e.supervisor.operation;
+    if (op) span.append(el("br"), operation(op));
     return span;
   }
 
@@ -40,30 +63,37 @@
     return k.blocks !== undefined ? k.blocks + " blocks" : "known";
   }
 
-  function modelRows(fleet) {
-    const now = Date.now() / 1000;
-    const byModel = {};
-    for (const e of fleet.endpoints || []) {
-      const t = e.traffic || {};
-      const ttft = t.ttft || {};
-      const count = (ttft.counts || []).reduce((a, b) => a + b, 0);
-      for (const m of e.models || []) {
-        const acc = (byModel[m] ||= { requests: 0, errors: 0, ttftSum: 0, ttftCount: 0 });
-        acc.requests += t.requests || 0; acc.errors += t.errors || 0;
-        acc.ttftSum += ttft.sum || 0; acc.ttftCount += count;
-      }
-    }
-    const rows = Object.keys(byModel).sort().map((m) => {
-      const now_ = byModel[m], before = previous && previous.byModel[m];
-      const dt = previous ? now - previous.at : 0;
-      const dReq = before ? now_.requests - before.requests : 0;
-      const rate = dt > 0 && before ? (dReq / dt).toFixed(2) : "–";
-      const errs = now_.requests ? ((100 * now_.errors) / now_.requests).toFixed(1) + "%" : "0%";
-      const ttft = now_.ttftCount ? ((1000 * now_.ttftSum) / now_.ttftCount).toFixed(0) + " ms" : "–";
-      return row([el("span", m, "mono"), rate, errs + " (" + now_.errors + ")", ttft]);
+  function adapters(e) {
+    const names = e.adapters || [];
+    if (!names.length) return "–";
+    const withdrawn = new Set(e.withdrawn || []);
+    const span = el("span", null, "mono");
+    span.dataset.adapters = names.join(" ");
+    names.forEach((name, i) => {
+      if (i) span.append(", ");
+      span.append(withdrawn.has(name) ? el("s", name, "no") : name);
     });
-    previous = { at: now, byModel };
-    return rows;
+    return span;
+  }
+
+  function modelRows(fleet) {
+    const windows = fleet.model_windows || { models: {} };
+    const span = windows.covered_s < windows.window_s ? `${Math.round(windows.covered_s)} s (this view's age)`
+      : `${Math.round(windows.window_s)} s`;
+    $("window").textContent = windows.window_s ? "· last " + span : "";
+    const ms = (v) => (v === null || v === undefined ? "–" : Math.round(v) + " ms");
+    return Object.keys(windows.models).sort().map((m) => {
+      const f = windows.models[m];
+      const errs = f.error_share === null ? "–" : (100 * f.error_share).toFixed(1) + "% (" + f.errors + ")";
+      const name = el("span", m, "mono");
+      if ((f.adapters || []).length) name.append(el("span", " + " + f.adapters.join(", "), "sub"));
+      const tr = row([name, f.rate === null ? "–" : f.rate.toFixed(2), errs,
+        ms(f.ttft_mean_ms), ms(f.ttft_p95_ms)]);
+      tr.lastChild.className = "";
+      tr.dataset.model = m;
+      tr.dataset.requests = String(f.requests);
+      return tr;
+    });
   }
 
   function render(fleet) {
@@ -76,7 +106,7 @@
       const ramp = e.slow_start ? Math.round(e.slow_start.weight * 100) + "%" : "–";
       const routable = el("span", e.routable ? "yes" : "no — " + String(e.why || e.reason || "?").replace(/^not routable: /, ""), e.routable ? "yes" : "no");
       const tr = row([el("b", engineName(e)), badge(e), e.role || sv.role || "–", e.group || "–",
-        el("span", fp, "mono"), String(e.in_flight ?? 0), kv(e), "–", ramp, routable]);
+        el("span", fp, "mono"), String(e.in_flight ?? 0), kv(e), adapters(e), ramp, routable]);
       tr.dataset.engine = engineName(e);
       tr.dataset.url = e.url;
       tr.dataset.state = stateOf(e);
@@ -94,11 +124,20 @@
       const sv = e.supervisor;
       if (!sv) continue;
       const state = sv.state || "";
-      if (state !== "READY" || sv.sub_state) {
+      if (sv.operation) {
+        const li = el("li");
+        li.dataset.engine = engineName(e);
+        li.dataset.step = sv.operation.step;
+        li.append(el("b", engineName(e)), ": ", operation(sv.operation), el("span", ` — ${state}` +
+          (sv.sub_state ? " / " + sv.sub_state : ""), "sub"));
+        ops.push(li);
+      } else if (state !== "READY" || sv.sub_state) {
         ops.push(el("li", `${engineName(e)}: ${state}${sv.sub_state ? " / " + sv.sub_state : ""}` +
           (sv.reason ? ` — ${sv.reason}` : "")));
       }
-      if (state === "DRAINING" && sv.epoch != null && sv.acked_epoch != null && sv.acked_epoch < sv.epoch) {
+      // the removal epoch is the one leaving routing; later DRAINING epochs are not acknowledged
+      if (state === "DRAINING" && sv.sub_state === "leaving_routing" && sv.epoch != null &&
+          (sv.acked_epoch == null || sv.acked_epoch < sv.epoch)) {
         ops.push(el("li", `${engineName(e)}: drain waits for acknowledgement (epoch ${sv.epoch}, acked ${sv.acked_epoch})`, "no"));
       }
     }
