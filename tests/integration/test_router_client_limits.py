@@ -18,7 +18,8 @@ import pytest
 from aiohttp import web
 
 from corral.router.edge.client_connections import ConnectionGuard
-from corral.router.edge.client_limits import ClientLimits, ClientLimitStats, client_limits_middleware
+from corral.router.edge.client_limit_flags import ClientLimits
+from corral.router.edge.client_limits import ClientLimitStats, client_limits_middleware
 from tests.integration.test_router_passthrough import start_router
 from tests.support.procs import CorralProcess, start_sim
 from tests.support.prom import sample, scrape

@@ -15,15 +15,17 @@ from click.testing import CliRunner
 from prometheus_client import CollectorRegistry, generate_latest
 
 from corral.router.edge.client_connections import make_room_for
-from corral.router.edge.client_limits import (
+from corral.router.edge.client_limit_flags import (
     MIB,
     ClientLimits,
-    ClientLimitsCollector,
-    ClientLimitStats,
     client_limit_options,
-    client_limits_middleware,
     format_size,
     parse_size,
+)
+from corral.router.edge.client_limits import (
+    ClientLimitsCollector,
+    ClientLimitStats,
+    client_limits_middleware,
 )
 from tests.support.prom import sample
 

@@ -13,7 +13,7 @@ from corral.contracts.router import RouterFleet
 from corral.contracts.supervisor import StateLine
 from corral.engine_state import EngineState
 from corral.k8s.watch.client import WatchEvent
-from corral.router.cli import parse_roles
+from corral.router.start import parse_roles
 from corral.router.discovery.backends_file import BackendsFileError, parse_backends
 from corral.router.discovery.engine_identity import static_pairing
 from corral.router.discovery.k8s_pods import ROLE_LABEL, PodSource, PodSourceConfig, pod_view

@@ -18,8 +18,9 @@ from corral.router.membership.groups import group_tag
 from corral.router.membership.membership import Membership
 from corral.router.routing.config import PolicyConfigError, RoutingConfig, load_routing_config
 from corral.router.routing.load_board import LoadBoard
+from corral.router.routing.names import POLICY_NAMES
 from corral.router.routing.prefix_memory import PrefixMemory
-from corral.router.routing.request import POLICY_NAMES, Policy, RouteRequest
+from corral.router.routing.request import Policy, RouteRequest
 from corral.router.routing.selector import build_policy, build_scored
 from corral.router.routing.slow_start import FLOOR, SlowStart, SlowStartError, warmup_weight
 

@@ -10,7 +10,7 @@ import orjson
 from corral.fleet.local.fleet import UP_POLICIES
 from corral.fleet.local.fleet_config import RouterConfig
 from corral.fleet.local.kv_events import kv_events_args
-from corral.router.routing.request import POLICY_NAMES
+from corral.router.routing.names import POLICY_NAMES
 
 
 def test_events_go_on_unix_sockets_in_the_log_directory() -> None:

@@ -29,12 +29,8 @@ from corral.router.discovery.static import StaticSource
 from corral.router.discovery.supervisor_stream import StreamSettings, SupervisorStreams, default_router_id
 from corral.router.edge.admin_access import ADMIN_PATHS, OPEN_PATHS, AdminAccess, AdminAccessConfig
 from corral.router.edge.client_connections import ConnectionGuard
-from corral.router.edge.client_limits import (
-    ClientLimits,
-    ClientLimitsCollector,
-    ClientLimitStats,
-    client_limits_middleware,
-)
+from corral.router.edge.client_limit_flags import ClientLimits
+from corral.router.edge.client_limits import ClientLimitsCollector, ClientLimitStats, client_limits_middleware
 from corral.router.edge.expect_continue import expect_handler
 from corral.router.edge.tenants import TenantCollector, TenantGate, Tenants, tenant_of
 from corral.router.membership.consumer import MembershipConsumer

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from corral.k8s.render.images_config import ImagesSpec, fill_default_images
 from corral.k8s.render.monitoring_config import MonitoringSpec
 from corral.k8s.render.pd_config import PdSpec
-from corral.router.routing.request import POLICY_NAMES
+from corral.router.routing.names import POLICY_NAMES
 from corral.supervisor.checks.dependencies import GateSpecError, parse_gate
 
 # Object names get suffixes up to "-router-pods" (12) and Service names must be DNS-1035 labels (63).

@@ -1,6 +1,8 @@
 """The `corral router` flags of who may use it — `--api-keys-file`, `--admin-key-file`, `--admin-port`,
 `--admin-host`, `--engine-api-key-file` — checked at start (exit 2 with the file, entry and field at
-fault, never a key) and handed to the command as one `access: EdgeAccess` argument."""
+fault, never a key) and handed to the command as one `access: EdgeAccess` argument. What checks
+them (aiohttp's admin gate, the YAML tenants file) is imported when the router starts, so that
+`corral router --help` starts fast."""
 
 from __future__ import annotations
 
@@ -10,29 +12,26 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from corral.router.edge.admin_access import (
-    AdminAccessConfig,
-    SecretFileError,
-    is_loopback_host,
-    read_secret_file,
-)
-from corral.router.edge.tenants_file import TenantsFileError, read_tenants
+if TYPE_CHECKING:
+    from corral.router.edge.admin_access import AdminAccessConfig
 
 log = logging.getLogger("corral.router")
 
 
 @dataclass(frozen=True, slots=True)
 class EdgeAccess:
+    admin: AdminAccessConfig
     api_keys_file: Path | None = None
-    admin: AdminAccessConfig = field(default_factory=AdminAccessConfig)
     engine_api_key: str | None = field(default=None, repr=False)
 
     def log_at_start(self) -> None:
         """Say how open the router is, once, as it starts."""
+        from corral.router.edge.admin_access import is_loopback_host
+
         if self.api_keys_file is None:
             log.warning(
                 "no --api-keys-file: the router serves every client without a key (local development "
@@ -67,6 +66,9 @@ def access_options(command: Callable[..., None]) -> Callable[..., None]:
         engine_api_key_file: Path | None,
         **kwargs: Any,
     ) -> None:
+        from corral.router.edge.admin_access import AdminAccessConfig, SecretFileError, read_secret_file
+        from corral.router.edge.tenants_file import TenantsFileError, read_tenants
+
         if api_keys_file is not None:
             try:
                 read_tenants(api_keys_file)

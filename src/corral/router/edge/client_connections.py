@@ -28,7 +28,8 @@ from typing import cast
 from aiohttp import web
 
 from corral.openai_errors import error_body
-from corral.router.edge.client_limits import BodyReadTimeout, ClientLimits, ClientLimitStats
+from corral.router.edge.client_limit_flags import ClientLimits
+from corral.router.edge.client_limits import BodyReadTimeout, ClientLimitStats
 
 log = logging.getLogger("corral.router")
 

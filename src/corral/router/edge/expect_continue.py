@@ -15,7 +15,8 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from corral.openai_errors import error_response
-from corral.router.edge.client_limits import ClientLimits, ClientLimitStats, body_too_large
+from corral.router.edge.client_limit_flags import ClientLimits
+from corral.router.edge.client_limits import ClientLimitStats, body_too_large
 from corral.router.edge.tenants import TenantGate
 
 ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]

@@ -1,6 +1,6 @@
-"""What routing decides on and how: the request a policy looks at, the `Policy` protocol every
-policy and the selector meet, and the names of the built-in policies (a leaf: it imports no other
-routing module, so every one of them can import it)."""
+"""What routing decides on and how: the request a policy looks at and the `Policy` protocol every
+policy and the selector meet (a leaf: it imports no other routing module but `names`, so every one of
+them can import it)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,3 @@ class Policy(Protocol):
     def pick(self, candidates: Sequence[Endpoint], request: RouteRequest) -> Endpoint:
         """Choose one of `candidates` (never empty)."""
         ...
-
-
-POLICY_NAMES = ("round_robin", "least_request", "session", "prefix", "load")

@@ -11,11 +11,12 @@ from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.config import PolicyConfigError, RoutingConfig, check_policy_names
 from corral.router.routing.load_board import LoadBoard
 from corral.router.routing.load_scraper import LoadScraper
+from corral.router.routing.names import POLICY_NAMES
 from corral.router.routing.pipeline import LOAD_WEIGHTS, PREFIX_WEIGHTS, ScoredPolicy
 from corral.router.routing.policies import LeastRequest, RoundRobin, SessionAffinity
 from corral.router.routing.prefix_holders import PrefixHolders
 from corral.router.routing.prefix_memory import PrefixMemory
-from corral.router.routing.request import POLICY_NAMES, Policy, RouteRequest
+from corral.router.routing.request import Policy, RouteRequest
 from corral.router.routing.slow_start import SlowStart
 
 log = logging.getLogger("corral.router.scoring")
