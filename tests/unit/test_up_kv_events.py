@@ -5,11 +5,12 @@ from __future__ import annotations
 import typing
 from pathlib import Path
 
+import click
 import orjson
 
-from corral.fleet.local.fleet import UP_POLICIES
 from corral.fleet.local.fleet_config import RouterConfig
 from corral.fleet.local.kv_events import kv_events_args
+from corral.fleet.local.up import up
 from corral.router.routing.names import POLICY_NAMES
 
 
@@ -30,4 +31,6 @@ def test_a_bundle_with_its_own_config_or_a_path_too_long_for_a_socket_gets_none(
 
 def test_a_local_fleet_offers_every_router_policy() -> None:
     configured = typing.get_args(RouterConfig.model_fields["policy"].annotation)
-    assert tuple(UP_POLICIES) == tuple(POLICY_NAMES) == tuple(configured)
+    offered = next(p for p in up.params if p.name == "policy").type
+    assert isinstance(offered, click.Choice)
+    assert tuple(offered.choices) == tuple(POLICY_NAMES) == tuple(configured)

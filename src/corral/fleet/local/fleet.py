@@ -61,10 +61,6 @@ class FleetStartError(RuntimeError):
     """A fleet member did not come up; the message names it and says why."""
 
 
-# the router's policies a local fleet offers (all of `corral router --policy`)
-UP_POLICIES = ("round_robin", "least_request", "session", "prefix", "load")
-
-
 @dataclass(frozen=True)
 class FleetSpec:
     engines: int = 2
