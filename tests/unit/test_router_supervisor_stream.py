@@ -240,6 +240,29 @@ async def test_a_stream_that_joins_mid_drain_acknowledges_its_first_line(
     assert supervisor.acks[0]["epoch"] == 12
 
 
+async def test_operation_lines_show_the_runbook_step_and_never_move_routing(
+    rig: tuple[FakeSupervisor, Membership, SupervisorStreams],
+) -> None:
+    supervisor, membership, _ = rig
+    lines = supervisor.script()
+    endpoint = add_endpoint(membership, supervisor.url)
+    view = endpoint.supervisor
+    assert view is not None
+    lines.put_nowait(state_line(5, "READY"))  # a supervisor before issue 18: no operation field
+    await until(lambda: endpoint.state is READY)
+    assert view.operation is None and view.to_json(time.monotonic())["operation"] is None
+    step = {"kind": "sleep", "id": None, "detail": "level 1", "step": "precheck", "since": 1.0}
+    lines.put_nowait({"type": "operation", "epoch": 5, "time": 1.0, "operation": step})
+    await until(lambda: view.operation is not None)
+    assert membership.eligible("m") == [endpoint] and supervisor.acks == []  # shown, not routed on
+    draining = {**step, "id": "op-1", "step": "drain_policy", "since": 2.0}
+    lines.put_nowait({**state_line(6, "DRAINING", "leaving_routing"), "operation": draining})
+    await until(lambda: membership.eligible("m") == [])
+    assert view.to_json(time.monotonic())["operation"] == draining
+    lines.put_nowait({"type": "operation", "epoch": 6, "time": 3.0, "operation": None})
+    await until(lambda: view.operation is None)
+
+
 async def test_a_hung_supervisor_does_not_delay_another(
     rig: tuple[FakeSupervisor, Membership, SupervisorStreams],
 ) -> None:
