@@ -91,16 +91,17 @@ def _corral(state: Path, *args: str) -> str:
     return proc.output()
 
 
-def hold_stream(engine: str, first_chunk: threading.Event) -> None:
-    """A long completion streamed straight from the engine, read to its end: the sleep's drain
-    (mode wait) waits for it."""
+def hold_stream(engine: str, first_chunk: threading.Event, release: threading.Event) -> None:
+    """A long completion streamed straight from the engine (450 tokens, 9 s: under the drain's 10 s),
+    read until `release` (then the connection is closed) or its end: a sleep's drain (mode wait)
+    waits for it."""
     where = urlsplit(engine)
     conn = http.client.HTTPConnection(where.hostname or "127.0.0.1", where.port, timeout=60)
-    body = {"model": "sim-model", "prompt": "hold the drain", "max_tokens": 300, "stream": True}
+    body = {"model": "sim-model", "prompt": "hold the drain", "max_tokens": 450, "stream": True}
     conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     resp = conn.getresponse()
     assert resp.status == 200, resp.read()[:500]
-    while resp.readline():
+    while not release.is_set() and resp.readline():
         first_chunk.set()
     conn.close()
 
@@ -146,9 +147,9 @@ def test_the_dashboard_follows_an_adapter_a_sleep_step_by_step_a_wake_and_a_roll
             page.screenshot(path=str(artifacts / "2-adapter.png"), full_page=True)
 
             # a sleep whose drain waits for a stream held open: the page shows the runbook step
-            first_chunk = threading.Event()
+            first_chunk, release = threading.Event(), threading.Event()
             engine0 = next(e["engine"] for e in up_file["engines"] if e["name"] == "engine-0")
-            holder = threading.Thread(target=hold_stream, args=(engine0, first_chunk), daemon=True)
+            holder = threading.Thread(target=hold_stream, args=(engine0, first_chunk, release), daemon=True)
             holder.start()
             assert first_chunk.wait(30), "the held stream sent nothing"
             sleep = CorralProcess(
@@ -161,6 +162,7 @@ def test_the_dashboard_follows_an_adapter_a_sleep_step_by_step_a_wake_and_a_roll
             assert "engine-0" in shown and "sleep (level 1) · DRAIN" in shown, shown
             assert "DRAIN" in page.inner_text(row["engine-0"])  # on the engine's row as well
             page.screenshot(path=str(artifacts / "3-draining.png"), full_page=True)
+            release.set()  # the client goes away: the drain ends and the sleep goes on
             assert sleep.wait_exit(120) == 0, sleep.output()[-3000:]
             holder.join(30)
             page.wait_for_selector(row["engine-0"] + '[data-state="SLEEPING"]', timeout=WAIT_MS)
