@@ -99,3 +99,14 @@ def test_parse_model_cards() -> None:
     for bad in (b"not json", b"[]", b'{"data": 3}', b'{"data": []}'):
         with pytest.raises(ModelsProbeError):
             parse_model_cards(bad)
+
+
+def test_an_endpoints_adapters_are_its_cards_with_a_parent() -> None:
+    endpoint = ready("http://a", "base", "lora-b", "lora-a")
+    assert endpoint.adapters == []  # no cards read yet
+    endpoint.model_cards = (
+        {"id": "base", "root": "/models/base", "parent": None},
+        {"id": "lora-b", "root": "/adapters/b", "parent": "base"},
+        {"id": "lora-a", "root": "/adapters/a", "parent": "base"},
+    )
+    assert endpoint.adapters == ["lora-a", "lora-b"]
