@@ -1,23 +1,28 @@
 """`corral doctor`: one command that says what is wrong with a fleet, where in the runbook's diagnosis
 tree, with the evidence and the Corral command to run next; a table, or `--json` (shape
-`corral.doctor/v1`). Exits 1 when anything is wrong."""
+`corral.doctor/v1`). Exits 1 when anything is wrong.
+
+The diagnosis (aiohttp, the wire models) and the table (rich) are imported when the command runs, so
+that `--help` starts fast."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import orjson
-from rich.console import Console
-from rich.table import Table
 
-from corral.aio import run
 from corral.clients.access import FleetAccess, fleet_access_options
-from corral.fleet.checks.doctor import Diagnosis, diagnose
-from corral.fleet.checks.probe import FleetTarget, TargetError, look, read_token
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from corral.fleet.checks.doctor import Diagnosis
 
 
 def render(found: list[Diagnosis]) -> Table:
+    from rich.table import Table
+
     table = Table(title="corral doctor", title_justify="left")
     for column in ("member", "branch", "evidence", "next"):
         table.add_column(column, overflow="fold")
@@ -54,6 +59,13 @@ def doctor(
 ) -> None:
     """Walk the diagnosis tree for every engine and the router; print each branch found, with the
     evidence and the command to run next. Exit code: 0 when every member is healthy, 1 otherwise."""
+    import orjson
+    from rich.console import Console
+
+    from corral.aio import run
+    from corral.fleet.checks.doctor import diagnose
+    from corral.fleet.checks.probe import FleetTarget, TargetError, look, read_token
+
     try:
         token = read_token(token_file)
         target = FleetTarget.resolve(port, router, supervisors, token, access)

@@ -9,9 +9,6 @@ from pathlib import Path
 
 import click
 
-from corral.aio import run
-from corral.fleet.local.engine_names import EngineNameError, find_engine
-
 
 def _tail(path: Path, lines: int) -> tuple[list[str], int]:
     """The last `lines` lines of `path` and the offset its end was at."""
@@ -53,6 +50,9 @@ def _follow(path: Path, offset: int) -> None:
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until Ctrl-C.")
 def logs(engine: str, port: int, lines: int, follow: bool) -> None:
     """Show an engine's log in a local fleet (`corral up`): its supervisor's lines and the engine's."""
+    from corral.aio import run  # here, not above: `--help` starts without aiohttp
+    from corral.fleet.local.engine_names import EngineNameError, find_engine
+
     try:
         member = run(find_engine(port, engine))
     except EngineNameError as exc:
