@@ -14,7 +14,7 @@ import pytest
 
 from corral.fleet.checks.probe import FleetTarget
 from corral.fleet.local.ownership import FleetFiles, FleetInUse, RecordedProcess, supervisor_token_for
-from corral.fleet.rollout.cli import FleetRef
+from corral.fleet.rollout.cli_run import FleetRef
 
 
 def _dead_pid() -> int:

@@ -26,6 +26,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from corral.contracts.window_defaults import MAX_ERROR_RATIO, MAX_TTFT_RATIO, MIN_REQUESTS, TTFT_SLACK_MS
 from corral.contracts.wire import WireModel
 
 # Seconds. Every bound of the router's coarse Prometheus TTFT buckets is one of these, so a
@@ -255,10 +256,10 @@ class WindowThresholds(WireModel):
     unless it is within `ttft_slack_ms` of it, so a 2 ms engine becoming 5 ms does not fail.
     `min_requests`: fewer requests than this in the window cannot be judged (inconclusive)."""
 
-    max_error_ratio: float = 0.05
-    max_ttft_ratio: float = 2.0
-    ttft_slack_ms: float = 50.0
-    min_requests: int = 20
+    max_error_ratio: float = MAX_ERROR_RATIO
+    max_ttft_ratio: float = MAX_TTFT_RATIO
+    ttft_slack_ms: float = TTFT_SLACK_MS
+    min_requests: int = MIN_REQUESTS
 
 
 class WindowVerdict(WireModel):

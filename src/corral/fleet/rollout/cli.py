@@ -1,4 +1,6 @@
-"""`corral rollout --to bundle.yaml` and `corral rollback`: the CLI around fleet/rollout/groups.py.
+"""`corral rollout --to bundle.yaml` and `corral rollback`: their flags. What runs them (aiohttp, the
+rollout itself, the wire models) is corral.fleet.rollout.cli_run, imported when a command runs, so that
+`--help` starts fast.
 
 The fleet is named by `--fleet FILE` (YAML or JSON with `router`, `control` and `token_file`; the file
 `corral up` writes has them) or, by default, the local fleet of `--port`. Progress is printed live,
@@ -9,136 +11,14 @@ exit code is 0 only when every step and the post-check passed.
 from __future__ import annotations
 
 import functools
-import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
-import aiohttp
 import click
-import yaml
-from rich.console import Console
-from rich.table import Table
 
-from corral.aio import run
-from corral.bundle_spec import BundleError, BundleSpec, bundle_from_json, load_bundle
-from corral.clients.access import FleetAccess, fleet_access_options
-from corral.clients.up import UpControlClient
-from corral.contracts.records import RolloutRecord
-from corral.contracts.traffic import WindowThresholds
-from corral.fleet.checks.change_record import (
-    RecordError,
-    default_record_path,
-    read_change_record,
-    write_record,
-)
-from corral.fleet.rollout.base import RolloutBase
-from corral.fleet.rollout.canary import CanarySettings
-from corral.fleet.rollout.hosts import HostRollout
-from corral.fleet.rollout.paired import PairedRollout
-from corral.fleet.rollout.steps import RolloutJob, RolloutSettings, Step
-from corral.state_home import local_fleet_file, read_supervisor_token
-
-
-class FleetRef:
-    """Where a Corral-run fleet is. Either a local fleet (`corral up`'s file: router, control API and
-    its token_file), or hosts listed with their supervisors:
-
-        router: http://10.0.0.1:8000
-        supervisors: [http://10.0.0.2:8081, http://10.0.0.3:8081]
-        token_file: /etc/corral/token      # the supervisors' management token (optional on loopback)
-    """
-
-    def __init__(
-        self,
-        router: str,
-        port: int,
-        control: str | None = None,
-        control_token: str | None = None,
-        supervisors: list[str] | None = None,
-        supervisor_token: str | None = None,
-    ) -> None:
-        self.router, self.port = router, port
-        self.control, self.control_token = control, control_token
-        self.supervisors, self.supervisor_token = supervisors or [], supervisor_token
-
-    @classmethod
-    def load(cls, fleet: Path | None, port: int) -> FleetRef:
-        path = fleet or local_fleet_file(port)
-        try:
-            body = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            hint = "start one with `corral up`, or pass --fleet FILE" if fleet is None else "check the path"
-            raise click.UsageError(f"no fleet file {path}: {hint}") from None
-        except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise click.UsageError(f"fleet file {path} is unreadable: {exc}") from None
-        if not isinstance(body, dict) or not body.get("router"):
-            raise click.UsageError(
-                f"fleet file {path}: write a mapping with router and either control + token_file "
-                "(a `corral up` fleet) or supervisors (a list of supervisor URLs)"
-            )
-        router = str(body["router"]).rstrip("/")
-        router_port = urlparse(router).port or port
-        token = _read_token(body["token_file"]) if body.get("token_file") else None
-        if body.get("control"):
-            if token is None:
-                raise click.UsageError(f"fleet file {path}: a control URL needs its token_file")
-            try:  # the fleet's own supervisor token, which `corral up` made for it
-                supervisor_token = read_supervisor_token(body, path)
-            except ValueError as exc:
-                raise click.UsageError(str(exc)) from None
-            return cls(
-                router,
-                router_port,
-                control=str(body["control"]),
-                control_token=token,
-                supervisor_token=supervisor_token,
-            )
-        supervisors = body.get("supervisors")
-        if not isinstance(supervisors, list) or not supervisors:
-            raise click.UsageError(
-                f"fleet file {path} has neither control (a `corral up` fleet) nor a supervisors list; "
-                "rollout needs a fleet whose engines Corral supervises"
-            )
-        bad = [u for u in supervisors if not str(u).startswith(("http://", "https://"))]
-        if bad:
-            raise click.UsageError(f"fleet file {path}: supervisors {bad} are not http(s) URLs")
-        return cls(router, router_port, supervisors=[str(u) for u in supervisors], supervisor_token=token)
-
-
-def _read_token(where: object) -> str:
-    path = Path(str(where))
-    try:
-        token = path.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise click.UsageError(f"token file {path} is unreadable: {exc.strerror or exc}") from None
-    if not token:
-        raise click.UsageError(f"token file {path} is empty")
-    return token
-
-
-def _print_step(console: Console) -> Any:
-    def observe(step: Step, finished: bool) -> None:
-        where = f"{step.step:<9} {step.group or '':<14}"
-        if not finished:
-            console.print(f"[dim]…[/dim] {where}", markup=True, highlight=False)
-            return
-        mark = "[green]✓[/green]" if step.ok else "[red]✗[/red]"
-        console.print(f"{mark} {where} {step.seconds:7.2f}s  {step.detail}", markup=True, highlight=False)
-
-    return observe
-
-
-def _summary(record: dict[str, Any]) -> Table:
-    table = Table(title=f"{record['kind']} {record['id']}: {record['outcome']}")
-    for column in ("step", "group", "seconds", "ok"):
-        table.add_column(column)
-    for step in record["steps"]:
-        table.add_row(
-            step["step"], step["group"] or "", f"{step['seconds']:.2f}", "yes" if step["ok"] else "NO"
-        )
-    return table
+from corral.clients.access import fleet_access_options
+from corral.contracts.window_defaults import MAX_ERROR_RATIO, MAX_TTFT_RATIO, MIN_REQUESTS, TTFT_SLACK_MS
 
 
 def _settings_options(f: Any) -> Any:
@@ -205,9 +85,6 @@ def _settings_options(f: Any) -> Any:
     return canary_options(fleet_access_options()(f))
 
 
-_LIMITS = WindowThresholds()  # the canary's defaults are the one comparison's
-
-
 def canary_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """--canary-seconds and its thresholds, given to the command as `canary: CanarySettings`."""
 
@@ -220,6 +97,9 @@ def canary_options(command: Callable[..., Any]) -> Callable[..., Any]:
         canary_min_requests: int,
         **kwargs: Any,
     ) -> Any:
+        from corral.contracts.traffic import WindowThresholds
+        from corral.fleet.rollout.canary import CanarySettings
+
         limits = WindowThresholds(
             max_error_ratio=canary_max_error_ratio,
             max_ttft_ratio=canary_max_ttft_ratio,
@@ -238,22 +118,22 @@ def canary_options(command: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--canary-max-error-ratio",
-            default=_LIMITS.max_error_ratio,
+            default=MAX_ERROR_RATIO,
             show_default=True,
             type=click.FloatRange(0, 1),
             help="How far the new group's error ratio may exceed the old groups' (0.05: five points).",
         ),
         click.option(
             "--canary-max-ttft-ratio",
-            default=_LIMITS.max_ttft_ratio,
+            default=MAX_TTFT_RATIO,
             show_default=True,
             type=click.FloatRange(min=1),
             help=f"How many times the old groups' TTFT p99 the new group's may be (differences under "
-            f"{_LIMITS.ttft_slack_ms:g} ms never fail).",
+            f"{TTFT_SLACK_MS:g} ms never fail).",
         ),
         click.option(
             "--canary-min-requests",
-            default=_LIMITS.min_requests,
+            default=MIN_REQUESTS,
             show_default=True,
             type=click.IntRange(min=0),
             help="Requests the new group must serve in the window to be judged; fewer fails the canary "
@@ -265,107 +145,16 @@ def canary_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return with_canary
 
 
-def _execute(
-    kind: str,
-    target: BundleSpec,
-    ref: FleetRef,
-    settings: RolloutSettings,
-    record_path: Path | None,
-    supervisor_token_file: Path | None,
-    access: FleetAccess,
-    fleet_options: str,
-    undoes: Path | None = None,
-) -> None:
-    console = Console(highlight=False, soft_wrap=True)
-    token = _read_token(supervisor_token_file) if supervisor_token_file else ref.supervisor_token
-    path = record_path or default_record_path(kind, ref.port)
-    where = f"{len(ref.supervisors)} hosts, in place" if ref.supervisors else "local fleet"
-    console.print(f"{kind} of {ref.router} ({where}) to bundle [bold]{target.name}[/bold]", markup=True)
-    observer = _print_step(console)
-
-    # the command that undoes this change: a rollback from this very record (it reads `from_bundles`)
-    command = f"corral rollback --from-record {shlex.quote(str(path))} {fleet_options}"
-    job = RolloutJob(
-        ref.router, target, settings, kind, token, access, command, str(undoes) if undoes else None
-    )
-
-    async def go() -> RolloutRecord:
-        async with aiohttp.ClientSession() as session:
-            rollout: RolloutBase
-            if ref.control is not None and ref.control_token is not None:
-                control = UpControlClient(session, ref.control, ref.control_token)
-                rollout = PairedRollout(control, session, job, observer)
-            else:
-                rollout = HostRollout(ref.supervisors, session, job, observer)
-            return await rollout.run()
-
-    record = run(go())
-    write_record(path, record)
-    console.print(_summary(record.to_file()))
-    colour = "green" if record.outcome == "succeeded" else "red"
-    console.print(f"[{colour}]{record.outcome}[/{colour}]: {record.reason}", markup=True)
-    console.print(f"change record: {path}")
-    raise SystemExit(0 if record.outcome == "succeeded" else 1)
-
-
-def _fleet_options(fleet: Path | None, port: int) -> str:
-    """The options that name this fleet again, for the record's rollback command."""
-    return f"--fleet {shlex.quote(str(fleet))}" if fleet is not None else f"--port {port}"
-
-
-def _settings(
-    max_surge: int,
-    max_unavailable: int,
-    routed_timeout: float,
-    start_timeout: float,
-    canary: CanarySettings,
-    min_prefill: int,
-    min_decode: int,
-) -> RolloutSettings:
-    if max_surge == 0 and max_unavailable == 0:
-        raise click.UsageError("--max-surge 0 needs --max-unavailable of at least 1 (or nothing moves)")
-    return RolloutSettings(
-        max_surge=max_surge,
-        max_unavailable=max_unavailable,
-        routed_timeout=routed_timeout,
-        start_timeout=start_timeout,
-        canary=canary,
-        min_prefill=min_prefill,
-        min_decode=min_decode,
-    )
-
-
 @click.command()
 @click.option(
     "--to", "to", required=True, type=click.Path(dir_okay=False, path_type=Path), help="The bundle file."
 )
 @_settings_options
-def rollout(
-    to: Path,
-    fleet: Path | None,
-    port: int,
-    max_surge: int,
-    max_unavailable: int,
-    routed_timeout: float,
-    start_timeout: float,
-    min_prefill: int,
-    min_decode: int,
-    record: Path | None,
-    supervisor_token_file: Path | None,
-    access: FleetAccess,
-    canary: CanarySettings,
-) -> None:
+def rollout(**flags: Any) -> None:
     """Move a Corral-run fleet to another bundle, one serving group at a time, losing no request."""
-    try:
-        target = load_bundle(to)
-    except BundleError as exc:
-        raise click.UsageError(str(exc)) from None
-    settings = _settings(
-        max_surge, max_unavailable, routed_timeout, start_timeout, canary, min_prefill, min_decode
-    )
-    ref = FleetRef.load(fleet, port)
-    options = _fleet_options(fleet, port)
-    _execute("rollout", target, ref, settings, record, supervisor_token_file, access, options)
+    from corral.fleet.rollout.cli_run import run_rollout
+
+    run_rollout(**flags)
 
 
 @click.command()
@@ -376,47 +165,8 @@ def rollout(
     "[default: $XDG_STATE_HOME/corral/rollout-PORT.json].",
 )
 @_settings_options
-def rollback(
-    from_record: Path | None,
-    fleet: Path | None,
-    port: int,
-    max_surge: int,
-    max_unavailable: int,
-    routed_timeout: float,
-    start_timeout: float,
-    min_prefill: int,
-    min_decode: int,
-    record: Path | None,
-    supervisor_token_file: Path | None,
-    access: FleetAccess,
-    canary: CanarySettings,
-) -> None:
+def rollback(**flags: Any) -> None:
     """Move the fleet back to the bundle the last rollout started from, the same way."""
-    ref = FleetRef.load(fleet, port)
-    source = from_record or default_record_path("rollout", ref.port)
-    try:
-        previous = read_change_record(source)
-    except RecordError as exc:
-        raise click.UsageError(f"{exc}; pass --from-record PATH") from None
-    if previous is None:
-        raise click.UsageError(f"no change record {source}: roll out first, or pass --from-record PATH")
-    if not isinstance(previous, RolloutRecord):
-        raise click.UsageError(
-            f"{source} is a {previous.kind} record, not a rollout's (or a rollback's); "
-            "pass --from-record PATH"
-        )
-    bundles = {str(b): b for b in previous.from_bundles.values() if b}
-    if len(bundles) != 1:
-        raise click.UsageError(
-            f"{source}: the {previous.kind} started from {len(bundles)} bundles, not one; "
-            "roll out to the one you want with `corral rollout --to`"
-        )
-    try:
-        target = bundle_from_json(next(iter(bundles.values())), str(source))
-    except BundleError as exc:
-        raise click.UsageError(str(exc)) from None
-    settings = _settings(
-        max_surge, max_unavailable, routed_timeout, start_timeout, canary, min_prefill, min_decode
-    )
-    options = _fleet_options(fleet, port)
-    _execute("rollback", target, ref, settings, record, supervisor_token_file, access, options, source)
+    from corral.fleet.rollout.cli_run import run_rollback
+
+    run_rollback(**flags)
