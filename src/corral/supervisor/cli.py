@@ -1,44 +1,23 @@
 """`corral supervise [options] -- <engine command...>` (the engine container's entrypoint) and
 `corral supervise prestop` (what a Kubernetes preStop hook runs). Bad input is one line on stderr and
 exit code 2, before anything is started.
+
+This module holds the flags; what checks them and runs the supervisor is corral.supervisor.start
+(and, for prestop, the drain client), imported when a command runs, so that `--help` starts fast.
 """
 
 from __future__ import annotations
 
-import os
-import shlex
-import shutil
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
-from urllib.parse import urlsplit
 
 import click
 
-from corral.aio import run as run_on_uvloop
-from corral.bundle_spec import BundleError, BundleSpec, load_bundle
 from corral.engine.pd_protocol import ROLES
-from corral.state_home import corral_state_dir, state_dir_problem
-from corral.supervisor.checks.adapters import AdapterSpecError, parse_lora
-from corral.supervisor.checks.dependencies import DependencyGate, GateSpecError, parse_gate
-from corral.supervisor.commands.precheck import explain_precheck, precheck_options, precheck_settings
-from corral.supervisor.commands.prestop import run_prestop
-from corral.supervisor.lifecycle.config import SupervisorConfig, is_loopback
-from corral.supervisor.lifecycle.drain import DrainPolicy, DrainSettings
-from corral.supervisor.lifecycle.failure_strategy import (
-    CHOICES,
-    OnStartupFailure,
-    StrategyError,
-    check_rollback_bundle,
-    parse_on_startup_failure,
-)
-from corral.supervisor.lifecycle.memory_checks import (
-    DEFAULT_SLEEP_RESIDUE_GIB,
-    DEFAULT_WAKE_TOLERANCE,
-    MemoryThresholds,
-)
-from corral.supervisor.lifecycle.pd_role import kv_transfer_problem
-from corral.supervisor.serve import printer, serve
+from corral.supervisor.commands.precheck import precheck_options
+from corral.supervisor.lifecycle.failure_strategy import CHOICES
+from corral.supervisor.lifecycle.memory_defaults import DEFAULT_SLEEP_RESIDUE_GIB, DEFAULT_WAKE_TOLERANCE
 from corral.supervisor_tokens import TokenFileError, read_management_token
 
 
@@ -57,24 +36,9 @@ def supervise() -> None:
     `corral supervise prestop` to drain it from a preStop hook."""
 
 
-def _bad_input(message: str) -> NoReturn:
+def bad_input(message: str) -> NoReturn:
     click.echo(f"corral supervise: {message}", err=True)
     sys.exit(2)
-
-
-def _default_state_dir(port: int) -> Path:
-    return corral_state_dir() / f"supervise-{port}"
-
-
-def _check_engine_command(argv: tuple[str, ...]) -> None:
-    if not argv:
-        _bad_input("no engine command: put it after `--`, e.g. `-- vllm serve MODEL --port 8000`")
-    exe = argv[0]
-    if os.sep in exe:
-        if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
-            _bad_input(f"engine command {exe!r} is not an executable file")
-    elif shutil.which(exe) is None:
-        _bad_input(f"engine command {exe!r} not found on PATH")
 
 
 def read_token(token_file: Path | None) -> str | None:
@@ -82,14 +46,7 @@ def read_token(token_file: Path | None) -> str | None:
     try:
         return read_management_token(token_file)
     except TokenFileError as exc:
-        _bad_input(str(exc))
-
-
-def _parse_gates(specs: tuple[str, ...]) -> tuple[DependencyGate, ...]:
-    try:
-        return tuple(parse_gate(s) for s in specs)
-    except GateSpecError as exc:
-        _bad_input(str(exc))
+        bad_input(str(exc))
 
 
 _seconds = click.FloatRange(min=0.0)
@@ -278,147 +235,12 @@ _seconds = click.FloatRange(min=0.0)
 )
 @precheck_options
 @click.argument("engine_command", nargs=-1, type=click.UNPROCESSED)
-def run_command(
-    host: str,
-    port: int,
-    engine_url: str,
-    model: str | None,
-    wait_for: tuple[str, ...],
-    dependency_timeout: float,
-    startup_timeout: float,
-    startup_restarts: int,
-    failure_restarts: int,
-    restart_backoff: float,
-    stall_seconds: float,
-    sleep_residue_gib: float,
-    wake_tolerance: float,
-    drain_policy: str,
-    propagation_timeout: float,
-    quiet_period: float,
-    drain_timeout: float,
-    drain_transfer_wait: float,
-    shutdown_timeout: float,
-    state_dir: Path | None,
-    oplog_max_bytes: int,
-    oplog_keep: int,
-    token_file: Path | None,
-    gate_port: int | None,
-    gate_host: str,
-    preload_command: str | None,
-    preload_health: str | None,
-    preload_restarts: int,
-    lora: tuple[str, ...],
-    bundle_files: tuple[Path, ...],
-    bundle_name: str,
-    on_startup_failure: str,
-    role: str | None,
-    engine_command: tuple[str, ...],
-    **precheck_flags: Any,
-) -> None:
+def run_command(**flags: Any) -> None:
     """Start ENGINE COMMAND once its dependencies are up, report it ready only once it serves, and
     drain it before it stops."""
-    gates = _parse_gates(wait_for)
-    engine_host = urlsplit(engine_url).hostname or ""
-    if gate_port is not None and not is_loopback(engine_host):
-        _bad_input(
-            f"--gate-port needs the engine on loopback (its dev endpoints must be unreachable from outside); "
-            f"--engine-url {engine_url} is not"
-        )
-    preload_argv: tuple[str, ...] = ()
-    if preload_command is not None:
-        preload_argv = tuple(shlex.split(preload_command))
-        if not preload_argv or not preload_health:
-            _bad_input("--preload-command needs a command and --preload-health URL (the daemon's /health)")
-        if "ipc_cache" not in " ".join(engine_command):
-            _bad_input("--preload-command: the engine command must load from it (--load-format ipc_cache)")
-        gates = (*gates, *_parse_gates((preload_health,)))
-    try:
-        adapters = tuple(parse_lora(spec) for spec in lora)
-    except AdapterSpecError as exc:
-        _bad_input(str(exc))
-    _check_engine_command(engine_command)
-    if (kv_problem := kv_transfer_problem(engine_command)) is not None:
-        _bad_input(f"the engine command's {kv_problem}")
-    bundles = _read_bundles(bundle_files, bundle_name)
-    strategy = _startup_failure_strategy(on_startup_failure, bundles, bundle_name)
-    explain = precheck_flags.pop("explain")
-    precheck = precheck_settings(precheck_flags)
-    if explain:
-        sys.exit(run_on_uvloop(explain_precheck(engine_command, precheck, preload_argv, click.echo)))
-    token = read_token(token_file)
-    if token is None and not is_loopback(host):
-        _bad_input(
-            f"refusing to serve the management API on {host} without a token: "
-            "pass --token-file or set CORRAL_TOKEN (or bind --host 127.0.0.1)"
-        )
-    state_dir = state_dir or _default_state_dir(port)
-    if (problem := state_dir_problem(state_dir)) is not None:
-        _bad_input(
-            f"state dir {state_dir} cannot be used: {problem}; pass --state-dir DIR, writable by this user"
-        )
-    config = SupervisorConfig(
-        engine_argv=engine_command,
-        engine_url=engine_url.rstrip("/"),
-        host=host,
-        port=port,
-        model=model,
-        gates=gates,
-        dependency_timeout=dependency_timeout,
-        startup_timeout=startup_timeout,
-        startup_restarts=startup_restarts,
-        failure_restarts=failure_restarts,
-        restart_backoff=restart_backoff,
-        stall_seconds=stall_seconds,
-        memory=MemoryThresholds.from_flags(sleep_residue_gib, wake_tolerance),
-        drain=DrainSettings(
-            policy=DrainPolicy(drain_policy),
-            propagation_timeout=propagation_timeout,
-            quiet_period=quiet_period,
-            drain_timeout=drain_timeout,
-            shutdown_timeout=shutdown_timeout,
-            transfer_wait=drain_transfer_wait,
-        ),
-        state_dir=state_dir,
-        oplog_max_bytes=oplog_max_bytes,
-        oplog_keep=oplog_keep,
-        token=token,
-        lora=adapters,
-        bundles=bundles,
-        bundle_name=bundle_name,
-        on_startup_failure=strategy,
-        role=role,
-        precheck=precheck,
-        preload_argv=preload_argv,
-        preload_health=preload_health,
-        preload_restarts=preload_restarts,
-        gate_port=gate_port,
-        gate_host=gate_host,
-    )
-    sys.exit(run_on_uvloop(serve(config)))
+    from corral.supervisor.start import start_supervisor
 
-
-def _read_bundles(files: tuple[Path, ...], running: str) -> tuple[BundleSpec, ...]:
-    """The bundles declared with --bundle; exits 2 naming a bad file or a name used twice."""
-    bundles: dict[str, BundleSpec] = {}
-    for path in files:
-        try:
-            bundle = load_bundle(path)
-        except BundleError as exc:
-            _bad_input(str(exc))
-        if bundle.name in bundles or bundle.name == running:
-            _bad_input(f"--bundle {path}: the name {bundle.name!r} is declared twice (or is --bundle-name)")
-        bundles[bundle.name] = bundle
-    return tuple(bundles.values())
-
-
-def _startup_failure_strategy(text: str, bundles: tuple[BundleSpec, ...], running: str) -> OnStartupFailure:
-    """--on-startup-failure, its rollback bundle declared; exits 2 with the fix otherwise."""
-    try:
-        choice = parse_on_startup_failure(text)
-        check_rollback_bundle(choice, [b.name for b in bundles], running)
-    except StrategyError as exc:
-        _bad_input(str(exc))
-    return choice
+    start_supervisor(**flags)
 
 
 @supervise.command(name="prestop")
@@ -439,6 +261,10 @@ def _startup_failure_strategy(text: str, bundles: tuple[BundleSpec, ...], runnin
 )
 def prestop(url: str, token_file: Path | None, policy: str | None, timeout: float) -> None:
     """Drain the supervised engine and block until it is done (for a Kubernetes preStop hook)."""
+    from corral.aio import run as run_on_uvloop
+    from corral.supervisor.commands.prestop import run_prestop
+    from corral.supervisor.serve import printer
+
     token = read_token(token_file)
     sys.exit(run_on_uvloop(run_prestop(url.rstrip("/"), token, policy, timeout, printer("[prestop]"))))
 
@@ -466,12 +292,12 @@ def derive_token(key_file: Path, namespace: str, pod_name: str, out: str) -> Non
     try:
         token = pod_token(read_fleet_key(key_file), namespace, pod_name)
     except ValueError as exc:  # FleetKeyError, or a namespace/name that names no pod
-        _bad_input(str(exc))
+        bad_input(str(exc))
     if out == "-":
         click.echo(token)
         return
     try:
         write_atomically(Path(out), token.encode() + b"\n", mode=0o600)
     except OSError as exc:
-        _bad_input(f"cannot write the token to {out!r}: {exc.strerror or exc}")
+        bad_input(f"cannot write the token to {out!r}: {exc.strerror or exc}")
     click.echo(f"corral supervise: wrote the token of pod {namespace}/{pod_name} to {out}", err=True)

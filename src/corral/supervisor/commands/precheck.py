@@ -1,23 +1,21 @@
 """`corral supervise`'s PRECHECK flags (what a start must be: pinned, of a fingerprint, of a
 checkpoint, with a token) and `--explain -- ENGINE COMMAND`: PRECHECK run once on the command as
 configured (dependencies not waited for, nothing started), each check and its arithmetic printed; exit 0
-when the start would be authorized, 1 when refused."""
+when the start would be authorized, 1 when refused.
+
+The flags need click only; PRECHECK itself is imported when a start reads them, so that
+`corral supervise --help` starts fast."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from corral.supervisor.checks.engine_auth import redact_argv
-from corral.supervisor.precheck.budget import GIB, BudgetOverrides
-from corral.supervisor.precheck.environment import EnvironmentSettings
-from corral.supervisor.precheck.explain import render
-from corral.supervisor.precheck.gate import PrecheckSettings, run_precheck
-from corral.supervisor.precheck.identity import IdentityExpectations
-from corral.supervisor.precheck.inventory import DeclaredGpus
+if TYPE_CHECKING:
+    from corral.supervisor.precheck.gate import PrecheckSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -103,6 +101,12 @@ _OPTIONS = [
 
 def precheck_settings(flags: dict[str, Any]) -> PrecheckSettings:
     """What PRECHECK expects of a start, from `precheck_options`' values (keyed by parameter name)."""
+    from corral.supervisor.precheck.budget import BudgetOverrides
+    from corral.supervisor.precheck.environment import EnvironmentSettings
+    from corral.supervisor.precheck.gate import PrecheckSettings
+    from corral.supervisor.precheck.identity import IdentityExpectations
+    from corral.supervisor.precheck.inventory import DeclaredGpus
+
     declared = DeclaredGpus(
         count=flags["declared_gpus"],
         memory_bytes=_gib_bytes(flags["gpu_memory_gib"]),
@@ -125,6 +129,8 @@ def precheck_settings(flags: dict[str, Any]) -> PrecheckSettings:
 
 
 def _gib_bytes(gib: float | None) -> int | None:
+    from corral.supervisor.precheck.budget import GIB
+
     return None if gib is None else int(gib * GIB)
 
 
@@ -134,6 +140,10 @@ async def explain_precheck(
     preload_argv: Sequence[str],
     say: Callable[[str], None],
 ) -> int:
+    from corral.supervisor.checks.engine_auth import redact_argv
+    from corral.supervisor.precheck.explain import render
+    from corral.supervisor.precheck.gate import run_precheck
+
     report = await run_precheck(argv, dict(os.environ), settings, preload_argv)
     say(f"PRECHECK of: {' '.join(redact_argv(tuple(argv)))}")
     say(render(report.checks).rstrip("\n"))

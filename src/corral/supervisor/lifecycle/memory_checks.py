@@ -14,18 +14,11 @@ from typing import Any
 from corral.engine.dev_api import EngineFigures
 from corral.engine.kv_log import KV_SHORTFALL_TOLERANCE, EngineLogFigures, KvCapacity, kv_capacity
 from corral.supervisor.lifecycle.device_memory import GIB, NVML, DeviceReading
+from corral.supervisor.lifecycle.memory_defaults import DEFAULT_SLEEP_RESIDUE_GIB, DEFAULT_WAKE_TOLERANCE
 from corral.supervisor.precheck.check import Outcome
 
 ENGINE_METRICS = "engine_metrics"  # a verdict's figures from the engine itself (corral sim's gauges)
 PASSED, FAILED, NOT_MEASURED = Outcome.PASSED.value, "failed", Outcome.NOT_MEASURED.value
-
-
-# What a sleeping vLLM keeps on each GPU: the sleep allocator frees only its pool (weights, KV cache);
-# the CUDA context (~0.5 GiB), the CUDA graph pool, NCCL buffers and the torch allocator's blocks
-# outside the pool stay. vLLM's own sleep test allows more on V1 (a logits buffer it cannot free).
-DEFAULT_SLEEP_RESIDUE_GIB = 2.0
-# A wake (or reload) must bring each GPU back to within this share of what it held before the sleep.
-DEFAULT_WAKE_TOLERANCE = 0.05
 
 
 @dataclass(frozen=True)
