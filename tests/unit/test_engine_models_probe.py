@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from corral.engine.models_probe import ModelsProbeError, describe, parse_model_cards
+from corral.engine.page_get import PageError
 
 REAL = (Path(__file__).parents[1] / "data" / "vllm-samples" / "models.body").read_bytes()
 
@@ -30,4 +31,7 @@ def test_describe() -> None:
     assert (
         describe(ModelsProbeError("GET /v1/models answered 503"))
         == "ModelsProbeError: GET /v1/models answered 503"
+    )
+    assert describe(PageError("cannot connect to 127.0.0.1:9: Connection refused")) == (
+        "cannot connect to 127.0.0.1:9: Connection refused"
     )

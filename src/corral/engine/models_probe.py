@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
 import orjson
+
+from corral.engine.page_get import PageClient, PageError
 
 ModelCard = dict[str, Any]  # one `data` entry, as vLLM sends it (id, root, parent, max_model_len, ...)
 
@@ -32,14 +33,13 @@ def parse_model_cards(body: bytes) -> tuple[ModelCard, ...]:
 
 
 async def probe_models(
-    session: aiohttp.ClientSession, url: str, headers: Mapping[str, str] | None = None
+    client: PageClient, url: str, headers: Mapping[str, str] | None = None
 ) -> tuple[ModelCard, ...]:
-    """GET `url`/v1/models once (the session's timeout applies). Raises ModelsProbeError, or the
-    aiohttp.ClientError / TimeoutError of a failed call; `describe` words any of them."""
-    async with session.get(url + "/v1/models", headers=headers) as resp:
-        body = await resp.read()
-        if resp.status != 200:
-            raise ModelsProbeError(f"GET /v1/models answered {resp.status}")
+    """GET `url`/v1/models once (the client's timeout applies). Raises ModelsProbeError, or the
+    ConnectionError / TimeoutError of a failed call; `describe` words any of them."""
+    status, body = await client.get(url, "/v1/models", headers)
+    if status != 200:
+        raise ModelsProbeError(f"GET /v1/models answered {status}")
     return parse_model_cards(body)
 
 
@@ -48,7 +48,9 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "timed out"
     text = str(exc)
+    if isinstance(exc, PageError) and text:
+        return text  # it says what happened in words ("cannot connect to ...: Connection refused")
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-PROBE_FAILURES = (aiohttp.ClientError, TimeoutError, ModelsProbeError)
+PROBE_FAILURES = (ConnectionError, TimeoutError, ModelsProbeError)

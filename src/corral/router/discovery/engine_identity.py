@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import aiohttp
 import orjson
 
 from corral.engine.models_probe import ModelCard
+from corral.engine.page_get import PageClient
 from corral.engine.pd_protocol import pairing_identity
 
 
@@ -31,19 +31,19 @@ def static_pairing(version: str, cards: Sequence[ModelCard]) -> str:
 
 
 async def probe_pairing(
-    session: aiohttp.ClientSession,
+    client: PageClient,
     url: str,
     cards: Sequence[ModelCard],
     headers: Mapping[str, str] | None = None,
 ) -> str | None:
-    """GET `url`/version once (the session's timeout applies); the identity, or None when the engine
+    """GET `url`/version once (the client's timeout applies); the identity, or None when the engine
     did not say its version (an unknown identity is paired with nothing)."""
     try:
-        async with session.get(url + "/version", headers=headers) as resp:
-            if resp.status != 200:
-                return None
-            body = orjson.loads(await resp.read())
-    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+        status, raw = await client.get(url, "/version", headers)
+        if status != 200:
+            return None
+        body = orjson.loads(raw)
+    except (ConnectionError, TimeoutError, orjson.JSONDecodeError):
         return None
     version = body.get("version") if isinstance(body, dict) else None
     if not isinstance(version, str) or not version:

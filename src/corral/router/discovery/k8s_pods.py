@@ -29,10 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-
 from corral.aio import cancel_tasks
 from corral.engine.models_probe import PROBE_FAILURES, describe, probe_models
+from corral.engine.page_get import PageClient
 from corral.engine.pd_protocol import ROLES
 from corral.engine_state import EngineState
 from corral.k8s.watch.client import PodApi, PodList, WatchEvent
@@ -191,7 +190,7 @@ class PodSource:
         self.informer = PodInformer(
             api, self, config.informer, on_relist=metrics.count_relist, on_event=self._count_event
         )
-        self._session: aiohttp.ClientSession | None = None
+        self._session: PageClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._retries: set[asyncio.TimerHandle] = set()
 
@@ -211,10 +210,7 @@ class PodSource:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self._config.probe_timeout),
-            connector=aiohttp.TCPConnector(limit=0, force_close=True),
-        )
+        self._session = PageClient(self._config.probe_timeout)
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._work(), name=f"corral-router-k8s-worker-{i}")
@@ -229,7 +225,7 @@ class PodSource:
         await cancel_tasks(*self._tasks)
         self._tasks = []
         if self._session is not None:
-            await self._session.close()
+            self._session.close()
             self._session = None
         await self._api.close()
 

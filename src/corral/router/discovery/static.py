@@ -15,10 +15,9 @@ import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 
-import aiohttp
-
 from corral.aio import cancel_tasks
 from corral.engine.models_probe import PROBE_FAILURES, describe, probe_models
+from corral.engine.page_get import PageClient
 from corral.engine_state import EngineState
 from corral.router.discovery.engine_identity import probe_pairing
 from corral.router.membership.events import EndpointAdded, EndpointRemoved, EndpointUpdated, MembershipSink
@@ -68,7 +67,7 @@ class StaticSource:
         self._source = source
         self._metrics = metrics
         self._probes: set[asyncio.Task[None]] = set()
-        self._session: aiohttp.ClientSession | None = None
+        self._session: PageClient | None = None
         self._task: asyncio.Task[None] | None = None
         self.set_urls(urls)
 
@@ -154,10 +153,7 @@ class StaticSource:
 
     async def start(self) -> None:
         """Open the probe session and start refreshing; the first round runs in the background."""
-        self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self._probe_timeout),
-            connector=aiohttp.TCPConnector(limit=0, force_close=True),
-        )
+        self._session = PageClient(self._probe_timeout)
         self._task = asyncio.create_task(self._run(), name="corral-router-static-source")
 
     async def stop(self) -> None:
@@ -168,7 +164,7 @@ class StaticSource:
         if self._probes:
             await asyncio.gather(*self._probes, return_exceptions=True)
         if self._session is not None:
-            await self._session.close()
+            self._session.close()
             self._session = None
 
     async def _run(self) -> None:
