@@ -11,6 +11,7 @@ from aiohttp.test_utils import TestServer
 from click.testing import CliRunner
 
 from corral.sim import cli as sim_cli
+from corral.sim import server as sim_server
 from corral.sim.core.config import SimConfig, effective_keys
 from corral.sim.http.auth import ApiKeyGuard
 from corral.sim.server import SimServer
@@ -92,7 +93,7 @@ def test_the_cli_reads_the_flag_and_the_environment(monkeypatch: pytest.MonkeyPa
         async def run(self) -> int:
             return 0
 
-    monkeypatch.setattr(sim_cli, "SimServer", Capture)
+    monkeypatch.setattr(sim_server, "SimServer", Capture)  # the command imports it when it runs
     runner = CliRunner()
     assert (
         runner.invoke(sim_cli.sim, ["--api-key", "a", "--api-key", "b"], env={"VLLM_API_KEY": "e"}).exit_code

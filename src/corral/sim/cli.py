@@ -6,6 +6,9 @@ environment switches of vLLM are read here, once: VLLM_SERVER_DEV_MODE=1 mounts 
 VLLM_ALLOW_RUNTIME_LORA_UPDATING=1|true the LoRA load/unload endpoints, and VLLM_API_KEY (when no `--api-key`
 is given) guards the `/v1` routes as vLLM does, and VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1 keeps the API server up
 (503) after a rank died.
+
+The simulator and the daemon (aiohttp, the engine model) are imported when a command runs, so that
+`--help` starts fast.
 """
 
 from __future__ import annotations
@@ -15,19 +18,15 @@ import sys
 
 import click
 
-from corral import aio
 from corral.engine import pd_protocol as pd
 from corral.engine.kv_events import HASH_ALGOS, parse_kv_events_config
-from corral.sim.core.config import GIB, SimConfig
-from corral.sim.core.lora import parse_lora_module
-from corral.sim.core.sizing import default_max_model_len
-from corral.sim.server import SimServer
-from corral.sim.weights.preload import DaemonConfig, WeightCacheDaemon
-from corral.sim.weights.requires import Requirement
-from corral.sim.weights.weight_cache import default_fingerprint, socket_path_in
 
 
 def _check_requires(_ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    if not value:
+        return value
+    from corral.sim.weights.requires import Requirement
+
     for spec in value:
         try:
             Requirement.parse(spec)
@@ -39,6 +38,10 @@ def _check_requires(_ctx: click.Context, _param: click.Parameter, value: tuple[s
 def _check_lora_modules(
     _ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]
 ) -> tuple[str, ...]:
+    if not value:
+        return value
+    from corral.sim.core.lora import parse_lora_module
+
     for spec in value:
         try:
             parse_lora_module(spec)
@@ -364,6 +367,11 @@ def sim(ctx: click.Context, /, **options: object) -> None:
     """Run a vLLM-compatible engine simulator (or, with `preload`, its weight-cache daemon)."""
     if ctx.invoked_subcommand is not None:
         return
+    from corral import aio
+    from corral.sim.core.config import SimConfig
+    from corral.sim.core.sizing import default_max_model_len
+    from corral.sim.server import SimServer
+
     environ = dict(os.environ)
     if options["max_model_len"] is None:
         options["max_model_len"] = default_max_model_len(str(options["model"]))
@@ -426,6 +434,11 @@ def preload(
     weights_gib: float,
 ) -> None:
     """Run a simulated vLLM weight-cache daemon (`vllm preload`) for one GPU."""
+    from corral import aio
+    from corral.sim.core.config import GIB
+    from corral.sim.weights.preload import DaemonConfig, WeightCacheDaemon
+    from corral.sim.weights.weight_cache import default_fingerprint, socket_path_in
+
     path = socket_path or socket_path_in(socket_dir)
     config = DaemonConfig(
         model=model,
