@@ -10,12 +10,17 @@ Sections (all on loopback, bounded in time and count; `--sections` picks some):
             consumer of any source drives it: a state flip, a model-list update, a removal and re-add),
             each followed by requests: the CPU the events and the rebuilds they cause add.
   live      one process serving N fake engines (each answers a real vLLM `/metrics` page, `/v1/models`
-            and chat completions with a real vLLM body), `corral router` alone on CPU 0 (taskset), the
-            load generator (benchmarks/loadgen.py, 32 connections; wrk is not installed here) and the
-            engines on the other CPUs: the router's idle CPU, then req/s and p99 per policy, at 10,
-            100 and 1,000 endpoints.
+            and chat completions with a real vLLM body), each `corral router` alone on CPU 0 (taskset),
+            the load generator (wrk, 32 connections; benchmarks/loadgen.py when wrk is missing) and the
+            engines on the other CPUs: per policy and fleet size, the router's idle CPU and the scrapes
+            it sends, then req/s, p99 and the router's CPU per request after a warm-up. On a shared
+            machine one run's req/s says little, so every target is measured `--repeats` times, in
+            turn, each time between two measurements of round robin at the fewest endpoints (one
+            router kept up all run): the summary gives each target's median and spread of req/s over
+            that baseline ("x req/s") and of CPU per request over the baseline's ("x CPU/req").
 
     .venv/bin/python benchmarks/bench_scale.py [--sections decision,churn,live] [--seconds 8]
+        [--sizes 10,1000] [--policies ...] [--repeats 3] [--warmup 1] [--router-src <checkout>/src]
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from corral.engine_state import EngineState
 from corral.router.membership.endpoint import Endpoint
 from corral.router.membership.membership import Membership
 from corral.router.routing.config import RoutingConfig
-from corral.router.routing.request import POLICY_NAMES, RouteRequest
+from corral.router.routing.names import POLICY_NAMES
+from corral.router.routing.request import RouteRequest
 from corral.router.routing.selector import Routing
 
 MODEL = "bench-model"
@@ -160,10 +166,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--sections", default="decision,churn,live")
     parser.add_argument("--seconds", type=float, default=8.0, help="per measurement (decision: per cell / 8)")
-    parser.add_argument("--sizes", default="10,100,1000", help="live section: endpoints")
+    parser.add_argument(
+        "--sizes", default="10,1000", help="live section: endpoints (the fewest: the baseline)"
+    )
     parser.add_argument("--policies", default=",".join(POLICY_NAMES), help="live section")
     parser.add_argument(
         "--models-refresh", type=float, help="live section: the router's default if not given"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="live section: measurements per target")
+    parser.add_argument("--warmup", type=float, default=1.0, help="live section: seconds of load not counted")
+    parser.add_argument(
+        "--idle-seconds", type=float, help="live section: idle CPU window (default: --seconds)"
+    )
+    parser.add_argument(
+        "--router-src", help="live section: run the routers from this checkout's src/ (a change's parent)"
     )
     args = parser.parse_args()
     sections = set(args.sections.split(","))
@@ -175,7 +191,16 @@ def main() -> None:
         from scale_fleet import section_live
 
         sizes = [int(s) for s in args.sizes.split(",")]
-        section_live(sizes, args.policies.split(","), args.seconds, args.models_refresh)
+        section_live(
+            sizes,
+            args.policies.split(","),
+            args.seconds,
+            args.models_refresh,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            idle_seconds=args.idle_seconds,
+            router_src=args.router_src,
+        )
 
 
 if __name__ == "__main__":

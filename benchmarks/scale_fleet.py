@@ -18,11 +18,13 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
 import urllib.request
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -128,14 +130,21 @@ def start_engines(count: int, out: Path, cpus: set[int]) -> tuple[Proc, list[str
     return proc, urls, ports_file
 
 
-def start_router(urls: list[str], policy: str, out: Path, refresh: float | None) -> Proc:
-    backends = out / "backends.txt"
+def start_router(
+    urls: list[str], policy: str, out: Path, refresh: float | None, name: str = "", src: str | None = None
+) -> Proc:
+    """`corral router` over `urls`, alone on `ROUTER_CPU`; imported from `src` when given (another
+    checkout's `src/`, to price a change against its parent)."""
+    backends = out / f"backends-{name or policy}-{len(urls)}.txt"
     backends.write_text("\n".join(urls) + "\n")
     port = free_port()
     argv = [sys.executable, "-m", "corral", "router", "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--backends-file", str(backends), "--policy", policy, "--log-level", "warning"]
     argv += ["--workers", "1"] + (["--models-refresh-seconds", str(refresh)] if refresh else [])
-    proc = spawn(f"router-{policy}-{len(urls)}", argv, f"http://127.0.0.1:{port}", ROUTER_CPU, out)
+    env = {**os.environ, "PYTHONPATH": src} if src else None
+    proc = spawn(
+        name or f"router-{policy}-{len(urls)}", argv, f"http://127.0.0.1:{port}", ROUTER_CPU, out, env
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # every endpoint READY
         if proc.popen.poll() is not None:
@@ -186,57 +195,155 @@ def _ms(text: str) -> float:
     return float(text)
 
 
-def load(policy: str, url: str, seconds: float, out: Path) -> tuple[float, float, int]:
-    """(req/s, p99 ms, errors) of `CLIENTS` connections for `seconds`: wrk when installed, else loadgen."""
+def load(policy: str, url: str, seconds: float, out: Path) -> Load:
+    """`CLIENTS` connections for `seconds`: wrk when installed, else loadgen."""
     wrk = shutil.which("wrk")
     if wrk is None:
         report = uvloop.run(
             run_closed_loop(policy, [url + "/v1/chat/completions"], body_for, CLIENTS, 10**7, seconds)
         )
-        return report.rps, report.latency_ms(0.99), report.errors
+        return Load(report.rps, report.latency_ms(0.99), report.errors, len(report.ok))
     script = out / "bench_scale.lua"
     script.write_text(WRK_SCRIPT % MODEL)
     argv = [wrk, "-t1", f"-c{CLIENTS}", f"-d{max(1, round(seconds))}s", "--latency", "-s", str(script), url]
     text = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))  # type: ignore[union-attr]
     p99 = _ms(re.search(r"\s99%\s+(\S+)", text).group(1))  # type: ignore[union-attr]
+    done = int(re.search(r"(\d+) requests in", text).group(1))  # type: ignore[union-attr]
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
     failed = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
     errors = (int(bad.group(1)) if bad else 0) + (sum(map(int, failed.groups())) if failed else 0)
-    return rps, p99, errors
+    return Load(rps, p99, errors, done)
 
 
-def section_live(sizes: list[int], policies: list[str], seconds: float, refresh: float | None = None) -> None:
+@dataclass
+class Load:
+    rps: float
+    p99_ms: float
+    errors: int
+    requests: int
+    cpu_us: float = 0.0  # the router's CPU per request (user + system)
+
+
+def measure(router: Proc, policy: str, seconds: float, warmup: float, out: Path) -> Load:
+    """A warm-up (not counted: first connections to the engines, rings, prefix homes), then the load,
+    with the router's CPU per request."""
+    if warmup > 0:
+        load(policy, router.url, warmup, out)
+    before = router.cpu_seconds()
+    result = load(policy, router.url, seconds, out)
+    result.cpu_us = (router.cpu_seconds() - before) / max(1, result.requests) * 1e6
+    return result
+
+
+@dataclass
+class Target:
+    """One (policy, endpoints) measured once per repeat, each time between two measurements of the
+    baseline (round robin at the fewest endpoints, one router kept up for the whole run)."""
+
+    policy: str
+    size: int
+    runs: list[Load] = field(default_factory=list)
+    ratios: list[float] = field(default_factory=list)  # req/s over the baseline's around it
+    cpu_ratios: list[float] = field(default_factory=list)  # CPU per request over the baseline's
+    idle: list[float] = field(default_factory=list)
+    scrapes: list[float] = field(default_factory=list)
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    if len(values) == 1:
+        return format(values[0], fmt)
+    return f"{format(statistics.median(values), fmt)} ({format(min(values), fmt)}-{format(max(values), fmt)})"
+
+
+def section_live(
+    sizes: list[int],
+    policies: list[str],
+    seconds: float,
+    refresh: float | None = None,
+    repeats: int = 3,
+    warmup: float = 1.0,
+    idle_seconds: float | None = None,
+    router_src: str | None = None,
+) -> None:
     out = Path(os.environ.get("BENCH_OUT", "/tmp/corral-bench-scale"))
     out.mkdir(parents=True, exist_ok=True)
     others = set(range(os.cpu_count() or 2)) - ROUTER_CPU or ROUTER_CPU
     os.sched_setaffinity(0, others)
-    print(f"live: router on CPU {sorted(ROUTER_CPU)}, engines and {CLIENTS} clients on {sorted(others)}; ")
+    idle_seconds = seconds if idle_seconds is None else idle_seconds
+    base_size = min(sizes)
+    print(
+        f"live: each router alone on CPU {sorted(ROUTER_CPU)}, "
+        f"engines and {CLIENTS} clients on {sorted(others)}"
+    )
     every = f"{refresh:g} s" if refresh else "the default interval"
-    print(f"      /v1/models asked every {every}; idle measured {seconds:g} s after all READY")
-    columns = ("endpoints", "policy", "idle CPU", "scrapes/s", "req/s", "p99 ms", "errors")
-    print("  {:>9} {:14} {:>9} {:>10} {:>8} {:>8} {:>6}".format(*columns))
-    for size in sizes:
-        engines, urls, ports_file = start_engines(size, out, others)
-        try:
-            for policy in policies:
-                router = start_router(urls, policy, out, refresh)
+    print(f"      /v1/models asked every {every}; idle CPU over {idle_seconds:g} s after all READY; ")
+    print(
+        f"      {warmup:g} s of warm-up load, then {seconds:g} s measured; {repeats} repeats, targets in turn"
+    )
+    print(f"      with round_robin at {base_size} (one router up all run) measured before and after each")
+    if router_src:
+        print(f"      routers imported from {router_src}")
+    engines: list[Proc] = []
+    fleets: dict[int, tuple[list[str], Path]] = {}
+    baseline: Proc | None = None
+    targets = [Target(policy, size) for size in sizes for policy in policies]
+    try:
+        for size in sizes:
+            proc, urls, ports_file = start_engines(size, out, others)
+            engines.append(proc)
+            fleets[size] = (urls, ports_file)
+        baseline = start_router(fleets[base_size][0], "round_robin", out, refresh, "baseline", router_src)
+        last = measure(baseline, "round_robin", seconds, warmup, out)
+        print(f"  baseline round_robin at {base_size}: {last.rps:,.0f} req/s, {last.cpu_us:.0f} us CPU/req")
+        for r in range(repeats):
+            turn = r % len(targets)
+            for target in targets[turn:] + targets[:turn]:
+                urls, ports_file = fleets[target.size]
+                router = start_router(urls, target.policy, out, refresh, src=router_src)
                 try:
                     time.sleep(2.0)  # past the first scrape round's start
                     scraped = engine_counts(ports_file)["/metrics"]
-                    idle = idle_cpu(router, seconds)
+                    idle = idle_cpu(router, idle_seconds)
                     time.sleep(1.1)  # the engines' counters are written once a second
-                    rate = (engine_counts(ports_file)["/metrics"] - scraped) / (seconds + 1.1)
-                    rps, p99, errors = load(policy, router.url, seconds, out)
-                    print(
-                        f"  {size:>9} {policy:14} {idle * 100:8.1f}% {rate:10.1f} {rps:8.0f} {p99:8.1f} "
-                        f"{errors:>6}",
-                        flush=True,
-                    )
+                    rate = (engine_counts(ports_file)["/metrics"] - scraped) / (idle_seconds + 1.1)
+                    run = measure(router, target.policy, seconds, warmup, out)
                 finally:
                     router.stop()
-        finally:
-            engines.stop()
+                after = measure(baseline, "round_robin", seconds, 0.0, out)
+                base_rps, base_cpu = (last.rps + after.rps) / 2, (last.cpu_us + after.cpu_us) / 2
+                last = after
+                target.runs.append(run)
+                target.idle.append(idle)
+                target.scrapes.append(rate)
+                target.ratios.append(run.rps / base_rps)
+                target.cpu_ratios.append(run.cpu_us / base_cpu)
+                print(
+                    f"  r{r + 1} {target.policy:14} {target.size:>5}: idle {idle * 100:4.1f}%, {rate:5.1f} "
+                    f"scrapes/s; {run.rps:7,.0f} req/s, p99 {run.p99_ms:6.1f} ms, {run.errors} errors, "
+                    f"{run.cpu_us:4.0f} us CPU/req | baseline {base_rps:6,.0f} req/s, {base_cpu:4.0f} us "
+                    f"-> {target.ratios[-1]:.2f}x req/s, {target.cpu_ratios[-1]:.2f}x CPU/req",
+                    flush=True,
+                )
+    finally:
+        if baseline is not None:
+            baseline.stop()
+        for proc in engines:
+            proc.stop()
+    print(
+        f"summary: median of {repeats} (min-max); 'x req/s' and 'x CPU/req' are over round_robin at "
+        f"{base_size}, measured just before and after"
+    )
+    columns = ("endpoints", "policy", "idle CPU %", "scrapes/s", "req/s", "x req/s", "x CPU/req", "p99 ms")
+    print("  {:>9} {:14} {:>16} {:>17} {:>20} {:>17} {:>17} {:>17} errors".format(*columns))
+    for t in targets:
+        print(
+            f"  {t.size:>9} {t.policy:14} {_spread([i * 100 for i in t.idle], '.1f'):>16} "
+            f"{_spread(t.scrapes, '.1f'):>17} {_spread([x.rps for x in t.runs], ',.0f'):>20} "
+            f"{_spread(t.ratios, '.2f'):>17} {_spread(t.cpu_ratios, '.2f'):>17} "
+            f"{_spread([x.p99_ms for x in t.runs], '.1f'):>17} {sum(x.errors for x in t.runs)}",
+            flush=True,
+        )
 
 
 def main() -> None:
