@@ -3,11 +3,12 @@ readings, summed per model, with the window's age said while it is younger than 
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
 
-from corral.contracts.traffic import LatencyHistogram
+from corral.contracts.traffic import LatencyHistogram, TrafficFigures
 from corral.router.dashboard.windows import ModelWindows
 
 
@@ -90,3 +91,31 @@ def test_an_idle_fleet_has_no_figures_and_clear_starts_afresh() -> None:
 def test_a_window_shorter_than_its_sampling_is_refused() -> None:
     with pytest.raises(ValueError, match="sample_every 10"):
         ModelWindows(window=5, sample_every=10)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_window_counts_as_traffic_figures_minus_does(seed: int) -> None:
+    """The window is taken on the router's raw bodies (no model per endpoint); it must agree with the
+    one difference every other observer uses, restarts included."""
+    rng = random.Random(seed)
+    before, after = Endpoint("http://a", ["m"]), Endpoint("http://a", ["m"])
+    before.serve(rng.randrange(0, 50), ttft=rng.uniform(0.001, 5.0), errors=0)
+    after.requests, after.errors, after.ttfts = before.requests, before.errors, list(before.ttfts)
+    if rng.random() < 0.2:
+        after = Endpoint("http://a", ["m"])  # the counters started again
+    for _ in range(rng.randrange(0, 5)):
+        after.serve(rng.randrange(1, 20), ttft=rng.uniform(0.001, 5.0), errors=rng.randrange(0, 2))
+    windows = ModelWindows(window=60, sample_every=5)
+    windows.update(fleet(before), now=0.0)
+    got = windows.update(fleet(after), now=30.0)["models"]["m"]
+    want = TrafficFigures.model_validate(after.body()["traffic"]).minus(
+        TrafficFigures.model_validate(before.body()["traffic"])
+    )
+    assert (got["requests"], got["errors"], got["ttft_count"]) == (
+        want.requests,
+        want.errors,
+        want.ttft.count,
+    )
+    if want.ttft.count:
+        assert got["ttft_mean_ms"] == pytest.approx(1000 * want.ttft.sum / want.ttft.count, abs=0.1)
+        assert got["ttft_p95_ms"] == pytest.approx(1000 * (want.ttft.quantile(0.95) or 0), abs=0.1)

@@ -2,11 +2,11 @@
 the dashboard.
 
 The fleet view's per-endpoint `traffic` figures are cumulative; a window is the difference between
-the current reading and one taken `window` seconds earlier (`TrafficFigures.minus`), summed over the
-engines that serve each model. Readings are kept every `sample_every` seconds and only for as long
-as the window needs, so the memory is a few readings per endpoint, and figures need the feed's loop
-only (it runs while a dashboard is open): until a dashboard has been open for the whole window, the
-window is the time it has been open (`covered_s`, whole seconds, at most `window_s`).
+the current reading and one taken `window` seconds earlier (counted as `TrafficFigures.minus` does),
+summed over the engines that serve each model. Readings are kept every `sample_every` seconds and
+only for as long as the window needs, so the memory is a few readings per endpoint, and figures need
+the feed's loop only (it runs while a dashboard is open): until a dashboard has been open for the
+whole window, the window is the time it has been open (`covered_s`, whole seconds, at most `window_s`).
 
 The router counts traffic per engine, not per model, so the figures are per base model: those of
 the engines serving it, and the requests for its LoRA adapters on those engines count toward it (each
@@ -16,9 +16,10 @@ model's `adapters` names them). In a fleet where each engine serves one base mod
 from __future__ import annotations
 
 from collections import deque
+from itertools import zip_longest
 from typing import Any
 
-from corral.contracts.traffic import TrafficFigures
+from corral.contracts.traffic import LatencyHistogram, trimmed
 
 WINDOW_SECONDS = 60.0
 SAMPLE_EVERY = 5.0
@@ -56,54 +57,98 @@ class ModelWindows:
         # what the page says: changes with each sample, not each read (an idle view pushes nothing)
         shown = min(self.window, round(readings[-1][0] - since))
         windows = {url: _window(traffic, baseline.get(url)) for url, traffic in current.items()}
-        models: dict[str, dict[str, Any]] = {}
+        models: dict[str, _Total] = {}
         for e in endpoints:
             window = windows.get(e["url"])
             adapters = set(e.get("adapters") or ())  # absent from a router before issue 18
             for model in e.get("models") or ():
                 if model in adapters:
                     continue
-                total = models.setdefault(
-                    model, {"requests": 0, "errors": 0, "ttft": None, "adapters": set()}
-                )
-                total["adapters"] |= adapters
-                if window is None:
-                    continue
-                total["requests"] += window.requests
-                total["errors"] += window.errors or 0
-                total["ttft"] = window if total["ttft"] is None else total["ttft"].plus(window)
+                total = models.setdefault(model, _Total())
+                total.adapters |= adapters
+                if window is not None:
+                    total.add(window)
         return {
             "window_s": self.window,
             "covered_s": shown,
-            "models": {m: _figures(t, covered) for m, t in sorted(models.items())},
+            "models": {m: t.figures(covered) for m, t in sorted(models.items())},
         }
 
 
-def _window(traffic: dict[str, Any], earlier: dict[str, Any] | None) -> TrafficFigures | None:
-    """One endpoint's figures inside the window; None when nothing happened there (the common case,
-    checked without building a model). An endpoint new since the baseline counts whole: its
-    counters began when the router listed it."""
+# One endpoint's window: requests, errors, TTFT counts per `LATENCY_BOUNDS` bucket, TTFT sum.
+Window = tuple[int, int, list[int], float]
+
+
+def _window(traffic: dict[str, Any], earlier: dict[str, Any] | None) -> Window | None:
+    """One endpoint's figures inside the window, as `TrafficFigures.minus` counts them but on the
+    router's own bodies (a thousand endpoints per read: no model built per endpoint); None when
+    nothing happened there. An endpoint new since the baseline counts whole (its counters began
+    when the router listed it), and so does one whose counters went backwards (its source restarted)."""
     if earlier == traffic:
         return None
-    later = TrafficFigures.model_validate(traffic)
-    return later if earlier is None else later.minus(TrafficFigures.model_validate(earlier))
+    requests, errors, counts, total = _reading(traffic)
+    if earlier is None:
+        return requests, errors, counts, total
+    e_requests, e_errors, e_counts, e_total = _reading(earlier)
+    # per-bucket counts travel without trailing zeros: a later reading of one series is never shorter
+    if requests < e_requests or len(counts) < len(e_counts):
+        return requests, errors, counts, total
+    diff = [n - b for n, b in zip(counts, e_counts, strict=False)]
+    if diff and min(diff) < 0:
+        return requests, errors, counts, total
+    diff += counts[len(e_counts) :]
+    return requests - e_requests, max(0, errors - e_errors), diff, max(0.0, total - e_total)
 
 
-def _figures(total: dict[str, Any], covered: float) -> dict[str, Any]:
-    requests, errors = total["requests"], total["errors"]
-    ttft = total["ttft"].ttft if total["ttft"] is not None else None
-    count = ttft.count if ttft is not None else 0
+def _reading(traffic: dict[str, Any]) -> Window:
+    ttft = traffic.get("ttft") or {}
+    counts = ttft.get("counts")
+    total = ttft.get("sum")
+    return (
+        _count(traffic.get("requests")),
+        _count(traffic.get("errors")),
+        list(counts) if isinstance(counts, list) else [],
+        float(total) if isinstance(total, int | float) else 0.0,
+    )
 
-    def ms(seconds: float | None) -> float | None:
-        return None if seconds is None else round(seconds * 1000, 1)
 
-    return {
-        "adapters": sorted(total["adapters"]),
-        "requests": requests,
-        "rate": round(requests / covered, 3) if covered > 0 else None,
-        "errors": errors,
-        "error_share": round(errors / requests, 4) if requests else None,
-        "ttft_count": count,
-        "ttft_mean_ms": ms(ttft.sum / count) if ttft is not None and count else None,
-        "ttft_p95_ms": ms(ttft.quantile(0.95)) if ttft is not None else None,
-    }
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+class _Total:
+    """One model's window: its engines' windows added up (the buckets once, when figures are read)."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.errors = 0
+        self.parts: list[list[int]] = []
+        self.ttft_sum = 0.0
+        self.adapters: set[str] = set()
+
+    def add(self, window: Window) -> None:
+        requests, errors, counts, total = window
+        self.requests += requests
+        self.errors += errors
+        if counts:
+            self.parts.append(counts)
+        self.ttft_sum += total
+
+    def figures(self, covered: float) -> dict[str, Any]:
+        counts = [sum(column) for column in zip_longest(*self.parts, fillvalue=0)]
+        ttft = LatencyHistogram(counts=trimmed(counts), sum=self.ttft_sum)
+        count = ttft.count
+
+        def ms(seconds: float | None) -> float | None:
+            return None if seconds is None else round(seconds * 1000, 1)
+
+        return {
+            "adapters": sorted(self.adapters),
+            "requests": self.requests,
+            "rate": round(self.requests / covered, 3) if covered > 0 else None,
+            "errors": self.errors,
+            "error_share": round(self.errors / self.requests, 4) if self.requests else None,
+            "ttft_count": count,
+            "ttft_mean_ms": ms(self.ttft_sum / count) if count else None,
+            "ttft_p95_ms": ms(ttft.quantile(0.95)),
+        }
