@@ -142,8 +142,7 @@ class ScoredPolicy:
             pool = self.within_bound(candidates, ctx.now, bound=bound)
         totals = [0.0] * len(pool)
         for scorer, weight in self.scorers:
-            for i, s in enumerate(scorer.score(pool, ctx)):
-                totals[i] += weight * s
+            totals = [t + weight * s for t, s in zip(totals, scorer.score(pool, ctx), strict=True)]
         return pool, totals, ctx
 
     def pick(self, candidates: Sequence[Endpoint], request: RouteRequest) -> Endpoint:

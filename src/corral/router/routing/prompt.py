@@ -63,13 +63,18 @@ def prefix_key(payload: Mapping[str, Any] | None, block_chars: int, key_blocks: 
     return int.from_bytes(blake2b(data, digest_size=8).digest(), "big")
 
 
+_KEY_NAMES: dict[tuple[int, int], str] = {}  # (block_chars, key_blocks) -> its name in `derived`
+
+
 def request_prefix_key(request: RouteRequest, block_chars: int, key_blocks: int) -> int | None:
     """`prefix_key` of the request's body, computed once per request and block shape (kept under
     `RouteRequest.derived`): the prefix scorer and the prefix memory ask for the same key."""
     derived = request.derived
     if derived is None:
         derived = request.derived = {}
-    name = f"prefix_key/{block_chars}/{key_blocks}"
+    name = _KEY_NAMES.get((block_chars, key_blocks))
+    if name is None:
+        name = _KEY_NAMES[block_chars, key_blocks] = f"prefix_key/{block_chars}/{key_blocks}"
     if name in derived:
         cached: int | None = derived[name]
         return cached
