@@ -20,7 +20,8 @@ Sections (all on loopback, bounded in time and count; `--sections` picks some):
             that baseline ("x req/s") and of CPU per request over the baseline's ("x CPU/req").
 
     .venv/bin/python benchmarks/bench_scale.py [--sections decision,churn,live] [--seconds 8]
-        [--sizes 10,1000] [--policies ...] [--repeats 3] [--warmup 1] [--router-src <checkout>/src]
+        [--sizes 10,1000] [--baseline-size 10] [--policies ...] [--repeats 3] [--warmup 1]
+        [--router-src <checkout>/src]
 """
 
 from __future__ import annotations
@@ -169,6 +170,7 @@ def main() -> None:
     parser.add_argument(
         "--sizes", default="10,1000", help="live section: endpoints (the fewest: the baseline)"
     )
+    parser.add_argument("--baseline-size", type=int, help="live section: the baseline's endpoints instead")
     parser.add_argument("--policies", default=",".join(POLICY_NAMES), help="live section")
     parser.add_argument(
         "--models-refresh", type=float, help="live section: the router's default if not given"
@@ -200,6 +202,7 @@ def main() -> None:
             warmup=args.warmup,
             idle_seconds=args.idle_seconds,
             router_src=args.router_src,
+            base_size=args.baseline_size,
         )
 
 

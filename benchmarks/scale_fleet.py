@@ -265,13 +265,14 @@ def section_live(
     warmup: float = 1.0,
     idle_seconds: float | None = None,
     router_src: str | None = None,
+    base_size: int | None = None,
 ) -> None:
     out = Path(os.environ.get("BENCH_OUT", "/tmp/corral-bench-scale"))
     out.mkdir(parents=True, exist_ok=True)
     others = set(range(os.cpu_count() or 2)) - ROUTER_CPU or ROUTER_CPU
     os.sched_setaffinity(0, others)
     idle_seconds = seconds if idle_seconds is None else idle_seconds
-    base_size = min(sizes)
+    base_size = min(sizes) if base_size is None else base_size
     print(
         f"live: each router alone on CPU {sorted(ROUTER_CPU)}, "
         f"engines and {CLIENTS} clients on {sorted(others)}"
@@ -289,7 +290,7 @@ def section_live(
     baseline: Proc | None = None
     targets = [Target(policy, size) for size in sizes for policy in policies]
     try:
-        for size in sizes:
+        for size in sorted({base_size, *sizes}):
             proc, urls, ports_file = start_engines(size, out, others)
             engines.append(proc)
             fleets[size] = (urls, ports_file)
