@@ -34,9 +34,9 @@ command (a unit test fails while it is stale). For what the commands are for, st
 def _walk(
     command: click.Command, path: list[str], parent: click.Context | None
 ) -> Iterator[tuple[list[str], click.Context]]:
-    ctx = click.Context(
-        command, info_name=path[-1], parent=parent, max_content_width=WIDTH, terminal_width=WIDTH
-    )
+    # the command's own context settings (`-h` beside `--help`), as `make_context` applies them
+    settings = {"max_content_width": WIDTH, "terminal_width": WIDTH, **command.context_settings}
+    ctx = click.Context(command, info_name=path[-1], parent=parent, **settings)
     yield path, ctx
     if isinstance(command, click.Group):
         for name in command.list_commands(ctx):
