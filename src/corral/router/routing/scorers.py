@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from corral.router.membership.endpoint import Endpoint
-from corral.router.routing.load_board import LoadBoard
+from corral.router.routing.load_board import EngineLoad, LoadBoard
 from corral.router.routing.prefix_holders import PrefixHolders
 from corral.router.routing.prefix_memory import DEFAULT_BLOCK_CHARS, DEFAULT_KEY_BLOCKS
 from corral.router.routing.prompt import request_prefix_key
@@ -33,6 +33,17 @@ class PickContext:
     now: float = field(default_factory=time.monotonic)
     prefix_key: int | None = None  # set by the prefix scorer: the prompt's key on the ring
     held: bool = False  # set by the prefix scorer: some endpoint of the pool holds the prompt's prefix
+    _loads_of: Sequence[Endpoint] | None = None
+    _loads: list[EngineLoad | None] | None = None
+
+    def loads(self, pool: Sequence[Endpoint]) -> list[EngineLoad | None]:
+        """Each endpoint's scraped load, None when stale or missing: looked up once per pick and pool,
+        for every scorer that reads it."""
+        if self._loads is None or self._loads_of is not pool:
+            board, now = self.board, self.now
+            self._loads = [board.fresh(e.url, now) for e in pool]
+            self._loads_of = pool
+        return self._loads
 
 
 class Scorer(Protocol):
@@ -162,12 +173,8 @@ class QueueScorer:
     name = "queue"
 
     def score(self, pool: Sequence[Endpoint], ctx: PickContext) -> list[float]:
-        board, now = ctx.board, ctx.now
-        queues: list[float | None] = []
-        for e in pool:
-            load = board.fresh(e.url, now)
-            # A waiting request costs more than a running one: it has not even started prefill.
-            queues.append(None if load is None else load.running + 2.0 * load.waiting)
+        # A waiting request costs more than a running one: it has not even started prefill.
+        queues = [None if load is None else load.running + 2.0 * load.waiting for load in ctx.loads(pool)]
         worst = max((q for q in queues if q is not None), default=0.0) + 1.0
         return [0.0 if q is None else 1.0 - q / worst for q in queues]
 
@@ -179,12 +186,7 @@ class KvUsageScorer:
     name = "kv_usage"
 
     def score(self, pool: Sequence[Endpoint], ctx: PickContext) -> list[float]:
-        board, now = ctx.board, ctx.now
-        out: list[float] = []
-        for e in pool:
-            load = board.fresh(e.url, now)
-            out.append(0.0 if load is None else max(0.0, 1.0 - load.kv_usage))
-        return out
+        return [0.0 if load is None else max(0.0, 1.0 - load.kv_usage) for load in ctx.loads(pool)]
 
 
 class InFlightScorer:
@@ -194,8 +196,9 @@ class InFlightScorer:
     name = "in_flight"
 
     def score(self, pool: Sequence[Endpoint], ctx: PickContext) -> list[float]:
-        worst = max(e.in_flight for e in pool) + 1
-        return [1.0 - e.in_flight / worst for e in pool]
+        flights = [e.in_flight for e in pool]
+        worst = max(flights) + 1
+        return [1.0 - f / worst for f in flights]
 
 
 class LoraScorer:
@@ -212,10 +215,8 @@ class LoraScorer:
         model = ctx.request.model
         if model in self.base_models:
             return [0.0] * len(pool)
-        board, now = ctx.board, ctx.now
         out: list[float] = []
-        for e in pool:
-            load = board.fresh(e.url, now)
+        for e, load in zip(pool, ctx.loads(pool), strict=True):
             if load is not None and model in load.running_adapters:
                 out.append(1.0)
             elif model in e.models:
