@@ -120,3 +120,29 @@ def test_the_next_command_names_the_engine_as_the_user_knows_it_and_is_never_a_c
     assert asleep.startswith("corral wake --port 8000 --engine e0")
     for view in (local, engine(crashed), engine(loading), engine({"state": "READY"}, sleeping=True)):
         assert "curl" not in _next(view)
+
+
+def test_an_operation_in_flight_is_named_at_its_step_with_a_corral_command_to_follow_it() -> None:
+    draining = {
+        "state": "DRAINING",
+        "sub_state": "draining",
+        "busy": "sleep nap",
+        "operation": {
+            "kind": "sleep",
+            "id": "nap",
+            "detail": "level 1",
+            "step": "drain_policy",
+            "since": 1.0,
+        },
+    }
+    found = asyncio.run(diagnose_engine(engine(draining, local_port=8000), 0.1))
+    assert found.branch == "not-ready/operation-in-flight"
+    assert found.evidence.startswith("an operation is in flight: sleep (level 1) at DRAIN since "), found
+    assert found.next_command == "wait, or follow it with `corral status --port 8000 --watch`"
+    # asleep at VERIFY is the operation's passing state, not a sleep to wake from
+    verifying = {**draining, "state": "SLEEPING", "operation": {**draining["operation"], "step": "verify"}}
+    assert branch(engine(verifying, sleeping=True)) == "not-ready/operation-in-flight"
+    # an older supervisor (no `operation`) is read as before
+    assert branch(engine({k: v for k, v in draining.items() if k != "operation"})) == "not-ready/draining"
+    # a FAILED engine is diagnosed as FAILED even while an operation recovers it
+    assert branch(engine({**draining, "state": "FAILED", "reason": "x"})) == "process-dead/failed"

@@ -3,14 +3,16 @@ is settled), the compact layout within 80 columns with long names whole, and the
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from corral.contracts.router import FleetEndpoint
 from corral.fleet.checks.probe import EngineView, FleetTarget, FleetView
 from corral.fleet.checks.status_report import SCHEMA, Verdict, fleet_verdict, state_words, status_json
-from corral.fleet.checks.status_table import full_width, render_compact
+from corral.fleet.checks.status_table import full_width, render_compact, render_full
 
 LONG = "engine-with-a-rather-long-name-that-must-never-be-cut-0"
 
@@ -106,3 +108,42 @@ def test_json_shape() -> None:
         "last_lines",
     } <= set(one)
     assert one["router"]["routable"] is True and one["bundle"]["name"] == "initial"
+
+
+def test_an_operation_is_shown_at_its_runbook_step_in_words_layouts_and_json() -> None:
+    import time
+
+    op = {"kind": "sleep", "id": "nap", "detail": "level 1", "step": "drain_policy", "since": time.time() - 4}
+    draining = {"state": "DRAINING", "sub_state": "draining", "busy": "sleep nap", "operation": op}
+    fleet = view(engine(draining, LONG))
+    assert re.fullmatch(
+        r"DRAINING \(draining, sleep \(level 1\) at DRAIN for \d+ s\)", state_words(fleet.engines[0])
+    )
+    assert fleet_verdict(fleet) is Verdict.MOVING
+    text = render_compact(fleet, 80)
+    assert "sleep (level 1) at DRAIN" in text.replace("\n    ", " ") and all(
+        len(li) <= 80 for li in text.splitlines()
+    )
+    wide = Console(width=full_width(fleet), record=True)
+    wide.print(render_full(fleet))
+    assert "sleep (level 1) at DRAIN for" in wide.export_text()  # the full table's state cell
+    (one,) = status_json(fleet)["engines"]
+    assert one["operation"] == "sleep nap"  # the holder, as before
+    shown = one["operation_in_flight"]
+    assert {k: shown[k] for k in ("kind", "id", "detail", "step", "since")} == op
+    assert shown["step_name"] == "DRAIN" and shown["text"].startswith("sleep (level 1) at DRAIN for ")
+    # PRECHECK on a sleeping engine (a wake) is moving too, and an older supervisor reads as none
+    waking = {
+        "state": "SLEEPING",
+        "sub_state": "level_1",
+        "operation": {**op, "kind": "wake", "step": "precheck"},
+    }
+    assert fleet_verdict(view(engine(waking))) is Verdict.MOVING
+    old = view(engine({"state": "DRAINING", "busy": "sleep nap"}))
+    assert status_json(old)["engines"][0]["operation_in_flight"] is None
+    assert state_words(old.engines[0]) == "DRAINING (sleep nap running)"
+    bad = view(engine({"state": "READY", "operation": {"kind": "sleep"}}))  # no step: not read
+    assert (
+        fleet_verdict(bad) is Verdict.SETTLED
+        and status_json(bad)["engines"][0]["operation_in_flight"] is None
+    )

@@ -16,6 +16,7 @@ from corral.engine_state import EngineState
 from corral.fleet.checks.doctor_pd import pd_branch
 from corral.fleet.checks.doctor_sleep import memory_not_released, memory_note, partial_wake
 from corral.fleet.checks.doctor_streams import aborted_streams
+from corral.fleet.checks.operation_words import operation_in_flight, operation_words
 from corral.fleet.checks.probe import EngineView, FleetView
 
 HEALTHY = "healthy"
@@ -143,16 +144,36 @@ def _not_running(e: EngineView) -> Diagnosis | None:
             _logs_hint(e),
         )
     if lifecycle == EngineState.STARTING and (sub in _LOADING or sub == "smoke_testing"):
-        where = f"--port {e.local_port}" if e.local_port is not None else f"--supervisor {e.supervisor_url}"
         return Diagnosis(
             e.name,
             "not-ready/loading",
             f"STARTING ({sub}) since {state.get('since')}: {reason}",
-            f"wait (startup budget); watch it: corral status {where} --watch",
+            f"wait (startup budget); watch it: {_watch_hint(e)}",
         )
     if lifecycle in (EngineState.DRAINING, EngineState.STOPPING):
         return Diagnosis(e.name, "not-ready/draining", f"{lifecycle} ({sub}): {reason}", _logs_hint(e))
     return None
+
+
+def _watch_hint(e: EngineView) -> str:
+    where = f"--port {e.local_port}" if e.local_port is not None else f"--supervisor {e.supervisor_url}"
+    return f"corral status {where} --watch"
+
+
+def _operation_running(e: EngineView) -> Diagnosis | None:
+    """An engine out of READY because a runbook operation holds it (a sleep draining, a wake, a
+    reload): nothing is wrong yet; the branches below would misread its passing states."""
+    op = operation_in_flight(e.state)
+    if op is None or e.lifecycle in (EngineState.READY, EngineState.FAILED):
+        return None
+    state = e.state or {}
+    sub = f" ({words})" if (words := str(state.get("sub_state") or "").replace("_", " ")) else ""
+    return Diagnosis(
+        e.name,
+        "not-ready/operation-in-flight",
+        f"an operation is in flight: {operation_words(op, since_word='since')}; {e.lifecycle}{sub}",
+        f"wait, or follow it with `{_watch_hint(e)}`",
+    )
 
 
 def _wake_hint(e: EngineView) -> str:
@@ -194,7 +215,7 @@ async def diagnose_engine(
             f"{e.supervisor_url}: {e.state_error}",
             "check the supervisor's process and log (`corral up` prints its log dir)",
         )
-    found = _not_running(e)
+    found = _operation_running(e) or _not_running(e)
     if found is not None:
         return found
     if e.health != 200:

@@ -11,6 +11,7 @@ from typing import Any
 
 from corral.engine import metric_names as m
 from corral.engine_state import EngineState
+from corral.fleet.checks.operation_words import operation_in_flight, operation_words, step_name
 from corral.fleet.checks.probe import EngineView, FleetView
 
 SCHEMA = "corral.status/v1"
@@ -64,7 +65,9 @@ def words(identifier: object) -> str:
 
 def state_words(e: EngineView) -> str:
     """The engine's lifecycle state as a person reads it: `READY`, `SLEEPING (level 1)`,
-    `FAILED (gave up)`, `UNREACHABLE (no supervisor answer)`; never an empty sub-state."""
+    `FAILED (gave up)`, `DRAINING (draining, sleep (level 1) at DRAIN for 4 s)` (an operation at its
+    runbook step; `sleep running` from a supervisor that does not say the step),
+    `UNREACHABLE (no supervisor answer)`; never an empty sub-state."""
     s = e.state
     if s is None:
         if e.supervisor_url is not None:
@@ -72,7 +75,9 @@ def state_words(e: EngineView) -> str:
         return "answers (no supervisor)" if e.health == 200 else "UNREACHABLE (engine not answering)"
     state, sub = str(s.get("state") or "UNKNOWN"), s.get("sub_state")
     details = [words(sub)] if sub else []
-    if s.get("busy"):
+    if (op := operation_in_flight(s)) is not None:
+        details.append(operation_words(op))
+    elif s.get("busy"):
         details.append(f"{words(s['busy'])} running")
     if e.sleeping and state != EngineState.SLEEPING:
         details.append("engine says it is asleep")
@@ -85,7 +90,7 @@ def verdict_of(e: EngineView) -> Verdict:
     if e.state is None:
         return Verdict.WRONG
     state = e.lifecycle
-    if state in _SETTLED and not e.state.get("busy"):
+    if state in _SETTLED and not e.state.get("busy") and operation_in_flight(e.state) is None:
         return Verdict.SETTLED
     return Verdict.MOVING if state in _MOVING or state in _SETTLED else Verdict.WRONG
 
@@ -131,6 +136,11 @@ def bundle_cell(e: EngineView) -> str:
     return text
 
 
+def _operation_json(state: dict[str, Any]) -> dict[str, Any] | None:
+    op = operation_in_flight(state)
+    return None if op is None else {**op, "step_name": step_name(op["step"]), "text": operation_words(op)}
+
+
 def engine_json(view: FleetView, e: EngineView) -> dict[str, Any]:
     s = e.state or {}
     running, waiting = _sum(e, m.RUNNING), _sum(e, m.WAITING)
@@ -145,6 +155,9 @@ def engine_json(view: FleetView, e: EngineView) -> dict[str, Any]:
         "since": s.get("since"),
         "reason": s.get("reason") or e.state_error or "",
         "operation": s.get("busy"),
+        # kind, id, detail, step (a runbook step's value: drain_policy), since (the supervisor's clock, when
+        # the step began), step_name (DRAIN), text; null when none runs or the supervisor predates issue 18
+        "operation_in_flight": _operation_json(s),
         "restarts": len(s.get("restarts") or []),
         "last_lines": [str(line) for line in (s.get("evidence") or {}).get("last_lines") or []],
         "pid": (s.get("engine") or {}).get("pid"),
