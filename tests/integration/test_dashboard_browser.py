@@ -168,6 +168,10 @@ def test_the_dashboard_follows_an_adapter_a_sleep_step_by_step_a_wake_and_a_roll
             page.wait_for_selector(row["engine-0"] + '[data-state="SLEEPING"]', timeout=WAIT_MS)
             assert "SLEEPING" in page.inner_text(row["engine-0"])  # text, not color alone
             page.wait_for_selector('#ops li[data-step="drain_policy"]', state="detached", timeout=WAIT_MS)
+            # the steps it went through stay in the recent events, beside the exits from routing
+            page.wait_for_selector(
+                '#events li[data-engine="engine-0"][data-step="drain_policy"]', timeout=WAIT_MS
+            )
             page.screenshot(path=str(artifacts / "4-sleeping.png"), full_page=True)
 
             _corral(state, "wake", "--port", port, "--engine", "engine-0")

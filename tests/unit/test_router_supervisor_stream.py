@@ -261,6 +261,15 @@ async def test_operation_lines_show_the_runbook_step_and_never_move_routing(
     assert view.to_json(time.monotonic())["operation"] == draining
     lines.put_nowait({"type": "operation", "epoch": 6, "time": 3.0, "operation": None})
     await until(lambda: view.operation is None)
+    # each step begun and the end, once, kept for the dashboard's recent events (the state line that
+    # carried the drain step is the one step heard there)
+    kept = membership.operation_steps.to_json()
+    assert [(s["step"], s["ended"]) for s in kept] == [
+        ("precheck", False),
+        ("drain_policy", False),
+        (None, True),
+    ]
+    assert all(s["url"] == endpoint.url and s["kind"] == "sleep" for s in kept)
 
 
 async def test_a_hung_supervisor_does_not_delay_another(

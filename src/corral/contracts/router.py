@@ -98,6 +98,20 @@ class RoutingExitRecord(WireModel):
     requests_sent: int = 0
 
 
+class OperationStepRecord(WireModel):
+    """An engine's runbook operation began a step, or ended (`step` None, `ended` True), as the
+    router heard it on the supervisor's stream; `at` is the router's clock (absent before issue 18)."""
+
+    url: str
+    name: str | None = None
+    kind: str = ""
+    id: str | None = None
+    detail: str | None = None
+    step: str | None = None
+    ended: bool = False
+    at: float | None = None
+
+
 class ModelPairs(WireModel):
     """For one model served in a prefill or decode role: the routable prefill and decode endpoints
     (`both` counts for either), the compatible (prefill, decode) pairs they make, the prefill endpoints
@@ -119,10 +133,11 @@ class RouterFleet(WireModel):
     source: str = ""
     endpoints: list[FleetEndpoint] = Field(default_factory=list)
     left_routing: list[RoutingExitRecord] = Field(default_factory=list)
+    operation_steps: list[OperationStepRecord] = Field(default_factory=list)  # the last 20 (issue 18)
     totals: RequestCounts | None = None  # the router's own counters, all endpoints and models
     pairs: list[ModelPairs] = Field(default_factory=list)  # P/D pairs per model (issue 16)
 
-    @field_validator("endpoints", "left_routing", "pairs", mode="before")
+    @field_validator("endpoints", "left_routing", "operation_steps", "pairs", mode="before")
     @classmethod
     def _objects_only(cls, value: Any) -> list[Any]:
         # what readers always did: a listed value that is not an object is skipped

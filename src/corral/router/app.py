@@ -376,6 +376,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             "endpoints": endpoints,
             "groups": membership.groups.to_json(),
             "left_routing": exits,
+            "operation_steps": membership.operation_steps.to_json(),  # the last 20, for the dashboard
             "totals": metrics.totals().to_wire(),
             "pairs": model_pairs(membership, now),
         }

@@ -38,6 +38,7 @@ import aiohttp
 from corral.contracts.supervisor import (
     AckRequest,
     NotJSON,
+    OperationInFlight,
     OperationLine,
     StateLine,
     UnusableLine,
@@ -211,12 +212,18 @@ class SupervisorStreams:
                         first = False
                     continue
                 if isinstance(line, StateLine):
-                    view.operation = line.operation
+                    self._operation(endpoint, view, line.operation)
                     self._apply(endpoint, view, line, received, first)
                     first = False
                 elif isinstance(line, OperationLine):  # a runbook step began: shown, never routed on
-                    view.operation = line.operation
+                    self._operation(endpoint, view, line.operation)
                 # a heartbeat (or a line of a kind this version does not know): nothing to apply
+
+    def _operation(self, endpoint: Endpoint, view: SupervisorView, said: OperationInFlight | None) -> None:
+        """The operation in flight as the stream says it now; a step begun or an end is kept for the
+        dashboard's recent events."""
+        self._membership.operation_steps.heard(endpoint.url, endpoint.name, view.operation, said)
+        view.operation = said
 
     def _apply(
         self, endpoint: Endpoint, view: SupervisorView, line: StateLine, received: float, first: bool

@@ -27,6 +27,7 @@ from corral.engine_state import EngineState
 from corral.router.membership.eligible import EligibleSet, EligibleSets
 from corral.router.membership.endpoint import Endpoint
 from corral.router.membership.groups import ServingGroups
+from corral.router.membership.operation_steps import OperationSteps
 
 log = logging.getLogger("corral.router.membership")
 
@@ -82,6 +83,7 @@ class Membership:
         self._eligible = EligibleSets()
         self.groups = ServingGroups()
         self.exits: deque[RoutingExit] = deque(maxlen=EXITS_KEPT)
+        self.operation_steps = OperationSteps()  # runbook steps begun and ended, from supervisor streams
         self._on_exit = on_exit
         self.supervisors: SupervisorWatch | None = None
         # Whether any endpoint has ever had a prefill or decode role (declared or from its

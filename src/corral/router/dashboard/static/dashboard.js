@@ -143,10 +143,30 @@
     }
     fill($("ops"), ops.length ? ops : [el("li", "none in flight", "sub")]);
     fill($("models").tBodies[0], modelRows(fleet));
-    const exits = (fleet.left_routing || []).slice(-20).reverse();
-    fill($("events"), exits.length ? exits.map((x) => el("li",
-      `${x.at ? new Date(x.at * 1000).toLocaleTimeString() : ""} ${x.name || x.url} ${x.kind} (${x.cause})` +
-      (x.reason ? ` — ${x.reason}` : ""))) : [el("li", "no engine has left routing yet", "sub")]);
+    fill($("events"), recentEvents(fleet));
+  }
+
+  // routing exits and runbook steps, both on the router's clock: the last 20 of them together, newest first
+  const EVENTS_SHOWN = 20;
+  const clock = (at) => (at ? new Date(at * 1000).toLocaleTimeString() : "");
+  function exitItem(x) {
+    return el("li", `${clock(x.at)} ${x.name || x.url} ${x.kind} (${x.cause})` + (x.reason ? ` — ${x.reason}` : ""));
+  }
+  function stepItem(x) {
+    const li = el("li", null, "step");
+    li.dataset.engine = x.name || x.url;
+    li.dataset.kind = x.kind;
+    li.dataset.step = x.ended ? "ended" : x.step;
+    li.append(`${clock(x.at)} ${x.name || x.url} ${x.kind}${x.detail ? " (" + x.detail + ")" : ""}`,
+      x.ended ? " ended" : " · ", x.ended ? "" : el("b", stepName(x.step)));
+    return li;
+  }
+  function recentEvents(fleet) {
+    const exits = (fleet.left_routing || []).slice(-EVENTS_SHOWN).map((x) => [x.at || 0, exitItem, x]);
+    const steps = (fleet.operation_steps || []).slice(-EVENTS_SHOWN).map((x) => [x.at || 0, stepItem, x]);
+    const last = [...exits, ...steps].sort((a, b) => a[0] - b[0]).slice(-EVENTS_SHOWN).reverse();
+    return last.length ? last.map(([, item, x]) => item(x))
+      : [el("li", "no engine has left routing or run an operation yet", "sub")];
   }
 
   function setConn(live) {
