@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import orjson
+
 from corral.router.dashboard.feed import DashboardFeed
 
 
@@ -63,4 +65,16 @@ async def test_the_loop_stops_when_the_last_dashboard_closes() -> None:
     reads = fleet.reads
     await asyncio.sleep(0.05)
     assert fleet.reads == reads  # no open dashboard, no reads
+    await feed.stop()
+
+
+async def test_a_viewer_gets_the_last_20_exits_from_routing_not_the_routers_whole_record() -> None:
+    fleet = Fleet()
+    fleet.view["left_routing"] = [{"url": f"http://10.0.0.{i}:8000", "at": i} for i in range(1024)]
+    feed = DashboardFeed(fleet, interval=0.01)
+    queue = feed.subscribe()
+    message = await asyncio.wait_for(queue.get(), 5)
+    assert message is not None
+    view = orjson.loads(message.split(b"data: ", 1)[1])
+    assert [x["at"] for x in view["left_routing"]] == list(range(1004, 1024))
     await feed.stop()

@@ -26,6 +26,9 @@ from corral.router.dashboard.windows import ModelWindows
 Snapshot = Callable[[], Awaitable[dict[str, Any]]]
 
 HEARTBEAT = b": heartbeat\n\n"
+# the page lists the last 20 events; the router keeps up to 1,024 exits from routing, which the feed
+# does not send to every viewer twice a second
+EVENTS_SHOWN = 20
 
 
 class DashboardFeed:
@@ -62,6 +65,7 @@ class DashboardFeed:
         while self._clients:
             try:
                 view = await self._snapshot()
+                view["left_routing"] = list(view.get("left_routing") or [])[-EVENTS_SHOWN:]
                 view["model_windows"] = self._windows.update(view, time.monotonic())
                 body = orjson.dumps(view)
             except Exception as exc:  # a failed read is shown on the page; the loop goes on
