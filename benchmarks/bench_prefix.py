@@ -5,7 +5,20 @@ is one user's question after its group's system prompt, streamed, arriving as a 
 `--rate` requests/s for `--seconds` (bounded count and time). `--workload issue17` is issue 17's: 12
 groups of 600-1200-token system prompts, multi-turn users (a user's turn carries its earlier turns, so
 each extends the conversation before it), each engine's prefix cache about a third of the system
-prompts, 8 requests/s. Before each target's measured phase every
+prompts, 8 requests/s. Three presets differ from it the ways real traffic does (each sets its own rate, so
+that the fleet is loaded but the oracle's p90 stays near its unloaded value):
+
+- `zipf`: 60 groups of 300-700-token system prompts on 4 engines, popularity Zipf (s = 1: the hottest
+  group a fifth of the traffic, a long tail), single-turn, 16 requests/s, each engine's cache a quarter
+  of the prompts. The oracle pins each group, the groups dealt hottest first to the engine with the
+  least expected load so far.
+- `rag`: a 150-token system prompt common to every request, then one of 24 documents of 800-1500 tokens
+  (Zipf s = 0.8), then a unique question. The oracle pins each document as above.
+- `agentic`: 12 sessions (Zipf s = 0.8 over them) behind one 400-token tool prompt common to all; each turn
+  carries the session's whole history and appends 200-600 tokens of its own, so the session's history is
+  the prefix to follow and grows to thousands of tokens. The oracle pins each session as above.
+
+Before each target's measured phase every
 group sends one request through it (the same warm-up for every target); each target gets fresh system
 prompts, so what an earlier target left in the engines' caches is junk that LRU evicts first.
 
@@ -26,6 +39,7 @@ engine, from vllm:request_success_total deltas).
 
     .venv/bin/python benchmarks/bench_prefix.py [--rate 40] [--seconds 15] [--markdown]
     .venv/bin/python benchmarks/bench_prefix.py --workload issue17 [--kv-events] [--markdown]
+    .venv/bin/python benchmarks/bench_prefix.py --workload zipf|rag|agentic [--kv-events] [--markdown]
 """
 
 from __future__ import annotations
@@ -69,6 +83,57 @@ ISSUE17 = {
     # conversations of about 150 tokens: ~18k tokens, 1,125 blocks of 16; a third of them per engine.
     "kv_cache_blocks": 384,
 }
+# --workload zipf / rag / agentic: shapes issue 17's workload does not have (the module's docstring).
+PRESETS: dict[str, dict[str, Any]] = {
+    "issue17": ISSUE17,
+    "zipf": {
+        "groups": 60,
+        "users": 4,
+        "system_words": (300, 700),
+        "zipf": 1.0,
+        "rate": 16.0,
+        "seconds": 30.0,
+        # 60 prompts of 500 tokens: ~1,900 blocks of 16; a quarter of them per engine
+        "kv_cache_blocks": 480,
+    },
+    "rag": {
+        "groups": 24,
+        "users": 64,
+        "shared_words": 150,
+        "system_words": (800, 1500),
+        "zipf": 0.8,
+        "rate": 6.0,
+        "seconds": 30.0,
+        # 24 documents of 1,150 tokens: ~1,750 blocks; a third of them per engine
+        "kv_cache_blocks": 600,
+    },
+    "agentic": {
+        "groups": 12,
+        "users": 1,
+        "shared_words": 400,
+        "system_words": (0, 0),
+        "multi_turn": True,
+        "turn_words": (200, 600),
+        "zipf": 0.8,
+        "rate": 3.0,
+        "seconds": 30.0,
+        "max_model_len": 16384,
+        # 12 sessions of up to ~4,000 tokens by the end: ~3,000 blocks; a third of them per engine
+        "kv_cache_blocks": 1000,
+    },
+}
+
+
+def pin_balanced(weights: list[float], engines: int) -> list[int]:
+    """Each group's engine: hottest first, each to the engine with the least expected load so far (for
+    equal weights, group g to engine g mod `engines`)."""
+    load = [0.0] * engines
+    pin = [0] * len(weights)
+    for g in sorted(range(len(weights)), key=lambda g: -weights[g]):
+        e = min(range(engines), key=lambda e: load[e])
+        pin[g] = e
+        load[e] += weights[g]
+    return pin
 
 
 class Workload:
@@ -79,13 +144,20 @@ class Workload:
     def __init__(self, args: argparse.Namespace, prompt_seed: int) -> None:
         rng = random.Random(prompt_seed)
         low, high = args.system_words
+        # a prefix common to every group (rag's system prompt, agentic's tool prompt), then the group's own
+        self.shared = system_prompt(rng, args.shared_words) if args.shared_words else ""
         self.systems = [
             f"Group {g} instructions. " + system_prompt(rng, rng.randint(low, high))
             for g in range(args.groups)
         ]
+        self.rag = bool(args.shared_words) and not args.multi_turn
+        self.turn_words: tuple[int, int] | None = args.turn_words
+        self.turn_rng_seed = prompt_seed
         self.users = args.users
         self.max_tokens = args.max_tokens
         self.multi_turn = args.multi_turn
+        self.weights = [1.0 / (g + 1) ** args.zipf for g in range(args.groups)]
+        self.pin = pin_balanced(self.weights, ENGINES)
         sched = random.Random(args.seed)  # the same arrivals and choices for every target
         self.schedule: list[tuple[float, int, int]] = []
         t = 0.0
@@ -93,7 +165,11 @@ class Workload:
             t += sched.expovariate(args.rate)
             if t > args.seconds:
                 break
-            self.schedule.append((t, sched.randrange(args.groups), sched.randrange(args.users)))
+            if args.zipf:
+                group = sched.choices(range(args.groups), self.weights)[0]
+            else:
+                group = sched.randrange(args.groups)
+            self.schedule.append((t, group, sched.randrange(args.users)))
         # each scheduled request's turn in its user's conversation (0: the user's first request)
         seen: dict[tuple[int, int], int] = {}
         self.turns: list[int] = []
@@ -102,16 +178,34 @@ class Workload:
             self.turns.append(turn)
             seen[(group, user)] = turn + 1
 
+    def turn_text(self, group: int, user: int, k: int) -> str:
+        """Turn `k`'s addition to a session (agentic): the same words whenever that turn is replayed."""
+        if self.turn_words is None:
+            return f"I am user {user} of group {group}. Question {k}?"
+        rng = random.Random(f"{self.turn_rng_seed}/{group}/{user}/{k}")
+        return f"Step {k} of session {group}: " + system_prompt(rng, rng.randint(*self.turn_words))
+
     def body(self, group: int, user: int, i: int) -> bytes:
         turn = self.turns[i] if self.multi_turn and 0 <= i < len(self.turns) else 0
-        messages: list[dict[str, str]] = [{"role": "system", "content": self.systems[group]}]
-        for k in range(turn):
-            messages.append({"role": "user", "content": f"I am user {user} of group {group}. Question {k}?"})
-            messages.append(
-                {"role": "assistant", "content": f"Answer {k} to user {user}: the sea says hush."}
-            )
-        question = f"I am user {user} of group {group}. Question {turn if self.multi_turn else i}?"
-        messages.append({"role": "user", "content": question})
+        messages: list[dict[str, str]]
+        if self.rag:  # the shared system prompt, then the document and a question of this request's own
+            question = f"Document {group} above. Question {i} from reader {user}?"
+            messages = [
+                {"role": "system", "content": self.shared},
+                {"role": "user", "content": f"{self.systems[group]}\n\n{question}"},
+            ]
+        else:
+            system = f"{self.shared} {self.systems[group]}" if self.shared else self.systems[group]
+            messages = [{"role": "system", "content": system}]
+            for k in range(turn):
+                messages.append({"role": "user", "content": self.turn_text(group, user, k)})
+                messages.append(
+                    {"role": "assistant", "content": f"Answer {k} to user {user}: the sea says hush."}
+                )
+            question = self.turn_text(group, user, turn) if self.multi_turn else None
+            if question is None:
+                question = f"I am user {user} of group {group}. Question {i}?"
+            messages.append({"role": "user", "content": question})
         return orjson.dumps(
             {
                 "model": MODEL,
@@ -187,7 +281,7 @@ async def run_target(
     pick = random.Random(7)
 
     def target(group: int) -> str:
-        return paths[group % len(paths)] if pinned else pick.choice(paths)
+        return paths[work.pin[group] % len(paths)] if pinned else pick.choice(paths)
 
     limits = aiohttp.ClientTimeout(total=bound_s)
     report = Report(name)
@@ -240,7 +334,7 @@ def words_range(text: str) -> tuple[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument(
-        "--workload", choices=("default", "issue17"), default="default", help="a preset (flags given win)"
+        "--workload", choices=("default", *PRESETS), default="default", help="a preset (flags given win)"
     )
     parser.add_argument("--rate", type=float, default=40.0, help="Poisson arrival rate, requests/s")
     parser.add_argument("--seconds", type=float, default=15.0, help="measured phase bound per target")
@@ -251,6 +345,12 @@ def main() -> None:
         "--system-words", type=words_range, default=(500, 500), help="N or LOW-HIGH; about one token per word"
     )
     parser.add_argument("--multi-turn", action="store_true", help="a user's turn carries its earlier turns")
+    parser.add_argument("--shared-words", type=int, default=0, help="a prefix common to every group")
+    parser.add_argument(
+        "--turn-words", type=words_range, default=None, help="LOW-HIGH words each turn appends (multi-turn)"
+    )
+    parser.add_argument("--zipf", type=float, default=0.0, help="group popularity exponent (0: uniform)")
+    parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--kv-events", action="store_true", help="also route by the sims' KV-cache events")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--kv-cache-blocks", type=int, default=400, help="per engine, 16-token blocks")
@@ -266,9 +366,9 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/out"))
     args = parser.parse_args()
-    if args.workload == "issue17":
+    if args.workload in PRESETS:
         given = parser.parse_args([]).__dict__
-        for key, value in ISSUE17.items():
+        for key, value in PRESETS[args.workload].items():
             if getattr(args, key) == given[key]:  # not set on the command line
                 setattr(args, key, value)
     out = Path(args.out)
@@ -286,7 +386,7 @@ def main() -> None:
     sim_args = [
         "--max-num-seqs", str(args.max_num_seqs), "--kv-cache-blocks", str(args.kv_cache_blocks),
         "--block-size", "16", "--prefill-ms-per-token", str(args.prefill_ms_per_token),
-        "--ttft-base-ms", "2", "--itl-ms", "2", "--max-model-len", "4096",
+        "--ttft-base-ms", "2", "--itl-ms", "2", "--max-model-len", str(args.max_model_len),
     ]  # fmt: skip
     sims: list[Proc] = []
     events: list[str] | None = [] if args.kv_events else None
