@@ -158,3 +158,34 @@ def test_the_state_line_reads_the_prefix_epoch_leniently() -> None:
     assert isinstance(decoded, StateLine) and decoded.prefix_epoch == "4242:2"
     odd = decode_watch_line(b'{"type": "state", "epoch": 3, "state": "READY", "prefix_epoch": 7}')
     assert isinstance(odd, StateLine) and odd.prefix_epoch is None  # read, not refused
+
+
+def rag(document: int, question: int) -> RouteRequest:
+    """A system prompt common to every request (longer than the first key), a document, a question."""
+    body = f"Document {document}. " + f"Chapter {document} of the charts, tide tables. " * 40
+    payload = {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"{body}\nQuestion {question}?"},
+        ],
+    }
+    return RouteRequest("m", {}, payload)
+
+
+def test_a_system_prompt_every_engine_holds_neither_hides_nor_places_the_document() -> None:
+    pool = [endpoint(i) for i in range(4)]
+    memory = PrefixMemory()
+    policy = scored(memory)
+    for e in pool:  # each engine was sent the common system prompt alone
+        memory.sent(
+            RouteRequest("m", {}, {"model": "m", "messages": [{"role": "system", "content": SYSTEM}]}), e
+        )
+    shares = memory.held(rag(0, 0), pool)
+    assert len(set(shares)) == 1 and 0 < shares[0] < 1  # the common start, alike on every engine
+    homes = [policy.pick(pool, rag(d, 0)) for d in range(4)]
+    assert len({e.url for e in homes}) == 4  # new documents spread by headroom, not by the common start
+    for q in range(1, 6):
+        for d in range(4):
+            assert policy.pick(pool, rag(d, q)) is homes[d]  # each later question follows its document
+    assert memory.held(rag(1, 9), pool) == [1.0 if e is homes[1] else shares[0] for e in pool]

@@ -5,9 +5,12 @@ home. An endpoint's keys are forgotten when its engine's prefix cache was emptie
 `prefix_epoch` changed: sleep level >= 1, reload, a new engine process), when it is replaced by a new
 endpoint at the same address, or when it leaves membership.
 
-It answers `PrefixHolders` from the prompt's approximate prefix key (`prompt.prefix_key`: characters,
-not tokens) for fleets without KV-cache events; the KV-event index answers the same question from the
-engines' own block events.
+It answers `PrefixHolders` from the prompt's approximate prefix keys (`prompt.prefix_keys`: characters,
+not tokens; the first `key_blocks` blocks, then twice as many characters, four times, ...) for fleets
+without KV-cache events: an endpoint's share of a prompt is how far into those keys it was sent, so a
+prompt whose first blocks every engine holds (a shared system prompt) still goes where its document or
+its session's history went. The KV-event index answers the same question from the engines' own block
+events.
 """
 
 from __future__ import annotations
@@ -18,14 +21,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from corral.router.membership.endpoint import Endpoint
-from corral.router.routing.prompt import request_prefix_key
+from corral.router.routing.prompt import request_prefix_key, request_prefix_keys
 from corral.router.routing.request import RouteRequest
 
 log = logging.getLogger("corral.router.prefix_memory")
 
-# 4096 keys of 8 bytes (plus the dict's overhead, ~100 bytes a key): about 0.4 MB per endpoint. A key
-# stands for up to `key_blocks` prompt blocks, so this is more prefixes than an engine's cache holds.
-DEFAULT_KEYS_PER_ENDPOINT = 4096
+# 8192 keys of 8 bytes (plus the dict's overhead, ~100 bytes a key): about 0.8 MB per endpoint. A prompt
+# sends one key per depth (a few, `prompt.MAX_LEVELS` at most), so this is more prefixes than an
+# engine's cache holds.
+DEFAULT_KEYS_PER_ENDPOINT = 8192
 # The prompt key: whole blocks of this many characters (about a quarter as many tokens), at most
 # this many of them (the routing config's block_chars and key_blocks).
 DEFAULT_BLOCK_CHARS = 128
@@ -40,12 +44,14 @@ def _epoch(endpoint: Endpoint) -> str | None:
 class _Keys:
     """One endpoint's keys, valid for one endpoint object at one prefix epoch."""
 
-    __slots__ = ("endpoint", "epoch", "keys")
+    __slots__ = ("endpoint", "epoch", "keys", "prefixes")
 
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
         self.epoch = _epoch(endpoint)
-        self.keys: OrderedDict[int, None] = OrderedDict()
+        # key -> whether it is a prompt's first key (one per prefix; the deeper keys extend it)
+        self.keys: OrderedDict[int, bool] = OrderedDict()
+        self.prefixes = 0  # first keys among `keys`
 
 
 class PrefixMemory:
@@ -95,11 +101,29 @@ class PrefixMemory:
         """The request's prefix key, computed once per request; None when the prompt has no whole block."""
         return request_prefix_key(request, self.block_chars, self.key_blocks)
 
+    def keys(self, request: RouteRequest) -> list[tuple[int, int]]:
+        """The request's keys at growing depths with the characters each covers (`prompt.prefix_keys`)."""
+        return request_prefix_keys(request, self.block_chars, self.key_blocks)
+
     def held(self, request: RouteRequest, pool: Sequence[Endpoint]) -> list[float]:
-        key = self.key(request)
-        if key is None:
+        """Per endpoint, the characters of the deepest of the prompt's keys it was sent (and each
+        shallower one), over the deepest key's: 1 when it was sent this prompt's whole keyed prefix."""
+        keys = self.keys(request)
+        if not keys:
             return [0.0] * len(pool)
-        return [1.0 if self.holds(key, e) else 0.0 for e in pool]
+        total = keys[-1][1]
+        shares: list[float] = []
+        for e in pool:
+            entry = self._current(e)
+            depth = 0
+            if entry is not None:
+                held = entry.keys
+                for key, chars in keys:
+                    if key not in held:
+                        break
+                    depth = chars
+            shares.append(depth / total)
+        return shares
 
     def holds(self, key: int, endpoint: Endpoint) -> bool:
         entry = self._current(endpoint)
@@ -110,21 +134,25 @@ class PrefixMemory:
         return [e for e in pool if self.holds(key, e)]
 
     def sent(self, request: RouteRequest, endpoint: Endpoint) -> None:
-        key = self.key(request)
-        if key is not None:
-            self.remember(key, endpoint)
+        for depth, (key, _) in enumerate(self.keys(request)):
+            self.remember(key, endpoint, first=depth == 0)
 
-    def remember(self, key: int, endpoint: Endpoint) -> None:
-        """`endpoint` was sent a prompt with `key`: it will cache the prefix."""
+    def remember(self, key: int, endpoint: Endpoint, first: bool = True) -> None:
+        """`endpoint` was sent a prompt with `key` (its first key, or with `first=False` a deeper one):
+        it will cache the prefix."""
         entry = self._current(endpoint)
         if entry is None:
             entry = self._by_url[endpoint.url] = _Keys(endpoint)
         keys = entry.keys
-        keys[key] = None
+        if key not in keys:
+            keys[key] = first
+            entry.prefixes += first
         keys.move_to_end(key)
         self._urls_of.setdefault(key, {})[endpoint.url] = None
         if len(keys) > self.keys_per_endpoint:
-            self._unsent(keys.popitem(last=False)[0], endpoint.url)
+            old, was_first = keys.popitem(last=False)
+            entry.prefixes -= was_first
+            self._unsent(old, endpoint.url)
 
     def _unsent(self, key: int, url: str) -> None:
         urls = self._urls_of.get(key)
@@ -134,23 +162,27 @@ class PrefixMemory:
                 del self._urls_of[key]
 
     def holders(self, request: RouteRequest) -> list[str]:
-        key = self.key(request)
-        urls = self._urls_of.get(key) if key is not None else None
-        return list(urls) if urls else []
+        """The endpoints sent some of the prompt's keys, those sent the deepest first."""
+        out: dict[str, None] = {}
+        for key, _ in reversed(self.keys(request)):
+            urls = self._urls_of.get(key)
+            if urls:
+                out.update(dict.fromkeys(urls))
+        return list(out)
 
     def forget(self, url: str, why: str) -> None:
         """Drop an endpoint's keys now (it left membership)."""
         self._drop(url, why)
 
     def keys_of(self, endpoint: Endpoint) -> int:
-        """How many keys the router holds for `endpoint` (0 once they no longer apply)."""
+        """How many prefixes (first keys) the router holds for `endpoint` (0 once they no longer apply)."""
         entry = self._current(endpoint)
-        return 0 if entry is None else len(entry.keys)
+        return 0 if entry is None else entry.prefixes
 
     def to_json(self, endpoint: Endpoint) -> dict[str, Any]:
         entry = self._current(endpoint)
         return {
-            "keys": 0 if entry is None else len(entry.keys),
+            "keys": 0 if entry is None else entry.prefixes,
             "capacity": self.keys_per_endpoint,
             "prefix_epoch": None if entry is None else entry.epoch,
         }

@@ -63,6 +63,39 @@ def prefix_key(payload: Mapping[str, Any] | None, block_chars: int, key_blocks: 
     return int.from_bytes(blake2b(data, digest_size=8).digest(), "big")
 
 
+# Deeper keys (`prefix_keys`): the key's length doubles from level to level, at most this many levels
+# (block_chars * key_blocks * 2**9 characters: about 65k tokens at the defaults).
+MAX_LEVELS = 10
+
+
+def prefix_keys(
+    payload: Mapping[str, Any] | None, block_chars: int, key_blocks: int
+) -> list[tuple[int, int]]:
+    """The prompt's keys at growing depths, shallowest first, each as (key, characters it covers): the
+    first `key_blocks` whole blocks (`prefix_key`, or fewer blocks when the prompt is shorter), then
+    twice as many characters, four times as many, ... while the prompt has them. A prompt whose long
+    start is common to many (a shared system prompt, a document, a session's history) differs from
+    its peers at a deeper key, so how deep an endpoint holds the keys says how much of the prompt it
+    caches, as the KV events' block chains do. One pass of the hash over the text (copies at each
+    level); [] when the prompt has no whole block."""
+    first = block_chars * key_blocks
+    text = leading_text(payload, first << (MAX_LEVELS - 1))
+    whole = len(text) // block_chars * block_chars
+    if whole == 0:
+        return []
+    data = text.encode("utf-8", "surrogatepass") if text.isascii() else None
+    digest = blake2b(digest_size=8)
+    keys: list[tuple[int, int]] = []
+    start, end = 0, min(first, whole)
+    while True:
+        chunk = data[start:end] if data is not None else text[start:end].encode("utf-8", "surrogatepass")
+        digest.update(chunk)
+        keys.append((int.from_bytes(digest.copy().digest(), "big"), end))
+        if end * 2 > whole:
+            return keys
+        start, end = end, end * 2
+
+
 _KEY_NAMES: dict[tuple[int, int], str] = {}  # (block_chars, key_blocks) -> its name in `derived`
 
 
@@ -80,3 +113,15 @@ def request_prefix_key(request: RouteRequest, block_chars: int, key_blocks: int)
         return cached
     key = derived[name] = prefix_key(request.payload, block_chars, key_blocks)
     return key
+
+
+def request_prefix_keys(request: RouteRequest, block_chars: int, key_blocks: int) -> list[tuple[int, int]]:
+    """`prefix_keys` of the request's body, computed once per request and block shape."""
+    derived = request.derived
+    if derived is None:
+        derived = request.derived = {}
+    name = f"prefix_keys/{block_chars}/{key_blocks}"
+    cached: list[tuple[int, int]] | None = derived.get(name)
+    if cached is None:
+        cached = derived[name] = prefix_keys(request.payload, block_chars, key_blocks)
+    return cached

@@ -20,6 +20,10 @@ from corral.router.routing.rings import RingCache, stable_hash
 
 SCORER_NAMES = ("prefix", "queue", "kv_usage", "in_flight", "recent", "lora", "session")
 PLACEMENTS = ("headroom", "ring")
+# A prompt is a new placement (the recent-picks scorer counts) unless some endpoint holds at least this
+# share of it more than another: a document or session behind a system prompt that some engines hold
+# is new, and would otherwise follow the common start onto the engines that hold it.
+HELD_MARGIN = 0.5
 
 
 @dataclass(slots=True)
@@ -32,7 +36,10 @@ class PickContext:
     board: LoadBoard
     now: float = field(default_factory=time.monotonic)
     prefix_key: int | None = None  # set by the prefix scorer: the prompt's key on the ring
-    held: bool = False  # set by the prefix scorer: some endpoint of the pool holds the prompt's prefix
+    # set by the prefix scorer: some endpoint of the pool holds at least `HELD_MARGIN` more of the prompt
+    # than another; a short start held by some (a system prompt common to many prompts) leaves the
+    # prompt's placement to headroom
+    held: bool = False
     _loads_of: Sequence[Endpoint] | None = None
     _loads: list[EngineLoad | None] | None = None
 
@@ -120,7 +127,7 @@ class PrefixScorer:
         if not self.by_ring:
             assert self.holders is not None
             shares = self.holders.held(ctx.request, pool)
-            ctx.held = max(shares, default=0.0) > 0.0
+            ctx.held = max(shares, default=0.0) - min(shares, default=0.0) >= HELD_MARGIN
             return shares
         order = self.home_order(pool, ctx)
         if order is None:
@@ -133,9 +140,10 @@ class RecentScorer:
     """Fewer of this router's recent picks is better: a count per endpoint that halves every
     `half_life` seconds. It is the headroom signal that outlives a request: an idle fleet's in-flight
     and queues are all zero, but the endpoint that was handed the last new prefixes will serve their
-    later turns, so the next new prefix goes elsewhere. It places prefixes no endpoint holds: among a
-    prefix's holders the live load decides (then ring order), so a prefix held twice is served by
-    one holder while that one is not busier, and does not fill both caches."""
+    later turns, so the next new prefix goes elsewhere. It places prompts that no endpoint of the pool
+    holds half of more than another (a new document behind a common system prompt is new):
+    among a prefix's holders the live load decides (then ring order), so a prefix held twice is
+    served by one holder while that one is not busier, and does not fill both caches."""
 
     name = "recent"
 
