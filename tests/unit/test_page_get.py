@@ -63,6 +63,19 @@ async def test_a_kept_alive_connection_serves_the_next_get(client: PageClient) -
         assert per_connection == [2]
 
 
+async def test_without_keepalive_each_get_has_its_own_connection() -> None:
+    server, url, per_connection = await _serve(_length)
+    page_client = PageClient(timeout=2.0, keepalive=0.0)
+    try:
+        async with server:
+            assert await page_client.get(url, "/metrics") == (200, b"page 1")
+            assert page_client.idle == 0
+            assert await page_client.get(url, "/metrics") == (200, b"page 1")
+            assert per_connection == [1, 1]
+    finally:
+        page_client.close()
+
+
 async def test_a_reused_connection_the_engine_dropped_is_retried_on_a_fresh_one(client: PageClient) -> None:
     async def once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
         if n > 1:
@@ -114,6 +127,28 @@ async def test_a_path_in_the_base_url_prefixes_the_page() -> None:
     finally:
         page_client.close()
     assert seen == [b"GET /e7/metrics HTTP/1.1"]
+
+
+async def test_headers_are_sent_and_a_line_break_in_one_is_refused() -> None:
+    heads: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append(await reader.readuntil(b"\r\n\r\n"))
+        await _length(reader, writer, 1)
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    page_client = PageClient(timeout=2.0)
+    try:
+        async with server:
+            await page_client.get(url, "/v1/models", {"Authorization": "Bearer engine-key"})
+            with pytest.raises(PageError, match="'Authorization' holds a line break") as refused:
+                await page_client.get(url, "/v1/models", {"Authorization": "Bearer a\r\nX-Evil: 1"})
+    finally:
+        page_client.close()
+    assert b"\r\nAuthorization: Bearer engine-key\r\n" in heads[0]
+    assert "Bearer" not in str(refused.value)  # a key is never echoed
 
 
 async def test_an_idle_connection_is_closed_after_keepalive() -> None:

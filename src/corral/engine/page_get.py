@@ -119,7 +119,9 @@ def _request(target: str, host: str, headers: Mapping[str, str]) -> bytes:
 
 
 class PageClient:
-    """GETs of small pages from many engines; `timeout` bounds each GET, connecting included."""
+    """GETs of small pages from many engines; `timeout` bounds each GET, connecting included. A
+    connection is kept `keepalive` seconds for the engine's next GET (0: closed once answered, for
+    callers that ask each engine less often than that)."""
 
     def __init__(
         self, timeout: float, keepalive: float = KEEPALIVE_SECONDS, max_bytes: int = MAX_PAGE_BYTES
@@ -163,7 +165,7 @@ class PageClient:
         except BaseException:
             conn.close()
             raise
-        if conn.reusable and conn.transport is not None:
+        if conn.reusable and conn.transport is not None and self.keepalive > 0:
             conn.answer = None
             conn.idle_since = time.monotonic()
             old = self._idle.pop(base_url, None)

@@ -210,7 +210,7 @@ class PodSource:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._session = PageClient(self._config.probe_timeout)
+        self._session = PageClient(self._config.probe_timeout, keepalive=0.0)  # asked once per pod change
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._work(), name=f"corral-router-k8s-worker-{i}")

@@ -153,7 +153,7 @@ class StaticSource:
 
     async def start(self) -> None:
         """Open the probe session and start refreshing; the first round runs in the background."""
-        self._session = PageClient(self._probe_timeout)
+        self._session = PageClient(self._probe_timeout, keepalive=0.0)  # each engine asked once a round
         self._task = asyncio.create_task(self._run(), name="corral-router-static-source")
 
     async def stop(self) -> None:

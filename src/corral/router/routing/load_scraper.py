@@ -20,7 +20,7 @@ from collections.abc import Callable
 from corral.aio import cancel_tasks
 from corral.engine import metric_names as m
 from corral.engine.metrics_text import Sample, samples
-from corral.engine.page_get import PageClient
+from corral.engine.page_get import KEEPALIVE_SECONDS, PageClient
 from corral.engine_state import EngineState
 from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.load_board import EngineLoad, LoadBoard
@@ -168,6 +168,9 @@ class LoadScraper:
                 len(self._round) / period,
             )
         self.period = period
+        # a connection idle for a whole period is dropped by the engine anyway (uvicorn: 5 s)
+        if self._client is not None:
+            self._client.keepalive = KEEPALIVE_SECONDS if period < KEEPALIVE_SECONDS else 0.0
         if self.fixed_stale is None:
             self.board.stale_after = max(STALE_PERIODS * period, MIN_STALE_SECONDS)
 
