@@ -189,3 +189,24 @@ def test_a_system_prompt_every_engine_holds_neither_hides_nor_places_the_documen
         for d in range(4):
             assert policy.pick(pool, rag(d, q)) is homes[d]  # each later question follows its document
     assert memory.held(rag(1, 9), pool) == [1.0 if e is homes[1] else shares[0] for e in pool]
+
+
+def session(user: int, turns: int) -> RouteRequest:
+    """An agent's session: a tool prompt common to every session, then its own growing history (each
+    turn longer than the tool prompt)."""
+    messages = [{"role": "system", "content": f"{SYSTEM * 2} Session {user}."}]
+    for k in range(turns + 1):
+        messages.append(
+            {"role": "user", "content": f"Step {k} of session {user}: " + "chart the tide. " * 150}
+        )
+    return RouteRequest("m", {}, {"model": "m", "messages": messages})
+
+
+def test_sessions_behind_a_common_tool_prompt_spread_and_keep_their_history() -> None:
+    pool = [endpoint(i) for i in range(4)]
+    policy = scored(PrefixMemory())
+    homes = [policy.pick(pool, session(u, 0)) for u in range(4)]
+    assert len({e.url for e in homes}) == 4  # the first session's engine holds the tool prompt: no pile-up
+    for turn in range(1, 8):
+        for u in range(4):
+            assert policy.pick(pool, session(u, turn)) is homes[u]  # each turn follows its history

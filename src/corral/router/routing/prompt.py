@@ -63,21 +63,24 @@ def prefix_key(payload: Mapping[str, Any] | None, block_chars: int, key_blocks: 
     return int.from_bytes(blake2b(data, digest_size=8).digest(), "big")
 
 
-# Deeper keys (`prefix_keys`): the key's length doubles from level to level, at most this many levels
-# (block_chars * key_blocks * 2**9 characters: about 65k tokens at the defaults).
+# Deeper keys (`prefix_keys`) cover up to block_chars * key_blocks * 2**(MAX_LEVELS - 1) characters (about
+# 65k tokens at the defaults), in `STEPS` even steps per doubling of the length: a turn that adds a
+# quarter to its session's prompt still finds the previous turn's keys up to its length, less a step.
 MAX_LEVELS = 10
+STEPS = 4
 
 
 def prefix_keys(
     payload: Mapping[str, Any] | None, block_chars: int, key_blocks: int
 ) -> list[tuple[int, int]]:
     """The prompt's keys at growing depths, shallowest first, each as (key, characters it covers): the
-    first `key_blocks` whole blocks (`prefix_key`, or fewer blocks when the prompt is shorter), then
-    twice as many characters, four times as many, ... while the prompt has them. A prompt whose long
-    start is common to many (a shared system prompt, a document, a session's history) differs from
-    its peers at a deeper key, so how deep an endpoint holds the keys says how much of the prompt it
-    caches, as the KV events' block chains do. One pass of the hash over the text (copies at each
-    level); [] when the prompt has no whole block."""
+    first `key_blocks` whole blocks (`prefix_key`, or fewer blocks when the prompt is shorter), then at
+    `STEPS` positions per doubling of that length (the same positions for every prompt), the last
+    all of the prompt's whole blocks. A prompt whose long start is common to many (a shared system
+    prompt, a document, a session's history) differs from its peers at a deeper key, so how deep an
+    endpoint holds the keys says how much of the prompt it caches, as the KV events' block chains
+    do. One pass of the hash over the text (a copy at each key); [] when the prompt has no whole
+    block."""
     first = block_chars * key_blocks
     text = leading_text(payload, first << (MAX_LEVELS - 1))
     whole = len(text) // block_chars * block_chars
@@ -91,9 +94,11 @@ def prefix_keys(
         chunk = data[start:end] if data is not None else text[start:end].encode("utf-8", "surrogatepass")
         digest.update(chunk)
         keys.append((int.from_bytes(digest.copy().digest(), "big"), end))
-        if end * 2 > whole:
+        if end == whole:
             return keys
-        start, end = end, end * 2
+        # four steps per doubling, on positions every prompt shares (a turn's keys are its next turn's)
+        step = max(block_chars, (1 << (end // first).bit_length() - 1) * first // STEPS)
+        start, end = end, min(end + step, whole)
 
 
 _KEY_NAMES: dict[tuple[int, int], str] = {}  # (block_chars, key_blocks) -> its name in `derived`

@@ -20,9 +20,10 @@ from corral.router.routing.rings import RingCache, stable_hash
 
 SCORER_NAMES = ("prefix", "queue", "kv_usage", "in_flight", "recent", "lora", "session")
 PLACEMENTS = ("headroom", "ring")
-# A prompt is a new placement (the recent-picks scorer counts) unless some endpoint holds at least this
-# share of it more than another: a document or session behind a system prompt that some engines hold
-# is new, and would otherwise follow the common start onto the engines that hold it.
+# A prompt is a new placement unless some endpoint holds at least this share more than another of what
+# the least holder lacks: a document or a session behind a system prompt that some engines hold is new,
+# and would otherwise follow the common start onto the engines that hold it. A new placement is made
+# by headroom alone (the prefix scorer scores 0, the recent-picks scorer counts).
 HELD_MARGIN = 0.5
 
 
@@ -36,8 +37,8 @@ class PickContext:
     board: LoadBoard
     now: float = field(default_factory=time.monotonic)
     prefix_key: int | None = None  # set by the prefix scorer: the prompt's key on the ring
-    # set by the prefix scorer: some endpoint of the pool holds at least `HELD_MARGIN` more of the prompt
-    # than another; a short start held by some (a system prompt common to many prompts) leaves the
+    # set by the prefix scorer: some endpoint of the pool holds enough more of the prompt than another
+    # (`HELD_MARGIN`); a short start held by some (a system prompt common to many prompts) leaves the
     # prompt's placement to headroom
     held: bool = False
     _loads_of: Sequence[Endpoint] | None = None
@@ -66,7 +67,9 @@ class PrefixScorer:
     engines' KV events), an endpoint scores the share of the prompt's prefix it holds: a holder scores
     1, an endpoint that never saw the prefix 0, and the load scorers decide among equals, so a prefix
     no engine holds goes to the endpoint with the most headroom and a prefix held by two is spread
-    over both by load (`placement="headroom"`, docs/ARCHITECTURE.md).
+    over both by load (`placement="headroom"`, docs/ARCHITECTURE.md). A prompt that no endpoint holds
+    enough more of than another (`HELD_MARGIN`: a new document behind a common system prompt) scores 0
+    everywhere: it is placed by headroom, not after the common start.
 
     Without holders, or with `placement="ring"` (the placement before issue 17, kept to compare
     against), the prompt's leading blocks have a home found by consistent hashing over the eligible
@@ -127,8 +130,9 @@ class PrefixScorer:
         if not self.by_ring:
             assert self.holders is not None
             shares = self.holders.held(ctx.request, pool)
-            ctx.held = max(shares, default=0.0) - min(shares, default=0.0) >= HELD_MARGIN
-            return shares
+            low, high = min(shares, default=0.0), max(shares, default=0.0)
+            ctx.held = high - low >= HELD_MARGIN * (1.0 - low)
+            return shares if ctx.held else [0.0] * len(pool)
         order = self.home_order(pool, ctx)
         if order is None:
             return [0.0] * len(pool)
