@@ -19,6 +19,7 @@ from corral.k8s.watch.client import PodApi
 from corral.openai_errors import error_response
 from corral.router.dashboard.feed import DashboardFeed
 from corral.router.dashboard.page import page_handler
+from corral.router.datapath.aiohttp_exchange import AiohttpReply, AiohttpRequest
 from corral.router.datapath.proxy import Proxy, ProxyConfig
 from corral.router.datapath.retry_budget import RetryBudgetConfig
 from corral.router.datapath.upstream import UpstreamClient
@@ -313,7 +314,10 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     app.cleanup_ctx.append(lifecycle)
 
     async def proxy(request: web.Request) -> web.StreamResponse:
-        return await holder["proxy"].handle(request)
+        reply = AiohttpReply(request)
+        await holder["proxy"].handle(AiohttpRequest(request), reply)
+        assert reply.response is not None
+        return reply.response
 
     async def livez(request: web.Request) -> web.Response:
         # a liveness probe: open like /health, but 200 whenever the router answers at all, so that an
