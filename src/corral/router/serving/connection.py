@@ -56,6 +56,7 @@ class LeanConnection(asyncio.Protocol):
         self._seen: set[str] = set()
         self._refusal: bytes | None = None  # a malformed request's 400, written after earlier answers
         self._write_paused = False
+        self._corked: list[bytes] | None = None
         self._drained: asyncio.Future[None] | None = None
         self._read_paused = False
         # handing off to aiohttp: the bytes written for it, its handler once earlier answers are out
@@ -198,16 +199,32 @@ class LeanConnection(asyncio.Protocol):
         if self.transport is None:
             return
         if self._refusal is not None:
-            self.transport.write(self._refusal)
+            self.write(self._refusal)
             self._close()
         elif not keep_alive:
             self._close()
         elif self._handoff is not None:
             self._start_inner()
 
-    def write(self, data: bytes) -> None:
-        if self.transport is not None:
-            self.transport.write(data)
+    def write(self, data: bytes, cork: bool = False) -> None:
+        """Send `data` now, or with `cork` at the end of this turn of the event loop, together with
+        whatever else is written until then (a stream's head and first chunk, its last chunk and its
+        end): fewer, fuller segments for both ends."""
+        transport = self.transport
+        if transport is None:
+            return
+        if self._corked is not None:
+            self._corked.append(data)
+        elif cork:
+            self._corked = [data]
+            asyncio.get_running_loop().call_soon(self._uncork)
+        else:
+            transport.write(data)
+
+    def _uncork(self) -> None:
+        corked, self._corked = self._corked, None
+        if corked and self.transport is not None:
+            self.transport.write(b"".join(corked))
 
     async def drain(self) -> None:
         """Wait while the client reads slower than the router writes (the transport's buffer is over
@@ -236,6 +253,7 @@ class LeanConnection(asyncio.Protocol):
 
     def _close(self) -> None:
         if self.transport is not None:
+            self._uncork()
             self.transport.close()
 
     def _refuse(self, exc: Exception) -> None:
@@ -274,7 +292,7 @@ class LeanConnection(asyncio.Protocol):
             + body
         )
         if self._task is None:
-            transport.write(self._refusal)
+            self.write(self._refusal)
             self._close()
 
     # -- handing off to aiohttp -----------------------------------------------------------------
@@ -293,6 +311,7 @@ class LeanConnection(asyncio.Protocol):
         transport = self.transport
         if self._inner is not None or transport is None:
             return
+        self._uncork()  # the last answer's end goes out before aiohttp writes anything
         inner = self._inner = self._server.handoff()
         inner.connection_made(transport)
         if self._write_paused:
@@ -343,16 +362,16 @@ class LeanReply:
             framing = CHUNKED
         else:
             self._keep_alive, framing = False, b""  # HTTP/1.0: the end of the answer is the close
-        conn.write(head(status, headers, framing, self._connection(), conn._server.date.line()))
+        conn.write(head(status, headers, framing, self._connection(), conn._server.date.line()), cork=True)
 
     async def write(self, chunk: bytes) -> None:
         if not chunk:
             return
         conn = self._conn
-        conn.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if self._chunked else chunk)
+        conn.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if self._chunked else chunk, cork=True)
         if conn._write_paused:
             await conn.drain()
 
     async def finish(self) -> None:
         if self._chunked:
-            self._conn.write(CHUNKED_END)
+            self._conn.write(CHUNKED_END, cork=True)
