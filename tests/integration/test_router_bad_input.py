@@ -20,6 +20,7 @@ import aiohttp
 import orjson
 import pytest
 
+from corral.router.cli import DEFAULT_HTTP_SERVER
 from tests.support import nonce_engine, raw_http
 from tests.support.nonce_engine import MODEL
 from tests.support.procs import CorralProcess, free_port
@@ -325,7 +326,8 @@ async def test_a_hostile_request_gets_its_answer_and_touches_no_other_client(
     )
     print("\n" + MEASURED[-1])
     assert (status, echoed) == (200, nonce)  # (c) the ordinary client got its own answer
-    lean = os.environ.get("CORRAL_ROUTER_HTTP_SERVER") == "lean" and shape.lean_statuses is not None
+    server = os.environ.get("CORRAL_ROUTER_HTTP_SERVER", DEFAULT_HTTP_SERVER)
+    lean = server == "lean" and shape.lean_statuses is not None
     assert statuses == (shape.lean_statuses if lean else shape.statuses), received[:400]  # (a)
     assert len(from_attacker) == shape.engine_sees, from_attacker  # (b) nothing smuggled through
     if shape.engine_sees < 2:

@@ -108,7 +108,7 @@ class RouterConfig:
     worker: WorkerSlot | None = None  # one of `--workers N` (N > 1): its name, its siblings' sockets
     # --tokenizer: sim | a model's tokenizer; with one, prefix routing reads the engines' KV events
     tokenizer: str | None = None
-    http_server: str = "aiohttp"  # --http-server: lean | aiohttp (corral.router.serving)
+    http_server: str = "lean"  # --http-server: lean | aiohttp (corral.router.serving)
 
     def engine_headers(self) -> dict[str, str]:
         """What every request to an engine carries: its API key, when it wants one."""
