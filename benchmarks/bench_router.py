@@ -271,6 +271,13 @@ def main() -> None:
         help="also run `lean-prototype` (benchmarks/lean_server_prototype.py): the proxy path on an "
         "httptools server protocol with no edge, the floor a server swap could reach",
     )
+    parser.add_argument(
+        "--http-server",
+        choices=["default", "aiohttp", "lean", "both"],
+        default="default",
+        help="`corral router --http-server` of the `corral` target (default: the router's own default); "
+        "both: `corral` on aiohttp and `corral-lean` on the lean server, as two targets in the same run",
+    )
     parser.add_argument("--markdown", action="store_true", help="also print a Markdown table")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/out"))
     args = parser.parse_args()
@@ -307,6 +314,12 @@ def main() -> None:
             tenant_headers["Authorization"] = f"Bearer {tenant_key}"
         chosen = list(variants[args.limits])
         worker_flags = ["--workers", str(args.workers)] if router_has_workers_flag() else []
+        server_flags: dict[str, list[str]] = {}
+        if args.http_server in ("aiohttp", "lean"):
+            server_flags["corral"] = ["--http-server", args.http_server]
+        elif args.http_server == "both":
+            server_flags = {"corral": ["--http-server", "aiohttp"], "corral-lean": ["--http-server", "lean"]}
+            chosen.append(("corral-lean", variants["on"][-1][1]))
         if args.baseline_src:
             chosen.append(("corral-baseline", variants["on"][-1][1]))
         for name, limit_flags in chosen:
@@ -323,7 +336,8 @@ def main() -> None:
                 "--policy",
                 args.corral_policy,
                 *limit_flags,
-                *(shlex.split(args.corral_args) if name == "corral" else []),
+                *(shlex.split(args.corral_args) if name in ("corral", "corral-lean") else []),
+                *server_flags.get(name, []),
                 *(worker_flags if name != "corral-baseline" else []),
             ]
             for s in sims:
@@ -334,7 +348,9 @@ def main() -> None:
             corral = spawn(f"{name}-router", argv, f"http://127.0.0.1:{port}", router_cpus, out, env)
             procs.append(corral)
             wait_ready(corral, "/health")
-            headers = tenant_headers if name in ("corral", "corral-baseline") else dict(JSON_HEADERS)
+            headers = (
+                tenant_headers if name in ("corral", "corral-lean", "corral-baseline") else dict(JSON_HEADERS)
+            )
             targets.append(Target(name, [corral.url], corral, headers))
 
         if args.lean_prototype:
@@ -482,15 +498,17 @@ def main() -> None:
                     ratio = proto["router_cpu_s_per_1000"] / rust_row["router_cpu_s_per_1000"]
                     print(f"{label}: lean-prototype/vllm-router router CPU per request = {ratio:.2f}")
                     proto["cpu_vs_vllm_router"] = round(ratio, 3)
-            if "corral" in rows and "vllm-router" in rows and rows["vllm-router"]["rps"]:
-                ratio = rows["corral"]["rps"] / rows["vllm-router"]["rps"]
-                print(f"{label}: corral/vllm-router requests/s = {ratio:.2f}")
-                rows["corral"]["rps_vs_vllm_router"] = round(ratio, 3)
-                cpu_corral, cpu_rust = (rows[n]["router_cpu_s_per_1000"] for n in ("corral", "vllm-router"))
+            for name in ("corral", "corral-lean"):
+                if name not in rows or "vllm-router" not in rows or not rows["vllm-router"]["rps"]:
+                    continue
+                ratio = rows[name]["rps"] / rows["vllm-router"]["rps"]
+                print(f"{label}: {name}/vllm-router requests/s = {ratio:.2f}")
+                rows[name]["rps_vs_vllm_router"] = round(ratio, 3)
+                cpu_corral, cpu_rust = (rows[n]["router_cpu_s_per_1000"] for n in (name, "vllm-router"))
                 if cpu_corral and cpu_rust:
                     ratio = cpu_corral / cpu_rust
-                    print(f"{label}: corral/vllm-router router CPU per request = {ratio:.2f}")
-                    rows["corral"]["cpu_vs_vllm_router"] = round(ratio, 3)
+                    print(f"{label}: {name}/vllm-router router CPU per request = {ratio:.2f}")
+                    rows[name]["cpu_vs_vllm_router"] = round(ratio, 3)
         (out / "bench_router.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
         if args.markdown:
             print(markdown(results))

@@ -19,6 +19,7 @@ from corral.k8s.watch.client import PodApi
 from corral.openai_errors import error_response
 from corral.router.dashboard.feed import DashboardFeed
 from corral.router.dashboard.page import page_handler
+from corral.router.datapath.aiohttp_exchange import AiohttpReply, AiohttpRequest
 from corral.router.datapath.proxy import Proxy, ProxyConfig
 from corral.router.datapath.retry_budget import RetryBudgetConfig
 from corral.router.datapath.upstream import UpstreamClient
@@ -42,6 +43,7 @@ from corral.router.routing.kv_index import KvIndex
 from corral.router.routing.prefix_memory import PrefixMemory
 from corral.router.routing.prompt_tokens import prompt_tokens
 from corral.router.routing.selector import Routing
+from corral.router.serving.server import HotPath
 from corral.router.telemetry.endpoint_series import endpoint_series
 from corral.router.telemetry.metrics import RouterCollector, RouterMetrics
 from corral.router.telemetry.worker_pages import WorkerPages
@@ -106,6 +108,7 @@ class RouterConfig:
     worker: WorkerSlot | None = None  # one of `--workers N` (N > 1): its name, its siblings' sockets
     # --tokenizer: sim | a model's tokenizer; with one, prefix routing reads the engines' KV events
     tokenizer: str | None = None
+    http_server: str = "lean"  # --http-server: lean | aiohttp (corral.router.serving)
 
     def engine_headers(self) -> dict[str, str]:
         """What every request to an engine carries: its API key, when it wants one."""
@@ -124,6 +127,8 @@ MEMBERSHIP = web.AppKey("membership", Membership)
 METRICS = web.AppKey("metrics", RouterMetrics)
 # Listens for the router (cli.serve): each client connection held to config.client_limits.
 CONNECTION_GUARD = web.AppKey("connection_guard", ConnectionGuard)
+# What the lean server (--http-server lean) answers itself, and with what (corral.router.serving)
+HOT_PATH = web.AppKey("hot_path", HotPath)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Not a tenant's: the probe, and the admin routes (corral.router.edge.admin_access decides who reads those).
 ADMIN_AND_OPEN_PATHS = ADMIN_PATHS | OPEN_PATHS
@@ -311,9 +316,21 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             session.close()
 
     app.cleanup_ctx.append(lifecycle)
+    app[HOT_PATH] = HotPath(
+        exact_paths=frozenset(ROOT_INFERENCE_PATHS + HOT_INFERENCE_PATHS),
+        prefix="/v1/",
+        not_under_prefix=frozenset(ENGINE_ONLY_PATHS + OWN_ENDPOINTS + tuple(ADMIN_AND_OPEN_PATHS)),
+        proxy=lambda: holder["proxy"],
+        limits=limits,
+        stats=limit_stats,
+        gate=gate,
+    )
 
     async def proxy(request: web.Request) -> web.StreamResponse:
-        return await holder["proxy"].handle(request)
+        reply = AiohttpReply(request)
+        await holder["proxy"].handle(AiohttpRequest(request), reply)
+        assert reply.response is not None
+        return reply.response
 
     async def livez(request: web.Request) -> web.Response:
         # a liveness probe: open like /health, but 200 whenever the router answers at all, so that an

@@ -4,6 +4,7 @@ uvloop, membership and routing) is corral.router.start, imported when the comman
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ import click
 from corral.router.edge.access_options import access_options
 from corral.router.edge.client_limit_flags import client_limit_options
 from corral.router.routing.names import POLICY_NAMES
+
+DEFAULT_HTTP_SERVER = "lean"  # --http-server: corral.router.serving, or aiohttp for every request
 
 
 @click.command()
@@ -208,6 +211,15 @@ from corral.router.routing.names import POLICY_NAMES
     help="Seconds a backend may stay silent (before its first byte: eject and retry elsewhere; "
     "mid-stream: end the stream with an error event). Must exceed the longest non-streamed "
     "generation. 0 turns it off.",
+)
+@click.option(
+    "--http-server",
+    type=click.Choice(["lean", "aiohttp"]),
+    default=lambda: os.environ.get("CORRAL_ROUTER_HTTP_SERVER", DEFAULT_HTTP_SERVER),
+    show_default=DEFAULT_HTTP_SERVER,
+    help="The server side of the router: `lean` answers the inference POSTs on its own HTTP/1.1 "
+    "protocol (less CPU per request) and hands every other request to aiohttp; `aiohttp` serves all. "
+    "The environment variable CORRAL_ROUTER_HTTP_SERVER sets the default.",
 )
 @click.option(
     "--shutdown-timeout",

@@ -19,7 +19,14 @@ from aiohttp import web
 
 from corral import aio
 from corral.k8s.watch.client import KubeApiError
-from corral.router.app import CONNECTION_GUARD, MEMBERSHIP, KubernetesDiscovery, RouterConfig, build_app
+from corral.router.app import (
+    CONNECTION_GUARD,
+    HOT_PATH,
+    MEMBERSHIP,
+    KubernetesDiscovery,
+    RouterConfig,
+    build_app,
+)
 from corral.router.datapath.retry_budget import RetryBudgetConfig
 from corral.router.discovery.backends_file import BackendsFileError, read_backends
 from corral.router.discovery.supervisor_stream import (
@@ -34,6 +41,7 @@ from corral.router.edge.parse_errors import ParseErrorLog
 from corral.router.membership.membership import Membership
 from corral.router.routing.config import PolicyConfigError, RoutingConfig, load_routing_config
 from corral.router.routing.prompt_tokens import prompt_tokens
+from corral.router.serving.server import LeanServer
 from corral.router.workers import WorkerPool, WorkerSlot, cpu_limit, reserve_port
 from corral.supervisor_tokens import FleetKeyError, TokenFileError, read_fleet_key, read_management_token
 
@@ -120,6 +128,7 @@ def start_router(
     eject_seconds: float,
     models_refresh_seconds: float,
     request_timeout: float,
+    http_server: str,
     shutdown_timeout: float,
     log_level: str,
     client_limits: ClientLimits,
@@ -202,6 +211,7 @@ def start_router(
         api_keys_file=access.api_keys_file,
         admin=access.admin,
         engine_api_key=access.engine_api_key,
+        http_server=http_server,
     )
     access.log_at_start()
     count = workers or cpu_limit()
@@ -291,7 +301,9 @@ async def serve(
 ) -> None:
     """Run the router until SIGTERM/SIGINT; `ready` is called once it listens (a worker tells the parent)."""
     app = build_app(config)
-    logging.getLogger("aiohttp.server").addFilter(ParseErrorLog())  # one line per malformed request
+    parse_log = ParseErrorLog()
+    logging.getLogger("aiohttp.server").addFilter(parse_log)  # one line per malformed request
+    lean: LeanServer | None = None
     runner = web.AppRunner(
         app,
         access_log=None,
@@ -316,7 +328,16 @@ async def serve(
         if worker is not None and worker.restarted:  # not its siblings' traffic into an empty table
             await _routable(app[MEMBERSHIP], RESTART_WARMUP_SECONDS)
         shared = worker is not None  # --workers: every worker binds the same ports
-        await guard.listen(runner.server, host, port, backlog=1024, reuse_port=shared)
+        if config.http_server == "lean":
+            limits = config.client_limits
+            lean = LeanServer(
+                app[HOT_PATH], guard if limits.watches_connections else None, runner.server, parse_log
+            )
+            await guard.listen(
+                lean.protocol, host, port, backlog=1024, reuse_port=shared, watched_inside=True
+            )
+        else:
+            await guard.listen(runner.server, host, port, backlog=1024, reuse_port=shared)
         admin = config.admin
         if admin.admin_port is not None:  # /metrics and /v1/fleet only (corral.router.edge.admin_access)
             admin_listener = await loop.create_server(
@@ -347,6 +368,8 @@ async def serve(
         guard.stop_accepting()
         if admin_listener is not None:
             admin_listener.close()
+        if lean is not None:
+            await lean.shutdown(shutdown_timeout)
         await runner.cleanup()
         await guard.close()
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from aiohttp import web
 
 from corral.engine.pd_protocol import (
     PARAMS,
@@ -29,7 +28,7 @@ from corral.engine.pd_protocol import (
     prefill_leg_body,
     transfer_params_of,
 )
-from corral.openai_errors import error_response
+from corral.router.datapath.exchange import Answer, error_answer
 from corral.router.datapath.retry_budget import RetryBudget
 from corral.router.datapath.upstream import UPSTREAM_FAILURES, UpstreamClient, describe_failure
 from corral.router.membership.endpoint import Endpoint
@@ -109,9 +108,9 @@ class Disaggregation:
         headers: Iterable[tuple[str, str]],
         route: RouteRequest,
         request_id: str,
-    ) -> PrefillLeg | NoPair | web.Response:
+    ) -> PrefillLeg | NoPair | Answer:
         """Run a prefill leg on a prefill engine that has a compatible decode endpoint, retrying on
-        another one within the budget. A web.Response is the answer that ends the request (the engine's
+        another one within the budget. An Answer is the answer that ends the request (the engine's
         own 4xx, its 5xx once retries are spent, a 502 for an engine that sent no transfer)."""
         assert route.payload is not None
         model = route.model
@@ -120,7 +119,7 @@ class Disaggregation:
         headers = list(headers)
         tried: set[str] = set()
         failures: list[str] = []
-        engine_error: web.Response | None = None  # the last 5xx a prefill engine answered
+        engine_error: Answer | None = None  # the last 5xx a prefill engine answered
         attempt = 0
         while True:
             candidates = self._pairable(model, tried)
@@ -133,7 +132,7 @@ class Disaggregation:
             outcome = await self._run(endpoint, method, raw_path, headers, body, payload, request_id, attempt)
             if isinstance(outcome, PrefillLeg):
                 return self._with_decoders(outcome, model)
-            if isinstance(outcome, web.Response) and outcome.status < 500:
+            if isinstance(outcome, Answer) and outcome.status < 500:
                 return outcome
             if isinstance(outcome, NoPair):
                 failures.append(outcome.why)
@@ -175,7 +174,7 @@ class Disaggregation:
         payload: dict[str, Any],
         request_id: str,
         attempt: int,
-    ) -> PrefillLeg | NoPair | web.Response:
+    ) -> PrefillLeg | NoPair | Answer:
         """One prefill attempt on `endpoint`: its answer read whole, counted in its traffic figures."""
         pd = self._metrics.pd
         dispatched = time.monotonic()
@@ -205,7 +204,7 @@ class Disaggregation:
                     log.warning("request %s: prefill %s answered %d", request_id, endpoint.url, status)
                 # the engine's own verdict on the client's request, relayed as is
                 content_type = upstream.content_type or "application/json"
-                return web.Response(status=status, body=answer, content_type=content_type)
+                return Answer(status, answer, [("Content-Type", content_type)])
             seconds = time.monotonic() - dispatched
             endpoint.traffic.first_token(seconds, dispatched, endpoint.routable_from)
             pd.prefill_leg.observe(seconds)
@@ -214,7 +213,7 @@ class Disaggregation:
             handoff = handoff_of(connector)
             if params is None and handoff == PARAMS:
                 pd.count_failure("prefill", "no_transfer_params")
-                return error_response(
+                return error_answer(
                     502,
                     f"The prefill engine {endpoint.url} ({connector}) answered without "
                     "`kv_transfer_params`, so no decode engine can find its KV cache. Check that it runs "

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from aiohttp import web
 
 from corral.engine.stream_ending import StreamEnding
-from corral.openai_errors import error_response, sse_error_event
+from corral.openai_errors import sse_error_event
+from corral.router.datapath.exchange import Answer, ClientReply, ClientRequest, Headers, error_answer
 from corral.router.datapath.pd import Disaggregation, PrefillLeg
 from corral.router.datapath.request_ids import RequestIds
 from corral.router.datapath.retry_budget import RetryBudget, RetryBudgetConfig
@@ -31,7 +31,6 @@ from corral.router.datapath.upstream import (
     describe_failure,
 )
 from corral.router.datapath.wake_on_demand import WakeOnDemand
-from corral.router.edge.tenants import tenant_of
 from corral.router.membership.endpoint import Endpoint
 from corral.router.membership.membership import Membership
 from corral.router.routing.policies import LeastRequest
@@ -70,8 +69,6 @@ _REQUEST_SKIP = {
     for renamed in (False, True)
     for reauthorized in (False, True)
 }
-
-Headers = list[tuple[str, str]]
 
 # An X-Request-Id the router forwards and echoes as the client sent it; any other gets the router's own.
 _SAFE_REQUEST_ID = re.compile(r"[!-~]{1,200}")
@@ -124,7 +121,8 @@ class Proxy:
             self._eject,
         )
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: ClientRequest, reply: ClientReply) -> int:
+        """Answer one request through `reply`; returns the status the client was answered."""
         start = time.perf_counter()
         body = await request.read()
         request_id = request.headers.get("x-request-id", "")
@@ -138,7 +136,7 @@ class Proxy:
         if problem is None:
             model, payload, problem = self._model_of(request, body)
         if problem is not None:
-            return self._reject(problem, model or "", request_id, start)
+            return await self._reject(reply, problem, model or "", request_id, start)
         assert model is not None
         if self.wake_on_demand is not None:
             await self.wake_on_demand.hold(model)
@@ -150,7 +148,7 @@ class Proxy:
         route = RouteRequest(model, request.headers, payload)
         self._budget.record_request(time.monotonic())
         try:
-            return await self._forward(request, body, upstream_headers, route, request_id, start)
+            return await self._forward(request, reply, body, upstream_headers, route, request_id, start)
         except asyncio.CancelledError:
             self._metrics.count_request(model, CLIENT_CLOSED)
             raise
@@ -158,8 +156,8 @@ class Proxy:
     # -- request checks ---------------------------------------------------------------------
 
     def _model_of(
-        self, request: web.Request, body: bytes
-    ) -> tuple[str | None, dict[str, Any] | None, web.Response | None]:
+        self, request: ClientRequest, body: bytes
+    ) -> tuple[str | None, dict[str, Any] | None, Answer | None]:
         """The model to route by and the parsed body (policies read the prompt from it), or the error
         answer that ends the request here."""
         model: object = None
@@ -179,7 +177,7 @@ class Proxy:
         membership = self._membership
         # a tenant sees only its `models`; any other is unknown to it (an open router has no tenants,
         # and asking the request for one that is not there costs a KeyError)
-        tenant = tenant_of(request) if self.drop_client_authorization else None
+        tenant = request.tenant if self.drop_client_authorization else None
         if model is None:
             known = [m for m in membership.known_models() if tenant is None or tenant.serves(m)]
             if len(known) == 1:
@@ -206,40 +204,44 @@ class Proxy:
             return (
                 model,
                 payload,
-                error_response(404, f"The model `{model}` does not exist.", "NotFoundError", "model"),
+                error_answer(404, f"The model `{model}` does not exist.", "NotFoundError", "model"),
             )
         return model, payload, None
 
-    def _unavailable(self, model: str, why: str) -> web.Response:
+    def _unavailable(self, model: str, why: str) -> Answer:
         retry_after = self._membership.retry_after(model, self._config.retry_after_seconds)
         what = f"model `{model}`" if model else "this request"
-        return error_response(
+        return error_answer(
             503,
             f"No endpoint can serve {what} right now ({why}); retry after {retry_after} s.",
             "ServiceUnavailableError",
             headers={"Retry-After": str(retry_after)},
         )
 
-    def _reject(self, answer: web.Response, model: str, request_id: str, start: float) -> web.Response:
-        answer.headers["X-Request-Id"] = request_id
+    async def _reject(
+        self, reply: ClientReply, answer: Answer, model: str, request_id: str, start: float
+    ) -> int:
+        answer.headers.append(("X-Request-Id", request_id))
         metrics = self._metrics
         metrics.count_request(model if self._membership.knows(model) else "", answer.status)
         if answer.status >= 500:
             metrics.errors += 1
         metrics.duration.observe(time.perf_counter() - start)
-        return answer
+        await reply.send(answer)
+        return answer.status
 
     # -- forwarding -------------------------------------------------------------------------
 
     async def _forward(
         self,
-        request: web.Request,
+        request: ClientRequest,
+        reply: ClientReply,
         body: bytes,
         upstream_headers: Headers,
         route: RouteRequest,
         request_id: str,
         start: float,
-    ) -> web.StreamResponse:
+    ) -> int:
         metrics = self._metrics
         model = route.model
         attempt = 0
@@ -252,13 +254,15 @@ class Proxy:
             if disaggregated:
                 got = await pd.prefill(request.method, request.raw_path, upstream_headers, route, request_id)
                 if not isinstance(got, PrefillLeg):
-                    answer = got if isinstance(got, web.Response) else self._unavailable(model, got.why)
-                    return self._reject(answer, model, request_id, start)
+                    answer = got if isinstance(got, Answer) else self._unavailable(model, got.why)
+                    return await self._reject(reply, answer, model, request_id, start)
                 leg, candidates, policy, sent = got, got.decoders, pd.decode_policy, got.body
             else:
                 candidates, policy, sent = self._membership.eligible(model), self._policy, body
             if not candidates:
-                return self._reject(self._unavailable(model, last_failure), model, request_id, start)
+                return await self._reject(
+                    reply, self._unavailable(model, last_failure), model, request_id, start
+                )
             endpoint = policy.pick(candidates, route)
             if leg is not None:
                 pd.paired(leg, endpoint)
@@ -292,7 +296,9 @@ class Proxy:
                         metrics.retry_budget_exhausted += 1
                         last_failure += "; retry budget spent, not retried"
                         log.warning("request %s: %s", request_id, last_failure)
-                    return self._reject(self._unavailable(model, last_failure), model, request_id, start)
+                    return await self._reject(
+                        reply, self._unavailable(model, last_failure), model, request_id, start
+                    )
                 endpoint.record_success()
                 status = upstream.status
                 if leg is not None:
@@ -309,7 +315,6 @@ class Proxy:
                         metrics.retry_budget_exhausted += 1
                 headers = _response_headers(upstream, request_id)
                 if not streaming:
-                    answer = web.Response(status=status, body=first, headers=headers)
                     metrics.count_request(model, status)
                     if status >= 500:
                         metrics.errors += 1
@@ -321,9 +326,10 @@ class Proxy:
                     elapsed = time.perf_counter() - start
                     metrics.ttft.observe(elapsed)
                     metrics.duration.observe(elapsed)
-                    return answer
+                    await reply.send(Answer(status, first, headers))
+                    return status
                 return await self._relay(
-                    request,
+                    reply,
                     upstream,
                     first,
                     status,
@@ -346,7 +352,7 @@ class Proxy:
 
     async def _relay(
         self,
-        request: web.Request,
+        reply: ClientReply,
         upstream: UpstreamResponse,
         first: bytes,
         status: int,
@@ -357,16 +363,15 @@ class Proxy:
         attempt: int,
         start: float,
         dispatched: float,
-    ) -> web.StreamResponse:
+    ) -> int:
         """Relay an SSE answer chunk by chunk; a failure now can only end the client's stream."""
         metrics = self._metrics
         ending = StreamEnding()
         ending.feed(first)
         times = StreamTimes(endpoint.traffic, dispatched, endpoint.routable_from)
         times.feed(first, ending.tokens_emitted)
-        answer = web.StreamResponse(status=status, headers=headers)
-        await answer.prepare(request)
-        await answer.write(first)
+        await reply.start(status, headers)
+        await reply.write(first)
         metrics.ttft.observe(time.perf_counter() - start)
         code = status
         content = upstream
@@ -388,7 +393,7 @@ class Proxy:
                 metrics.errors += 1
                 ending.cut()
                 code = 502
-                await answer.write(
+                await reply.write(
                     sse_error_event(
                         f"The engine serving this stream failed mid-stream ({why}); "
                         f"request {request_id} was not replayed.",
@@ -401,14 +406,14 @@ class Proxy:
                 break
             ending.feed(chunk)
             times.feed(chunk, ending.tokens_emitted)
-            await answer.write(chunk)
+            await reply.write(chunk)
         endpoint.traffic.ended(failed=ending.failure is not None or code >= 500)
-        await answer.write_eof()
+        await reply.finish()
         if ending.failure is not None:
             metrics.count_stream_failure(route.model, ending.failure, ending.tokens_emitted)
         metrics.count_request(route.model, code)
         metrics.duration.observe(time.perf_counter() - start)
-        return answer
+        return status
 
     def _eject(self, endpoint: Endpoint, why: str, request_id: str, attempt: int) -> None:
         seconds = endpoint.eject(time.monotonic(), self._config.eject_seconds)
@@ -424,7 +429,7 @@ class Proxy:
             )
 
 
-def _forwarded_headers(request: web.Request, skip: frozenset[str]) -> tuple[Headers, web.Response | None]:
+def _forwarded_headers(request: ClientRequest, skip: frozenset[str]) -> tuple[Headers, Answer | None]:
     """The client's headers less the hop-by-hop ones and `skip`, or the 400 for one that cannot be
     forwarded.
 
@@ -461,5 +466,5 @@ def _response_headers(upstream: UpstreamResponse, request_id: str) -> Headers:
     return headers
 
 
-def _bad_request(message: str, param: str | None) -> web.Response:
-    return error_response(400, message, "Bad Request", param)
+def _bad_request(message: str, param: str | None) -> Answer:
+    return error_answer(400, message, "Bad Request", param)

@@ -7,7 +7,9 @@ as an idle connection. So the router listens itself: every connection's protocol
 `GuardedConnection`, which passes the five asyncio.Protocol callbacks through to the aiohttp
 request handler made by `AppRunner.server` (the factory TCPSite would hand to loop.create_server)
 and notes when bytes arrive. The app's middleware tells us when a request reaches it and when it
-leaves; a sweep a few times per shortest timeout closes what overstayed. What this leans on in
+leaves; a sweep a few times per shortest timeout closes what overstayed. The lean server
+(corral.router.serving, `--http-server lean`) keeps the same fields on its own connections and tells
+the guard itself (`WatchedConnection`). What this leans on in
 aiohttp, each pinned by tests/integration/test_router_client_limits.py:
 - `runner.server()` makes one asyncio.Protocol per connection, and the handler uses only the
   transport it is given (`request.transport` is that transport);
@@ -23,7 +25,7 @@ import enum
 import logging
 import resource
 from collections.abc import Callable
-from typing import cast
+from typing import Protocol, cast
 
 from aiohttp import web
 
@@ -45,6 +47,32 @@ class Phase(enum.Enum):
     BODY = "body"  # the app has the request; its body is still arriving
     HANDLING = "handling"  # the whole request is in; the app is answering (no client timeout)
     IDLE = "idle"  # between requests on a kept-alive connection
+
+
+class WatchedBody(Protocol):
+    def is_eof(self) -> bool: ...
+
+    def set_exception(self, exc: BaseException) -> None: ...
+
+
+class WatchedRequest(Protocol):
+    """A request whose body the guard watches: aiohttp's, or the lean server's."""
+
+    @property
+    def content(self) -> WatchedBody: ...
+
+
+class WatchedConnection(Protocol):
+    """What the guard reads and sets on a connection: GuardedConnection around aiohttp's handler, or
+    the lean server's own (corral.router.serving.connection)."""
+
+    transport: asyncio.Transport | None
+    phase: Phase
+    since: float
+    last_read: float
+    request: WatchedRequest | None
+    stalled_at: float | None
+    header_bytes: int
 
 
 class GuardedConnection(asyncio.Protocol):
@@ -70,7 +98,7 @@ class GuardedConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.phase = Phase.HEADER
         self.since = self.last_read = 0.0
-        self.request: web.BaseRequest | None = None
+        self.request: WatchedRequest | None = None
         self.stalled_at: float | None = None
         self.header_bytes = 0
 
@@ -117,7 +145,7 @@ class ConnectionGuard:
     def __init__(self, limits: ClientLimits, stats: ClientLimitStats) -> None:
         self._limits = limits
         self._stats = stats
-        self._by_transport: dict[asyncio.BaseTransport, GuardedConnection] = {}
+        self._by_transport: dict[asyncio.BaseTransport, WatchedConnection] = {}
         self._listener: asyncio.Server | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -140,13 +168,13 @@ class ConnectionGuard:
         port: int,
         backlog: int = 1024,
         reuse_port: bool = False,  # `corral router --workers N`: each worker binds the port (SO_REUSEPORT)
+        watched_inside: bool = False,  # the factory's protocols report to the guard themselves (lean)
     ) -> asyncio.Server:
         loop = self._loop = asyncio.get_running_loop()
         make_room_for(self._limits)
         # every limit off: aiohttp's own handler, untouched (the baseline of the benchmark)
-        factory = (
-            self.protocol_factory(handler_factory) if self._limits.watches_connections else handler_factory
-        )
+        watch = self._limits.watches_connections and not watched_inside
+        factory = self.protocol_factory(handler_factory) if watch else handler_factory
         self._listener = await loop.create_server(
             factory, host, port, backlog=backlog, reuse_address=True, reuse_port=reuse_port
         )
@@ -173,7 +201,7 @@ class ConnectionGuard:
     def now(self) -> float:
         return self._loop.time() if self._loop is not None else asyncio.get_running_loop().time()
 
-    def admit(self, conn: GuardedConnection, transport: asyncio.Transport) -> bool:
+    def admit(self, conn: WatchedConnection, transport: asyncio.Transport) -> bool:
         limit = self._limits.max_connections
         if limit and len(self._by_transport) >= limit:
             self._stats.rejected["max_connections"] += 1
@@ -191,7 +219,7 @@ class ConnectionGuard:
         self._stats.open_connections = len(self._by_transport)
         return True
 
-    def forget(self, conn: GuardedConnection) -> None:
+    def forget(self, conn: WatchedConnection) -> None:
         if conn.transport is not None:
             self._by_transport.pop(conn.transport, None)
             self._stats.open_connections = len(self._by_transport)
@@ -199,7 +227,7 @@ class ConnectionGuard:
 
     # -- requests (from the app's middleware) ----------------------------------------------
 
-    def request_started(self, request: web.BaseRequest) -> GuardedConnection | None:
+    def request_started(self, request: web.BaseRequest) -> WatchedConnection | None:
         transport = request.transport
         conn = self._by_transport.get(transport) if transport is not None else None
         if conn is None:  # not a connection we accepted (a test server), or already gone
@@ -211,9 +239,10 @@ class ConnectionGuard:
         return conn
 
     def request_finished(self, request: web.BaseRequest, started: object) -> None:
-        if isinstance(started, GuardedConnection) and started.request is request:
-            started.request = None
-            started.phase, started.since = Phase.IDLE, self.now()
+        if started is not None and getattr(started, "request", None) is request:
+            conn = cast(WatchedConnection, started)  # what request_started returned
+            conn.request = None
+            conn.phase, conn.since = Phase.IDLE, self.now()
 
     # -- the sweep ------------------------------------------------------------------------------
 
@@ -233,7 +262,7 @@ class ConnectionGuard:
             elif phase is Phase.BODY:
                 self._check_body(conn, now)
 
-    def _check_body(self, conn: GuardedConnection, now: float) -> None:
+    def _check_body(self, conn: WatchedConnection, now: float) -> None:
         request = conn.request
         timeout = self._limits.body_timeout
         if request is None or request.content.is_eof():
@@ -249,7 +278,7 @@ class ConnectionGuard:
         elif now - conn.stalled_at > BODY_TIMEOUT_GRACE and conn.transport is not None:
             conn.transport.close()  # nothing read the body: no 408 will come
 
-    def _close(self, conn: GuardedConnection, reason: str, partial_header: bool = False) -> None:
+    def _close(self, conn: WatchedConnection, reason: str, partial_header: bool = False) -> None:
         transport = conn.transport
         if transport is None or transport.is_closing():
             return

@@ -14,7 +14,7 @@ import hmac
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from aiohttp import web
@@ -226,22 +226,23 @@ class TenantGate:
         self.tenants = tenants
         self.auth_failures: dict[str, int] = {}
 
-    def refuse_unauthenticated(self, request: web.Request) -> web.Response | None:
+    def refuse_unauthenticated(self, headers: Mapping[str, str]) -> web.Response | None:
         """The 401 for a request without a valid key (counted), else None; for checks made before the
         request reaches the middleware, such as the answer to `Expect: 100-continue`."""
-        header = request.headers.get("Authorization")
+        header = headers.get("Authorization")
         if self.tenants.lookup(header) is None:
             return self._unauthenticated("invalid" if header else "missing")
         return None
 
-    async def serve(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        header = request.headers.get("Authorization")
+    def admit(self, headers: Mapping[str, str], method: str) -> Tenant | web.Response:
+        """The tenant a request is admitted as, holding an in-flight slot when it is a POST (give it
+        back with `release`); or the 401/429 that ends the request."""
+        header = headers.get("Authorization")
         tenant = self.tenants.lookup(header)
         if tenant is None:
             return self._unauthenticated("invalid" if header else "missing")
-        request[TENANT_KEY] = tenant
-        if request.method != "POST":
-            return await handler(request)
+        if method != "POST":
+            return tenant
         if tenant.over_in_flight():
             return self._limited(
                 tenant,
@@ -261,6 +262,21 @@ class TenantGate:
                 seconds,
             )
         tenant.in_flight += 1
+        return tenant
+
+    @staticmethod
+    def release(tenant: Tenant, code: int) -> None:
+        """A POST admitted by `admit` was answered `code` (499: the client left)."""
+        tenant.in_flight -= 1
+        tenant.count(code)
+
+    async def serve(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        admitted = self.admit(request.headers, request.method)
+        if isinstance(admitted, web.Response):
+            return admitted
+        request[TENANT_KEY] = admitted
+        if request.method != "POST":
+            return await handler(request)
         code = 500
         try:
             response = await handler(request)
@@ -273,8 +289,7 @@ class TenantGate:
             code = CLIENT_CLOSED
             raise
         finally:
-            tenant.in_flight -= 1
-            tenant.count(code)
+            self.release(admitted, code)
 
     def _unauthenticated(self, reason: str) -> web.Response:
         self.auth_failures[reason] = self.auth_failures.get(reason, 0) + 1
