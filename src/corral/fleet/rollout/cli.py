@@ -152,9 +152,10 @@ def canary_options(command: Callable[..., Any]) -> Callable[..., Any]:
 @_settings_options
 def rollout(**flags: Any) -> None:
     """Move a Corral-run fleet to another bundle, one serving group at a time, losing no request."""
-    from corral.fleet.rollout.cli_run import run_rollout
+    from corral.fleet.rollout.cli_run import ChangeFlags, run_rollout
 
-    run_rollout(**flags)
+    to = flags.pop("to")
+    run_rollout(to, ChangeFlags(**flags))
 
 
 @click.command()
@@ -167,6 +168,7 @@ def rollout(**flags: Any) -> None:
 @_settings_options
 def rollback(**flags: Any) -> None:
     """Move the fleet back to the bundle the last rollout started from, the same way."""
-    from corral.fleet.rollout.cli_run import run_rollback
+    from corral.fleet.rollout.cli_run import ChangeFlags, run_rollback
 
-    run_rollback(**flags)
+    from_record = flags.pop("from_record")
+    run_rollback(from_record, ChangeFlags(**flags))

@@ -6,6 +6,7 @@ post-check passed."""
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -183,73 +184,64 @@ def _fleet_options(fleet: Path | None, port: int) -> str:
     return f"--fleet {shlex.quote(str(fleet))}" if fleet is not None else f"--port {port}"
 
 
-def _settings(
-    max_surge: int,
-    max_unavailable: int,
-    routed_timeout: float,
-    start_timeout: float,
-    canary: CanarySettings,
-    min_prefill: int,
-    min_decode: int,
-) -> RolloutSettings:
-    if max_surge == 0 and max_unavailable == 0:
-        raise click.UsageError("--max-surge 0 needs --max-unavailable of at least 1 (or nothing moves)")
-    return RolloutSettings(
-        max_surge=max_surge,
-        max_unavailable=max_unavailable,
-        routed_timeout=routed_timeout,
-        start_timeout=start_timeout,
-        canary=canary,
-        min_prefill=min_prefill,
-        min_decode=min_decode,
-    )
+@dataclass(frozen=True)
+class ChangeFlags:
+    """The flags `corral rollout` and `corral rollback` share: which fleet, how to move it, where the
+    record goes."""
+
+    fleet: Path | None
+    port: int
+    max_surge: int
+    max_unavailable: int
+    routed_timeout: float
+    start_timeout: float
+    min_prefill: int
+    min_decode: int
+    record: Path | None
+    supervisor_token_file: Path | None
+    access: FleetAccess
+    canary: CanarySettings
+
+    def settings(self) -> RolloutSettings:
+        if self.max_surge == 0 and self.max_unavailable == 0:
+            raise click.UsageError("--max-surge 0 needs --max-unavailable of at least 1 (or nothing moves)")
+        return RolloutSettings(
+            max_surge=self.max_surge,
+            max_unavailable=self.max_unavailable,
+            routed_timeout=self.routed_timeout,
+            start_timeout=self.start_timeout,
+            canary=self.canary,
+            min_prefill=self.min_prefill,
+            min_decode=self.min_decode,
+        )
+
+    def execute(
+        self,
+        kind: str,
+        target: BundleSpec,
+        ref: FleetRef,
+        settings: RolloutSettings,
+        undoes: Path | None = None,
+    ) -> None:
+        options = _fleet_options(self.fleet, self.port)
+        _execute(
+            kind, target, ref, settings, self.record, self.supervisor_token_file, self.access, options, undoes
+        )
 
 
-def run_rollout(
-    to: Path,
-    fleet: Path | None,
-    port: int,
-    max_surge: int,
-    max_unavailable: int,
-    routed_timeout: float,
-    start_timeout: float,
-    min_prefill: int,
-    min_decode: int,
-    record: Path | None,
-    supervisor_token_file: Path | None,
-    access: FleetAccess,
-    canary: CanarySettings,
-) -> None:
+def run_rollout(to: Path, flags: ChangeFlags) -> None:
     """A rollout as its flags describe it."""
     try:
         target = load_bundle(to)
     except BundleError as exc:
         raise click.UsageError(str(exc)) from None
-    settings = _settings(
-        max_surge, max_unavailable, routed_timeout, start_timeout, canary, min_prefill, min_decode
-    )
-    ref = FleetRef.load(fleet, port)
-    options = _fleet_options(fleet, port)
-    _execute("rollout", target, ref, settings, record, supervisor_token_file, access, options)
+    settings = flags.settings()  # bad settings are refused before the fleet is looked up
+    flags.execute("rollout", target, FleetRef.load(flags.fleet, flags.port), settings)
 
 
-def run_rollback(
-    from_record: Path | None,
-    fleet: Path | None,
-    port: int,
-    max_surge: int,
-    max_unavailable: int,
-    routed_timeout: float,
-    start_timeout: float,
-    min_prefill: int,
-    min_decode: int,
-    record: Path | None,
-    supervisor_token_file: Path | None,
-    access: FleetAccess,
-    canary: CanarySettings,
-) -> None:
+def run_rollback(from_record: Path | None, flags: ChangeFlags) -> None:
     """A rollback as its flags describe it."""
-    ref = FleetRef.load(fleet, port)
+    ref = FleetRef.load(flags.fleet, flags.port)
     source = from_record or default_record_path("rollout", ref.port)
     try:
         previous = read_change_record(source)
@@ -272,8 +264,4 @@ def run_rollback(
         target = bundle_from_json(next(iter(bundles.values())), str(source))
     except BundleError as exc:
         raise click.UsageError(str(exc)) from None
-    settings = _settings(
-        max_surge, max_unavailable, routed_timeout, start_timeout, canary, min_prefill, min_decode
-    )
-    options = _fleet_options(fleet, port)
-    _execute("rollback", target, ref, settings, record, supervisor_token_file, access, options, source)
+    flags.execute("rollback", target, ref, flags.settings(), source)
