@@ -37,7 +37,7 @@ class OperationInFlight(WireModel):
     since: float | None = None
 
 
-def _operation_or_none(value: Any) -> OperationInFlight | None:
+def read_operation(value: Any) -> OperationInFlight | None:
     """An operation as a newer or older peer sent it; one this version cannot read is left out."""
     if isinstance(value, OperationInFlight):
         return value
@@ -81,7 +81,7 @@ class StateLine(WireModel):
     @field_validator("operation", mode="before")
     @classmethod
     def _operation(cls, value: Any) -> OperationInFlight | None:
-        return _operation_or_none(value)
+        return read_operation(value)
 
     @field_validator("from_", "to", mode="before")
     @classmethod
@@ -140,7 +140,7 @@ class OperationLine(WireModel):
     @field_validator("operation", mode="before")
     @classmethod
     def _operation(cls, value: Any) -> OperationInFlight | None:
-        return _operation_or_none(value)
+        return read_operation(value)
 
 
 WatchLine = StateLine | Heartbeat | OperationLine

@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from corral.contracts.supervisor import OperationInFlight, read_operation
+
 # the runbook document's names for the steps whose value is not simply the name in capitals
 _STEP_NAMES = {"drain_policy": "DRAIN"}
 
@@ -16,30 +18,20 @@ def step_name(step: str) -> str:
     return _STEP_NAMES.get(step) or step.replace("_", " ").upper()
 
 
-def operation_in_flight(state: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The supervisor's `operation` ({kind, id, detail, step, since}) when it names a kind and a step;
-    None when there is none, the supervisor predates it, or the value is not one this version reads."""
-    op = (state or {}).get("operation")
-    if not isinstance(op, dict) or not isinstance(op.get("kind"), str) or not isinstance(op.get("step"), str):
-        return None
-    since = op.get("since")
-    return {
-        "kind": op["kind"],
-        "id": op.get("id") if isinstance(op.get("id"), str) else None,
-        "detail": op.get("detail") if isinstance(op.get("detail"), str) else None,
-        "step": op["step"],
-        "since": float(since) if isinstance(since, int | float) and not isinstance(since, bool) else None,
-    }
+def operation_in_flight(state: dict[str, Any] | None) -> OperationInFlight | None:
+    """The supervisor's `operation` when this version can read it (the state contract's reader); None
+    when there is none, the supervisor predates it, or the value is not one this version reads."""
+    return read_operation((state or {}).get("operation"))
 
 
 def age(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
-def operation_words(op: dict[str, Any], now: float | None = None, *, since_word: str = "for") -> str:
+def operation_words(op: OperationInFlight, now: float | None = None, *, since_word: str = "for") -> str:
     """`sleep (level 1) at DRAIN for 12 s` (`since_word="since"`: `… at DRAIN since 12 s`); the age is
     the supervisor's clock against this machine's, left out when the supervisor gave no time."""
-    text = f"{op['kind']}{' (' + op['detail'] + ')' if op.get('detail') else ''} at {step_name(op['step'])}"
-    if isinstance(op.get("since"), float):
-        text += f" {since_word} {age(max(0.0, (now or time.time()) - op['since']))}"
+    text = f"{op.kind}{' (' + op.detail + ')' if op.detail else ''} at {step_name(op.step)}"
+    if op.since is not None:
+        text += f" {since_word} {age(max(0.0, (now or time.time()) - op.since))}"
     return text

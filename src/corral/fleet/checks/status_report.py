@@ -138,7 +138,9 @@ def bundle_cell(e: EngineView) -> str:
 
 def _operation_json(state: dict[str, Any]) -> dict[str, Any] | None:
     op = operation_in_flight(state)
-    return None if op is None else {**op, "step_name": step_name(op["step"]), "text": operation_words(op)}
+    if op is None:
+        return None
+    return {**op.to_wire(), "step_name": step_name(op.step), "text": operation_words(op)}
 
 
 def engine_json(view: FleetView, e: EngineView) -> dict[str, Any]:
