@@ -65,7 +65,7 @@ def test_holders_come_deepest_first() -> None:
     hashes = block_hashes(tokens, BS, seed="x")
     for endpoint, count in ((shallow, 2), (middle, len(hashes) // 2), (deep, len(hashes))):
         index.stored(endpoint.url, hashes[:count], None, tokens[: count * BS], BS)
-    assert holders.holders(_request("What is a cache?"))[:3] == [deep.url, middle.url, shallow.url]
+    assert list(holders.holders(_request("What is a cache?")))[:3] == [deep.url, middle.url, shallow.url]
 
 
 def test_endpoints_without_events_are_answered_by_the_memory() -> None:

@@ -82,11 +82,11 @@ def test_the_prefix_memory_names_the_holders_of_a_key_as_it_forgets_them() -> No
     memory.sent(first, a)
     memory.sent(first, b)
     memory.sent(second, a)
-    assert sorted(memory.holders(first)) == [a.url, b.url] and memory.holders(second) == [a.url]
+    assert sorted(memory.holders(first)) == [a.url, b.url] and list(memory.holders(second)) == [a.url]
     memory.sent(third, a)  # a keeps two keys: `first`, its oldest, is forgotten there
-    assert memory.holders(first) == [b.url] and memory.holders(third) == [a.url]
+    assert list(memory.holders(first)) == [b.url] and list(memory.holders(third)) == [a.url]
     memory.forget(b.url, "left")
-    assert memory.holders(first) == [] and memory.holders(chat("short", "q")) == []
+    assert list(memory.holders(first)) == [] and list(memory.holders(chat("short", "q"))) == []
 
 
 @given(st.lists(st.integers(0, 3), min_size=0, max_size=40), st.integers(1, 3), st.integers(1, 6))

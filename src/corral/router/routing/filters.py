@@ -87,11 +87,9 @@ def favored(
     if prefix is None:
         return []
     if prefix.holders is not None:
-        urls = prefix.holders.holders(ctx.request)
-        if urls:
-            held = first_holders(urls, members_by_url(ctx.eligible), bound, limit)
-            if held:
-                return held
+        held = first_holders(prefix.holders.holders(ctx.request), members_by_url(ctx.eligible), bound, limit)
+        if held:
+            return held
     key = prefix.key(ctx)
     return [] if key is None else list(islice(prefix.rings.ring(ctx.eligible).walk(key), 1))
 

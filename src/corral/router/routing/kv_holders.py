@@ -5,7 +5,7 @@ routes by prefix everywhere."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.kv_index import KvIndex
@@ -76,12 +76,13 @@ class KvPrefixHolders:
                 shares[i] = share
         return shares
 
-    def holders(self, request: RouteRequest) -> list[str]:
+    def holders(self, request: RouteRequest) -> Iterator[str]:
         block_size = self.index.common_block_size()
         held = self.index.longest(self._chain(request, block_size)) if block_size is not None else {}
         # deepest first: a pick on a large fleet scores only the first few holders
         deepest = sorted((item for item in held.items() if item[1]), key=lambda item: -item[1])
-        return [url for url, _ in deepest] + self.fallback.holders(request)
+        yield from (url for url, _ in deepest)
+        yield from self.fallback.holders(request)
 
     def sent(self, request: RouteRequest, endpoint: Endpoint) -> None:
         url = endpoint.url

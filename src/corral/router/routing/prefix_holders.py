@@ -5,7 +5,7 @@ the placement rule is the same with and without events."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from corral.router.membership.endpoint import Endpoint
@@ -22,7 +22,8 @@ class PrefixHolders(Protocol):
         """The pick is made: `endpoint` will cache the prompt's prefix."""
         ...
 
-    def holders(self, request: RouteRequest) -> list[str]:
-        """The urls of the endpoints that likely hold some of the request's prefix, without a pool:
-        what a pick on a large fleet scores besides a sample (`filters.candidates_for`)."""
+    def holders(self, request: RouteRequest) -> Iterable[str]:
+        """The urls of the endpoints that likely hold some of the request's prefix, the deepest holders
+        first, each once, without a pool: what a pick on a large fleet scores besides a sample
+        (`filters.candidates_for`, which reads only the first few)."""
         ...

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from corral.router.membership.endpoint import Endpoint
@@ -112,16 +112,22 @@ class PrefixMemory:
         if not keys:
             return [0.0] * len(pool)
         total = keys[-1][1]
+        by_url = self._by_url
         shares: list[float] = []
         for e in pool:
-            entry = self._current(e)
+            entry = by_url.get(e.url)
+            # the fast check of `_current` (the same engine at the same epoch), which it repeats otherwise
+            if entry is not None and (entry.endpoint is not e or entry.epoch != _epoch(e)):
+                entry = self._current(e)
+            if entry is None:
+                shares.append(0.0)
+                continue
+            held = entry.keys
             depth = 0
-            if entry is not None:
-                held = entry.keys
-                for key, chars in keys:
-                    if key not in held:
-                        break
-                    depth = chars
+            for key, chars in keys:
+                if key not in held:
+                    break
+                depth = chars
             shares.append(depth / total)
         return shares
 
@@ -161,14 +167,18 @@ class PrefixMemory:
             if not urls:
                 del self._urls_of[key]
 
-    def holders(self, request: RouteRequest) -> list[str]:
-        """The endpoints sent some of the prompt's keys, those sent the deepest first."""
-        out: dict[str, None] = {}
+    def holders(self, request: RouteRequest) -> Iterator[str]:
+        """The endpoints sent some of the prompt's keys, those sent the deepest first, each once; lazy,
+        so a pick that needs the first few holders of a prefix held by many reads no further."""
+        seen: set[str] = set()
+        urls_of = self._urls_of
         for key, _ in reversed(self.keys(request)):
-            urls = self._urls_of.get(key)
+            urls = urls_of.get(key)
             if urls:
-                out.update(dict.fromkeys(urls))
-        return list(out)
+                for url in urls:
+                    if url not in seen:
+                        seen.add(url)
+                        yield url
 
     def forget(self, url: str, why: str) -> None:
         """Drop an endpoint's keys now (it left membership)."""

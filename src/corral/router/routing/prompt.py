@@ -101,7 +101,9 @@ def prefix_keys(
         start, end = end, min(end + step, whole)
 
 
-_KEY_NAMES: dict[tuple[int, int], str] = {}  # (block_chars, key_blocks) -> its name in `derived`
+# (block_chars, key_blocks) -> the name of the key, and of the keys, in `derived`
+_KEY_NAMES: dict[tuple[int, int], str] = {}
+_KEYS_NAMES: dict[tuple[int, int], str] = {}
 
 
 def request_prefix_key(request: RouteRequest, block_chars: int, key_blocks: int) -> int | None:
@@ -125,7 +127,9 @@ def request_prefix_keys(request: RouteRequest, block_chars: int, key_blocks: int
     derived = request.derived
     if derived is None:
         derived = request.derived = {}
-    name = f"prefix_keys/{block_chars}/{key_blocks}"
+    name = _KEYS_NAMES.get((block_chars, key_blocks))
+    if name is None:
+        name = _KEYS_NAMES[block_chars, key_blocks] = f"prefix_keys/{block_chars}/{key_blocks}"
     cached: list[tuple[int, int]] | None = derived.get(name)
     if cached is None:
         cached = derived[name] = prefix_keys(request.payload, block_chars, key_blocks)

@@ -115,6 +115,23 @@ class Ring:
         return [e for _, _, e in ranked]
 
 
+    def first(self, key_hash: int, pool: Sequence[Endpoint]) -> Endpoint | None:
+        """`ordered(key_hash, pool)[0]` without ordering the rest (None when no endpoint of `pool` is on
+        this ring): the tie-break of every pick whose best scores tie."""
+        members, nodes_of = self._members, self._points.of
+        best: Endpoint | None = None
+        best_distance = _SPACE
+        for e in pool:
+            if members.get(e.url) is not e:
+                continue
+            points = nodes_of[e.url]
+            j = bisect.bisect_left(points, key_hash)
+            distance = points[j] - key_hash if j < len(points) else points[0] + _SPACE - key_hash
+            if distance < best_distance:  # the earlier of two at the same distance, as `ordered`
+                best, best_distance = e, distance
+        return best
+
+
 class RingCache:
     """The ring of each candidate set seen lately, rebuilt when the set's endpoints are new objects
     (an endpoint that left and came back) and emptied whole past `RING_CACHE_SIZE` sets; every ring a

@@ -118,8 +118,7 @@ class PrefixScorer:
         key = self.key(ctx)
         if key is None:
             return None
-        ordered = self.rings.ring(ctx.eligible).ordered(key, tied)
-        return ordered[0] if ordered else None
+        return self.rings.ring(ctx.eligible).first(key, tied)
 
     def learn(self, chosen: Endpoint, ctx: PickContext) -> None:
         """The pick is made: `chosen` will cache the prompt's prefix."""
