@@ -114,7 +114,6 @@ class Ring:
         ranked.sort(key=lambda r: (r[0], r[1]))
         return [e for _, _, e in ranked]
 
-
     def first(self, key_hash: int, pool: Sequence[Endpoint]) -> Endpoint | None:
         """`ordered(key_hash, pool)[0]` without ordering the rest (None when no endpoint of `pool` is on
         this ring): the tie-break of every pick whose best scores tie."""
