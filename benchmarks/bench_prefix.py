@@ -5,7 +5,7 @@ is one user's question after its group's system prompt, streamed, arriving as a 
 `--rate` requests/s for `--seconds` (bounded count and time). `--workload issue17` is issue 17's: 12
 groups of 600-1200-token system prompts, multi-turn users (a user's turn carries its earlier turns, so
 each extends the conversation before it), each engine's prefix cache about a third of the system
-prompts, 8 requests/s. Three presets differ from it the ways real traffic does (each sets its own rate, so
+prompts, 8 requests/s. Four presets differ from it the ways real traffic does (each sets its own rate, so
 that the fleet is loaded but the oracle's p90 stays near its unloaded value):
 
 - `zipf`: 60 groups of 300-700-token system prompts on 4 engines, popularity Zipf (s = 1: the hottest
@@ -14,6 +14,11 @@ that the fleet is loaded but the oracle's p90 stays near its unloaded value):
   least expected load so far.
 - `rag`: a 150-token system prompt common to every request, then one of 24 documents of 800-1500 tokens
   (Zipf s = 0.8), then a unique question. The oracle pins each document as above.
+- `burst`: 16 groups of 400-800-token system prompts, 4 requests/s spread evenly, and every 8 s a flash
+  crowd: 3 s of 24 requests/s more for one group (the next each time), nearly all one engine serves (2
+  sequences at a time, 32 tokens each).
+  The oracle pins every group, the hot one included, so the burst queues on its engine; a router that
+  gives a hot prefix a second holder beats it.
 - `agentic`: 12 sessions (Zipf s = 0.8 over them) behind one 400-token tool prompt common to all; each turn
   carries the session's whole history and appends 200-600 tokens of its own, so the session's history is
   the prefix to follow and grows to thousands of tokens. The oracle pins each session as above.
@@ -39,7 +44,7 @@ engine, from vllm:request_success_total deltas).
 
     .venv/bin/python benchmarks/bench_prefix.py [--rate 40] [--seconds 15] [--markdown]
     .venv/bin/python benchmarks/bench_prefix.py --workload issue17 [--kv-events] [--markdown]
-    .venv/bin/python benchmarks/bench_prefix.py --workload zipf|rag|agentic [--kv-events] [--markdown]
+    .venv/bin/python benchmarks/bench_prefix.py --workload zipf|rag|agentic|burst [--kv-events] [--markdown]
 """
 
 from __future__ import annotations
@@ -83,7 +88,7 @@ ISSUE17 = {
     # conversations of about 150 tokens: ~18k tokens, 1,125 blocks of 16; a third of them per engine.
     "kv_cache_blocks": 384,
 }
-# --workload zipf / rag / agentic: shapes issue 17's workload does not have (the module's docstring).
+# --workload zipf / rag / agentic / burst: shapes issue 17's workload does not have (the module's docstring).
 PRESETS: dict[str, dict[str, Any]] = {
     "issue17": ISSUE17,
     "zipf": {
@@ -120,6 +125,21 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_model_len": 16384,
         # 12 sessions of up to ~4,000 tokens by the end: ~3,000 blocks; a third of them per engine
         "kv_cache_blocks": 1000,
+    },
+    "burst": {
+        "groups": 16,
+        "users": 16,
+        "system_words": (400, 800),
+        "rate": 4.0,
+        "seconds": 40.0,
+        # every 8 s, one group (the next one each time) is hot for 3 s at 24 requests/s: 2 sequences of
+        # 32 tokens at a time make an engine serve ~28 cached requests/s, so the hot group's engine is
+        # nearly full and queues while the other three idle, unless the hot prefix gets a second holder
+        "bursts": (8.0, 3.0, 24.0),
+        "max_num_seqs": 2,
+        "max_tokens": 32,
+        # 16 prompts of 600 tokens: ~600 blocks of 16; a third of them per engine
+        "kv_cache_blocks": 200,
     },
 }
 
@@ -170,6 +190,19 @@ class Workload:
             else:
                 group = sched.randrange(args.groups)
             self.schedule.append((t, group, sched.randrange(args.users)))
+        if args.bursts is not None:  # flash crowds on top: group b % groups hot during the b-th burst
+            every, length, burst_rate = args.bursts
+            b = 0
+            while (b + 1) * every - length < args.seconds:
+                t = (b + 1) * every - length
+                while True:
+                    t += sched.expovariate(burst_rate)
+                    if t > min((b + 1) * every, args.seconds):
+                        break
+                    self.schedule.append((t, b % args.groups, sched.randrange(args.users)))
+                b += 1
+            self.schedule.sort()
+            del self.schedule[args.max_requests :]
         # each scheduled request's turn in its user's conversation (0: the user's first request)
         seen: dict[tuple[int, int], int] = {}
         self.turns: list[int] = []
@@ -350,6 +383,13 @@ def main() -> None:
         "--turn-words", type=words_range, default=None, help="LOW-HIGH words each turn appends (multi-turn)"
     )
     parser.add_argument("--zipf", type=float, default=0.0, help="group popularity exponent (0: uniform)")
+    parser.add_argument(
+        "--bursts",
+        type=lambda text: tuple(float(x) for x in text.split(",")),
+        default=None,
+        help="EVERY,LENGTH,RATE: at the end of every EVERY seconds, LENGTH seconds of RATE requests/s more, "
+        "all for one group (the next each time)",
+    )
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--kv-events", action="store_true", help="also route by the sims' KV-cache events")
     parser.add_argument("--max-tokens", type=int, default=16)
