@@ -89,7 +89,12 @@ async def test_requests_for_a_sleeping_model_wake_it_once_and_are_held() -> None
                 *(stream_once(session, holding_url + "/v1/completions", BODY) for _ in range(6))
             )
         assert [o.kind for o in outcomes] == ["completed"] * 6, [o.detail for o in outcomes]
-        (wake,) = wakes(sup)  # six held requests, one wake
+        # six held requests, one wake; it serves once routable again and finishes with its POSTCHECK,
+        # which may still be running when the held requests have been answered
+        await wait_until(
+            lambda: [w["status"] for w in wakes(sup)] != ["running"], 15, "the wake finished its POSTCHECK"
+        )
+        (wake,) = wakes(sup)
         assert wake["operation_id"].startswith("wake-on-demand-") and wake["status"] == "succeeded", wake
         assert sup.state()["state"] == "READY"
         assert wake_counts(holding_url) == {"wakes": 1, "held": 6, "served": 6, "timed_out": None}

@@ -49,7 +49,7 @@ log = logging.getLogger("corral.router")
 
 _SUPERVISED = re.compile(r"^(https?://[^=\s]+)=(https?://\S+)$")
 _ENGINE_URL = re.compile(r"^https?://[^=\s]+$")
-RESTART_WARMUP_SECONDS = 5.0  # a restarted worker listens once something is routable, or after this
+WORKER_WARMUP_SECONDS = 5.0  # a worker sharing the port listens once something is routable, or after this
 
 
 def parse_supervised(specs: tuple[str, ...]) -> dict[str, str]:
@@ -325,8 +325,11 @@ async def serve(
         # not a TCPSite: the guard listens so that each connection is held to config.client_limits
         assert runner.server is not None
         worker = config.worker
-        if worker is not None and worker.restarted:  # not its siblings' traffic into an empty table
-            await _routable(app[MEMBERSHIP], RESTART_WARMUP_SECONDS)
+        if worker is not None and (worker.restarted or worker.count > 1):
+            # The port is shared: a sibling that answers /health (200 once it has something routable)
+            # vouches for every worker behind it, so none listens with an empty table, at a restart or
+            # at the first start, where one worker's first probe round can end before another's.
+            await _routable(app[MEMBERSHIP], WORKER_WARMUP_SECONDS)
         shared = worker is not None  # --workers: every worker binds the same ports
         if config.http_server == "lean":
             limits = config.client_limits
