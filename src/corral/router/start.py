@@ -324,13 +324,12 @@ async def serve(
     try:
         # not a TCPSite: the guard listens so that each connection is held to config.client_limits
         assert runner.server is not None
-        worker = config.worker
-        if worker is not None and (worker.restarted or worker.count > 1):
-            # The port is shared: a sibling that answers /health (200 once it has something routable)
-            # vouches for every worker behind it, so none listens with an empty table, at a restart or
-            # at the first start, where one worker's first probe round can end before another's.
+        shared = config.worker is not None  # --workers N (N >= 2): every worker binds the same ports
+        if shared:
+            # A sibling that answers /health (200 once it has something routable) vouches for every
+            # worker behind the port, so none listens with an empty table: at a restart, and at the first
+            # start, where one worker's first probe round can end before another's.
             await _routable(app[MEMBERSHIP], WORKER_WARMUP_SECONDS)
-        shared = worker is not None  # --workers: every worker binds the same ports
         if config.http_server == "lean":
             limits = config.client_limits
             lean = LeanServer(

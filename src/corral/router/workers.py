@@ -57,7 +57,7 @@ class WorkerSlot:
     index: int  # 1..count
     count: int
     run_dir: Path  # private to this router (0700): each worker's metrics socket
-    restarted: bool = False  # a restart: serve once membership has something routable
+    restarted: bool = False  # a restart: a failure before it listens does not stop its siblings
 
     @property
     def name(self) -> str:
