@@ -26,6 +26,7 @@ class LeanRequest:
         "complete",
         "declared",
         "headers_list",
+        "held",
         "keep_alive",
         "max_body",
         "method",
@@ -55,6 +56,7 @@ class LeanRequest:
         self.max_body = max_body
         self.tenant: Tenant | None = None
         self.declared: int | None = None
+        self.held = 0  # its head's bytes, when it was parsed ahead of another request's answer
         self.complete = False
         self._body: list[bytes] = []
         self._size = 0
@@ -68,6 +70,11 @@ class LeanRequest:
         return self._headers
 
     # -- the body, fed by the connection ------------------------------------------------------
+
+    @property
+    def size(self) -> int:
+        """The body's bytes received so far."""
+        return self._size
 
     def feed(self, data: bytes) -> None:
         if self._error is not None:
