@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
@@ -298,7 +299,10 @@ async def test_prefill_answer_without_params_of_an_unknown_connector_hands_off_t
         assert 'mode="params"' not in metrics and "corral_router_pd_failures_total{" not in metrics
 
 
-async def test_prefill_answer_without_params_of_a_pull_connector_is_502_naming_it() -> None:
+async def test_prefill_answer_without_params_of_a_pull_connector_is_502_naming_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The client's 502 names no engine (issue 27); the router's log names it and its connector."""
     prefill, decode = FakeEngine("p0", "prefill"), FakeEngine("d0", "decode")
     prefill.behaviour = prefill.no_transfer
     async with pd_fleet([prefill, decode]) as f:
@@ -308,9 +312,12 @@ async def test_prefill_answer_without_params_of_a_pull_connector_is_502_naming_i
         endpoint.supervisor = SupervisorView(
             "http://supervisor", link="connected", state=EngineState.READY, epoch=1, connector="NixlConnector"
         )
-        status, _, body = await f.post(CHAT)
+        status, headers, body = await f.post(CHAT)
         message = orjson.loads(body)["error"]["message"]
-        assert status == 502 and prefill.url in message and "NixlConnector" in message
+        assert status == 502 and prefill.url not in message and "127.0.0.1" not in message
+        assert "KV transfer" in message and headers["X-Request-Id"] in message
+        logged = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert any(prefill.url in line and "NixlConnector" in line for line in logged), logged
         assert decode.bodies == []
         assert (
             'corral_router_pd_failures_total{leg="prefill",why="no_transfer_params"} 1.0' in await f.metrics()
@@ -350,13 +357,15 @@ async def test_a_storage_connectors_params_are_carried_but_nothing_is_pending() 
         assert 'corral_router_pd_handoffs_total{mode="storage"} 2.0' in await f.metrics()
 
 
-async def test_mismatched_versions_are_never_paired() -> None:
+async def test_mismatched_versions_are_never_paired(caplog: pytest.LogCaptureFixture) -> None:
     prefill, decode = FakeEngine("p0", "prefill", "0.32.0"), FakeEngine("d0", "decode", "0.31.0")
     async with pd_fleet([prefill, decode]) as f:
         status, headers, body = await f.post(CHAT)
         assert status == 503 and int(headers["Retry-After"]) >= 1
         message = orjson.loads(body)["error"]["message"]
-        assert "pairing identity" in message and "vLLM version" in message and prefill.url in message
+        assert "no routable decode endpoint can take" in message and prefill.url not in message
+        logged = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert any("pairing identity" in line and prefill.url in line for line in logged), logged
         assert prefill.bodies == [] and decode.bodies == []  # no prefill leg for a pair that cannot be
 
 

@@ -3,7 +3,12 @@ engine (the model's own policy: the prompt's prefix lives there), run the prefil
 and hand the proxy the decode leg — the client's body carrying the answer's `kv_transfer_params`, and the
 decode endpoints compatible with that prefill engine (`Membership.compatible_decode`). With a storage
 connector (`pd_protocol.STORAGE_CONNECTORS`: the prefill engine saved the prompt's KV where the decode engine
-finds it by the prompt) the answer carries no params and the decode leg is the client's body as it came.
+finds it by the prompt) the answer carries no params and the decode leg is the client's body as it came,
+less any `kv_transfer_params` of the client's (the proxy strips them: only the router's legs set them).
+
+A prefill answer is read whole up to MAX_PREFILL_ANSWER_BYTES and must be a JSON object whose params, if
+any, are an object; a larger or malformed one fails that leg like an engine's 5xx (a 502 naming no engine,
+retried on another prefill engine within the budget) and is logged with the engine's URL.
 
 The proxy sends and relays the decode leg as it relays any answer; a decode leg that fails before its
 first byte comes back here for a fresh prefill leg (the old transfer may be gone). A prefill leg that gets
@@ -23,6 +28,7 @@ import orjson
 from corral.engine.pd_protocol import (
     PARAMS,
     STORAGE,
+    TRANSFER_PARAMS,
     decode_leg_body,
     handoff_of,
     prefill_leg_body,
@@ -30,6 +36,7 @@ from corral.engine.pd_protocol import (
 )
 from corral.router.datapath.exchange import Answer, error_answer
 from corral.router.datapath.retry_budget import RetryBudget
+from corral.router.datapath.transfer_params import MAX_PREFILL_ANSWER_BYTES, AnswerTooLarge
 from corral.router.datapath.upstream import UPSTREAM_FAILURES, UpstreamClient, describe_failure
 from corral.router.membership.endpoint import Endpoint
 from corral.router.membership.membership import Membership
@@ -61,9 +68,11 @@ class PrefillLeg:
 
 @dataclass(frozen=True, slots=True)
 class NoPair:
-    """No routable pair for the request, and why in words (the proxy answers 503 with Retry-After)."""
+    """No routable pair for the request (the proxy answers 503 with Retry-After): `why` in full for the
+    router's log (engines' URLs, errors), `public` for the client (words only, no address)."""
 
     why: str
+    public: str
 
 
 class Disaggregation:
@@ -127,7 +136,8 @@ class Disaggregation:
                 if engine_error is not None:  # no other engine to try: the engine's own answer
                     return engine_error
                 self._metrics.pd.count_failure("prefill", "no_pair")
-                return NoPair("; ".join([*failures, candidates.why]))
+                said = f"{_tried(attempt)}; {candidates.public}" if failures else candidates.public
+                return NoPair("; ".join([*failures, candidates.why]), said)
             endpoint = self._prefill_policy.pick(candidates, route)
             outcome = await self._run(endpoint, method, raw_path, headers, body, payload, request_id, attempt)
             if isinstance(outcome, PrefillLeg):
@@ -147,7 +157,9 @@ class Disaggregation:
                 log.warning("request %s: %s", request_id, "; ".join(failures))
                 spent = True
             if spent:  # no answer at all: 503 naming every failure; an engine's 5xx: that answer
-                return NoPair("; ".join(failures)) if isinstance(outcome, NoPair) else outcome
+                if isinstance(outcome, NoPair):
+                    return NoPair("; ".join(failures), _tried(attempt))
+                return outcome
             attempt += 1
             self._metrics.retries += 1
 
@@ -157,12 +169,17 @@ class Disaggregation:
         prefills = [p for p in membership.eligible_role(model, "prefill") if p.url not in tried]
         if not prefills:
             more = " more" if tried else ""
-            return NoPair(f"no{more} prefill endpoint of model `{model}` is routable")
+            said = f"no{more} prefill endpoint of it is routable"
+            return NoPair(said, said)
         pairable = [p for p in prefills if membership.compatible_decode(model, p)]
         if pairable:
             return pairable
         reasons = dict.fromkeys(unpaired_reason(membership, model, p) for p in prefills[:NAMED])
-        return NoPair("; ".join(reasons))
+        return NoPair(
+            "; ".join(reasons),
+            "no routable decode endpoint can take a prefill engine's KV (their vLLM version, model, KV "
+            "layout or KV connector differ, or none serves it)",
+        )
 
     async def _run(
         self,
@@ -188,13 +205,16 @@ class Disaggregation:
                 upstream = await self._upstream.request(endpoint.url, method, raw_path, headers, body)
                 endpoint.dispatching -= 1
                 dispatching = False
-                answer = await upstream.read()
+                answer = await upstream.read(MAX_PREFILL_ANSWER_BYTES)
+            except AnswerTooLarge as exc:
+                endpoint.traffic.ended(failed=True)
+                return self._bad_answer(endpoint, f"a body over {exc.limit} bytes", request_id, attempt)
             except UPSTREAM_FAILURES as exc:
                 endpoint.traffic.ended(failed=True)
                 why = f"prefill {endpoint.url}: {describe_failure(exc)}"
                 self._eject(endpoint, why, request_id, attempt)
                 pd.count_failure("prefill", "upstream")
-                return NoPair(why)
+                return NoPair(why, "a prefill engine did not answer")
             endpoint.record_success()
             status = upstream.status
             endpoint.traffic.ended(failed=status >= 500)
@@ -209,16 +229,26 @@ class Disaggregation:
             endpoint.traffic.first_token(seconds, dispatched, endpoint.routable_from)
             pd.prefill_leg.observe(seconds)
             params = _params_of(answer)
+            if isinstance(params, str):
+                return self._bad_answer(endpoint, params, request_id, attempt)
             connector = endpoint.supervisor.connector if endpoint.supervisor is not None else None
             handoff = handoff_of(connector)
             if params is None and handoff == PARAMS:
                 pd.count_failure("prefill", "no_transfer_params")
+                log.warning(
+                    "request %s: prefill %s (%s) answered without kv_transfer_params, so no decode engine "
+                    'can find its KV cache; check that it runs with --kv-transfer-config {"kv_connector": '
+                    '"%s", "kv_role": "kv_producer"} and that nothing between the router and it drops the '
+                    "field",
+                    request_id,
+                    endpoint.url,
+                    connector,
+                    connector,
+                )
                 return error_answer(
                     502,
-                    f"The prefill engine {endpoint.url} ({connector}) answered without "
-                    "`kv_transfer_params`, so no decode engine can find its KV cache. Check that it runs "
-                    'with --kv-transfer-config {"kv_connector": "' + str(connector) + '", "kv_role": '
-                    '"kv_producer"} and that nothing between the router and it drops the field.',
+                    "The prefill engine answered without the KV transfer a decode engine needs; the "
+                    f"router's log says which engine and what to check (request {request_id}).",
                     "BadGatewayError",
                 )
             if params is None or handoff == STORAGE:
@@ -239,6 +269,20 @@ class Disaggregation:
             if upstream is not None:
                 upstream.close()
 
+    def _bad_answer(self, endpoint: Endpoint, what: str, request_id: str, attempt: int) -> Answer:
+        """A prefill answer the router will not use: a 502 for this leg (a 5xx: the next prefill engine
+        is tried), logged with the engine; counted against it (its traffic figures, an ejection)."""
+        self._metrics.pd.count_failure("prefill", "bad_answer")
+        why = f"prefill {endpoint.url} answered {what}"
+        log.warning("request %s: %s; not used", request_id, why)
+        self._eject(endpoint, why, request_id, attempt)
+        return error_answer(
+            502,
+            f"A prefill engine sent an answer the router cannot use; the router's log names it "
+            f"(request {request_id}).",
+            "BadGatewayError",
+        )
+
     def _note_storage(self, endpoint: Endpoint) -> None:
         """Log once per endpoint that a prefill engine of unknown connector handed off through storage."""
         if endpoint.url in self._noted:
@@ -258,7 +302,10 @@ class Disaggregation:
         if not decoders:  # they left while the prefill ran; its transfer times out on the engine
             self.release(leg)
             self._metrics.pd.count_failure("decode", "no_pair")
-            return NoPair(f"prefill {leg.prefill.url} has no compatible decode endpoint left")
+            return NoPair(
+                f"prefill {leg.prefill.url} has no compatible decode endpoint left",
+                "no compatible decode endpoint was left after the prefill",
+            )
         leg.decoders = decoders
         return leg
 
@@ -289,9 +336,20 @@ class Disaggregation:
             leg.prefill.transfers_pending -= 1
 
 
-def _params_of(answer: bytes) -> dict[str, Any] | None:
+def _tried(attempt: int) -> str:
+    tried = attempt + 1
+    return f"{tried} prefill {'engine' if tried == 1 else 'engines'} tried, all failed"
+
+
+def _params_of(answer: bytes) -> dict[str, Any] | str | None:
+    """The params of a 2xx prefill answer, None for none, or what is wrong with the answer in words."""
     try:
         parsed = orjson.loads(answer)
     except orjson.JSONDecodeError:
-        return None
-    return transfer_params_of(parsed) if isinstance(parsed, dict) else None
+        return f"{len(answer)} bytes that are not JSON"
+    if not isinstance(parsed, dict):
+        return f"a JSON {type(parsed).__name__}, not an object"
+    params = parsed.get(TRANSFER_PARAMS)
+    if params is not None and not isinstance(params, dict):
+        return f"kv_transfer_params of type {type(params).__name__}, not an object"
+    return transfer_params_of(parsed)

@@ -1,10 +1,14 @@
 """The data path: forward one OpenAI request to one eligible endpoint and relay the answer.
 
-The body is parsed once, only to read `model`; the original bytes go upstream. Answers are
-relayed as they come (SSE chunk by chunk, no buffering). A connection failure or a silent
+The body is parsed once, only to read `model`; the original bytes go upstream, unless the client sent
+`kv_transfer_params` (the router's alone, corral.router.datapath.transfer_params): then the body less that
+key goes. Answers are relayed as they come (SSE chunk by chunk, no buffering but an unfinished line; a
+whole answer up to MAX_ANSWER_BYTES), with any params they carry set to null. A connection failure or a silent
 backend before any byte reached the client ejects that endpoint and retries on another, as long
 as the retry budget allows (retries at most a fraction of recent requests, plus a floor); after
-the first byte nothing is replayed and the client's stream ends with an SSE error event.
+the first byte nothing is replayed and the client's stream ends with an SSE error event. A client's error
+names no engine, address or exception: it says what failed and the request id, and the router's log has
+the rest in one WARNING line under that id.
 """
 
 from __future__ import annotations
@@ -24,6 +28,14 @@ from corral.router.datapath.exchange import Answer, ClientReply, ClientRequest, 
 from corral.router.datapath.pd import Disaggregation, PrefillLeg
 from corral.router.datapath.request_ids import RequestIds
 from corral.router.datapath.retry_budget import RetryBudget, RetryBudgetConfig
+from corral.router.datapath.transfer_params import (
+    MAX_ANSWER_BYTES,
+    AnswerTooLarge,
+    SseParamsFilter,
+    UnstrippableStream,
+    strip_answer,
+    strip_request,
+)
 from corral.router.datapath.upstream import (
     UPSTREAM_FAILURES,
     UpstreamClient,
@@ -134,10 +146,12 @@ class Proxy:
         model: str | None = None
         payload: dict[str, Any] | None = None
         if problem is None:
-            model, payload, problem = self._model_of(request, body)
+            model, payload, problem = self._model_of(request, body, request_id)
         if problem is not None:
             return await self._reject(reply, problem, model or "", request_id, start)
         assert model is not None
+        if payload is not None and strip_request(payload):
+            body = orjson.dumps(payload)  # only the router's own P/D legs set kv_transfer_params
         if self.wake_on_demand is not None:
             await self.wake_on_demand.hold(model)
 
@@ -156,7 +170,7 @@ class Proxy:
     # -- request checks ---------------------------------------------------------------------
 
     def _model_of(
-        self, request: ClientRequest, body: bytes
+        self, request: ClientRequest, body: bytes, request_id: str
     ) -> tuple[str | None, dict[str, Any] | None, Answer | None]:
         """The model to route by and the parsed body (policies read the prompt from it), or the error
         answer that ends the request here."""
@@ -183,7 +197,7 @@ class Proxy:
             if len(known) == 1:
                 return known[0], payload, None  # vLLM serves its only model when none is named
             if not known:
-                return None, payload, self._unavailable("", "no endpoint has answered yet")
+                return None, payload, self._unavailable("", "no endpoint has answered yet", request_id)
             return (
                 None,
                 payload,
@@ -198,7 +212,7 @@ class Proxy:
         hidden = tenant is not None and not tenant.serves(model)
         if hidden or not membership.knows(model):
             if not membership.known_models():
-                return model, payload, self._unavailable(model, "no endpoint has answered yet")
+                return model, payload, self._unavailable(model, "no endpoint has answered yet", request_id)
             if tenant is not None and hidden:
                 tenant.reject("model")
             return (
@@ -208,15 +222,23 @@ class Proxy:
             )
         return model, payload, None
 
-    def _unavailable(self, model: str, why: str) -> Answer:
+    def _unavailable(self, model: str, why: str, request_id: str) -> Answer:
+        """The client's 503: `why` must name no engine, address or exception (the log has those)."""
         retry_after = self._membership.retry_after(model, self._config.retry_after_seconds)
         what = f"model `{model}`" if model else "this request"
         return error_answer(
             503,
-            f"No endpoint can serve {what} right now ({why}); retry after {retry_after} s.",
+            f"No engine could serve {what} right now: {why}; retry after {retry_after} s "
+            f"(request {request_id}).",
             "ServiceUnavailableError",
             headers={"Retry-After": str(retry_after)},
         )
+
+    def _gave_up(self, model: str, why: str, detail: str, request_id: str) -> Answer:
+        """The 503 for a request no engine served: `detail` (engines, addresses, errors) goes to the log
+        in one WARNING line under the request id, `why` (words only) to the client."""
+        log.warning("request %s: no engine served model %s: %s", request_id, model, detail)
+        return self._unavailable(model, why, request_id)
 
     async def _reject(
         self, reply: ClientReply, answer: Answer, model: str, request_id: str, start: float
@@ -245,7 +267,7 @@ class Proxy:
         metrics = self._metrics
         model = route.model
         attempt = 0
-        last_failure = "no endpoint is READY"
+        failures: list[str] = []  # for the log only: they name engines and errors
         pd = self._pd
         disaggregated = pd.applies(route, request.path)
         while True:
@@ -254,15 +276,22 @@ class Proxy:
             if disaggregated:
                 got = await pd.prefill(request.method, request.raw_path, upstream_headers, route, request_id)
                 if not isinstance(got, PrefillLeg):
-                    answer = got if isinstance(got, Answer) else self._unavailable(model, got.why)
+                    answer = (
+                        got
+                        if isinstance(got, Answer)
+                        else self._gave_up(model, got.public, "; ".join([*failures, got.why]), request_id)
+                    )
                     return await self._reject(reply, answer, model, request_id, start)
                 leg, candidates, policy, sent = got, got.decoders, pd.decode_policy, got.body
             else:
                 candidates, policy, sent = self._membership.eligible(model), self._policy, body
             if not candidates:
-                return await self._reject(
-                    reply, self._unavailable(model, last_failure), model, request_id, start
+                answer = (
+                    self._gave_up(model, _tried(attempt), "; ".join(failures), request_id)
+                    if failures
+                    else self._unavailable(model, "no endpoint of it is READY", request_id)
                 )
+                return await self._reject(reply, answer, model, request_id, start)
             endpoint = policy.pick(candidates, route)
             if leg is not None:
                 pd.paired(leg, endpoint)
@@ -281,24 +310,42 @@ class Proxy:
                     endpoint.dispatching -= 1
                     dispatching = False
                     streaming = upstream.content_type == "text/event-stream"
-                    first = await upstream.readany() if streaming else await upstream.read()
+                    first = await upstream.readany() if streaming else await upstream.read(MAX_ANSWER_BYTES)
                 except UPSTREAM_FAILURES as exc:
                     endpoint.traffic.ended(failed=True)  # against this endpoint, retried or not
-                    last_failure = f"{endpoint.url}: {describe_failure(exc)}"
+                    failure = f"{endpoint.url}: {describe_failure(exc)}"
+                    failures.append(failure)
                     if leg is not None:
                         pd.decode_failed(leg)  # retried with a fresh prefill: this transfer may be gone
-                    self._eject(endpoint, last_failure, request_id, attempt)
+                    self._eject(endpoint, failure, request_id, attempt)
                     if attempt < self._config.max_retries:
                         if self._budget.try_spend(time.monotonic()):
                             attempt += 1
                             metrics.retries += 1
                             continue
                         metrics.retry_budget_exhausted += 1
-                        last_failure += "; retry budget spent, not retried"
-                        log.warning("request %s: %s", request_id, last_failure)
-                    return await self._reject(
-                        reply, self._unavailable(model, last_failure), model, request_id, start
+                        failures.append("retry budget spent, not retried")
+                    answer = self._gave_up(model, _tried(attempt), "; ".join(failures), request_id)
+                    return await self._reject(reply, answer, model, request_id, start)
+                except AnswerTooLarge as exc:
+                    endpoint.traffic.ended(failed=True)
+                    if leg is not None:
+                        pd.decode_failed(leg)
+                    log.warning(
+                        "request %s: %s answered %d with a body over %d bytes; not relayed",
+                        request_id,
+                        endpoint.url,
+                        upstream.status if upstream is not None else 0,
+                        exc.limit,
                     )
+                    answer = error_answer(
+                        502,
+                        f"The engine's answer was larger than the {exc.limit} bytes the router relays "
+                        f"whole; ask for `stream: true` to receive it as it is generated (request "
+                        f"{request_id}).",
+                        "BadGatewayError",
+                    )
+                    return await self._reject(reply, answer, model, request_id, start)
                 endpoint.record_success()
                 status = upstream.status
                 if leg is not None:
@@ -307,8 +354,8 @@ class Proxy:
                     if status >= 500 and not streaming and attempt < self._config.max_retries:
                         if self._budget.try_spend(time.monotonic()):
                             endpoint.traffic.ended(failed=True)
-                            last_failure = f"decode {endpoint.url} answered {status}"
-                            log.warning("request %s: %s; a fresh prefill", request_id, last_failure)
+                            failures.append(f"decode {endpoint.url} answered {status}")
+                            log.warning("request %s: %s; a fresh prefill", request_id, failures[-1])
                             attempt += 1
                             metrics.retries += 1
                             continue
@@ -326,7 +373,7 @@ class Proxy:
                     elapsed = time.perf_counter() - start
                     metrics.ttft.observe(elapsed)
                     metrics.duration.observe(elapsed)
-                    await reply.send(Answer(status, first, headers))
+                    await reply.send(Answer(status, strip_answer(first), headers))
                     return status
                 return await self._relay(
                     reply,
@@ -370,43 +417,60 @@ class Proxy:
         ending.feed(first)
         times = StreamTimes(endpoint.traffic, dispatched, endpoint.routable_from)
         times.feed(first, ending.tokens_emitted)
+        params = SseParamsFilter()
         await reply.start(status, headers)
-        await reply.write(first)
-        metrics.ttft.observe(time.perf_counter() - start)
         code = status
         content = upstream
-        while True:
-            try:
-                chunk = await content.readany()
-            except UPSTREAM_FAILURES as exc:
-                why = f"{endpoint.url}: {describe_failure(exc)}"
-                log.warning(
-                    "request %s attempt %d: stream from %s cut after the first byte (%s), tokens "
-                    "emitted: %s; ending the client's stream with an error event, not replaying it",
-                    request_id,
-                    attempt,
-                    endpoint.url,
-                    why,
-                    "true" if ending.tokens_emitted else "false",
-                )
-                self._eject(endpoint, why, request_id, attempt)
-                metrics.errors += 1
-                ending.cut()
-                code = 502
-                await reply.write(
-                    sse_error_event(
-                        f"The engine serving this stream failed mid-stream ({why}); "
-                        f"request {request_id} was not replayed.",
-                        "BadGatewayError",
-                        502,
+        try:
+            await reply.write(params.feed(first))
+            metrics.ttft.observe(time.perf_counter() - start)
+            while True:
+                try:
+                    chunk = await content.readany()
+                except UPSTREAM_FAILURES as exc:
+                    why = f"{endpoint.url}: {describe_failure(exc)}"
+                    log.warning(
+                        "request %s attempt %d: stream from %s cut after the first byte (%s), tokens "
+                        "emitted: %s; ending the client's stream with an error event, not replaying it",
+                        request_id,
+                        attempt,
+                        endpoint.url,
+                        why,
+                        "true" if ending.tokens_emitted else "false",
                     )
+                    self._eject(endpoint, why, request_id, attempt)
+                    metrics.errors += 1
+                    ending.cut()
+                    code = 502
+                    await reply.write(params.finish())
+                    await reply.write(
+                        sse_error_event(
+                            f"The engine serving this stream failed mid-stream; request {request_id} "
+                            "was not replayed.",
+                            "BadGatewayError",
+                            502,
+                        )
+                    )
+                    break
+                if not chunk:
+                    await reply.write(params.finish())
+                    break
+                ending.feed(chunk)
+                times.feed(chunk, ending.tokens_emitted)
+                await reply.write(params.feed(chunk))
+        except UnstrippableStream as exc:
+            log.warning("request %s: stream from %s ended by the router: %s", request_id, endpoint.url, exc)
+            metrics.errors += 1
+            ending.cut()
+            code = 502
+            await reply.write(
+                sse_error_event(
+                    f"The engine serving this stream sent an event the router does not relay; request "
+                    f"{request_id} was ended here.",
+                    "BadGatewayError",
+                    502,
                 )
-                break
-            if not chunk:
-                break
-            ending.feed(chunk)
-            times.feed(chunk, ending.tokens_emitted)
-            await reply.write(chunk)
+            )
         endpoint.traffic.ended(failed=ending.failure is not None or code >= 500)
         await reply.finish()
         if ending.failure is not None:
@@ -464,6 +528,11 @@ def _response_headers(upstream: UpstreamResponse, request_id: str) -> Headers:
     headers = [(k, v) for k, v in upstream.headers if k.lower() not in RESPONSE_SKIP]
     headers.append(("X-Request-Id", request_id))
     return headers
+
+
+def _tried(attempts: int) -> str:
+    tried = attempts + 1
+    return f"{tried} {'engine' if tried == 1 else 'engines'} tried, all failed"
 
 
 def _bad_request(message: str, param: str | None) -> Answer:

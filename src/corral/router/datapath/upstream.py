@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from corral.router.datapath.deadlines import Deadlines
+from corral.router.datapath.transfer_params import AnswerTooLarge
 
 # Past this many unread body bytes the connection stops reading until the proxy catches up.
 HIGH_WATER = 1 << 20
@@ -129,11 +130,15 @@ class UpstreamResponse:
         while self._chunks:
             yield self._chunks.popleft()
 
-    async def read(self) -> bytes:
-        """The whole body."""
+    async def read(self, limit: int | None = None) -> bytes:
+        """The whole body; past `limit` bytes, AnswerTooLarge (the connection is then not reused)."""
         parts = []
+        size = 0
         while chunk := await self.readany():
             parts.append(chunk)
+            size += len(chunk)
+            if limit is not None and size > limit:
+                raise AnswerTooLarge(limit)
         return b"".join(parts)
 
     def close(self) -> None:

@@ -1,10 +1,14 @@
 """Who may read the router's admin routes (`/metrics`, `/v1/fleet`, and any control route added later).
 
 The rule, per listener: a request is trusted when it carries `Authorization: Bearer <admin key>`
-(`--admin-key-file`), or when its peer is a loopback address *and* the listener it arrived on is
-bound to a loopback address. A router bound to 0.0.0.0 or to a pod IP therefore asks for the key
+(`--admin-key-file`), or when its peer is a loopback address, the listener it arrived on is bound to
+a loopback address, *and* its `Host` is a loopback name (`localhost`, 127.x, `[::1]`, with a port or
+not; corral.http_host): a page that re-points its own name at 127.0.0.1 (DNS rebinding) still sends
+that name, and is refused 403. A router bound to 0.0.0.0 or to a pod IP therefore asks for the key
 even from 127.0.0.1: behind a sidecar or a port-forward every stranger looks local. Forwarded-for
-headers are never believed.
+headers are never believed. A browser's cross-origin request (an `Origin` other than the router's
+own) is refused 403 on every admin route, with a key or without: the dashboard is a page on the
+router's own origin, and no other page may read the fleet through a visitor's browser.
 
 With `--admin-port`, the admin routes move to that listener (on `--admin-host`, 127.0.0.1 by
 default) under the same rule, and the main port answers them 404; `/health` (READY engines or 503)
@@ -22,10 +26,12 @@ from pathlib import Path
 
 from aiohttp import web
 
+from corral.http_host import foreign_origin, loopback_host
 from corral.openai_errors import error_response
 
 ADMIN_PATHS = frozenset({"/metrics", "/v1/fleet", "/dashboard", "/dashboard/events"})
 OPEN_PATHS = frozenset({"/health", "/livez"})  # probes: counts only, never a URL
+_SHOWN = 100  # characters of a refused header value shown back
 
 
 class SecretFileError(Exception):
@@ -75,6 +81,10 @@ def _local_port(request: web.Request) -> int | None:
     transport = request.transport
     sock = transport.get_extra_info("sockname") if transport is not None else None
     return int(sock[1]) if sock and len(sock) >= 2 else None
+
+
+def _shown(value: str) -> str:
+    return repr(value if len(value) <= _SHOWN else value[:_SHOWN] + "...")
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +144,29 @@ class AdminAccess:
             bound_loopback = self._main_loopback
         else:
             return None
-        if self._has_admin_key(request) or (bound_loopback and _peer_is_loopback(request)):
+        origin = request.headers.get("Origin")
+        if origin is not None and foreign_origin(origin, request.scheme, request.host):
+            self.denied += 1
+            return error_response(
+                403,
+                f"{path} is an admin route and takes no requests from other sites' pages (Origin "
+                f"{_shown(origin)}); open the router's own /dashboard, or call it from a command line.",
+                "permission_error",
+            )
+        if self._has_admin_key(request):
             return None
+        if bound_loopback and _peer_is_loopback(request):
+            host = request.headers.get("Host")
+            if host is None or loopback_host(host):  # browsers always send Host
+                return None
+            self.denied += 1
+            return error_response(
+                403,
+                f"{path} is an admin route and Host {_shown(host)} is not a loopback name: a loopback "
+                "client is trusted only when it calls the router as 127.0.0.1, [::1] or localhost; "
+                "do that, or send `Authorization: Bearer <admin key>` (--admin-key-file).",
+                "permission_error",
+            )
         self.denied += 1
         if config.admin_key_sha256 is None:
             how = (

@@ -11,12 +11,14 @@ preflight this API never grants. The probes (`/livez`, `/readyz`, `/startupz`, `
 from __future__ import annotations
 
 import hmac
-import ipaddress
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from corral.http_host import foreign_origin, loopback_host
 from corral.openai_errors import error_response
+
+__all__ = ["ManagementGuard", "loopback_host"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MANAGEMENT_PREFIX = "/v1/"
@@ -27,22 +29,6 @@ _SHOWN = 100  # characters of a refused header value shown back
 
 def _shown(value: str) -> str:
     return repr(value if len(value) <= _SHOWN else value[:_SHOWN] + "...")
-
-
-def loopback_host(host: str) -> bool:
-    """Whether a Host header names this machine (`localhost`, 127.0.0.0/8, `[::1]`), with a port or not."""
-    if host.startswith("["):
-        name = host[1:].partition("]")[0]
-    elif host.count(":") == 1:
-        name = host.partition(":")[0]
-    else:
-        name = host  # a bare name, or a bare IPv6 address
-    if name.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 class ManagementGuard:
@@ -62,8 +48,9 @@ class ManagementGuard:
     def foreign(request: web.Request) -> web.Response | None:
         origin = request.headers.get("Origin")
         own = f"{request.scheme}://{request.host}"
-        if origin is None or origin == own:
+        if not foreign_origin(origin, request.scheme, request.host):
             return None
+        assert origin is not None
         return error_response(
             403,
             f"Origin {_shown(origin)} is not this supervisor's ({own}): the management API takes no "
