@@ -18,6 +18,7 @@ import aiohttp
 import orjson
 import pytest
 
+from corral.router.routing.slow_start import BOOT_SECONDS
 from tests.integration.test_supervisor_partial_wake import run_op
 from tests.integration.test_supervisor_sleep_ops import DEV
 from tests.integration.test_supervisor_support import kill_leftovers, start_supervised
@@ -55,6 +56,9 @@ def start_router(*args: str) -> tuple[CorralProcess, str]:
     )
     url = f"http://127.0.0.1:{port}"
     proc.wait_http(url + "/v1/fleet")
+    # What the router finds routable in its first BOOT_SECONDS was serving before it started and does
+    # not ramp; the engines these tests ramp turn routable after that, as in a running fleet.
+    time.sleep(BOOT_SECONDS)
     return proc, url
 
 
@@ -221,3 +225,54 @@ def test_a_woken_engine_ramps_up_to_its_share() -> None:
         pids = sup.engine_pids()
         sup.proc.stop(grace=20)
         kill_leftovers(pids)
+
+
+def test_a_newcomer_inside_the_routers_own_first_ramp_is_still_capped(tmp_path: Path) -> None:
+    """Issue 28's case: a router started 4 s before engine B was added to its backends file (a 10 s
+    ramp, round robin). The endpoint present at start does not ramp against B, and B's cap holds:
+    before, both were over their caps and the fallback offered both, so B took half the requests."""
+    ramp = 10.0
+    sims = [start_sim(None, *FAST) for _ in range(2)]
+    engines = [url for _, url in sims]
+    backends = tmp_path / "backends"
+    _write(backends, engines[:1])
+    port = free_port()
+    router = CorralProcess(
+        [
+            *("router", "--host", "127.0.0.1", "--port", str(port), "--models-refresh-seconds", "0.3"),
+            *("--backends-file", str(backends), "--policy", "round_robin", "--slow-start-seconds", str(ramp)),
+        ]
+    )
+    url = f"http://127.0.0.1:{port}"
+    stop, failed = asyncio.Event(), []
+
+    async def run() -> tuple[float, int]:
+        async with aiohttp.ClientSession() as s:
+            workers = [asyncio.create_task(_load(s, url, stop, failed)) for _ in range(WORKERS)]
+            try:
+                await _until(started + 4.0)
+                await asyncio.to_thread(_write, backends, engines)
+                seen = await _routable(s, url, engines[1], 30)
+                since = seen["slow_start"]["since"]
+                c0 = await _counts(s, engines)
+                await _until(since + 2.0)
+                c1 = await _counts(s, engines)
+            finally:
+                stop.set()
+                await asyncio.gather(*workers, return_exceptions=True)
+        got = [b - a for a, b in zip(c0, c1, strict=True)]
+        return got[1] / sum(got), int(sum(got))
+
+    try:
+        router.wait_http(url + "/v1/fleet")
+        started = time.time()
+        share, requests = asyncio.run(run())
+        print(f"\nnewcomer 4 s after the router's start, round_robin, 10 s ramp: {share:.3f} of {requests}")
+        assert not failed, failed[:5]
+        assert requests > 50
+        # B's weight over its first 2 s averages 0.19: at most ~0.1 of two engines' requests
+        assert share < 0.25
+    finally:
+        router.stop()
+        for proc, _ in sims:
+            proc.stop()

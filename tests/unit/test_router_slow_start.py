@@ -62,7 +62,7 @@ def shares(policy: Policy, seconds: float, n: int = 4) -> tuple[float, float, fl
     endpoints = fleet(n, clock.now)
     warming = endpoints[-1]
     warming.routable_from = clock.now
-    gate = SlowStart(policy, seconds, clock=clock)
+    gate = SlowStart(policy, seconds, clock=clock, boot_seconds=0)
     make = request_maker(policy.name)
     open_: deque[Endpoint] = deque()
     taken = [0, 0, 0]  # first fifth, whole ramp, after
@@ -115,7 +115,7 @@ def test_every_candidate_warming_still_picks() -> None:
     endpoints = fleet(3, clock.now)
     for e in endpoints:
         e.routable_from = clock.now
-    gate = SlowStart(build_policy("round_robin"), SECONDS, clock=clock)
+    gate = SlowStart(build_policy("round_robin"), SECONDS, clock=clock, boot_seconds=0)
     picked = {gate.pick(endpoints, RouteRequest("m", {})).url for _ in range(30)}
     assert picked == {e.url for e in endpoints}
 
@@ -127,7 +127,7 @@ def test_endpoints_routable_together_share_alike() -> None:
     endpoints = fleet(4, clock.now)
     for e in endpoints:
         e.routable_from = clock.now
-    gate = SlowStart(build_policy("least_request", seed=2), SECONDS, clock=clock)
+    gate = SlowStart(build_policy("least_request", seed=2), SECONDS, clock=clock, boot_seconds=0)
     got = [gate.pick(endpoints, RouteRequest("m", {})) for _ in range(400)]
     assert min(got.count(e) for e in endpoints) > 0.2 * len(got)
 
@@ -143,7 +143,7 @@ def test_the_pick_is_always_one_of_the_candidates(ages: list[float], name: str, 
     endpoints = fleet(len(ages), clock.now)
     for e, age in zip(endpoints, ages, strict=True):
         e.routable_from = clock.now - age
-    gate = SlowStart(build_policy(name, seed=1), SECONDS, clock=clock)
+    gate = SlowStart(build_policy(name, seed=1), SECONDS, clock=clock, boot_seconds=0)
     make = request_maker(name)
     for i in range(picks):
         assert gate.pick(endpoints, make(i)) in endpoints
@@ -159,7 +159,7 @@ def test_the_cap_holds_under_a_policy_that_prefers_the_idle_endpoint() -> None:
         e.in_flight = 50
     new = endpoints[-1]
     new.routable_from = clock.now
-    gate = SlowStart(build_policy("least_request", seed=3), SECONDS, clock=clock)
+    gate = SlowStart(build_policy("least_request", seed=3), SECONDS, clock=clock, boot_seconds=0)
     earned = 0.0
     for _ in range(1000):
         earned += warmup_weight(clock.now - new.routable_from, SECONDS) / len(endpoints)
@@ -172,7 +172,7 @@ def test_per_model_ramps_and_off_for_one_model() -> None:
     clock = Clock()
     endpoints = fleet(4, clock.now)
     endpoints[-1].routable_from = clock.now
-    gate = SlowStart(build_policy("round_robin"), SECONDS, {"m": 0.0}, clock=clock)
+    gate = SlowStart(build_policy("round_robin"), SECONDS, {"m": 0.0}, clock=clock, boot_seconds=0)
     got = [gate.pick(endpoints, RouteRequest("m", {})) for _ in range(40)]
     assert got.count(endpoints[-1]) == 10  # m has no ramp: round robin's quarter at once
     assert gate.seconds_for("other") == SECONDS
@@ -226,7 +226,7 @@ def test_a_warming_prefix_home_takes_new_prefixes_gradually(seconds: float) -> N
     new.routable_from = clock.now
     memory = PrefixMemory()
     policy = build_scored("prefix", RoutingConfig(), LoadBoard(), "x-session-id", 5, memory)
-    gate = SlowStart(policy, seconds, clock=clock)
+    gate = SlowStart(policy, seconds, clock=clock, boot_seconds=0)
     make = request_maker("prefix")
     for i in range(PICKS // 5):
         clock.now = 1000.0 + i * SECONDS / PICKS
@@ -237,3 +237,61 @@ def test_a_warming_prefix_home_takes_new_prefixes_gradually(seconds: float) -> N
         assert memory.keys_of(new) < 0.35 * peers
     else:
         assert memory.keys_of(new) > 0.6 * peers
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_a_newcomer_after_the_router_started_is_capped_in_every_policy(name: str) -> None:
+    """Issue 28: a router started 4 s before engine B joined (ramp 10 s, so the endpoint present at
+    start is itself inside the ramp's window): B earns at most its weight of the mean share. Before,
+    both were over their caps after one pick each and the fallback offered both, so round robin gave
+    B half the requests."""
+    clock = Clock()
+    gate = SlowStart(build_policy(name, seed=5), SECONDS, clock=clock)  # the router starts now
+    endpoints = fleet(2, clock.now)
+    a, b = endpoints
+    a.routable_from = clock.now + 0.3  # its first probe round
+    clock.now += 4.0
+    b.routable_from = clock.now
+    make = request_maker(name)
+    picks = 1000
+    taken = 0
+    for i in range(picks):  # the newcomer's first 2 s
+        clock.now = b.routable_from + i * 2.0 / picks
+        chosen = gate.pick(endpoints, make(i))
+        taken += chosen is b
+    share = taken / picks
+    # its weight over its first 2 s averages 0.19, so at most ~0.1 of two engines' picks
+    print(f"{name}: the newcomer took {share:.3f} of its first 2 s")
+    assert share < 0.15
+    assert gate.weight(a) == 1.0 and gate.weight(b) < 0.3  # A was present when the router started
+
+
+def test_a_newcomer_ramps_against_a_warming_peer_not_as_its_equal() -> None:
+    """Two engines that both turn READY after the router's start, 3 s apart: the older is never capped
+    (it carries the load the newer may not take), the newer earns its weight relative to the older's."""
+    clock = Clock()
+    gate = SlowStart(build_policy("round_robin"), SECONDS, clock=clock)
+    clock.now += 20.0  # long after the router started
+    endpoints = fleet(3, clock.now)  # one warm peer
+    old, b, c = endpoints
+    b.routable_from = clock.now
+    clock.now += 3.0
+    c.routable_from = clock.now
+    picks = 600
+    got = [gate.pick(endpoints, RouteRequest("m", {})) for _ in range(picks)]
+    # weights: old 1, b 0.37, c 0.1, each capped at weight / 3 of the picks
+    assert got.count(c) < 0.1 * picks
+    assert got.count(b) < 0.2 * picks
+    assert got.count(old) > 0.7 * picks
+
+
+def test_endpoints_present_when_the_router_starts_do_not_ramp() -> None:
+    clock = Clock()
+    gate = SlowStart(build_policy("round_robin"), SECONDS, clock=clock)
+    endpoints = fleet(3, clock.now)
+    for e in endpoints:
+        e.routable_from = clock.now + 0.5
+    clock.now += 1.0
+    assert all(gate.weight(e) == 1.0 for e in endpoints)
+    got = [gate.pick(endpoints, RouteRequest("m", {})) for _ in range(30)]
+    assert {got.count(e) for e in endpoints} == {10}
