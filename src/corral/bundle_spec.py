@@ -21,12 +21,22 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from corral.redaction import MASK, redact_argv, redact_env, refused_flag
 from corral.yaml_file import YamlFileError, read_yaml_file
 
 # set by the fleet for each engine it starts; a bundle that set them would collide with it
 _FLEET_OWNED = ("--host", "--port", "--seed")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
+
+
+def _no_secret_flag(args: tuple[str, ...]) -> tuple[str, ...]:
+    """Refuses a flag whose value is a secret (`--hf-token TOKEN`): records and state show a bundle's
+    arguments. The message names the flag, never the value."""
+    refused = refused_flag(args)
+    if refused is not None:
+        raise ValueError(f"{refused[0]} with a value is refused: {refused[1]}")
+    return args
 
 
 class BundleError(ValueError):
@@ -66,7 +76,12 @@ class BundleSpec(BaseModel):
         for arg in value:
             if arg.split("=", 1)[0] in _FLEET_OWNED:
                 raise ValueError(f"{arg!r}: the fleet sets {', '.join(_FLEET_OWNED)} for each engine")
-        return value
+        return _no_secret_flag(value)
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return _no_secret_flag(value)
 
     def argv(self, base: tuple[str, ...]) -> tuple[str, ...]:
         """The engine command of this bundle, given the command the engine was configured with."""
@@ -83,6 +98,29 @@ class BundleSpec(BaseModel):
         if self.fingerprint is not None:
             body["fingerprint"] = self.fingerprint
         return body
+
+
+def bundle_record(bundle: BundleSpec) -> dict[str, Any]:
+    """A bundle as change and rollout records keep it: its JSON with every secret masked (the values of
+    secret environment names, secrets in its arguments; `corral.redaction`). Other values stay, so a
+    rollback from the record starts the same engines; one that held a secret is refused by
+    `unrecorded_secrets`."""
+    body = bundle.to_json()
+    body["engine_args"] = redact_argv(bundle.engine_args)
+    body["env"] = redact_env(bundle.env)
+    if bundle.command:
+        body["command"] = redact_argv(bundle.command)
+    return body
+
+
+def unrecorded_secrets(bundle: BundleSpec) -> list[str]:
+    """What a record masked in a bundle read back from it (`bundle_record`): the environment names, and
+    `engine_args` or `command` when a secret in them was; such a bundle cannot start an engine."""
+    masked = sorted(name for name, value in bundle.env.items() if value == MASK)
+    for part in ("engine_args", "command"):
+        if any(MASK in arg for arg in getattr(bundle, part)):
+            masked.append(part)
+    return masked
 
 
 def bundle_from_json(body: Any, where: str) -> BundleSpec:

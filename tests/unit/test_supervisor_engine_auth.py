@@ -8,7 +8,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from corral.engine.flags import engine_api_key
-from corral.supervisor.checks.engine_auth import MASK, EngineKey, Redactor, redact_argv
+from corral.redaction import MASK, Redactor, redact_argv
+from corral.supervisor.checks.engine_auth import EngineKey
 from corral.supervisor.lifecycle.engine_process import engine_environment
 
 

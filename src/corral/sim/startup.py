@@ -14,6 +14,7 @@ startup (45% of it) is skipped; a disk fallback takes the full time (see `weight
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -168,6 +169,11 @@ class EngineStartup:
             non_default["served_model_name"] = [cfg.served_model_name]
         if cfg.api_key:  # vLLM prints its args, the key among them (the env variable is not an arg)
             non_default["api_key"] = list(cfg.api_key)
+        if cfg.model_loader_extra_config:  # as vLLM: the parsed JSON, credentials and all
+            try:
+                non_default["model_loader_extra_config"] = json.loads(cfg.model_loader_extra_config)
+            except ValueError:
+                non_default["model_loader_extra_config"] = cfg.model_loader_extra_config
         log.info("APIServer", "api_utils.py:347", f"vLLM API server version {cfg.version_string} (simulated)")
         log.info("APIServer", "api_utils.py:286", f"non-default args: {non_default}")
         log.info("APIServer", "model.py:2152", f"Using max model len {cfg.max_model_len}")

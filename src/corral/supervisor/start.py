@@ -16,6 +16,7 @@ import click
 
 from corral.aio import run as run_on_uvloop
 from corral.bundle_spec import BundleError, BundleSpec, load_bundle
+from corral.redaction import refused_flag
 from corral.state_home import corral_state_dir, state_dir_problem
 from corral.supervisor.checks.adapters import AdapterSpecError, parse_lora
 from corral.supervisor.checks.dependencies import DependencyGate, GateSpecError, parse_gate
@@ -47,6 +48,10 @@ def _check_engine_command(argv: tuple[str, ...]) -> None:
             bad_input(f"engine command {exe!r} is not an executable file")
     elif shutil.which(exe) is None:
         bad_input(f"engine command {exe!r} not found on PATH")
+    refused = refused_flag(argv)
+    if refused is not None:
+        flag, instead = refused
+        bad_input(f"engine command: {flag} with a value is refused: {instead}")
 
 
 def _parse_gates(specs: tuple[str, ...]) -> tuple[DependencyGate, ...]:

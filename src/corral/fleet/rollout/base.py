@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
+from corral.bundle_spec import bundle_record
 from corral.clients.access import RouterAdminError
 from corral.clients.calls import APIError
 from corral.clients.router import RouterAdminClient
@@ -161,7 +162,7 @@ class RolloutBase:
         for group, group_states in zip(groups, states, strict=True):
             self.fingerprints[group.name] = await self._group_fingerprint(group, group_states)
             self.pairings[group.name] = group_states[0].pairing if group_states else None
-            self.from_bundles[group.name] = group.bundle.to_json() if group.bundle else {}
+            self.from_bundles[group.name] = bundle_record(group.bundle) if group.bundle else {}
             self.group_adapters[group.name] = {n for s in group_states for n in s.adapters.desired}
         try:
             self.adapters = fleet_adapter_set(

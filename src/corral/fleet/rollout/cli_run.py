@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from corral.aio import run
-from corral.bundle_spec import BundleError, BundleSpec, bundle_from_json, load_bundle
+from corral.bundle_spec import BundleError, BundleSpec, bundle_from_json, load_bundle, unrecorded_secrets
 from corral.clients.access import FleetAccess
 from corral.clients.up import UpControlClient
 from corral.contracts.records import RolloutRecord
@@ -264,4 +264,10 @@ def run_rollback(from_record: Path | None, flags: ChangeFlags) -> None:
         target = bundle_from_json(next(iter(bundles.values())), str(source))
     except BundleError as exc:
         raise click.UsageError(str(exc)) from None
+    masked = unrecorded_secrets(target)
+    if masked:  # a record keeps no secret; the engines would start with "<redacted>" for a value
+        raise click.UsageError(
+            f"{source}: bundle {target.name!r} set {', '.join(masked)}, whose values a record does not "
+            "keep; roll back with `corral rollout --to BUNDLE.yaml` naming that bundle's file"
+        )
     flags.execute("rollback", target, ref, flags.settings(), source)

@@ -14,7 +14,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from corral import __version__
-from corral.bundle_spec import BundleSpec
+from corral.bundle_spec import BundleSpec, bundle_record
 from corral.clients.access import RouterAdminError
 from corral.clients.calls import APIError
 from corral.clients.router import RouterAdminClient
@@ -331,7 +331,7 @@ def rollout_record(rollout: RolloutFacts, outcome: str, reason: str, started: fl
         reason=reason,
         router=rollout.router,
         from_bundles=dict(rollout.from_bundles),
-        to_bundle=rollout.target.to_json(),
+        to_bundle=bundle_record(rollout.target),
         steps=[StepRecord.model_validate(s.to_json()) for s in rollout.steps],
         request_failures=failures,
         memory=memory,

@@ -23,6 +23,7 @@ import aiohttp
 import orjson
 
 from corral.engine.flags import serving_settings
+from corral.redaction import redact_json_text
 
 WHOLE_FILE_LIMIT = 16 * 1024 * 1024
 SAMPLE_BYTES = 1024 * 1024
@@ -30,8 +31,13 @@ FILE_DIGEST_METHOD = "files <=16MiB: sha256 of content; larger: name+size+sha256
 
 
 def command_parts(argv: Sequence[str]) -> dict[str, Any]:
-    """The bundle-relevant settings of an engine command line (ports, hosts and seeds are not)."""
-    parts: dict[str, Any] = dict(serving_settings(argv))
+    """The bundle-relevant settings of an engine command line (ports, hosts and seeds are not). A
+    JSON-valued setting's secret keys (S3 keys in --model-loader-extra-config) are masked: the parts
+    are shown in `/v1/state` and records, and a rotated credential is the same bundle."""
+    parts: dict[str, Any] = {
+        name: redact_json_text(value) if isinstance(value, str) else value
+        for name, value in serving_settings(argv).items()
+    }
     template = parts.get("chat_template")
     if isinstance(template, str):
         path = Path(template)

@@ -140,7 +140,7 @@ async def explain_precheck(
     preload_argv: Sequence[str],
     say: Callable[[str], None],
 ) -> int:
-    from corral.supervisor.checks.engine_auth import redact_argv
+    from corral.redaction import redact_argv
     from corral.supervisor.precheck.explain import render
     from corral.supervisor.precheck.gate import run_precheck
 

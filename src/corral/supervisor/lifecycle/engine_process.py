@@ -4,8 +4,8 @@ exponential backoff, a budget, a `RestartRecord` with exit code and last lines f
 
 The engine's environment is the supervisor's minus Corral's own secrets (`engine_environment`): the
 management token, token files and keys are for Corral, never for a process that runs model code.
-Its API key (`corral.supervisor.checks.engine_auth`) is masked in every output line the
-supervisor shows or keeps.
+Its API key and every other secret of its command and environment (`corral.redaction`) are masked in
+every output line the supervisor shows or keeps.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from corral.child_process import ChildProcess, LineSink
 from corral.engine.flags import engine_api_key
 from corral.engine.kv_log import EngineLogFigures
 from corral.engine.rank_lines import ParallelSize, parallel_size
-from corral.supervisor.checks.engine_auth import Redactor
+from corral.redaction import Redactor, secret_values
 from corral.supervisor.lifecycle.ranks import EngineRanks
 from corral.supervisor.lifecycle.states import StartingPhase
 
@@ -135,7 +135,8 @@ class EngineProcess:
         self.phase = StartingPhase.ENGINE_STARTING
         environment = engine_environment(env or {})
         self.api_key = engine_api_key(self.argv, environment)  # what the engine demands of callers
-        self._redact = Redactor([self.api_key])
+        # its key, and every secret of its command and environment (vLLM prints its non-default args)
+        self._redact = Redactor([self.api_key, *secret_values(self.argv, environment)])
         self._last_lines: deque[str] = deque(maxlen=keep_lines)  # masked, as shown
         self._child = ChildProcess(
             "engine", self.argv, env=environment, sink=self._line, keep_lines=0, inherit_env=False

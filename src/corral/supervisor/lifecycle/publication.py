@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from corral.child_process import LineSink
 from corral.engine.evidence import classify
 from corral.engine.kv_events_address import address_from_argv
-from corral.supervisor.checks.engine_auth import redact_argv
+from corral.redaction import redact_argv
 from corral.supervisor.lifecycle.pd_role import engine_connector, engine_role, pairing_of
 from corral.supervisor.lifecycle.states import StateEvent
 

@@ -13,10 +13,10 @@ import aiohttp
 
 from corral.engine.dev_api import AdminCallFailed, EngineAdmin, EngineFigures
 from corral.engine.evidence import KV_SHORTFALL
+from corral.redaction import redact_argv
 from corral.supervisor.checks.adapters import AdapterCallFailed, EngineAdapters, reconcile
 from corral.supervisor.checks.bundle import read_bundle
 from corral.supervisor.checks.dependencies import GatesTimedOut
-from corral.supervisor.checks.engine_auth import redact_argv
 from corral.supervisor.checks.readiness import EngineNotAnswering, NotReady, SmokeResult
 from corral.supervisor.lifecycle.device_memory import engine_visible_devices, read_device
 from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPolicy

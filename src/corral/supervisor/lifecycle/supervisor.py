@@ -18,10 +18,11 @@ from corral.bundle_spec import BundleSpec
 from corral.child_process import LineSink
 from corral.contracts.traffic import RequestCounts
 from corral.engine.evidence import EvidenceBook
+from corral.redaction import redact_argv
 from corral.supervisor.checks.adapters import AdapterSet
 from corral.supervisor.checks.bundle import Bundle
 from corral.supervisor.checks.dependencies import GateWaiter
-from corral.supervisor.checks.engine_auth import EngineKey, redact_argv
+from corral.supervisor.checks.engine_auth import EngineKey
 from corral.supervisor.checks.readiness import ReadinessCheck, SmokeResult
 from corral.supervisor.checks.stall import Stall, StallWatch
 from corral.supervisor.lifecycle.config import SupervisorConfig

@@ -27,7 +27,7 @@ import time
 from typing import TYPE_CHECKING
 
 from corral.bundle_spec import BundleSpec
-from corral.supervisor.checks.engine_auth import redact_argv
+from corral.redaction import redact_argv
 from corral.supervisor.checks.readiness import NotReady
 from corral.supervisor.lifecycle.drain import Leaving
 from corral.supervisor.lifecycle.failure_strategy import LIFECYCLE_ENDED, StartupFailure, Verdict
