@@ -7,6 +7,7 @@ and sends it with its probes and requests."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +36,16 @@ CASES = [seed(), variant()]
 IDS = ["wait-for-kv-cache", "variant"]
 
 
-def keyed(data: dict[str, Any], secret: str = "vllm-key", key: str = "api-key") -> dict[str, Any]:
-    """`data` with the engines enforcing vLLM's API key from a Secret."""
+def keyed(
+    data: dict[str, Any], secret: str = "vllm-key", key: str = "api-key", tenants: bool = True
+) -> dict[str, Any]:
+    """`data` with the engines enforcing vLLM's API key from a Secret (and, unless `tenants` is False, the
+    router's tenants' API keys file from another, which render requires with it)."""
     data = copy.deepcopy(data)
     data.setdefault("engine", {}).setdefault("secret_env", {})
     data["engine"]["secret_env"]["VLLM_API_KEY"] = {"secret_name": secret, "key": key}
+    if tenants:
+        data.setdefault("router", {})["tenant_keys"] = {"secret_name": "team-keys"}
     return data
 
 
@@ -169,3 +175,75 @@ def test_the_rendered_router_deployment_names_the_admin_key_secret_it_needs(tmp_
         in router_doc
     )
     assert "qwen-72b-corral-router-admin" in router_doc
+
+
+@pytest.mark.parametrize("data", CASES, ids=IDS)
+def test_a_keyed_router_answers_only_tenants_from_an_api_keys_file_in_a_secret(data: dict[str, Any]) -> None:
+    pod = router_pod(keyed(data))
+    container = main_container(pod)
+    params = _parse(router_command, container["command"][2:])
+    keys_file = str(params["api_keys_file"])
+    source = secret_behind(pod, container, keys_file)
+    assert source["secretName"] == "team-keys"
+    assert source["items"] == [{"key": "tenants.yaml", "path": "tenants.yaml"}]
+    assert source["defaultMode"] == 0o440 and keys_file.endswith("/tenants.yaml")
+    # only the router mounts it
+    engine = engine_pod(keyed(data))
+    assert all(v.get("secret", {}).get("secretName") != "team-keys" for v in engine["spec"]["volumes"])
+
+
+@pytest.mark.parametrize("data", CASES, ids=IDS)
+def test_render_refuses_a_router_on_the_pod_network_with_the_engines_key_and_no_tenant_keys(
+    data: dict[str, Any],
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(keyed(data, tenants=False))
+    text = str(caught.value)
+    assert "router.tenant_keys: (missing)" in text
+    assert "VLLM_API_KEY" in text and "vllm-key" in text and "0.0.0.0" in text
+    assert "router.tenant_keys: {secret_name: " in text  # what to write
+
+
+HF = "hf_renderSecret0123456789"
+S3 = "s3-secret-9f8e7d6c5b4a"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--hf-token", HF],
+        [f"--hf-token={HF}"],
+        [
+            "--load-format",
+            "tensorizer",
+            "--model-loader-extra-config",
+            json.dumps({"s3_secret_access_key": S3}),
+        ],
+        [
+            "--model-loader-extra-config="
+            + json.dumps({"tensorizer_uri": "s3://b/m", "c": {"s3_secret_access_key": S3}})
+        ],
+    ],
+    ids=["hf-token", "hf-token=", "loader-json", "loader-json-nested"],
+)
+def test_render_refuses_a_secret_in_engine_args_and_never_prints_it(args: list[str], tmp_path: Path) -> None:
+    data = seed()
+    data["engine"]["args"] = args
+    config_path = tmp_path / "corral.yaml"
+    config_path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    result = CliRunner().invoke(
+        main, ["k8s", "render", "--config", str(config_path), "--out", str(tmp_path / "o")]
+    )
+    assert result.exit_code != 0
+    assert "engine.args" in result.output and "engine.secret_env" in result.output
+    assert HF not in result.output and S3 not in result.output
+    assert not any((tmp_path / "o").glob("*.yaml"))
+
+
+def test_a_plain_secret_in_engine_env_is_refused_without_printing_it() -> None:
+    data = seed()
+    data["engine"]["env"] = {"HF_TOKEN": HF, "AWS_SECRET_ACCESS_KEY": S3}
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data)
+    assert "engine.secret_env" in str(caught.value)
+    assert HF not in str(caught.value) and S3 not in str(caught.value)

@@ -12,6 +12,7 @@ from corral.k8s.render.config import CorralDeployment
 KEY_DIR = "/etc/corral/fleet-key"  # the fleet key Secret: the init container and the router only
 ADMIN_KEY_DIR = "/etc/corral/router-admin"  # the router's admin key Secret: the router only
 ENGINE_API_KEY_DIR = "/etc/corral/engine-api-key"  # the engines' vLLM API key: the router's copy
+TENANT_KEYS_DIR = "/etc/corral/router-tenants"  # the router's API keys file (its tenants): the router only
 # memory-backed emptyDir: this pod's token, written by the init container. Not under /run: images
 # often make /var/run a link to /run, and a volume mounted at /var/run would hide it.
 POD_TOKEN_DIR = "/etc/corral/pod-token"
@@ -39,6 +40,11 @@ def admin_key_file(config: CorralDeployment) -> str:
 def engine_api_key_file(config: CorralDeployment) -> str | None:
     ref = config.engine_api_key
     return None if ref is None else f"{ENGINE_API_KEY_DIR}/{ref.key}"
+
+
+def tenant_keys_file(config: CorralDeployment) -> str | None:
+    spec = config.router.tenant_keys
+    return None if spec is None else f"{TENANT_KEYS_DIR}/{spec.key}"
 
 
 def bundle_file_name(config: CorralDeployment) -> str | None:
@@ -213,9 +219,11 @@ def router_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
     """`corral router --discovery k8s` over exactly the pods `engine_selector` matches, sending the data
     path to each pod's admission gate and following its supervisor state stream (acknowledging
     removals to it) with that pod's token, derived from the fleet key. It listens on the pod network,
-    so its admin routes (/metrics, /v1/fleet) answer only a request bearing the admin key; when the
-    engines enforce vLLM's API key, the router's probes and requests carry it."""
+    so its admin routes (/metrics, /v1/fleet) answer only a request bearing the admin key, and its
+    OpenAI paths, with router.tenant_keys, only a tenant's key; when the engines enforce vLLM's API key,
+    the router's probes and requests carry it (config_reading refuses that without tenant keys)."""
     engine_key = engine_api_key_file(config)
+    tenants = tenant_keys_file(config)
     return [
         "corral",
         "router",
@@ -237,6 +245,7 @@ def router_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
         key_file(config),
         "--admin-key-file",
         admin_key_file(config),
+        *(["--api-keys-file", tenants] if tenants is not None else []),
         *(["--engine-api-key-file", engine_key] if engine_key is not None else []),
         "--policy",
         config.router.policy,

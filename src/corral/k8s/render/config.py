@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from corral.k8s.render.images_config import ImagesSpec, fill_default_images
 from corral.k8s.render.monitoring_config import MonitoringSpec
 from corral.k8s.render.pd_config import PdSpec
+from corral.redaction import is_secret_name, redact_argv
 from corral.router.routing.names import POLICY_NAMES
 from corral.supervisor.checks.dependencies import GateSpecError, parse_gate
 
@@ -23,7 +24,6 @@ _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SECRET_LIKE = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|ACCESS_KEY|API_KEY|PRIVATE_KEY|CREDENTIAL)", re.I)
 
 # Engine flags the renderer sets from other fields; a second copy in engine.args would silently win or lose.
 _OWNED_FLAGS: dict[str, str] = {
@@ -39,6 +39,8 @@ _OWNED_FLAGS: dict[str, str] = {
     "-pp": "set it with engine.pipeline_parallel_size (it also sizes the GPU request)",
     "--api-key": "a key in args is readable by anyone who can read the Deployment; "
     "put it in a Secret and pass it with engine.secret_env (VLLM_API_KEY)",
+    "--hf-token": "a token in args is readable by anyone who can read the Deployment; "
+    "put it in a Secret and pass it with engine.secret_env (HF_TOKEN)",
 }
 
 Seconds = Annotated[float, Field(ge=0)]
@@ -164,10 +166,18 @@ class EngineSpec(_Section):
     @field_validator("args")
     @classmethod
     def _no_owned_flags(cls, args: list[str]) -> list[str]:
-        for arg in args:
+        for i, arg in enumerate(args):
             flag = arg.split("=", 1)[0]
-            if flag in _OWNED_FLAGS:
-                raise ValueError(f"{arg!r} is set by the renderer: {_OWNED_FLAGS[flag]}; remove it from args")
+            if flag in _OWNED_FLAGS:  # the flag, not the argument: `--api-key=KEY` would show the key
+                raise ValueError(
+                    f"{flag!r} is set by the renderer: {_OWNED_FLAGS[flag]}; remove it from args"
+                )
+            if redact_argv([arg]) != [arg]:
+                raise ValueError(
+                    f"[{i}] holds a secret in its JSON (a key such as s3_secret_access_key or a password), "
+                    "which anyone who can read the Deployment could read; put it in a Secret and give it "
+                    "to the engine with engine.secret_env (e.g. S3_SECRET_ACCESS_KEY, AWS_SECRET_ACCESS_KEY)"
+                )
         return args
 
     @field_validator("lora")
@@ -191,7 +201,7 @@ class EngineSpec(_Section):
     @classmethod
     def _no_plain_secrets(cls, env: dict[str, str]) -> dict[str, str]:
         for name, value in env.items():
-            if _SECRET_LIKE.search(name) and value:
+            if is_secret_name(name) and value:
                 raise ValueError(
                     f"{name} looks like a secret and would be stored in the Deployment in plain text; "
                     f"move it to engine.secret_env as {name}: {{secret_name: ..., key: ...}}"
@@ -318,6 +328,21 @@ class AdminKeySpec(_Section):
     key: str = Field(default="key", min_length=1, description="key of the admin key inside the Secret")
 
 
+class TenantKeysSpec(_Section):
+    """The router's tenants: an API keys file (`--api-keys-file`: a YAML list of {name, key_sha256 or
+    key, max_in_flight?, requests_per_minute?, models?}) kept in a Secret and mounted in the router pods
+    only. The router's OpenAI paths then answer only a request bearing one of its keys."""
+
+    secret_name: str = Field(
+        pattern=_DNS_LABEL, description="Secret holding the API keys file, e.g. NAME-router-tenants"
+    )
+    key: str = Field(
+        default="tenants.yaml",
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        description="key of the API keys file inside the Secret",
+    )
+
+
 class RouterSpec(_Section):
     replicas: int = Field(default=2, ge=1, description="router pods")
     image: str | None = Field(
@@ -330,6 +355,12 @@ class RouterSpec(_Section):
     admin_key: AdminKeySpec = Field(
         default_factory=AdminKeySpec,
         description="the Secret whose key opens the router's /metrics and /v1/fleet (--admin-key-file)",
+    )
+    tenant_keys: TenantKeysSpec | None = Field(
+        default=None,
+        description="the Secret holding the router's API keys file (--api-keys-file); required when the "
+        "engines enforce an API key (VLLM_API_KEY in engine.secret_env): the router listens on the pod "
+        "network and sends that key with every request it forwards",
     )
 
     @field_validator("policy")

@@ -21,6 +21,7 @@ from corral.k8s.render import commands
 from corral.k8s.render.config import CorralDeployment
 from corral.k8s.render.parts import HOME
 from corral.k8s.render.pd_config import PD_OWNED_FLAGS, SIDE_CHANNEL_HOST_ENV, SIDE_CHANNEL_PORT_ENV
+from corral.redaction import redact_argv, redact_env
 from corral.supervisor.checks.dependencies import parse_gate
 
 
@@ -124,6 +125,7 @@ def cross_check(config: CorralDeployment) -> list[Problem]:
         )
     problems += _hidden_paths(config)
     problems += _startup_failure(config)
+    problems += _tenant_keys(config)
     problems += _floating_revisions(config)
     problems += _lora(config)
     problems += _pd(config)
@@ -248,6 +250,25 @@ def _pd(config: CorralDeployment) -> list[Problem]:
                 )
             )
     return problems
+
+
+def _tenant_keys(config: CorralDeployment) -> list[Problem]:
+    """The rendered router listens on the pod network (0.0.0.0) and sends the engines' API key with what
+    it forwards: without tenant keys of its own, anyone in the cluster who reaches it is served with
+    that key."""
+    key = config.engine_api_key
+    if key is None or config.router.tenant_keys is not None:
+        return []
+    return [
+        Problem(
+            "router.tenant_keys",
+            _MISSING,
+            f"the engines enforce an API key (engine.secret_env VLLM_API_KEY from Secret {key.secret_name}) "
+            "and the router, listening on 0.0.0.0, would send it for any client that reaches it; put an "
+            "API keys file (a YAML list of {name, key_sha256}) in a Secret and name it: "
+            f"router.tenant_keys: {{secret_name: {config.name}-router-tenants, key: tenants.yaml}}",
+        )
+    ]
 
 
 def _startup_failure(config: CorralDeployment) -> list[Problem]:
@@ -381,7 +402,7 @@ def _problem(err: Any) -> Problem:
     loc: tuple[str | int, ...] = tuple(err["loc"])
     where = _loc_text(loc)
     kind = err["type"]
-    value = err.get("input", _MISSING)
+    value = _masked(err.get("input", _MISSING))
     info = _field_info(loc)
     hint = f" ({info.description})" if info is not None and info.description else ""
     if kind == "missing":
@@ -391,6 +412,18 @@ def _problem(err: Any) -> Problem:
         return Problem(where, value, f"not a config field; the fields here are: {', '.join(known)}")
     message = str(err["msg"]).removeprefix("Value error, ")
     return Problem(where, value, f"{message}{hint}")
+
+
+def _masked(value: Any) -> Any:
+    """A refused value as the message shows it: the secrets of a list of arguments or of a mapping of
+    environment names masked (`corral.redaction`), so an error never prints the secret it refuses."""
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return redact_argv(value)
+    if isinstance(value, str):
+        return redact_argv([value])[0]
+    if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
+        return redact_env({str(k): v for k, v in value.items()})
+    return value
 
 
 def _loc_text(loc: tuple[str | int, ...]) -> str:

@@ -22,6 +22,9 @@ ADMIN_KEY_VOLUME = "corral-router-admin"
 ENGINE_API_KEY_VOLUME = "engine-api-key"
 
 
+TENANT_KEYS_VOLUME = "corral-router-tenants"
+
+
 TOKEN_VOLUME = "corral-token"
 
 

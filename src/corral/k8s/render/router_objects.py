@@ -1,5 +1,6 @@
 """The router's objects: its ServiceAccount, Role and RoleBinding (list and watch pods), its
-Deployment with the fleet key and admin key mounted from Secrets, and its Service.
+Deployment with the fleet key, admin key and tenants' API keys file mounted from Secrets, and its
+Service.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from corral.k8s.render.parts import (
     ADMIN_KEY_VOLUME,
     ENGINE_API_KEY_VOLUME,
     KEY_MOUNT,
+    TENANT_KEYS_VOLUME,
     TMP_VOLUME,
     Obj,
     container_resources,
@@ -26,8 +28,9 @@ from corral.k8s.render.parts import (
 
 
 def _router_secret_volumes(config: CorralDeployment) -> tuple[list[Obj], list[Obj]]:
-    """The router's keys: the fleet key, its admin key, and the engines' API key when they enforce one
-    (the same Secret key the engine container reads as VLLM_API_KEY)."""
+    """The router's keys: the fleet key, its admin key, its tenants' API keys file (router.tenant_keys),
+    and the engines' API key when they enforce one (the same Secret key the engine container reads as
+    VLLM_API_KEY)."""
     volumes = [
         key_volume(config),
         secret_file_volume(ADMIN_KEY_VOLUME, config.router_admin_secret, config.router.admin_key.key),
@@ -36,6 +39,10 @@ def _router_secret_volumes(config: CorralDeployment) -> tuple[list[Obj], list[Ob
         dict(KEY_MOUNT),
         {"name": ADMIN_KEY_VOLUME, "mountPath": commands.ADMIN_KEY_DIR, "readOnly": True},
     ]
+    tenants = config.router.tenant_keys
+    if tenants is not None:
+        volumes.append(secret_file_volume(TENANT_KEYS_VOLUME, tenants.secret_name, tenants.key))
+        mounts.append({"name": TENANT_KEYS_VOLUME, "mountPath": commands.TENANT_KEYS_DIR, "readOnly": True})
     engine_key = config.engine_api_key
     if engine_key is not None:
         volumes.append(secret_file_volume(ENGINE_API_KEY_VOLUME, engine_key.secret_name, engine_key.key))
