@@ -89,13 +89,15 @@ def encode_batch(batch: KVEventBatch) -> bytes:
 
 
 def decode_batch(payload: bytes) -> KVEventBatch:
-    """A payload frame as vLLM 0.32 publishes it; anything else is a ValueError saying what is wrong."""
+    """A payload frame as vLLM 0.32 publishes it; anything else is a ValueError saying what is wrong
+    (never the payload's bytes: an engine's events are untrusted input). Every failure of the decoder is
+    that ValueError, nesting too deep for it (a RecursionError) included."""
     try:
         return _DECODER.decode(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        head = bytes(payload[:16]).hex()
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, ValueError, TypeError) as exc:
+        why = "nested too deep" if isinstance(exc, RecursionError) else str(exc)[:200]
         raise ValueError(
-            f"KV event payload of {len(payload)} bytes (starting {head}) is not a vLLM event batch: {exc}; "
+            f"KV event payload of {len(payload)} bytes is not a vLLM event batch: {why}; "
             "the publisher must be vLLM >= 0.32 (or `corral sim`) with --kv-events-config"
         ) from None
 

@@ -74,13 +74,24 @@ def parse_labels(raw: str) -> dict[str, str]:
     return labels
 
 
+class LineTooLong(ValueError):
+    """A line the caller asked for is longer than its `max_line_bytes`."""
+
+
 def samples(
-    text: str | bytes, names: Collection[str] | None = None, strict: bool = False
+    text: str | bytes,
+    names: Collection[str] | None = None,
+    strict: bool = False,
+    max_line_bytes: int | None = None,
 ) -> Iterator[Sample]:
     """The samples of `text` (only those named in `names`, when given), in order. Bytes are read as
-    UTF-8; lenient and named, they are never decoded whole."""
+    UTF-8; lenient and named, they are never decoded whole, and a line of a name asked for that is longer
+    than `max_line_bytes` raises LineTooLong before it is decoded."""
     if names is not None and not strict:
-        yield from _find(text, names)
+        if isinstance(text, bytes):
+            yield from _find_bytes(text, names, max_line_bytes)
+        else:
+            yield from _find(text, names)
         return
     if isinstance(text, bytes):
         text = text.decode(errors="replace")
@@ -128,7 +139,7 @@ def _find(text: str | bytes, names: Collection[str]) -> Iterator[Sample]:
         yield sample
 
 
-def _find_bytes(data: bytes, names: Collection[str]) -> Iterator[Sample]:
+def _find_bytes(data: bytes, names: Collection[str], max_line: int | None = None) -> Iterator[Sample]:
     """`_find` over bytes: a sample line starts the page or follows a newline, so the scan looks for
     the newline and the name together; a found line is decoded alone (an engine's page is ~50 KB, the
     four lines routing reads ~300 bytes)."""
@@ -142,6 +153,8 @@ def _find_bytes(data: bytes, names: Collection[str]) -> Iterator[Sample]:
             after = at + size
             end = data.find(b"\n", after)
             end = len(data) if end < 0 else end
+            if max_line is not None and end - at > max_line:
+                raise LineTooLong(f"a {name} line of {end - at} bytes (at most {max_line})")
             if data[after : after + 1] in (b"{", b" "):
                 line = data[at:end].decode(errors="replace").rstrip("\r")
                 sample = _lenient(name, *_split(line, size, line[size] == "{"))

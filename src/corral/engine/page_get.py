@@ -28,6 +28,10 @@ class PageError(ConnectionError):
     """The engine refused, reset, closed early, or answered something that is not HTTP/1.1."""
 
 
+class PageTooLarge(PageError):
+    """The answer's body ran past the client's size cap; the rest was not read."""
+
+
 class _PageConnection(asyncio.Protocol):
     """One connection, one GET at a time; the answer's status and whole body."""
 
@@ -69,7 +73,7 @@ class _PageConnection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self.size += len(body)
         if self.size > self.max_bytes:
-            self.fail(PageError(f"answer larger than {self.max_bytes} bytes"))
+            self.fail(PageTooLarge(f"answer larger than {self.max_bytes} bytes"))
             return
         self.parts.append(body)
 

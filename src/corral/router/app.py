@@ -232,7 +232,11 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     membership = Membership(on_exit=left_routing)
     # The engines' KV events, when the router can tokenize as they do (issue 17)
     kv_tokens = prompt_tokens(config.tokenizer)
-    kv_feeds = KvEventFeeds(KvIndex(), membership.endpoints) if kv_tokens is not None else None
+    kv_feeds = (
+        KvEventFeeds(KvIndex(), membership.endpoints, refusals=metrics.engine_input)
+        if kv_tokens is not None
+        else None
+    )
     app[MEMBERSHIP] = membership
     app[METRICS] = metrics
     streams = SupervisorStreams(membership, metrics, config.streams)
@@ -249,10 +253,13 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
         prefix_memory=prefix_memory,
         slow_start_seconds=config.slow_start_seconds,
         prefix_holders=(
-            KvPrefixHolders(kv_feeds.index, kv_tokens, kv_feeds.publishing, prefix_memory)
+            KvPrefixHolders(
+                kv_feeds.index, kv_tokens, kv_feeds.publishing, prefix_memory, metrics.engine_input
+            )
             if kv_feeds is not None and kv_tokens is not None
             else None
         ),
+        refusals=metrics.engine_input,
     )
     slow_start = routing.slow_start
     registry.register(

@@ -2,7 +2,13 @@
 (its address from its supervisor's state, else its membership source), replay through the engine's
 replay socket on connect and after a sequence gap, a new engine process (its sequence starting over)
 clearing what the index held for it, and each subscription stopped when its endpoint leaves. Event
-intake runs beside the request path on the router's loop; nothing here is awaited by a request."""
+intake runs beside the request path on the router's loop; nothing here is awaited by a request.
+
+An engine's events are untrusted input: a message over `MAX_MESSAGE_BYTES` is dropped by ZMQ itself, and
+a batch that does not decode, falls outside `kv_event_bounds`, changes the engine's block size or fails in
+the index makes that engine's feed bad: its index entries are dropped (routing to it falls back to the
+prefix memory), the refusal is counted and logged once, and the feed is followed again after a pause
+that doubles each time, from the batch after the refused one (never a replay of it)."""
 
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ import zmq
 import zmq.asyncio
 
 from corral.aio import cancel_tasks
+from corral.engine.kv_event_bounds import MAX_MESSAGE_BYTES, BadKvEvents, check_batch
 from corral.engine.kv_events import (
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -30,12 +37,29 @@ from corral.engine.kv_events import (
 from corral.engine.kv_events_address import KvEventsAddress, parse_address
 from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.kv_index import KvIndex
+from corral.router.telemetry.engine_input import KV_EVENTS, EngineInputRefusals
 
 log = logging.getLogger("corral.router.kv_events")
 
 SYNC_SECONDS = 1.0
 REPLAY_TIMEOUT_SECONDS = 2.0
 BACKOFF_SECONDS = (0.5, 10.0)
+# A feed that sent a refused batch waits this long before it is followed again, doubling to the cap.
+PAUSE_SECONDS = (5.0, 300.0)
+# Messages the SUB socket queues unread: a second of scheduler steps; with MAX_MESSAGE_BYTES, at most
+# 256 MiB queued should the router fall behind a hostile publisher.
+RECEIVE_QUEUE = 64
+# Batches one replay may bring: vLLM buffers `buffer_steps` (10,000 by default); more is not a replay.
+MAX_REPLAY_BATCHES = 200_000
+
+
+class FeedRefused(Exception):
+    """The engine sent batch `seq` and the router refuses it (`reason`: how, for the counter)."""
+
+    def __init__(self, seq: int, reason: str, why: str) -> None:
+        super().__init__(why)
+        self.seq = seq
+        self.reason = reason
 
 
 def kv_events_text(endpoint: Endpoint) -> str | None:
@@ -56,10 +80,14 @@ def kv_events_address(endpoint: Endpoint) -> KvEventsAddress:
 
 def apply_batch(index: KvIndex, url: str, batch: KVEventBatch) -> None:
     """One batch into the index. Only the GPU tier of the first KV cache group is indexed: the blocks
-    a request's prefill finds without a transfer."""
+    a request's prefill finds without a transfer. A block size other than the one the engine stated
+    (since its cache was last cleared) is BadKvEvents: one engine's cache group has one block size."""
     for event in batch.events:
         if isinstance(event, BlockStored):
             if event.group_idx in (None, 0) and event.medium in (None, MEDIUM_GPU):
+                stated = index.block_size(url)
+                if stated is not None and event.block_size != stated and index.holds_blocks(url):
+                    raise BadKvEvents(f"block_size {event.block_size} after this engine stated {stated}")
                 index.stored(
                     url,
                     event.block_hashes,
@@ -79,7 +107,12 @@ class EngineEvents:
     """One engine's subscription: the live stream, replays, and what it has seen (for /v1/fleet)."""
 
     def __init__(
-        self, ctx: zmq.asyncio.Context, endpoint: Endpoint, address: KvEventsAddress, index: KvIndex
+        self,
+        ctx: zmq.asyncio.Context,
+        endpoint: Endpoint,
+        address: KvEventsAddress,
+        index: KvIndex,
+        refusals: EngineInputRefusals | None = None,
     ) -> None:
         self.ctx = ctx
         self.endpoint = endpoint
@@ -97,6 +130,10 @@ class EngineEvents:
         self.lost = 0  # batches a gap lost that no replay could bring back
         self.restarts = 0
         self.bad = 0
+        self.refused = 0  # batches refused: each paused the feed
+        self.refusals = refusals
+        self.indexing = True  # False while paused after a refused batch: routing asks the prefix memory
+        self.pause = PAUSE_SECONDS[0]
         self.last_heard: float | None = None
         self.error: str | None = None
         self.task: asyncio.Task[None] | None = None
@@ -112,6 +149,10 @@ class EngineEvents:
                 await self._session()
             except asyncio.CancelledError:
                 raise
+            except FeedRefused as refused:
+                await self._paused(refused)
+                delay = BACKOFF_SECONDS[0]
+                continue
             except Exception as exc:  # any failure of one subscription is retried
                 self.error = f"{type(exc).__name__}: {exc}"
                 log.warning(
@@ -120,9 +161,35 @@ class EngineEvents:
             await asyncio.sleep(delay)
             delay = min(delay * 2, BACKOFF_SECONDS[1])
 
+    async def _paused(self, refused: FeedRefused) -> None:
+        """The engine sent a batch the router refuses: forget its blocks, pause, follow it again from
+        the batch after that one."""
+        self.refused += 1
+        if self.refusals is not None:
+            self.refusals.count(KV_EVENTS, refused.reason)
+        self.error = f"batch {refused.seq} refused: {refused}"
+        # once per feed: a hostile engine does not fill the log (the counter and /v1/fleet keep counting)
+        (log.warning if self.refused == 1 else log.debug)(
+            "KV events of %s: batch %d refused (%s); its blocks are dropped from the index and routing to "
+            "it uses the prefix memory; following it again in %.0f s",
+            self.url,
+            refused.seq,
+            refused,
+            self.pause,
+        )
+        self.indexing = False
+        self.index.forget(self.url)
+        self.last_seq, self._replayed = refused.seq, None
+        pause, self.pause = self.pause, min(self.pause * 2, PAUSE_SECONDS[1])
+        await asyncio.sleep(pause)
+        self.index.watch(self.url)
+        self.indexing = True
+
     async def _session(self) -> None:
         sub = self.ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        sub.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         try:
             sub.connect(self.address.endpoint)
@@ -164,15 +231,19 @@ class EngineEvents:
         self._apply(seq, payload)
 
     def _apply(self, seq: int, payload: bytes) -> None:
+        """One batch into the index, or FeedRefused (nothing an engine sends raises anything else)."""
         try:
             batch = decode_batch(payload)
         except ValueError as exc:
             self.bad += 1
-            if self.bad == 1:
-                log.warning("KV events of %s: %s", self.url, exc)
-            self.last_seq = seq
-            return
-        apply_batch(self.index, self.url, batch)
+            raise FeedRefused(seq, "undecodable", str(exc)) from None
+        try:
+            check_batch(batch)
+            apply_batch(self.index, self.url, batch)
+        except BadKvEvents as exc:
+            raise FeedRefused(seq, "out_of_bounds", str(exc)) from None
+        except Exception as exc:  # defence in depth: whatever the index cannot take costs this feed only
+            raise FeedRefused(seq, "index_error", f"{type(exc).__name__}: {exc}"[:300]) from None
         self.batches += 1
         self.last_seq = seq
 
@@ -182,7 +253,10 @@ class EngineEvents:
             return
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        dealer.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
         first: int | None = None
+        count = 0
         try:
             dealer.connect(self.address.replay)
             # a DEALER with no peer yet holds the send: bounded like each answer
@@ -192,6 +266,10 @@ class EngineEvents:
                 _, seq, payload = parse_published(frames[1:])
                 if seq < 0:
                     break
+                count += 1
+                if count > MAX_REPLAY_BATCHES:
+                    why = f"a replay of over {MAX_REPLAY_BATCHES} batches without its end"
+                    raise FeedRefused(seq, "replay_too_long", why)
                 first = seq if first is None else first
                 if self.last_seq is None or seq > self.last_seq:
                     self._apply(seq, payload)
@@ -221,6 +299,8 @@ class EngineEvents:
             "lost": self.lost,
             "restarts": self.restarts,
             "undecodable": self.bad,
+            "refused": self.refused,
+            "indexing": self.indexing,
             "heard_seconds_ago": None if self.last_heard is None else round(now - self.last_heard, 3),
             "error": self.error,
             "index": self.index.to_json(self.url),
@@ -240,8 +320,10 @@ class KvEventFeeds:
         index: KvIndex,
         endpoints: Callable[[], list[Endpoint]],
         sync_seconds: float = SYNC_SECONDS,
+        refusals: EngineInputRefusals | None = None,
     ) -> None:
         self.index = index
+        self.refusals = refusals
         self._endpoints = endpoints
         self.sync_seconds = sync_seconds
         self._feeds: dict[str, EngineEvents] = {}
@@ -302,7 +384,9 @@ class KvEventFeeds:
             seen.add(endpoint.url)
             if feed is not None:
                 self._drop(endpoint.url, "its address, engine or prefix epoch changed")
-            feed = self._feeds[endpoint.url] = EngineEvents(self._ctx, endpoint, address, self.index)
+            feed = self._feeds[endpoint.url] = EngineEvents(
+                self._ctx, endpoint, address, self.index, self.refusals
+            )
             feed.start()
         for url in [u for u in self._feeds if u not in seen]:
             self._drop(url, "it left membership or stopped publishing")
@@ -322,7 +406,9 @@ class KvEventFeeds:
             self._drop(url, why)
 
     def publishing(self, url: str) -> bool:
-        return url in self._feeds
+        """Whether routing reads `url`'s blocks from the index (its feed is followed and not paused)."""
+        feed = self._feeds.get(url)
+        return feed is not None and feed.indexing
 
     def to_json(self, url: str) -> dict[str, Any] | None:
         feed = self._feeds.get(url)

@@ -13,7 +13,9 @@ A lost stream is treated as "not confirmed": the endpoint leaves routing at once
 state the supervisor gave, never READY) and the task reconnects with backoff; on reconnect the first
 line is the supervisor's current state. A stream that is open but silent for `missed_heartbeats`
 heartbeat intervals counts as stale and is handled the same way (closed, reconnected). This is what
-lets a supervisor count a router whose stream closed as gone rather than wait for it.
+lets a supervisor count a router whose stream closed as gone rather than wait for it. A line longer
+than `state_line_bounds.MAX_LINE_BYTES`, or a state or operation line with a field past its bound, is
+handled the same way too: counted, the stream closed (the endpoint out of routing) and reconnected.
 
 Each subscription has its own task, every network call has a timeout, and acknowledgements run in
 tasks of their own, so a slow or dead supervisor delays nothing but its own endpoint.
@@ -34,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
+from aiohttp.http_exceptions import LineTooLong
 
 from corral.contracts.supervisor import (
     AckRequest,
@@ -45,15 +48,22 @@ from corral.contracts.supervisor import (
     decode_watch_line,
 )
 from corral.engine_state import EngineState
+from corral.router.discovery.state_line_bounds import (
+    MAX_LINE_BYTES,
+    StateLineRefused,
+    check_operation,
+    check_state_line,
+)
 from corral.router.membership.endpoint import Endpoint, SupervisorView
 from corral.router.membership.membership import Membership
+from corral.router.telemetry.engine_input import STATE_LINE
 from corral.router.telemetry.metrics import RouterMetrics
 from corral.supervisor_tokens import endpoint_pod_token
 
 log = logging.getLogger("corral.router.supervisor_stream")
 
 SOURCE = "supervisor"
-LINE_LIMIT = 1 << 20  # a state event carries evidence (a drain report): allow long lines
+LINE_LIMIT = MAX_LINE_BYTES  # a state event carries evidence (a drain report): allow long lines
 
 
 # The management token of an endpoint's supervisor (None: send none).
@@ -193,7 +203,10 @@ class SupervisorStreams:
             while True:
                 try:
                     async with asyncio.timeout(s.stale_after):
-                        raw = await resp.content.readline()
+                        raw = await resp.content.readline(max_line_length=LINE_LIMIT)
+                except LineTooLong:
+                    self._metrics.engine_input.count(STATE_LINE, "line_too_long")
+                    raise StreamBroken("lost", f"a line longer than {LINE_LIMIT} bytes") from None
                 except TimeoutError:
                     raise StreamBroken(
                         "stale", f"no line for {s.stale_after:g}s ({s.missed_heartbeats} heartbeats missed)"
@@ -211,6 +224,14 @@ class SupervisorStreams:
                         log.warning("supervisor %s sent an unusable state line: %r", view.url, exc.line)
                         first = False
                     continue
+                try:
+                    if isinstance(line, StateLine):
+                        check_state_line(line)
+                    elif isinstance(line, OperationLine):
+                        check_operation(line.operation)
+                except StateLineRefused as exc:
+                    self._metrics.engine_input.count(STATE_LINE, "out_of_bounds")
+                    raise StreamBroken("lost", f"state line refused: {exc}") from None
                 if isinstance(line, StateLine):
                     self._operation(endpoint, view, line.operation)
                     self._apply(endpoint, view, line, received, first)

@@ -1,10 +1,13 @@
 """`PrefixHolders` answered from the engines' KV-cache events: the share of a request's leading token
 blocks each endpoint holds, from the `KvIndex`, for the endpoints whose events the router follows; the
 others are asked of the approximate memory (`fallback`), so a fleet that half publishes events still
-routes by prefix everywhere."""
+routes by prefix everywhere. Reading the index never fails a request: should it raise (what engines
+sent is untrusted; the feeds refuse what is out of bounds, this is the second line), the pick asks the
+memory for every endpoint, counted and logged once."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Sequence
 
 from corral.router.membership.endpoint import Endpoint
@@ -12,6 +15,9 @@ from corral.router.routing.kv_index import KvIndex
 from corral.router.routing.prefix_holders import PrefixHolders
 from corral.router.routing.prompt_tokens import PromptTokens
 from corral.router.routing.request import RouteRequest
+from corral.router.telemetry.engine_input import EngineInputRefusals
+
+log = logging.getLogger("corral.router.kv_events")
 
 _DERIVED = "kv_chains"  # block size -> the request's content keys, under RouteRequest.derived
 _TOKENS = "kv_tokens"  # the request's token ids (None: no single prompt)
@@ -27,11 +33,18 @@ class KvPrefixHolders:
         tokenizer: PromptTokens,
         publishing: Callable[[str], bool],
         fallback: PrefixHolders,
+        refusals: EngineInputRefusals | None = None,
     ) -> None:
         self.index = index
         self.tokenizer = tokenizer
         self.publishing = publishing
         self.fallback = fallback
+        self.refusals = refusals if refusals is not None else EngineInputRefusals()
+
+    def _failed(self, exc: Exception) -> None:
+        self.refusals.kv_fallbacks += 1
+        if self.refusals.kv_fallbacks == 1:
+            log.error("KV index failed a pick (%s: %s); the prefix memory answered", type(exc).__name__, exc)
 
     def _chain(self, request: RouteRequest, block_size: int) -> list[int]:
         """The content keys of the prompt's full blocks of `block_size` tokens, computed once per request
@@ -52,6 +65,13 @@ class KvPrefixHolders:
         return chain
 
     def held(self, request: RouteRequest, pool: Sequence[Endpoint]) -> list[float]:
+        try:
+            return self._held(request, pool)
+        except Exception as exc:  # never a 500: the memory answers for every endpoint
+            self._failed(exc)
+            return self.fallback.held(request, pool)
+
+    def _held(self, request: RouteRequest, pool: Sequence[Endpoint]) -> list[float]:
         shares = [0.0] * len(pool)
         others: list[int] = []
         longest: dict[int, tuple[int, dict[str, int]]] = {}  # block size -> (blocks, held per url)
@@ -77,8 +97,12 @@ class KvPrefixHolders:
         return shares
 
     def holders(self, request: RouteRequest) -> Iterator[str]:
-        block_size = self.index.common_block_size()
-        held = self.index.longest(self._chain(request, block_size)) if block_size is not None else {}
+        try:
+            block_size = self.index.common_block_size()
+            held = self.index.longest(self._chain(request, block_size)) if block_size is not None else {}
+        except Exception as exc:
+            self._failed(exc)
+            held = {}
         # deepest first: a pick on a large fleet scores only the first few holders
         deepest = sorted((item for item in held.items() if item[1]), key=lambda item: -item[1])
         yield from (url for url, _ in deepest)
@@ -86,9 +110,12 @@ class KvPrefixHolders:
 
     def sent(self, request: RouteRequest, endpoint: Endpoint) -> None:
         url = endpoint.url
-        if self.publishing(url):
-            block_size = self.index.block_size(url) or self.index.common_block_size()
-            if block_size is not None:
-                self.index.sent(url, self._chain(request, block_size))
+        try:
+            if self.publishing(url):
+                block_size = self.index.block_size(url) or self.index.common_block_size()
+                if block_size is not None:
+                    self.index.sent(url, self._chain(request, block_size))
+        except Exception as exc:
+            self._failed(exc)
         # the approximate memory learns every pick too: it answers at once if the events stop
         self.fallback.sent(request, endpoint)

@@ -6,8 +6,15 @@ parent's key, its token ids), the first block's parent being the LoRA root. Each
 hashes are translated to content keys as its events arrive (a BlockStored names the parent's engine
 hash and carries the token ids), so the router needs neither the engines' hash seed (vLLM's NONE_HASH
 is random unless PYTHONHASHSEED is set) nor their hash algorithm, and every engine's blocks share one
-key space. Memory is bounded: at most `blocks_per_engine` blocks per engine and `total_blocks` in all,
-the oldest an engine reported dropped first.
+key space.
+
+Memory is bounded in bytes, not only in blocks: every entry has a bounded size (an engine's hash is kept
+as the 64-bit int vLLM's events carry by default, a digest sent as bytes is folded to its low 64 bits as
+vLLM folds it), at most `blocks_per_engine` blocks per engine and `total_blocks` in all (the oldest an
+engine reported dropped first), and adapter names at most `MAX_LORAS_PER_ENGINE` per engine and
+`MAX_LORAS` in all, each held while some engine holds blocks under it. Clearing or forgetting an engine
+gives its memory back: its names' references, and the holders table rebuilt once it is mostly empty
+(a dict never shrinks by deletion alone).
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ from dataclasses import dataclass, field
 from hashlib import blake2b
 from itertools import islice
 from typing import Any
+
+from corral.engine.kv_events import external_hash
 
 # A real engine's GPU cache holds tens of thousands of blocks; 200k covers a large one's whole cache.
 DEFAULT_BLOCKS_PER_ENGINE = 200_000
@@ -30,6 +39,12 @@ _EVICT_SHARE = 8
 # How long a block the router sent a request to counts as held before the engine's events confirm it.
 DEFAULT_PENDING_SECONDS = 5.0
 DEFAULT_PENDING_LIMIT = 65_536
+# Adapter names the index keeps (a name is the root of its blocks' chains): vLLM serves a few dozen
+# adapters at once; blocks under a name beyond these are not indexed (counted in `unindexed`).
+MAX_LORAS_PER_ENGINE = 1024
+MAX_LORAS = 16_384
+# Rebuild the holders table when it holds less than this share of the most it held.
+_SHRINK_SHARE = 4
 
 BASE_ROOT = 0
 
@@ -58,13 +73,15 @@ class _Engine:
 
     url: str
     slot: int
-    blocks: dict[Hashable, int] = field(default_factory=dict)
+    blocks: dict[int, int] = field(default_factory=dict)
     block_size: int | None = None
+    loras: set[str] = field(default_factory=set)  # adapter names it stored blocks under
     stored: int = 0
     removed: int = 0
     cleared: int = 0
     orphans: int = 0  # BlockStored whose parent the index does not hold: not reachable from a root
     evicted: int = 0  # blocks dropped for the caps, not by the engine
+    unindexed: int = 0  # blocks under an adapter name beyond the names' caps
 
     @property
     def bit(self) -> int:
@@ -98,7 +115,9 @@ class KvIndex:
         # content key -> (bitmask of engines a request was just sent to, when that hold lapses)
         self._pending: dict[int, tuple[int, float]] = {}
         self._total = 0
-        self._lora_roots: dict[str, int] = {}
+        self._holders_peak = 0  # the most content keys held since the table was last rebuilt
+        # adapter name -> (its chain root, how many engines hold blocks under it)
+        self._lora_roots: dict[str, tuple[int, int]] = {}
 
     # -- ingestion -------------------------------------------------------------------------------
 
@@ -118,20 +137,26 @@ class KvIndex:
         block_size: int,
         lora_name: str | None = None,
     ) -> int:
-        """An engine stored full blocks (one BlockStored); returns how many the index now holds from it."""
+        """An engine stored full blocks (one BlockStored); returns how many the index now holds from it.
+        Hashes are vLLM's ints or digests as bytes (folded to their low 64 bits, as vLLM folds them)."""
+        if block_size < 1:
+            return 0  # the feed refuses such an event (kv_event_bounds); never a zero step below
         engine = self._engine(url)
         engine.block_size = block_size
         if parent_hash is None:
-            parent = self.root(lora_name)
+            parent = self._hold_root(engine, lora_name, len(block_hashes))
+            if parent is None:
+                return 0
         else:
-            known = engine.blocks.get(parent_hash)
+            known = engine.blocks.get(_int_hash(parent_hash))
             if known is None:
                 engine.orphans += len(block_hashes)
                 return 0
             parent = known
         holders, blocks, bit, alone = self._holders, engine.blocks, engine.bit, ~engine.slot
         added = 0
-        for i, engine_hash in enumerate(block_hashes):
+        for i, raw_hash in enumerate(block_hashes):
+            engine_hash = raw_hash if type(raw_hash) is int else _int_hash(raw_hash)
             tokens = token_ids[i * block_size : (i + 1) * block_size]
             if len(tokens) < block_size:
                 break  # a malformed event: fewer tokens than blocks
@@ -149,6 +174,8 @@ class KvIndex:
                 holders[parent] = (1 << ~held if held < 0 else held) | bit
         engine.stored += added
         self._total += added
+        if len(holders) > self._holders_peak:
+            self._holders_peak = len(holders)
         if len(blocks) > self.blocks_per_engine:
             self._evict(engine, len(blocks) - self.blocks_per_engine)
         if self._total > self.total_blocks:
@@ -157,12 +184,40 @@ class KvIndex:
         return added
 
     def root(self, lora_name: str | None) -> int:
+        """The chain root of blocks under `lora_name` (computed, not kept)."""
         if not lora_name:
             return BASE_ROOT
-        root = self._lora_roots.get(lora_name)
-        if root is None:
-            root = self._lora_roots[lora_name] = lora_root(lora_name)
+        known = self._lora_roots.get(lora_name)
+        return known[0] if known is not None else lora_root(lora_name)
+
+    def _hold_root(self, engine: _Engine, lora_name: str | None, blocks: int) -> int | None:
+        """The root of `engine`'s blocks under `lora_name`, the name held for it from now on; None when
+        the names' caps leave no room for a new one (those blocks are not indexed)."""
+        if not lora_name:
+            return BASE_ROOT
+        if lora_name in engine.loras:
+            return self._lora_roots[lora_name][0]
+        known = self._lora_roots.get(lora_name)
+        full = known is None and len(self._lora_roots) >= MAX_LORAS
+        if full or len(engine.loras) >= MAX_LORAS_PER_ENGINE:
+            engine.unindexed += blocks
+            return None
+        root = known[0] if known is not None else lora_root(lora_name)
+        self._lora_roots[lora_name] = (root, 1 if known is None else known[1] + 1)
+        engine.loras.add(lora_name)
         return root
+
+    def _release_loras(self, engine: _Engine) -> None:
+        roots = self._lora_roots
+        for name in engine.loras:
+            root, engines = roots[name]
+            if engines > 1:
+                roots[name] = (root, engines - 1)
+            else:
+                del roots[name]
+        engine.loras = set()
+        if not roots:
+            self._lora_roots = {}  # a dict never shrinks by deletion: give the table back
 
     def removed(self, url: str, block_hashes: Sequence[Hashable]) -> int:
         """An engine evicted blocks (one BlockRemoved); returns how many the index dropped."""
@@ -171,7 +226,7 @@ class KvIndex:
             return 0
         dropped = 0
         for engine_hash in block_hashes:
-            key = engine.blocks.pop(engine_hash, None)
+            key = engine.blocks.pop(engine_hash if type(engine_hash) is int else _int_hash(engine_hash), None)
             if key is not None:
                 self._release(key, engine.bit)
                 dropped += 1
@@ -200,6 +255,11 @@ class KvIndex:
             self._release(key, bit)
         self._total -= len(engine.blocks)
         engine.blocks = {}
+        engine.block_size = None  # a new engine process states its own
+        self._release_loras(engine)
+        if len(self._holders) * _SHRINK_SHARE < self._holders_peak:
+            self._holders = dict(self._holders)
+            self._holders_peak = len(self._holders)
 
     def _release(self, key: int, bit: int) -> None:
         held = self._holders.get(key)
@@ -239,8 +299,8 @@ class KvIndex:
     def root_of_model(self, model: str) -> int:
         """The chain root of a request for `model`: a LoRA adapter's when engines stored blocks under
         that name, else the base model's."""
-        root = self._lora_roots.get(model)
-        return BASE_ROOT if root is None else root
+        known = self._lora_roots.get(model)
+        return BASE_ROOT if known is None else known[0]
 
     def chain(self, token_ids: Sequence[int], block_size: int, root: int = BASE_ROOT) -> list[int]:
         return content_chain(token_ids, block_size, root)
@@ -251,6 +311,10 @@ class KvIndex:
 
     def indexes(self, url: str) -> bool:
         return url in self._engines
+
+    def holds_blocks(self, url: str) -> bool:
+        engine = self._engines.get(url)
+        return engine is not None and bool(engine.blocks)
 
     def block_size(self, url: str) -> int | None:
         engine = self._engines.get(url)
@@ -331,5 +395,16 @@ class KvIndex:
             "cleared": engine.cleared,
             "orphans": engine.orphans,
             "evicted": engine.evicted,
+            "unindexed": engine.unindexed,
+            "adapters": len(engine.loras),
             "capacity": self.blocks_per_engine,
         }
+
+
+def _int_hash(block_hash: Hashable) -> int:
+    """An engine's block hash as the index keeps it: vLLM's int, or a digest's low 64 bits."""
+    if type(block_hash) is int:
+        return block_hash
+    if isinstance(block_hash, bytes):
+        return external_hash(block_hash)
+    return hash(block_hash)  # only the index's own tests pass other values

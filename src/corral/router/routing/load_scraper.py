@@ -8,6 +8,10 @@ GETs (`corral.engine.page_get`): at a thousand engines a general-purpose client'
 of a scrape's cost. Only the few gauges routing needs are read, from the answer's bytes without
 decoding the page: requests running and waiting (summed over data-parallel engines), KV-cache usage
 (the highest), and the LoRA adapters running.
+
+A page is an engine's untrusted input: over `MAX_PAGE_BYTES` (the rest is not read), `MAX_PAGE_LINES`
+lines or a routing line over `MAX_LINE_BYTES`, it costs that engine this scrape (its last load ages into
+staleness), counted on the router's `/metrics` and logged once until the engine's page is read again.
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ from collections.abc import Callable
 
 from corral.aio import cancel_tasks
 from corral.engine import metric_names as m
-from corral.engine.metrics_text import Sample, samples
-from corral.engine.page_get import KEEPALIVE_SECONDS, PageClient
+from corral.engine.metrics_text import LineTooLong, Sample, samples
+from corral.engine.page_get import KEEPALIVE_SECONDS, PageClient, PageTooLarge
 from corral.engine_state import EngineState
 from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.load_board import EngineLoad, LoadBoard
+from corral.router.telemetry.engine_input import METRICS_PAGE, EngineInputRefusals
 
 log = logging.getLogger("corral.router.engine_metrics")
 
@@ -38,13 +43,35 @@ DEFAULT_BUDGET = 50.0
 # Metrics older than this many scrape periods count as saturated (unless the config fixes stale_after).
 STALE_PERIODS = 5.0
 MIN_STALE_SECONDS = 0.5
+# A real vLLM page (tests/data/vllm-samples/metrics.body): 54 KB, 663 lines, the longest 1,063 bytes. Sixteen
+# data-parallel ranks and every adapter combination `lora_requests_info` kept are ~20x that; these
+# bounds are ~150x it, so only a page no engine writes is refused.
+MAX_PAGE_BYTES = 8 << 20
+MAX_PAGE_LINES = 100_000
+MAX_LINE_BYTES = 64 << 10  # a lora_requests_info line lists the adapters running: up to max_loras names
+
+
+class PageRefused(ValueError):
+    """A page outside the bounds; `reason` names which, for the counter."""
+
+    def __init__(self, reason: str, why: str) -> None:
+        super().__init__(why)
+        self.reason = reason
 
 
 def parse_engine_metrics(text: bytes, now: float) -> EngineLoad:
+    """The load a page says; PageRefused when it is outside the bounds."""
+    lines = text.count(b"\n")
+    if lines > MAX_PAGE_LINES:
+        raise PageRefused("too_many_lines", f"{lines} lines (at most {MAX_PAGE_LINES})")
     load = EngineLoad(at=now)
     adapters: frozenset[str] = frozenset()
     latest_lora = -1.0
-    for sample in samples(text, _ROUTING_GAUGES):
+    try:
+        found = list(samples(text, _ROUTING_GAUGES, max_line_bytes=MAX_LINE_BYTES))
+    except LineTooLong as exc:
+        raise PageRefused("line_too_long", str(exc)) from None
+    for sample in found:
         name, value = sample.name, sample.value
         if name == m.RUNNING:
             load.running += value
@@ -81,6 +108,7 @@ class LoadScraper:
         budget: float = DEFAULT_BUDGET,
         stale_after: float | None = None,
         tick: float | None = None,
+        refusals: EngineInputRefusals | None = None,
     ) -> None:
         if budget <= 0:
             raise ValueError(f"scrape budget {budget!r}: give scrapes per second, > 0")
@@ -101,6 +129,8 @@ class LoadScraper:
         self.scrapes = 0
         self.failures = 0
         self.skipped = 0  # turns passed because the engine's previous scrape had not ended
+        self.refusals = refusals if refusals is not None else EngineInputRefusals()
+        self._refusing: set[str] = set()  # engines whose last page was refused (logged once)
 
     def period_for(self, engines: int) -> float:
         """Seconds between two scrapes of each of `engines` engines: `interval`, or longer when the
@@ -108,7 +138,7 @@ class LoadScraper:
         return max(self.interval, engines / self.budget)
 
     async def start(self) -> None:
-        self._client = PageClient(self.timeout)
+        self._client = PageClient(self.timeout, max_bytes=MAX_PAGE_BYTES)
         self._loop_task = asyncio.create_task(self._run(), name="engine-metrics-scraper")
 
     async def stop(self) -> None:
@@ -156,6 +186,7 @@ class LoadScraper:
         loads = self.board.loads
         for url in [u for u in loads if u not in live]:
             del loads[url]
+        self._refusing &= live
         self._round = [e for e in endpoints if e.state is EngineState.READY]
         self._cursor = 0
         self._credit %= 1.0  # what the last round earned beyond its engines is not spent in a burst
@@ -184,14 +215,31 @@ class LoadScraper:
         assert self._client is not None
         try:
             status, text = await self._client.get(url, "/metrics")
+        except PageTooLarge as exc:
+            self._refused(url, PageRefused("too_large", str(exc)))
+            return
         except (TimeoutError, ConnectionError) as exc:
             self._failed(url, str(exc) or type(exc).__name__)
             return
         if status != 200:
             self._failed(url, f"GET /metrics answered {status}")
             return
-        self.board.loads[url] = parse_engine_metrics(text, time.monotonic())
+        try:
+            self.board.loads[url] = parse_engine_metrics(text, time.monotonic())
+        except PageRefused as exc:
+            self._refused(url, exc)
+            return
         self.scrapes += 1
+        if url in self._refusing:
+            self._refusing.discard(url)
+            log.info("metrics of %s read again", url)
+
+    def _refused(self, url: str, exc: PageRefused) -> None:
+        self.failures += 1
+        self.refusals.count(METRICS_PAGE, exc.reason)
+        if url not in self._refusing:
+            self._refusing.add(url)
+            log.warning("metrics page of %s refused: %s; its load ages into staleness", url, exc)
 
     def _failed(self, url: str, why: str) -> None:
         self.failures += 1

@@ -18,6 +18,7 @@ from corral.router.routing.prefix_holders import PrefixHolders
 from corral.router.routing.prefix_memory import PrefixMemory
 from corral.router.routing.request import Policy, RouteRequest
 from corral.router.routing.slow_start import SlowStart
+from corral.router.telemetry.engine_input import EngineInputRefusals
 
 log = logging.getLogger("corral.router.scoring")
 
@@ -98,6 +99,7 @@ class Routing:
         prefix_memory: PrefixMemory | None = None,
         slow_start_seconds: float = 0.0,
         prefix_holders: PrefixHolders | None = None,
+        refusals: EngineInputRefusals | None = None,
     ) -> None:
         self.config = config
         self.board = LoadBoard(stale_after=config.stale_seconds())
@@ -133,6 +135,7 @@ class Routing:
                 config.scrape_interval,
                 budget=config.scrape_budget,
                 stale_after=config.stale_after,
+                refusals=refusals,
             )
             if needs
             else None

@@ -16,6 +16,7 @@ from prometheus_client.core import (
 
 from corral.contracts.traffic import RequestCounts
 from corral.metric_families import labelled_counter
+from corral.router.telemetry.engine_input import EngineInputRefusals
 from corral.router.telemetry.histogram import Histogram
 from corral.router.telemetry.pd_metrics import PdMetrics
 
@@ -59,6 +60,8 @@ class RouterMetrics:
         self.stream_failures_by_tokens: dict[tuple[str, str, str], int] = {}
         # Prefill/decode disaggregation: per-leg latency, transfer time, pairs, failures by leg.
         self.pd = PdMetrics()
+        # What engines and supervisors sent that the router refused (issue 27).
+        self.engine_input = EngineInputRefusals()
 
     def count_request(self, model: str, code: int) -> None:
         key = (model, code)
@@ -267,6 +270,7 @@ class RouterCollector:
             m.ttft,
         )
         yield from m.pd.families()
+        yield from m.engine_input.families()
 
 
 def _histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
