@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from corral.engine import metric_names as names
-from tests.integration.test_router_passthrough import SIM_ARGS, post, wait_routable
+from tests.integration.test_router_passthrough import SIM_ARGS, wait_routable
 from tests.support import hostile_engine
 from tests.support.procs import CorralProcess, free_port, start_sim
 from tests.support.prom import sample, scrape
@@ -58,6 +58,13 @@ def router(server: str, *args: str, routable: int = 1) -> tuple[CorralProcess, s
     proc.wait_http(url + "/v1/fleet")
     wait_routable(proc, url, routable)
     return proc, url
+
+
+async def post(
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    async with session.post(url, data=orjson.dumps(body), headers=headers) as resp:
+        return resp.status, dict(resp.headers), await resp.read()
 
 
 def hostile(engines: list[subprocess.Popen[bytes]], mode: str = "plain") -> str:
@@ -107,7 +114,7 @@ async def test_a_clients_params_never_steer_a_nixl_kv_both_engine(
             ):
                 for params in (pin, pull):
                     for stream in (False, True):
-                        body = {"model": MODEL, **shape, "max_tokens": 3, "stream": stream}
+                        body: dict[str, Any] = {"model": MODEL, **shape, "max_tokens": 3, "stream": stream}
                         body["kv_transfer_params"] = params
                         status, _, answer = await post(s, url + path, body)
                         assert status == 200, answer
