@@ -71,6 +71,7 @@ class LeanConnection(asyncio.Protocol):
         self._rechunk = False
         self._in_head = False  # between a request's first byte and its headers' end (after: trailers)
         self._raw = False  # after an Upgrade/CONNECT head: every byte is aiohttp's, unparsed here
+        self._upgrade_head = b""
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -103,7 +104,7 @@ class LeanConnection(asyncio.Protocol):
             # after it, unparsed here, so that aiohttp reads them as that request's body, as it would
             # have alone (issue 27: a request hidden in the body was served)
             self._raw = True
-            self._to_inner(data[upgrade.args[0] :])
+            self._to_inner(self._upgrade_head + data[upgrade.args[0] :])
         except (httptools.HttpParserError, Malformed) as exc:
             self._refuse(exc)
         if self._task is not None and (len(self._queue) > 1 or self._handoff):
@@ -192,7 +193,11 @@ class LeanConnection(asyncio.Protocol):
             *[f"{k}: {v}\r\n" for k, v in self._headers],
             "\r\n",
         ]
-        self._to_inner("".join(lines).encode("latin-1"))
+        written = "".join(lines).encode("latin-1")
+        if upgrade:  # given to aiohttp with the bytes after it, in one read, as aiohttp alone reads them
+            self._upgrade_head = written
+        else:
+            self._to_inner(written)
 
     def on_body(self, body: bytes) -> None:
         if self._parsing is not None:
