@@ -139,7 +139,10 @@ async def test_a_prefill_engine_is_never_paired_with_another_vllm_version(procs:
         status, headers, answer = await post(s, url + "/v1/chat/completions", chat(4, stream=False))
         assert status == 503 and int(str(headers["Retry-After"])) >= 1
         message = orjson.loads(answer)["error"]["message"]
-        assert p_url in message and old_url in message and "vLLM version" in message
+        assert "vLLM version" in message and "127.0.0.1" not in message  # the engines: in the log only
+        assert headers["X-Request-Id"] in message
+    logged = [line for line in router.output().splitlines() if headers["X-Request-Id"] in line]
+    assert len(logged) == 1 and p_url in logged[0] and old_url in logged[0], router.output()
     assert metric(p_url, names.GENERATION_TOKENS) == 0  # no prefill leg for a pair that cannot be
 
     start_pd_sims(procs, ("kv_consumer", "0.33.0"), port=new_port)
