@@ -43,6 +43,7 @@ from corral.router.routing.kv_index import KvIndex
 from corral.router.routing.prefix_memory import PrefixMemory
 from corral.router.routing.prompt_tokens import prompt_tokens
 from corral.router.routing.selector import Routing
+from corral.router.routing.worker_journal import route_as_one
 from corral.router.serving.server import HotPath
 from corral.router.telemetry.endpoint_series import endpoint_series
 from corral.router.telemetry.metrics import RouterCollector, RouterMetrics
@@ -261,6 +262,8 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
         ),
         refusals=metrics.engine_input,
     )
+    if config.worker is not None and config.worker.journals is not None:  # the host's workers route as one
+        route_as_one(config.worker.journals, config.worker.index, membership, routing, prefix_memory)
     slow_start = routing.slow_start
     registry.register(
         RouterCollector(metrics, membership.endpoints, slow_start.weights if slow_start.enabled else None)

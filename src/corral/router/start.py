@@ -41,6 +41,7 @@ from corral.router.edge.parse_errors import ParseErrorLog
 from corral.router.membership.membership import Membership
 from corral.router.routing.config import PolicyConfigError, RoutingConfig, load_routing_config
 from corral.router.routing.prompt_tokens import prompt_tokens
+from corral.router.routing.worker_journal import WorkerJournals
 from corral.router.serving.server import LeanServer
 from corral.router.workers import WorkerPool, WorkerSlot, cpu_limit, reserve_port
 from corral.supervisor_tokens import FleetKeyError, TokenFileError, read_fleet_key, read_management_token
@@ -261,7 +262,8 @@ def serve_workers(config: RouterConfig, host: str, port: int, shutdown_timeout: 
             base_id,
             count,
         )
-        return WorkerPool(count, worker_main, Path(run_dir), shutdown_timeout).run()
+        journals = WorkerJournals(count)  # shared by the forked workers: they route as one
+        return WorkerPool(count, worker_main, Path(run_dir), shutdown_timeout, journals).run()
 
 
 def _per_pod_tokens(key_file: Path | None, token_file: Path | None, discovery: str) -> TokenFor | None:

@@ -1,6 +1,8 @@
 """`corral router --workers N`: N router processes sharing one listening port (SO_REUSEPORT, each its
-own socket), each a replica with an id of its own (`ROUTER_ID/wK`), forked, restarted and drained by
-the parent process, whose exit code says whether every worker ran and drained cleanly."""
+own socket), each with an id of its own (`ROUTER_ID/wK`) at the supervisors, forked, restarted and
+drained by the parent process, whose exit code says whether every worker ran and drained cleanly. The
+parent makes the shared memory through which the workers route as one (`routing.worker_journal`)
+before it forks them."""
 
 from __future__ import annotations
 
@@ -17,6 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # `--help` imports no routing
+    from corral.router.routing.worker_journal import WorkerJournals
 
 log = logging.getLogger("corral.router.workers")
 
@@ -58,6 +64,8 @@ class WorkerSlot:
     count: int
     run_dir: Path  # private to this router (0700): each worker's metrics socket
     restarted: bool = False  # a restart: a failure before it listens does not stop its siblings
+    # the workers' shared routing state (picks, in-flight counts), made by the parent before forking
+    journals: WorkerJournals | None = None
 
     @property
     def name(self) -> str:
@@ -112,8 +120,16 @@ class WorkerPool:
     """The parent: forks `count` workers running `main`, restarts one that dies (backing off when it dies
     young), and on SIGTERM/SIGINT sends SIGTERM to every worker and waits for each to drain."""
 
-    def __init__(self, count: int, main: WorkerMain, run_dir: Path, shutdown_timeout: float) -> None:
+    def __init__(
+        self,
+        count: int,
+        main: WorkerMain,
+        run_dir: Path,
+        shutdown_timeout: float,
+        journals: WorkerJournals | None = None,
+    ) -> None:
         self.count = count
+        self.journals = journals
         self.main = main
         self.run_dir = run_dir
         self.shutdown_timeout = shutdown_timeout
@@ -140,7 +156,7 @@ class WorkerPool:
         self._close_in_child += [wake_read, wake_write]
         try:
             for index in range(1, self.count + 1):
-                self._start(WorkerSlot(index, self.count, self.run_dir))
+                self._start(WorkerSlot(index, self.count, self.run_dir, journals=self.journals))
             while self._workers or (self._due and self._exit_code is None):
                 for key, _ in self._selector.select(self._timeout()):
                     if key.data is None:
@@ -166,6 +182,8 @@ class WorkerPool:
     # -- starting ------------------------------------------------------------------------------
 
     def _start(self, slot: WorkerSlot) -> None:
+        if self.journals is not None:  # its siblings skip what an earlier life of it wrote
+            self.journals.new_incarnation(slot.index)
         ready_read, ready_write = os.pipe()
         parent = os.getpid()
         pid = os.fork()
@@ -252,6 +270,8 @@ class WorkerPool:
             self._selector.unregister(worker.ready_fd)
             os.close(worker.ready_fd)
         slot, how = worker.slot, _how(code)
+        if self.journals is not None:  # its siblings drop what it had in flight
+            self.journals.new_incarnation(slot.index)
         if self._exit_code is not None:  # stopping: each must drain cleanly
             if code != 0:
                 self._failed.append(f"{slot.name} (pid {worker.pid}) {how} while draining")
@@ -294,7 +314,8 @@ class WorkerPool:
         for index, when in list(self._due.items()):
             if when <= now:
                 del self._due[index]
-                self._start(replace(WorkerSlot(index, self.count, self.run_dir), restarted=True))
+                slot = WorkerSlot(index, self.count, self.run_dir, journals=self.journals)
+                self._start(replace(slot, restarted=True))
 
 
 def _note_signal(signum: int, frame: FrameType | None) -> None:

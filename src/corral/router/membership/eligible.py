@@ -27,8 +27,9 @@ class EligibleSet(list[Endpoint]):
         super().__init__(members)
         self.key = key
         self.valid_until = valid_until
-        # The sum of the members' `in_flight`, kept by `Endpoint.in_flight`'s setter while attached.
-        self.in_flight = sum(e.in_flight for e in self)
+        # The sum of the members' `host_in_flight` (this host's workers' requests), kept by
+        # `Endpoint.in_flight`'s setter and `sibling_in_flight` while attached.
+        self.in_flight = sum(e.host_in_flight for e in self)
         self.newest_start = max((e.routable_from for e in self), default=-math.inf)
         self._by_url: dict[str, Endpoint] | None = None
 

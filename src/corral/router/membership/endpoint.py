@@ -85,7 +85,8 @@ class SupervisorView:
 
 
 class Endpoint:
-    """A backend engine. `in_flight` is the router's own count of requests it has open there."""
+    """A backend engine. `in_flight` is the router's own count of requests it has open there;
+    `host_in_flight` adds those of its sibling workers on the host (`--workers N`), what routing reads."""
 
     __slots__ = (
         "_in_flight",
@@ -95,12 +96,14 @@ class Endpoint:
         "ejected_until",
         "group",
         "group_out",
+        "host_in_flight",
         "kv_events",
         "last_event_version",
         "model_cards",
         "models",
         "name",
         "on_eject",
+        "on_in_flight",
         "probed_pairing",
         "ramp_earned",
         "ramp_start",
@@ -177,6 +180,12 @@ class Endpoint:
         self.ramp_earned = 0.0
         self.settle()
         self._in_flight = 0
+        # `in_flight` plus the sibling workers' requests open here (`routing.worker_journal`): the count
+        # the policies and the load bound read, so a host's workers balance one load; `in_flight` with
+        # one worker.
+        self.host_in_flight = 0
+        # Told of each change of `in_flight` (url, count), for the sibling workers; None with one worker.
+        self.on_in_flight: Callable[[str, int], None] | None = None
         # The eligible sets (membership.eligible) it is in, whose in-flight totals follow its own.
         self.tallies: tuple[Any, ...] = ()
         # Told of each ejection (membership rebuilds its eligible sets then); None outside membership.
@@ -197,13 +206,23 @@ class Endpoint:
 
     @property
     def in_flight(self) -> int:
-        """The router's requests open here; setting it keeps its eligible sets' totals (O(1) load bound)."""
+        """The router's requests open here; setting it keeps `host_in_flight` and its eligible sets'
+        totals (O(1) load bound), and tells the sibling workers."""
         return self._in_flight
 
     @in_flight.setter
     def in_flight(self, count: int) -> None:
         change = count - self._in_flight
         self._in_flight = count
+        self.host_in_flight += change
+        for tally in self.tallies:
+            tally.in_flight += change
+        if self.on_in_flight is not None:
+            self.on_in_flight(self.url, count)
+
+    def sibling_in_flight(self, change: int) -> None:
+        """A sibling worker's requests open here changed by `change`."""
+        self.host_in_flight += change
         for tally in self.tallies:
             tally.in_flight += change
 

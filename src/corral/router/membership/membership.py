@@ -89,6 +89,9 @@ class Membership:
         # Whether any endpoint has ever had a prefill or decode role (declared or from its
         # supervisor): until then every request takes the aggregated path without looking at roles.
         self.roles_seen = False
+        # Told of each change of an endpoint's `in_flight` (url, count): the sibling workers of
+        # `--workers N` count it (`routing.worker_journal`); None with one worker.
+        self.on_in_flight: Callable[[str, int], None] | None = None
 
     # -- changes (from sources) -------------------------------------------------------------
 
@@ -98,6 +101,7 @@ class Membership:
             return existing
         self._endpoints[endpoint.url] = endpoint
         endpoint.on_eject = self._eligible.clear
+        endpoint.on_in_flight = self.on_in_flight
         self.note_role(endpoint.declared_role)
         log.info("endpoint %s added (%s): %s", endpoint.url, endpoint.state, reason)
         if endpoint.group is not None:

@@ -39,7 +39,7 @@ HOLDERS_SCORED = 2
 def in_flight_total(candidates: Sequence[Endpoint]) -> int:
     if isinstance(candidates, EligibleSet):
         return candidates.in_flight
-    return sum(e.in_flight for e in candidates)
+    return sum(e.host_in_flight for e in candidates)
 
 
 def load_bound(candidates: Sequence[Endpoint], eps: float) -> int:
@@ -49,7 +49,7 @@ def load_bound(candidates: Sequence[Endpoint], eps: float) -> int:
 def within_load_bound(candidates: Sequence[Endpoint], eps: float) -> list[Endpoint]:
     """The candidates that may take one more request and stay within the bound."""
     bound = load_bound(candidates, eps)
-    return [e for e in candidates if e.in_flight < bound]
+    return [e for e in candidates if e.host_in_flight < bound]
 
 
 def candidates_for(
@@ -105,7 +105,7 @@ def first_holders(
         e = members.get(url)
         if e is None:
             continue
-        if bound is None or e.in_flight < bound:
+        if bound is None or e.host_in_flight < bound:
             under.append(e)
             if len(under) == limit:
                 return under

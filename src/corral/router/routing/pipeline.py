@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.filters import candidates_for, favored, load_bound
@@ -93,6 +93,9 @@ class ScoredPolicy:
         self._recent = next((s for s, _ in self.scorers if isinstance(s, RecentScorer)), None)
         # Over the bound, an engine that reports room keeps its prefixes; by ring, the bound is strict.
         self._room_counts = placement == "headroom"
+        # Told of each pick (request, endpoint, whether the prefix holders learnt it): the sibling workers
+        # of `--workers N` learn it too (`worker_journal`); None with one worker.
+        self.on_pick: Callable[[RouteRequest, Endpoint, bool], None] | None = None
 
     @property
     def uses_metrics(self) -> bool:
@@ -118,11 +121,11 @@ class ScoredPolicy:
             bound = load_bound(candidates, self.eps)
         among = candidates if among is None else among
         if not self._room_counts:
-            return [e for e in among if e.in_flight < bound]
+            return [e for e in among if e.host_in_flight < bound]
         board = self.board
         pool = []
         for e in among:
-            if e.in_flight < bound:
+            if e.host_in_flight < bound:
                 pool.append(e)
                 continue
             load = board.fresh(e.url, now)
@@ -162,4 +165,11 @@ class ScoredPolicy:
             self._prefix.learn(chosen, ctx)
         if self._recent is not None:
             self._recent.picked(chosen, ctx.now)
+        if self.on_pick is not None:
+            self.on_pick(request, chosen, self._prefix is not None and self._prefix.holders is not None)
         return chosen
+
+    def recent_pick(self, endpoint: Endpoint, now: float) -> None:
+        """A sibling worker picked `endpoint` with this policy: it counts among the recent picks."""
+        if self._recent is not None:
+            self._recent.picked(endpoint, now)

@@ -52,7 +52,7 @@ class LeastRequest:
             j += 1
         a = candidates[i]
         b = candidates[j]
-        return b if b.in_flight < a.in_flight else a
+        return b if b.host_in_flight < a.host_in_flight else a
 
 
 class SessionAffinity:
@@ -73,7 +73,7 @@ class SessionAffinity:
         ring = self._rings.ring(candidates)
         bound = load_bound(candidates, self.eps)
         for endpoint in ring.walk(stable_hash(session)):
-            if endpoint.in_flight < bound:
+            if endpoint.host_in_flight < bound:
                 return endpoint
         # Unreachable: the bound is at least the mean after placement, so some endpoint is under it.
-        return min(candidates, key=lambda e: e.in_flight)
+        return min(candidates, key=lambda e: e.host_in_flight)

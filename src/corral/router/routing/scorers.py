@@ -201,13 +201,14 @@ class KvUsageScorer:
 
 
 class InFlightScorer:
-    """Fewer of this router's own requests open at the engine is better. Always current (no scrape),
-    but blind to other router replicas' traffic; the queue scorer sees that, a scrape late."""
+    """Fewer of this router's requests open at the engine (all of its workers' on this host) is better.
+    Always current (no scrape), but blind to other router replicas' traffic; the queue scorer sees
+    that, a scrape late."""
 
     name = "in_flight"
 
     def score(self, pool: Sequence[Endpoint], ctx: PickContext) -> list[float]:
-        flights = [e.in_flight for e in pool]
+        flights = [e.host_in_flight for e in pool]
         worst = max(flights) + 1
         return [1.0 - f / worst for f in flights]
 

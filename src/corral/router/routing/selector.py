@@ -121,7 +121,9 @@ class Routing:
             raise PolicyConfigError(f"unknown policy {default!r}; known: {', '.join(sorted(policies))}")
         self.selector = PolicySelector(policies, default, config.models, config.header)
         ramp = config.slow_start_seconds if config.slow_start_seconds is not None else slow_start_seconds
-        self.policy = self.slow_start = SlowStart(self.selector, ramp, config.slow_start_models)
+        self.slow_start = SlowStart(self.selector, ramp, config.slow_start_models)
+        # what the data path picks with (with `--workers N`, reading the sibling workers' picks first)
+        self.policy: Policy = self.slow_start
         in_use = {default, *config.models.values()}
         # Scrape only when a configured policy reads engine metrics; a header naming a scored policy
         # on a router that does not scrape still gets prefix affinity and the load bound.
