@@ -69,7 +69,7 @@ def post(nonce: str, extra: bytes = b"") -> bytes:
 
 
 def get(path: str) -> bytes:
-    return b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path.encode()
+    return b"GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" % path.encode()  # admin routes want a loopback Host
 
 
 async def read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
