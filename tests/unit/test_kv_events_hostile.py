@@ -5,6 +5,7 @@ never fails a pick."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import msgspec
@@ -102,12 +103,22 @@ def test_each_hostile_field_is_refused_by_the_bounds(event: BlockStored, match: 
         check_batch(batch)
 
 
-def test_nesting_past_the_decoders_recursion_is_a_value_error_without_the_payload() -> None:
+@pytest.mark.parametrize("limit", [None, 20_000])
+def test_nesting_past_the_decoders_recursion_is_a_value_error_without_the_payload(limit: int | None) -> None:
+    """Also in a process whose recursion limit was raised (a library may): msgspec's decoder would then
+    nest as deep as the limit lets it, and past the C stack's depth crash the process."""
     payload = b"".join(_deep_array(5000)) + b"\xa1x"  # [[[...["x"]...]]] written without recursion
     event = _raw_payload(_raw_stored(extra_keys=[["PLACEHOLDER"]]))
     payload = event.replace(msgspec.msgpack.encode("PLACEHOLDER"), payload)
-    with pytest.raises(ValueError, match="nested too deep") as info:
-        decode_batch(payload)
+    saved = sys.getrecursionlimit()
+    if limit is not None:
+        sys.setrecursionlimit(limit)
+    try:
+        with pytest.raises(ValueError, match="nested too deep") as info:
+            decode_batch(payload)
+        assert sys.getrecursionlimit() == (limit or saved)  # given back as it was
+    finally:
+        sys.setrecursionlimit(saved)
     assert "9191" not in str(info.value)  # no payload bytes in the message
 
 

@@ -14,6 +14,7 @@ import hashlib
 import importlib
 import json
 import pickle
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -93,13 +94,42 @@ def decode_batch(payload: bytes) -> KVEventBatch:
     (never the payload's bytes: an engine's events are untrusted input). Every failure of the decoder is
     that ValueError, nesting too deep for it (a RecursionError) included."""
     try:
-        return _DECODER.decode(payload)
+        with _nesting_capped():
+            return _DECODER.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, ValueError, TypeError) as exc:
         why = "nested too deep" if isinstance(exc, RecursionError) else str(exc)[:200]
         raise ValueError(
             f"KV event payload of {len(payload)} bytes is not a vLLM event batch: {why}; "
             "the publisher must be vLLM >= 0.32 (or `corral sim`) with --kv-events-config"
         ) from None
+
+
+# How deep the decoder may nest below its caller. msgspec's C decoder stops at the interpreter's recursion
+# limit (a RecursionError), and only there: a process that raised the limit (a library may) would let a
+# hostile payload nest until the C stack overflows. vLLM's events nest a few levels (extra_keys tuples).
+DECODE_NESTING = 256
+
+
+class _nesting_capped:
+    """Lowers the recursion limit to the caller's depth + DECODE_NESTING for one synchronous decode."""
+
+    __slots__ = ("_saved",)
+
+    def __init__(self) -> None:
+        self._saved = 0
+
+    def __enter__(self) -> None:
+        depth, frame = 0, sys._getframe()
+        while frame.f_back is not None:
+            depth, frame = depth + 1, frame.f_back
+        cap = depth + DECODE_NESTING
+        self._saved = sys.getrecursionlimit()
+        if self._saved > cap:
+            sys.setrecursionlimit(cap)
+
+    def __exit__(self, *exc: object) -> None:
+        if sys.getrecursionlimit() != self._saved:
+            sys.setrecursionlimit(self._saved)
 
 
 # ZMQ framing. The PUB socket sends (topic, seq, payload): seq counts from 0, 8 bytes big-endian. The
