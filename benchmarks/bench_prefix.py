@@ -342,10 +342,12 @@ def corral_router(
     out: Path,
     tag: str,
     kv_events: list[str] | None = None,
+    workers: int = 1,
 ) -> Proc:
-    """A router over the sims; with `kv_events` (each sim's event address), it reads their KV events."""
+    """A router over the sims; with `kv_events` (each sim's event address), it reads their KV events;
+    `workers` router processes on one port (`--workers`, 1 by default: one router process)."""
     argv = [sys.executable, "-m", "corral", "router", "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--policy", policy, "--log-level", "warning", "--workers", "1"]  # one router process
+    argv += ["--policy", policy, "--log-level", "warning", "--workers", str(workers)]
     if config is not None:
         argv += ["--policy-config", str(config)]
     if kv_events is None:
@@ -463,6 +465,7 @@ def main() -> None:
             ("corral prefix", "corral", "prefix"),
             ("corral prefix (ring)", "corral", "prefix-ring"),
             ("corral prefix x2 replicas", "corral2", "prefix"),
+            ("corral prefix --workers 2", "corral-w2", "prefix"),
         ]
         if events is not None:
             targets += [
@@ -496,10 +499,13 @@ def main() -> None:
                     ring = policy == "prefix-ring"
                     kv = events if kind.endswith("-kv") else None
                     for r in range(2 if kind.startswith("corral2") else 1):
-                        tag = f"prefix-corral-{policy}{'-kv' if kv else ''}-{r}"
+                        workers = 2 if kind == "corral-w2" else 1
+                        tag = f"prefix-corral-{policy}{'-kv' if kv else ''}-w{workers}-{r}"
                         cfg = ring_config if ring else config
                         routers.append(
-                            corral_router(free_port(), sims, "prefix" if ring else policy, cfg, out, tag, kv)
+                            corral_router(
+                                free_port(), sims, "prefix" if ring else policy, cfg, out, tag, kv, workers
+                            )
                         )
                     for router in routers:
                         wait_ready(router, "/health")
