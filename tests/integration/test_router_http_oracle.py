@@ -13,6 +13,7 @@ ran and how many diverged; CORRAL_HTTP_FUZZ_EXAMPLES sets its budget (scripts/fu
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import time
@@ -24,6 +25,7 @@ from typing import Any
 from urllib.request import urlopen
 
 import h11
+import h11._readers
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -181,6 +183,35 @@ def test_a_request_hidden_in_an_upgrade_requests_body_is_never_served(routers: R
 
 
 @pytest.mark.parametrize("server", ["lean", "aiohttp"])
+def test_a_request_hidden_in_a_connect_body_is_never_served(routers: Routers, server: str) -> None:
+    """llhttp reads the bytes after a CONNECT head as the tunnel's; once the router declined the tunnel,
+    aiohttp parsed them as new requests, so a request hidden in a CONNECT's declared body was served
+    (on both sides: the lean server handed CONNECT to aiohttp with its bytes). The router opens no
+    tunnel: 400, `Connection: close`, and nothing after the CONNECT head is parsed."""
+    side = routers.side(server)
+    side.seen()
+    hidden = inference("hidden-in-connect")
+    attack = b"CONNECT example.com:443 HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(hidden),
+        hidden,
+    )
+    for before in (b"", HEALTH_ANSWER):  # and after a first request (the lean server handed off)
+        client = Client(side)
+        client.sock.settimeout(5)  # the old code kept the connection open: read what came by then
+        client.send(before + attack)
+        answers = []
+        while (got := client.answer()) is not None:
+            answers.append(got)
+        client.close()
+        assert [entry["body"] for entry in side.seen()] == [], "the hidden request reached the engine"
+        assert [status for status, _, _ in answers] == [200] * bool(before) + [400], answers
+        assert client.closed, "the connection stays open after a CONNECT"
+        refusal = answers[-1]
+        assert refusal[1].get("connection", "").lower() == "close", refusal[1]
+        assert b"CONNECT is not served" in refusal[2], refusal[2]
+
+
+@pytest.mark.parametrize("server", ["lean", "aiohttp"])
 def test_a_chunked_bodys_trailers_never_reach_the_engine_as_headers(routers: Routers, server: str) -> None:
     """Issue 27, finding 7: the lean server appended a chunked body's trailers to the request's
     headers. Trailers are dropped (as aiohttp drops them), on the lean path and across the hand-off."""
@@ -231,11 +262,51 @@ NORMALIZATIONS = {
     "nothing after it is compared",
     "ctl_in_value": "a control character (not HTAB) in a header value: h11 accepts it; the router "
     "answers 400 naming the header and forwards nothing (RFC 9110 §5.5: not a valid field value)",
+    "obs_text_value": "a header value with bytes over 0x7F (obs-text, which RFC 9110 §5.5 keeps for old "
+    "senders only): h11 accepts it; the router answers 400 naming the header and forwards nothing",
     "partial_head": "a stream that ends inside a head: llhttp refuses a bad line as soon as it has it, "
     "h11 waits for the whole head; 'open' and 'refused' are both correct",
     "obs_fold": "obs-fold (a header line continued on the next): RFC 9112 §5.2 lets a server refuse it "
     "(400) or replace it with SP; h11 replaces, llhttp refuses",
+    "cl_duplicates": "Content-Length twice with the same value, or as a list of one value (`N, N`): RFC "
+    "9110 §8.6 lets a recipient reject it or take the one value; h11 takes it, both routers refuse (400)",
+    "te_and_cl": "Transfer-Encoding and Content-Length together: RFC 9112 §6.1 lets a server reject the "
+    "request (it ought to close after it anyway); h11 takes Transfer-Encoding, both routers refuse (400)",
+    "chunk_grammar": "a chunk-size line outside RFC 9112 §7.1's grammar (whitespace after the size without "
+    "an extension, an extension name that is not a token): h11 accepts it, llhttp refuses; the oracle "
+    "holds chunk lines to the RFC",
+    "declared_too_large": "a Content-Length over --max-body-size: answered 413 from the head, without "
+    "reading the body (RFC 9110 §15.5.14), then the connection closes",
+    "answered_before_body": "a request the router does not forward (not an inference path, or a declared "
+    "body over the limit) is answered from its head: a stream that ends inside its body has its answer",
 }
+# RFC 9112 §7.1: chunk = chunk-size [ chunk-ext ] CRLF, chunk-ext = *( BWS ";" BWS chunk-ext-name
+# [ BWS "=" BWS chunk-ext-val ] ), names and values tokens or quoted strings
+_TOKEN = rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+"
+_QUOTED = rb'"(?:[\t !#-\[\]-~\x80-\xff]|\\[\t -~\x80-\xff])*"'
+_BWS = rb"[ \t]*"
+_CHUNK_LINE = re.compile(
+    rb"(?P<chunk_size>[0-9A-Fa-f]{1,20})(?P<chunk_ext>(?:%s;%s%s(?:%s=%s(?:%s|%s))?)*)\r\n"
+    % (_BWS, _BWS, _TOKEN, _BWS, _BWS, _TOKEN, _QUOTED)
+)
+_STRICTER: set[str] = set()  # the normalizations the stricter chunk lines applied in this oracle() call
+
+
+class _RfcChunkLine:
+    """h11's chunk-line pattern (h11._readers.chunk_header_re) held to RFC 9112 §7.1: h11 takes
+    whitespace after the size and any bytes in an extension. Counted where only h11's matched."""
+
+    lenient = h11._readers.chunk_header_re
+
+    def fullmatch(self, line: bytes) -> re.Match[bytes] | None:
+        match = _CHUNK_LINE.fullmatch(line)
+        if match is None and self.lenient.fullmatch(line):
+            _STRICTER.add("chunk_grammar")
+        return match
+
+
+h11._readers.chunk_header_re = _RfcChunkLine()  # type: ignore[assignment]  # the oracle only
+
 COUNTS: dict[str, int] = {"cases": 0, "divergences": 0, **dict.fromkeys(NORMALIZATIONS, 0)}
 AIOHTTP_DIVERGENCES: dict[str, int] = {}
 
@@ -257,6 +328,7 @@ class Verdict:
     answers: int = 0  # final answers the router owes before the ending
     at_boundary: bool = False  # open: the stream ended between requests (not inside one)
     in_head: bool = False  # open: the stream ended inside a request's head
+    answered_early: bool = False  # open: inside the body of a request the router answers from its head
 
 
 def oracle(stream: bytes) -> tuple[Verdict, set[str]]:
@@ -268,15 +340,32 @@ def oracle(stream: bytes) -> tuple[Verdict, set[str]]:
     answers = 0
     request: h11.Request | None = None
     body = bytearray()
+    head = b""
+    early = False
+    _STRICTER.clear()
     try:
         while True:
+            if conn.their_state is h11.IDLE:
+                head = bytes(conn._receive_buffer)  # the next request's head starts here (raw checks)
             event = conn.next_event()
             if event is h11.NEED_DATA:
                 idle = conn.their_state is h11.IDLE
                 boundary = idle and not conn.trailing_data[0]
-                return Verdict(tuple(forwarded), "open", answers, boundary, idle and not boundary), applied
+                in_body = conn.their_state is h11.SEND_BODY
+                verdict = Verdict(
+                    tuple(forwarded), "open", answers, boundary, idle and not boundary, in_body and early
+                )
+                return verdict, applied
             if isinstance(event, h11.Request):
                 request, body = event, bytearray()
+                raw = _head_lines(head)
+                lengths = [v for k, v in raw if k == b"content-length"]
+                if len(lengths) > 1 or any(b"," in v for v in lengths):
+                    applied.add("cl_duplicates")
+                    return Verdict(tuple(forwarded), "refused", answers), applied
+                if lengths and any(k == b"transfer-encoding" for k, _ in raw):
+                    applied.add("te_and_cl")
+                    return Verdict(tuple(forwarded), "refused", answers), applied
                 if event.method == b"CONNECT":
                     applied.add("connect")
                     return Verdict(tuple(forwarded), "refused", answers), applied
@@ -290,6 +379,10 @@ def oracle(stream: bytes) -> tuple[Verdict, set[str]]:
                 if any(k == b"x-fold" for k, _ in event.headers):  # only ever folded
                     applied.add("obs_fold")
                     return Verdict(tuple(forwarded), "refused", answers), applied
+                if lengths and int(lengths[0]) > MAX_BODY:
+                    applied.add("declared_too_large")
+                    return Verdict(tuple(forwarded), "closed", answers + 1), applied
+                early = event.method != b"POST" or event.target != INFERENCE
             elif isinstance(event, h11.Data):
                 body += event.data
             elif isinstance(event, h11.EndOfMessage):
@@ -301,6 +394,9 @@ def oracle(stream: bytes) -> tuple[Verdict, set[str]]:
                 unsendable = any(_ctl(v) for _, v in request.headers.raw_items())
                 if unsendable:
                     applied.add("ctl_in_value")
+                elif not all(v.isascii() for _, v in request.headers.raw_items()):
+                    unsendable = True
+                    applied.add("obs_text_value")
                 if not unsendable and _forwardable(request, bytes(body)):
                     probe = next((v.decode("latin-1") for k, v in request.headers if k == b"x-probe"), None)
                     forwarded.append(Forwarded("POST", INFERENCE.decode(), bytes(body), probe))
@@ -318,7 +414,13 @@ def oracle(stream: bytes) -> tuple[Verdict, set[str]]:
             elif event is h11.PAUSED:
                 return Verdict(tuple(forwarded), "open", answers), applied
     except h11.RemoteProtocolError:
-        return Verdict(tuple(forwarded), "refused", answers), applied
+        return Verdict(tuple(forwarded), "refused", answers), applied | _STRICTER
+
+
+def _head_lines(head: bytes) -> list[tuple[bytes, bytes]]:
+    """A raw head's header lines as (lowercased name, stripped value), before h11 merges any."""
+    lines = head.lstrip(b"\r\n").replace(b"\r\n", b"\n").split(b"\n\n", 1)[0].split(b"\n")[1:]
+    return [(k.strip().lower(), v.strip()) for k, _, v in (line.partition(b":") for line in lines)]
 
 
 def _ctl(value: bytes) -> bool:
@@ -563,8 +665,17 @@ def compare(expected: Verdict, got: Verdict) -> str | None:
         if expected.in_head and got.ending in ("answered 400", "refused"):
             COUNTS["partial_head"] += 1
             return None
+        if expected.answered_early and got.ending.startswith("answered "):
+            COUNTS["answered_before_body"] += 1
+            return None
         return f"ended {got.ending!r}, expected {expected.ending!r}"
     return None
+
+
+def _shown(stream: bytes) -> str:
+    """`stream` for a failure report: runs of one byte (bodies' padding, big headers) shortened."""
+    text = stream.decode("latin-1")
+    return repr(re.sub(r"(.)\1{15,}", lambda m: f"<{m[1]}*{len(m[0])}>", text))
 
 
 def _short(forwarded: tuple[Forwarded, ...]) -> list[tuple[str, int, str | None]]:
@@ -574,8 +685,11 @@ def _short(forwarded: tuple[Forwarded, ...]) -> list[tuple[str, int, str | None]
 # aiohttp's own divergences from h11, which the lean server does not share; each is noted in
 # /tmp/notes for the lead, not hidden: the test fails on any other
 AIOHTTP_KNOWN = {
-    "connect": "aiohttp reads the bytes after a CONNECT head (its declared body) as new requests once "
-    "the router declines the tunnel",
+    "refused_read": "a malformed request in the same socket read as valid ones before it: aiohttp's "
+    "parser raises for the whole read, so the valid ones are neither forwarded nor answered, only the "
+    "400 (never more than the oracle forwards; RFC 9112 §9.3.2: a client retries unanswered requests)",
+    "lingering": "after refusing a request whose body has not all arrived (413 from the declared length), "
+    "aiohttp reads and drops the rest of that body for up to its lingering time (10 s) before closing",
 }
 
 
@@ -610,14 +724,19 @@ def test_both_server_sides_forward_exactly_what_h11_accepts(routers: Routers) ->
         lean_why, aio_why = compare(expected, on_lean.result()), compare(expected, on_aio.result())
         if lean_why is not None:
             COUNTS["divergences"] += 1
-            failures.append(f"lean: {lean_why}\n  stream {stream[:600]!r}")
+            failures.append(f"lean: {lean_why}\n  stream {_shown(stream)}")
         if aio_why is not None:
-            known = [name for name in AIOHTTP_KNOWN if name in applied]
-            kind = known[0] if known else "other"
+            got = on_aio.result()
+            kind = "other"
+            if expected.ending == "refused" and got.forwarded == expected.forwarded[: len(got.forwarded)]:
+                kind = "refused_read"
+            elif expected.ending == "closed" and got.ending == "still open after []":
+                kind = "lingering" if got.forwarded == expected.forwarded else "other"
+            known = kind != "other"
             AIOHTTP_DIVERGENCES[kind] = AIOHTTP_DIVERGENCES.get(kind, 0) + 1
             if not known:
                 COUNTS["divergences"] += 1
-                failures.append(f"aiohttp: {aio_why}\n  stream {stream[:600]!r}")
+                failures.append(f"aiohttp: {aio_why}\n  stream {_shown(stream)}")
 
     try:
         check()
@@ -629,7 +748,7 @@ def test_both_server_sides_forward_exactly_what_h11_accepts(routers: Routers) ->
             f"({time.monotonic() - started:.0f} s); normalized: {normalized}; "
             f"aiohttp's own known divergences: {AIOHTTP_DIVERGENCES or 'none'}"
         )
-        for failure in failures[:10]:
+        for failure in failures[:40]:
             print(failure)
     assert not failures, failures[:3]
 

@@ -41,6 +41,9 @@ PIPELINE_DEPTH = 16  # requests parsed ahead of their answer before the connecti
 # requests fit; one larger body ahead waits in the client's socket, not in the router. The request
 # being answered is not counted: its body (up to --max-body-size) is complete before any byte ahead.
 HELD_AHEAD = 1024 * 1024
+# Given to aiohttp in place of a request the lean server refused after the hand-off: aiohttp refuses it
+# (400, close) after the answers it owes, as it refuses a malformed request of its own
+REFUSED_FOR_AIOHTTP = b"\x00 malformed request refused by the router\r\n\r\n"
 
 
 class LeanConnection(asyncio.Protocol):
@@ -61,6 +64,7 @@ class LeanConnection(asyncio.Protocol):
         self._headers: Headers = []
         self._seen: set[str] = set()
         self._refusal: bytes | None = None  # a malformed request's 400, written after earlier answers
+        self._malformed: LeanRequest | None = None  # the queued request whose body was malformed
         self._write_paused = False
         self._corked: list[bytes] | None = None
         self._drained: asyncio.Future[None] | None = None
@@ -72,6 +76,8 @@ class LeanConnection(asyncio.Protocol):
         self._in_head = False  # between a request's first byte and its headers' end (after: trailers)
         self._raw = False  # after an Upgrade/CONNECT head: every byte is aiohttp's, unparsed here
         self._upgrade_head = b""
+        self._closing = False  # the handed-off request being parsed ends the connection
+        self._ended = False  # a request that ends the connection was read: nothing after it is parsed
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -85,8 +91,8 @@ class LeanConnection(asyncio.Protocol):
         server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
-        if self.transport is None or self._refusal is not None:
-            return
+        if self.transport is None or self._refusal is not None or self._ended:
+            return  # after a request that ends the connection, the rest is never parsed (as aiohttp)
         self.last_read = now = self._server.now()
         if self.phase is Phase.IDLE:
             self.phase, self.since, self.header_bytes = Phase.HEADER, now, 0
@@ -99,6 +105,9 @@ class LeanConnection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
+            if self._ended:  # CONNECT: its head alone goes to aiohttp (400, close); the rest is dropped
+                self._to_inner(self._upgrade_head)
+                return
             # llhttp skips an Upgrade/CONNECT request's body and would parse the bytes after the head
             # as new requests: the head went to aiohttp (on_headers_complete), and so does every byte
             # after it, unparsed here, so that aiohttp reads them as that request's body, as it would
@@ -106,7 +115,8 @@ class LeanConnection(asyncio.Protocol):
             self._raw = True
             self._to_inner(self._upgrade_head + data[upgrade.args[0] :])
         except (httptools.HttpParserError, Malformed) as exc:
-            self._refuse(exc)
+            if not self._ended:  # else bytes after a request that ends the connection: never parsed
+                self._refuse(exc)
         if self._task is not None and (len(self._queue) > 1 or self._handoff):
             self._hold_back()
 
@@ -188,6 +198,7 @@ class LeanConnection(asyncio.Protocol):
         # aiohttp's from here on: the head written again as it came (after an Upgrade/CONNECT head,
         # the rest of the connection as it came: data_received)
         self._rechunk = "transfer-encoding" in self._seen and not upgrade
+        self._closing = not upgrade and not parser.should_keep_alive()
         lines = [
             f"{method} {target} HTTP/{version}\r\n",
             *[f"{k}: {v}\r\n" for k, v in self._headers],
@@ -196,6 +207,10 @@ class LeanConnection(asyncio.Protocol):
         written = "".join(lines).encode("latin-1")
         if upgrade:  # given to aiohttp with the bytes after it, in one read, as aiohttp alone reads them
             self._upgrade_head = written
+            # ... but never after a CONNECT: llhttp reads what follows as a tunnel, aiohttp parses it
+            # as new requests once the tunnel is declined (a request hidden in the body was served);
+            # corral.router.edge.no_tunnels answers it 400 and closes, and nothing after it is parsed
+            self._ended = method == "CONNECT"
         else:
             self._to_inner(written)
 
@@ -208,20 +223,28 @@ class LeanConnection(asyncio.Protocol):
             self._to_inner(body)
 
     def on_message_complete(self) -> None:
-        if self._parsing is not None:
-            self._parsing.finish()
+        request = self._parsing
+        if request is not None:
+            request.finish()
             self._parsing = None
-        elif self._rechunk:
+            if not request.keep_alive:
+                self._ended = True
+            return
+        if self._rechunk:
             self._to_inner(CHUNKED_END)
+        if self._closing:
+            self._ended = True
 
     # -- answering -------------------------------------------------------------------------------
 
     async def _serve(self) -> None:
         queue = self._queue
         keep_alive = True
+        answered: LeanRequest | None = None
         try:
             while queue and self.transport is not None and keep_alive:
-                keep_alive = await self._server.answer(self, queue[0])
+                answered = queue[0]
+                keep_alive = await self._server.answer(self, answered)
                 queue.popleft()
                 if self._read_paused and len(queue) <= PIPELINE_DEPTH // 2 and self.transport is not None:
                     if self._held() <= HELD_AHEAD // 2:
@@ -231,11 +254,11 @@ class LeanConnection(asyncio.Protocol):
             self._task = None
         if self.transport is None:
             return
-        if self._refusal is not None:
+        if self._refusal is not None and (keep_alive or answered is self._malformed):
             self.write(self._refusal)
             self._close()
         elif not keep_alive:
-            self._close()
+            self._close()  # a refusal of what came after this answer is never written (as aiohttp)
         elif self._handoff is not None:
             self._start_inner()
 
@@ -325,9 +348,13 @@ class LeanConnection(asyncio.Protocol):
                 more,
             )
         if self._parsing is not None:
+            self._malformed = self._parsing  # its answer is this refusal
             self._parsing.set_exception(ConnectionResetError("malformed request"))
         if self._handoff is not None:
-            self._close()  # aiohttp has the connection's earlier requests; it gets no more
+            # aiohttp has the connection's earlier requests and writes their answers: it is given a
+            # request it refuses (400, close) in this one's place, so that the refusal comes after them
+            self._to_inner(REFUSED_FOR_AIOHTTP)
+            self._ended = True
             return
         body = error_body(f"The request is malformed: {what}.", "BadRequestError", 400)
         self._refusal = (
