@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from multidict import CIMultiDict
 
 from corral.engine import metric_names as names
 from tests.integration.test_router_passthrough import SIM_ARGS, wait_routable
@@ -62,9 +63,10 @@ def router(server: str, *args: str, routable: int = 1) -> tuple[CorralProcess, s
 
 async def post(
     session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str] | None = None
-) -> tuple[int, dict[str, str], bytes]:
+) -> tuple[int, CIMultiDict[str], bytes]:
+    """Status, headers (case-insensitive, as HTTP's are: aiohttp spells some names its own way) and body."""
     async with session.post(url, data=orjson.dumps(body), headers=headers) as resp:
-        return resp.status, dict(resp.headers), await resp.read()
+        return resp.status, CIMultiDict(resp.headers), await resp.read()
 
 
 def hostile(engines: list[subprocess.Popen[bytes]], mode: str = "plain") -> str:
