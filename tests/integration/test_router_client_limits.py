@@ -117,7 +117,7 @@ def request_on(sock: socket.socket, raw: bytes) -> tuple[int, dict[str, str], by
 
 
 def get(path: str) -> bytes:
-    return f"GET {path} HTTP/1.1\r\nHost: router\r\n\r\n".encode()
+    return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
 
 
 def metric(url: str, name: str, **labels: str) -> float:
