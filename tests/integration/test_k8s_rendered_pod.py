@@ -9,8 +9,9 @@ The pod's IP is 127.0.0.31. The rendering binds the engine to 127.0.0.1, so the 
 reach it; the gate and the supervisor (rendered on 0.0.0.0) are bound to the pod IP here. What is
 checked: the engine answers only on loopback; the gate serves inference on the pod IP and refuses
 the development endpoints; the router reaches the pod only through the gate, with the token it
-derived itself and the engine's API key from its mounted Secret; the probes answer, the router's
-from a client without any key, while its admin routes want the admin key from its own Secret; the
+derived itself and the engine's API key from its mounted Secret, for tenants only (their API keys file
+from a Secret too); the probes answer, the router's from a client without any key, while its admin
+routes want the admin key from its own Secret; the
 preStop drain, with the init container's token, completes.
 
 The rendered router listens on 0.0.0.0, where its admin routes answer only the admin key. Here it
@@ -21,6 +22,7 @@ so it applies the pod network's rule (it trusts a loopback peer only on a loopba
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
 import socket
 import subprocess
@@ -50,6 +52,8 @@ def rendered(engine_port: int, supervisor_port: int, gate_port: int) -> tuple[An
     data["engine"]["port"] = engine_port
     data["supervisor"] = {"port": supervisor_port, "gate_port": gate_port}
     data["engine"]["secret_env"]["VLLM_API_KEY"] = {"secret_name": "vllm-key", "key": "api-key"}
+    # a router that sends the engines' key answers tenants only (render refuses it without their keys)
+    data["router"]["tenant_keys"] = {"secret_name": "router-tenants", "key": "tenants.yaml"}
     data["drain"]["propagation_seconds"] = 3  # short: the drain at the end should not take minutes
     data["drain"]["quiet_period_seconds"] = 0.3
     config = parse_config(data)
@@ -98,17 +102,21 @@ def test_rendered_engine_pod_and_router_work_together_through_the_gate(tmp_path:
 
     key_dir, token_dir = tmp_path / "fleet-key", short_tmp_dir()
     admin_dir, engine_key_dir = tmp_path / "router-admin", tmp_path / "engine-api-key"
-    for d in (key_dir, admin_dir, engine_key_dir):
+    tenants_dir = tmp_path / "router-tenants"
+    for d in (key_dir, admin_dir, engine_key_dir, tenants_dir):
         d.mkdir()
     (key_dir / config.token.key).write_text(os.urandom(32).hex())
-    admin_key, engine_key = os.urandom(32).hex(), os.urandom(32).hex()
+    admin_key, engine_key, tenant_key = os.urandom(32).hex(), os.urandom(32).hex(), os.urandom(32).hex()
     (admin_dir / config.router.admin_key.key).write_text(admin_key + "\n")  # as --from-literal=... leaves it
     (engine_key_dir / "api-key").write_text(engine_key)
+    digest = hashlib.sha256(tenant_key.encode()).hexdigest()
+    (tenants_dir / "tenants.yaml").write_text(f"- name: team-a\n  key_sha256: {digest}\n")
     paths = {
         "/etc/corral/fleet-key": str(key_dir),
         "/etc/corral/pod-token": str(token_dir),
         "/etc/corral/router-admin": str(admin_dir),
         "/etc/corral/engine-api-key": str(engine_key_dir),
+        "/etc/corral/router-tenants": str(tenants_dir),
         "/var/lib/corral": str(short_tmp_dir() / "state"),
     }
     # the engine container's VLLM_API_KEY is the Secret key the router mounts
@@ -204,8 +212,11 @@ def test_rendered_engine_pod_and_router_work_together_through_the_gate(tmp_path:
             assert endpoint["url"] == gate_url
             assert endpoint["supervisor"]["stream"] == "connected"
             body = {"model": config.model.served_name, "prompt": "hello", "max_tokens": 4}
-            # the client sends no key: the router sends the engine's own, from its mounted Secret
-            status, answer = post_json(router_url + "/v1/completions", body)
+            # a client without a tenant's key is refused; a tenant is served, the router sending the
+            # engine's own key from its mounted Secret (never the tenant's)
+            assert post_json(router_url + "/v1/completions", body)[0] == 401
+            assert post_json(router_url + "/v1/completions", body, engine_key)[0] == 401
+            status, answer = post_json(router_url + "/v1/completions", body, tenant_key)
             assert status == 200, answer
             assert orjson.loads(answer)["choices"][0]["text"]
             admitted = http_json(sup_url + "/v1/state", token=token)[1]
