@@ -33,7 +33,7 @@ from corral.router.edge.client_connections import ConnectionGuard
 from corral.router.edge.client_limit_flags import ClientLimits
 from corral.router.edge.client_limits import ClientLimitsCollector, ClientLimitStats, client_limits_middleware
 from corral.router.edge.expect_continue import expect_handler
-from corral.router.edge.no_tunnels import refuse_tunnels
+from corral.router.edge.refused_framing import refuse_framing
 from corral.router.edge.tenants import TenantCollector, TenantGate, Tenants, tenant_of
 from corral.router.membership.consumer import MembershipConsumer
 from corral.router.membership.membership import Membership, RoutingExit
@@ -218,9 +218,9 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
 
     app = web.Application(
         client_max_size=limits.max_body_bytes,  # 0: no limit; over it, request.read() raises 413
-        middlewares=[refuse_tunnels, limit_middleware, edge]
+        middlewares=[refuse_framing, limit_middleware, edge]
         if limits.watches_requests
-        else [refuse_tunnels, edge],
+        else [refuse_framing, edge],
     )
     app[CONNECTION_GUARD] = guard
     metrics = RouterMetrics()

@@ -209,7 +209,7 @@ class LeanConnection(asyncio.Protocol):
             self._upgrade_head = written
             # ... but never after a CONNECT: llhttp reads what follows as a tunnel, aiohttp parses it
             # as new requests once the tunnel is declined (a request hidden in the body was served);
-            # corral.router.edge.no_tunnels answers it 400 and closes, and nothing after it is parsed
+            # corral.router.edge.refused_framing answers it 400 and closes, and nothing after it is parsed
             self._ended = method == "CONNECT"
         else:
             self._to_inner(written)

@@ -10,6 +10,7 @@ from http import HTTPStatus
 from aiohttp import web
 
 from corral.router.datapath.exchange import Answer, Headers
+from corral.router.edge.refused_framing import coding_refusal
 
 MAX_LINE = 8190  # request target, header name, header value: aiohttp's limits
 MAX_HEADERS = 128
@@ -97,7 +98,8 @@ def check_header(name: bytes, value: bytes, seen: set[str], count: int) -> tuple
 
 
 def check_head(version: str, headers: Headers, seen: set[str]) -> None:
-    """What aiohttp refuses in a whole head that llhttp lets through."""
+    """What aiohttp refuses in a whole head that llhttp lets through, and a transfer coding other than
+    chunked (refused on the aiohttp side by corral.router.edge.refused_framing)."""
     if version == "1.1" and "host" not in seen:
         raise Malformed("Missing 'Host' header in request")
     if "transfer-encoding" in seen and version != "1.1":
@@ -108,3 +110,7 @@ def check_head(version: str, headers: Headers, seen: set[str]) -> None:
             raise Malformed("Invalid Content-Length")
         if "transfer-encoding" in seen:
             raise Malformed("Transfer-Encoding can't be present with Content-Length")
+    if "transfer-encoding" in seen:
+        why = coding_refusal(next(v for k, v in headers if k.lower() == "transfer-encoding"))
+        if why is not None:  # what the aiohttp side's first middleware refuses (edge.refused_framing)
+            raise Malformed(why)
