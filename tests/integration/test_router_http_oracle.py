@@ -721,7 +721,8 @@ def _short(forwarded: tuple[Forwarded, ...]) -> list[tuple[str, int, str | None]
 # aiohttp's own divergences from h11, which the lean server does not share; each is noted in
 # /tmp/notes for the lead, not hidden: the test fails on any other
 AIOHTTP_KNOWN = {
-    "refused_read": "a malformed request in the same socket read as valid ones before it: aiohttp's "
+    "refused_read": "a malformed request (or bytes after a request that closes the connection) in the same "
+    "socket read as valid ones before it: aiohttp's "
     "parser raises for the whole read, so the valid ones are neither forwarded nor answered, only the "
     "400 (never more than the oracle forwards; RFC 9112 §9.3.2: a client retries unanswered requests)",
 }
@@ -760,7 +761,10 @@ def test_both_server_sides_forward_exactly_what_h11_accepts(routers: Routers) ->
         if aio_why is not None:
             got = on_aio.result()
             kind = "other"
-            if expected.ending == "refused" and got.forwarded == expected.forwarded[: len(got.forwarded)]:
+            prefix = got.forwarded == expected.forwarded[: len(got.forwarded)]
+            fewer = len(got.forwarded) < len(expected.forwarded)
+            ended = got.ending == "refused" or got.ending.startswith("closed")
+            if prefix and (expected.ending == "refused" or (fewer and ended)):
                 kind = "refused_read"
             known = kind != "other"
             AIOHTTP_DIVERGENCES[kind] = AIOHTTP_DIVERGENCES.get(kind, 0) + 1
@@ -783,6 +787,7 @@ def test_both_server_sides_forward_exactly_what_h11_accepts(routers: Routers) ->
     assert not failures, failures[:3]
 
 
+UPGRADE_10_BODY = b'{"model":"nonce-model","prompt":"CASE"}'
 GZIP_BODY = b'{"model":"nonce-model","prompt":"CASE"}'
 # streams the fuzzer found diverging once, kept as regressions (each against the oracle on both sides)
 FOUND = {
@@ -793,6 +798,10 @@ FOUND = {
     "gzip_chunked_with_expect": b"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n"
     b"Content-Type: application/json\r\nX-Probe: CASE\r\nHost: x\r\nExpect: 100-continue\r\n\r\n"
     b"%x\r\n%s\r\n0\r\n\r\n" % (len(GZIP_BODY), GZIP_BODY),
+    # aiohttp's parser refuses Transfer-Encoding on HTTP/1.0, except on an upgrade request: forwarded
+    "te_on_http10_with_upgrade": b"POST /v1/completions HTTP/1.0\r\nUpgrade: foo\r\nConnection: Upgrade\r\n"
+    b"X-Probe: CASE\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"%x\r\n%s\r\n0\r\n\r\n" % (len(UPGRADE_10_BODY), UPGRADE_10_BODY),
     "ctl_in_a_header_value": b"POST /v1/completions HTTP/1.0\r\nHost: x\r\nX-Ctl: a\x01b\r\n"
     b'Content-Length: 12\r\n\r\n{"m":"CASE"}',
 }

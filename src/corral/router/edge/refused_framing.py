@@ -33,8 +33,11 @@ REFUSAL = (
 )
 
 
-def coding_refusal(transfer_encoding: str) -> str | None:
-    """Why a request with this Transfer-Encoding is refused, or None when it is exactly `chunked`."""
+def coding_refusal(transfer_encoding: str, http_10: bool = False) -> str | None:
+    """Why a request with this Transfer-Encoding is refused, or None when it is exactly `chunked` on
+    HTTP/1.1 (on HTTP/1.0 its framing is faulty, RFC 9112 §6.1)."""
+    if http_10:
+        return "Transfer-Encoding is not allowed before HTTP/1.1"
     if transfer_encoding.strip().lower() == "chunked":
         return None
     return (
@@ -50,7 +53,10 @@ async def refuse_framing(request: web.Request, handler: Handler) -> web.StreamRe
     coding = request.headers.get("Transfer-Encoding")
     if request.method != TUNNEL_METHOD and coding is None:
         return await handler(request)
-    why = REFUSAL if request.method == TUNNEL_METHOD else coding_refusal(coding or "")
+    if request.method == TUNNEL_METHOD:
+        why: str | None = REFUSAL
+    else:  # aiohttp's parser refuses TE on HTTP/1.0, but not on an upgrade request
+        why = coding_refusal(coding or "", request.version < (1, 1))
     if why is None:
         return await handler(request)
     refused = error_response(400, why, "BadRequestError")
