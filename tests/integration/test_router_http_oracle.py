@@ -268,7 +268,8 @@ NORMALIZATIONS = {
     "senders only): h11 accepts it; the router answers 400 naming the header and forwards nothing",
     "partial_head": "a stream that ends inside a head: llhttp refuses a bad line as soon as it has it, "
     "h11 waits for the whole head; 'open' and 'refused' are both correct, and so is closing without an "
-    "answer when what came cannot begin a request line (RFC 9112 §3: a method is a token)",
+    "answer when what came cannot begin a request line (RFC 9112 §3: a method is a token) or has a line "
+    "ended by a bare LF",
     "obs_fold": "obs-fold (a header line continued on the next): RFC 9112 §5.2 lets a server refuse it "
     "(400) or replace it with SP; h11 replaces, llhttp refuses",
     "cl_duplicates": "Content-Length twice with the same value, or as a list of one value (`N, N`): RFC "
@@ -286,6 +287,10 @@ NORMALIZATIONS = {
     "over the limit, a path the router answers itself): the server reads and drops the rest for a while "
     "before it closes (RFC 9112 §9.6's lingering close, aiohttp's 10 s), where the oracle closes at once; "
     "nothing more is forwarded either way",
+    "answered_then_broken": "a request the router answers from its head (a path it answers itself) whose "
+    "body then breaks its framing: the oracle refuses with a 400, but that request has its answer already "
+    "and a second one would be no valid HTTP; the server drains and closes (RFC 9112 §9.6) instead, "
+    "forwarding nothing",
     "answered_before_body": "a request the router does not forward (not an inference path, or a declared "
     "body over the limit) is answered from its head: a stream that ends inside its body has its answer",
 }
@@ -337,8 +342,10 @@ class Verdict:
     answers: int = 0  # final answers the router owes before the ending
     at_boundary: bool = False  # open: the stream ended between requests (not inside one)
     in_head: bool = False  # open: the stream ended inside a request's head
-    answered_early: bool = False  # open: inside the body of a request the router answers from its head
-    no_request_line: bool = False  # open inside a head whose bytes cannot begin a request line
+    # open or refused: inside the body of a request the router answers from its head
+    answered_early: bool = False
+    no_request_line: bool = False  # open inside a head that a parser may refuse already (no request
+    # line can begin so, or a line ends in a bare LF): closing without an answer is correct too
 
 
 def oracle(stream: bytes) -> tuple[Verdict, set[str]]:
@@ -370,7 +377,8 @@ def oracle(stream: bytes) -> tuple[Verdict, set[str]]:
                     boundary,
                     idle and not boundary,
                     in_body and early,
-                    idle and _REQUEST_LINE_START.match(partial) is None,
+                    idle
+                    and (_REQUEST_LINE_START.match(partial) is None or _BARE_LF.search(partial) is not None),
                 )
                 return verdict, applied
             if isinstance(event, h11.Request):
@@ -413,6 +421,7 @@ def oracle(stream: bytes) -> tuple[Verdict, set[str]]:
                 body += event.data
             elif isinstance(event, h11.EndOfMessage):
                 assert request is not None
+                early = False  # its body is whole: a refusal from here on is another request's
                 answers += 1
                 if len(body) > MAX_BODY:
                     applied.add("body_too_large")
@@ -437,7 +446,8 @@ def oracle(stream: bytes) -> tuple[Verdict, set[str]]:
             elif event is h11.PAUSED:
                 return Verdict(tuple(forwarded), "open", answers), applied
     except h11.RemoteProtocolError:
-        return Verdict(tuple(forwarded), "refused", answers), applied | _STRICTER
+        # `early`: the refusal is in the body of a request the router answers from its head
+        return Verdict(tuple(forwarded), "refused", answers, answered_early=early), applied | _STRICTER
 
 
 def _head_lines(head: bytes) -> tuple[list[tuple[bytes, bytes]], bool]:
@@ -451,6 +461,7 @@ def _head_lines(head: bytes) -> tuple[list[tuple[bytes, bytes]], bool]:
 
 # what can begin a request line: a method (a token), then a space (RFC 9112 §3)
 _REQUEST_LINE_START = re.compile(rb"%s?(?: |\Z)" % _TOKEN)
+_BARE_LF = re.compile(rb"(?<!\r)\n")  # a line llhttp refuses as soon as it has it (bare_lf)
 
 
 def _ctl(value: bytes) -> bool:
@@ -703,6 +714,15 @@ def compare(expected: Verdict, got: Verdict) -> str | None:
             return None
         if expected.ending == "closed" and got.ending == "still open after []":
             COUNTS["lingering_close"] += 1
+            return None
+        broken = re.fullmatch(r"(still open|closed) after \[(\d+)\]", got.ending)
+        if (
+            expected.ending == "refused"
+            and expected.answered_early
+            and broken is not None
+            and broken[2] != "400"
+        ):
+            COUNTS["answered_then_broken"] += 1
             return None
         return f"ended {got.ending!r}, expected {expected.ending!r}"
     return None
