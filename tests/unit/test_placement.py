@@ -136,7 +136,7 @@ def test_the_ring_placement_is_a_routing_config_choice() -> None:
     ring = build_scored("prefix-ring", config, LoadBoard(), "x-session-id", 1, PrefixMemory())
     assert ring.placement == "ring"
     assert (
-        build_scored("prefix", config, LoadBoard(), "x-session-id", 1, PrefixMemory()).placement == "headroom"
+        build_scored("prefix", config, LoadBoard(), "x-session-id", 1, PrefixMemory()).placement == "cost"
     )
 
 

@@ -154,7 +154,9 @@ def test_a_lapped_reader_keeps_the_latest_counts_and_a_torn_record_is_skipped() 
     # the next record, torn (its count changed after its check was written): skipped, then corrected
     w1.endpoint(a).in_flight = 9
     seq = w1.sync._flights_written if w1.sync is not None else 0
-    offset = journals.flights(1) + 8 * 5 * ((seq - 1) % worker_journal.FLIGHTS_KEPT)
+    offset = journals.flights(1) + 8 * worker_journal._FLIGHT_WORDS * (
+        (seq - 1) % worker_journal.FLIGHTS_KEPT
+    )
     struct.pack_into("=Q", journals.map, offset + 8 * 4, 1234)
     skipped = w2.sync.skipped
     w2.sync.drain()

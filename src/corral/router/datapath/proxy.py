@@ -292,12 +292,16 @@ class Proxy:
                     else self._unavailable(model, "no endpoint of it is READY", request_id)
                 )
                 return await self._reject(reply, answer, model, request_id, start)
+            route.prefill_tokens = 0
             endpoint = policy.pick(candidates, route)
             if leg is not None:
                 pd.paired(leg, endpoint)
             dispatched = time.monotonic()  # the endpoint's own latencies count from here, not `start`
             endpoint.requests_sent += 1
             endpoint.in_flight += 1
+            prefill = route.prefill_tokens  # in its prefill queue until the first byte
+            if prefill:
+                endpoint.prefill_sent(prefill)
             endpoint.dispatching += 1  # until the engine answers: a removal's ack waits for this
             dispatching = True
             upstream: UpstreamResponse | None = None
@@ -311,6 +315,9 @@ class Proxy:
                     dispatching = False
                     streaming = upstream.content_type == "text/event-stream"
                     first = await upstream.readany() if streaming else await upstream.read(MAX_ANSWER_BYTES)
+                    if prefill:
+                        endpoint.prefill_done(prefill)
+                        prefill = 0
                 except UPSTREAM_FAILURES as exc:
                     endpoint.traffic.ended(failed=True)  # against this endpoint, retried or not
                     failure = f"{endpoint.url}: {describe_failure(exc)}"
@@ -389,6 +396,8 @@ class Proxy:
                     dispatched,
                 )
             finally:
+                if prefill:
+                    endpoint.prefill_done(prefill)
                 endpoint.in_flight -= 1
                 if dispatching:
                     endpoint.dispatching -= 1

@@ -97,6 +97,8 @@ class Endpoint:
         "group",
         "group_out",
         "host_in_flight",
+        "host_prefill_tokens",
+        "host_prefilling",
         "kv_events",
         "last_event_version",
         "model_cards",
@@ -104,6 +106,8 @@ class Endpoint:
         "name",
         "on_eject",
         "on_in_flight",
+        "prefill_tokens",
+        "prefilling",
         "probed_pairing",
         "ramp_earned",
         "ramp_start",
@@ -184,8 +188,16 @@ class Endpoint:
         # the policies and the load bound read, so a host's workers balance one load; `in_flight` with
         # one worker.
         self.host_in_flight = 0
-        # Told of each change of `in_flight` (url, count), for the sibling workers; None with one worker.
-        self.on_in_flight: Callable[[str, int], None] | None = None
+        # Of those, the requests that have not had their first byte yet and the uncached prompt tokens
+        # their picks expected this engine to compute (`prefill_sent`): the prefill queue a cost
+        # placement waits behind (routing/prefill_cost.py); `host_*` adds the sibling workers'.
+        self.prefill_tokens = 0
+        self.prefilling = 0
+        self.host_prefill_tokens = 0
+        self.host_prefilling = 0
+        # Told of each change of `in_flight` or of the prefill queue (url, in flight, prefill tokens,
+        # prefilling), for the sibling workers; None with one worker.
+        self.on_in_flight: Callable[[str, int, int, int], None] | None = None
         # The eligible sets (membership.eligible) it is in, whose in-flight totals follow its own.
         self.tallies: tuple[Any, ...] = ()
         # Told of each ejection (membership rebuilds its eligible sets then); None outside membership.
@@ -218,13 +230,33 @@ class Endpoint:
         for tally in self.tallies:
             tally.in_flight += change
         if self.on_in_flight is not None:
-            self.on_in_flight(self.url, count)
+            self.on_in_flight(self.url, count, self.prefill_tokens, self.prefilling)
 
-    def sibling_in_flight(self, change: int) -> None:
-        """A sibling worker's requests open here changed by `change`."""
+    def sibling_in_flight(self, change: int, prefill_tokens: int = 0, prefilling: int = 0) -> None:
+        """A sibling worker's requests open here changed by `change`, its prefill queue by
+        `prefill_tokens` over `prefilling` requests."""
         self.host_in_flight += change
+        self.host_prefill_tokens += prefill_tokens
+        self.host_prefilling += prefilling
         for tally in self.tallies:
             tally.in_flight += change
+
+    def prefill_sent(self, tokens: int) -> None:
+        """A request was sent here whose pick expects `tokens` uncached prompt tokens to compute before
+        its first token (`prefill_done` when its first byte comes back, or it ends)."""
+        self._prefill(tokens, 1)
+
+    def prefill_done(self, tokens: int) -> None:
+        """A request sent with `prefill_sent(tokens)` had its first byte, or ended without one."""
+        self._prefill(-tokens, -1)
+
+    def _prefill(self, tokens: int, requests: int) -> None:
+        self.prefill_tokens += tokens
+        self.prefilling += requests
+        self.host_prefill_tokens += tokens
+        self.host_prefilling += requests
+        if self.on_in_flight is not None:
+            self.on_in_flight(self.url, self._in_flight, self.prefill_tokens, self.prefilling)
 
     @property
     def role(self) -> str:

@@ -89,9 +89,10 @@ class Membership:
         # Whether any endpoint has ever had a prefill or decode role (declared or from its
         # supervisor): until then every request takes the aggregated path without looking at roles.
         self.roles_seen = False
-        # Told of each change of an endpoint's `in_flight` (url, count): the sibling workers of
-        # `--workers N` count it (`routing.worker_journal`); None with one worker.
-        self.on_in_flight: Callable[[str, int], None] | None = None
+        # Told of each change of an endpoint's `in_flight` or prefill queue (url, in flight, prefill
+        # tokens, prefilling): the sibling workers of `--workers N` count them (`routing.worker_journal`);
+        # None with one worker.
+        self.on_in_flight: Callable[[str, int, int, int], None] | None = None
 
     # -- changes (from sources) -------------------------------------------------------------
 

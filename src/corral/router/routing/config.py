@@ -15,6 +15,9 @@ their weights, and the knobs of prefix hashing and metrics scraping.
     policies:                     # scored policies besides the built-in ones
       cache-first: {weights: {prefix: 1.0, queue: 0.1}, eps: 0.5}
       prefix-ring: {weights: {prefix: 1.0, queue: 0.2}, placement: ring}  # the placement before issue 17
+      prefix-affinity:            # the placement of issues 17-27: a holder within the load bound always wins
+        weights: {prefix: 1.0, queue: 0.15, recent: 0.15, in_flight: 0.1, kv_usage: 0.05}
+        placement: headroom
     models:
       llama-8b: cache-first
       llama-8b-sql: prefix
@@ -42,9 +45,11 @@ class ScoredPolicySpec(BaseModel):
 
     weights: dict[str, float]
     eps: float | None = Field(default=None, ge=0)
-    # headroom: new prefixes to the endpoint with the most headroom, hot ones to one more holder at a
-    # time; ring: new prefixes to their consistent-hash home, spills along the ring (before issue 17)
-    placement: Literal["headroom", "ring"] = "headroom"
+    # cost: each prompt where its first token is expected soonest (its queue's prefill plus what the
+    # cached prefix does not save; issue 28); headroom: new prefixes to the endpoint with the most
+    # headroom, a holder within the load bound always (issue 17); ring: new prefixes to their
+    # consistent-hash home, spills along the ring (before issue 17)
+    placement: Literal["cost", "headroom", "ring"] = "headroom"
 
     @field_validator("weights")
     @classmethod

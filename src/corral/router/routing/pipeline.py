@@ -2,6 +2,13 @@
 taken; endpoints that score alike are told apart by the prompt's ring order (so replicas agree), else
 at random (so an idle fleet is not herded onto its first endpoint).
 
+Placement by cost (`placement="cost"`, the `prefix` policy's since issue 28): of the endpoints within
+the load bound, the prompt goes to the one where its first token is expected soonest, in prefill tokens
+(`prefill_cost`: the prefill queued ahead of it, its decodes' price, and the prompt less what that
+endpoint holds of it); a prompt whose start is common to all (`scorers.HELD_MARGIN`) is priced as new
+everywhere. Endpoints expected alike are told apart by fewer recent picks (for a new placement: the
+endpoint handed the last new prefixes will serve their later turns), then by ring order.
+
 Placement of prompt prefixes (`placement="headroom"`, the default): a prompt goes to an endpoint that
 holds its prefix while that endpoint is within the load bound; a prefix no endpoint holds goes to the
 endpoint with the most headroom (the load scorers: queue, in-flight, free KV, recent picks); when
@@ -20,8 +27,10 @@ from collections.abc import Callable, Mapping, Sequence
 from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.filters import candidates_for, favored, load_bound
 from corral.router.routing.load_board import LoadBoard
+from corral.router.routing.prefill_cost import CHARS_PER_TOKEN, PrefillCost
 from corral.router.routing.prefix_holders import PrefixHolders
 from corral.router.routing.prefix_memory import DEFAULT_BLOCK_CHARS, DEFAULT_KEY_BLOCKS
+from corral.router.routing.prompt import request_prefix_keys
 from corral.router.routing.request import RouteRequest
 from corral.router.routing.scorers import (
     PLACEMENTS,
@@ -30,6 +39,7 @@ from corral.router.routing.scorers import (
     RecentScorer,
     Scorer,
     build_scorer,
+    placed_by_holders,
 )
 
 # A holder scores 1 and an endpoint without the prefix 0; the load scorers sum to less than 1/2, so a
@@ -46,6 +56,8 @@ PREFIX_WEIGHTS: Mapping[str, float] = {
 RING_PREFIX_WEIGHTS: Mapping[str, float] = {"prefix": 1.0, "queue": 0.2, "in_flight": 0.15, "kv_usage": 0.1}
 LOAD_WEIGHTS: Mapping[str, float] = {"queue": 0.5, "in_flight": 0.35, "kv_usage": 0.15}
 TIE = 1e-9
+# Cost estimates (prefill tokens) this close are alike.
+TIE_TOKENS = 0.5
 # An engine whose KV cache is this full has no room for another prompt without preempting or evicting.
 KV_FULL = 0.95
 
@@ -92,19 +104,32 @@ class ScoredPolicy:
         self._prefix = next((s for s, _ in self.scorers if isinstance(s, PrefixScorer)), None)
         self._recent = next((s for s, _ in self.scorers if isinstance(s, RecentScorer)), None)
         # Over the bound, an engine that reports room keeps its prefixes; by ring, the bound is strict.
-        self._room_counts = placement == "headroom"
+        self._room_counts = placement != "ring"
+        self.block_chars = block_chars
+        self.key_blocks = key_blocks
+        # by cost: the prefix scorer's holders and ring, the recent picks to tell alike ones apart
+        self.cost = (
+            PrefillCost(block_chars)
+            if placement == "cost" and self._prefix is not None and self._prefix.holders is not None
+            else None
+        )
         # Told of each pick (request, endpoint, whether the prefix holders learnt it): the sibling workers
         # of `--workers N` learn it too (`worker_journal`); None with one worker.
         self.on_pick: Callable[[RouteRequest, Endpoint, bool], None] | None = None
 
     @property
     def uses_metrics(self) -> bool:
-        return any(s.name in ("queue", "kv_usage", "lora") for s, _ in self.scorers)
+        return self.cost is not None or any(s.name in ("queue", "kv_usage", "lora") for s, _ in self.scorers)
 
     def scores(
         self, candidates: Sequence[Endpoint], request: RouteRequest
     ) -> tuple[list[Endpoint], list[float]]:
-        """The endpoints a pick may choose and their weighted totals (for tests and /v1/fleet)."""
+        """The endpoints a pick may choose and their weighted totals (for tests and /v1/fleet); by cost,
+        each one's expected prefill tokens before the prompt's first token, negated (higher is better)."""
+        if self.cost is not None:
+            pool, ctx = self._pool(candidates, request)
+            estimates, _ = self._estimates(pool, ctx)
+            return pool, [-x for x in estimates]
         pool, totals, _ = self._scored(candidates, request)
         return pool, totals
 
@@ -133,9 +158,9 @@ class ScoredPolicy:
                 pool.append(e)
         return pool
 
-    def _scored(
+    def _pool(
         self, candidates: Sequence[Endpoint], request: RouteRequest
-    ) -> tuple[list[Endpoint], list[float], PickContext]:
+    ) -> tuple[list[Endpoint], PickContext]:
         ctx = PickContext(request, candidates, self.board, time.monotonic())
         # a large fleet: the prompt's holders and ring home and a sample, not every endpoint (filters)
         bound = load_bound(candidates, self.eps)
@@ -143,6 +168,49 @@ class ScoredPolicy:
         pool = self.within_bound(candidates, ctx.now, sample, bound)
         if not pool:  # every one of the sample is over the bound (rare): all of them, as before
             pool = self.within_bound(candidates, ctx.now, bound=bound)
+        return pool, ctx
+
+    def _estimates(self, pool: Sequence[Endpoint], ctx: PickContext) -> tuple[list[float], list[float]]:
+        """By cost: each endpoint's expected prefill tokens before the prompt's first token, and the
+        prompt's uncached tokens there."""
+        cost, prefix = self.cost, self._prefix
+        assert cost is not None and prefix is not None and prefix.holders is not None
+        keys = request_prefix_keys(ctx.request, self.block_chars, self.key_blocks)
+        keyed = keys[-1][1] / CHARS_PER_TOKEN if keys else 0.0
+        prompt = cost.prompt_tokens(keys[-1][1] if keys else 0)
+        shares = prefix.holders.held(ctx.request, pool) if keys else [0.0] * len(pool)
+        ctx.held = placed_by_holders(shares)
+        if not ctx.held:  # a start common to all places nothing: each is priced at the least held
+            low = min(shares, default=0.0)
+            shares = [low] * len(pool)
+        return cost.estimates(pool, ctx.loads(pool), shares, prompt, keyed)
+
+    def _by_cost(self, candidates: Sequence[Endpoint], request: RouteRequest) -> tuple[Endpoint, PickContext]:
+        pool, ctx = self._pool(candidates, request)
+        estimates, uncached = self._estimates(pool, ctx)
+        best = min(estimates)
+        ties = [i for i, x in enumerate(estimates) if x <= best + TIE_TOKENS]
+        if len(ties) > 1 and not ctx.held and self._recent is not None:
+            recent, now = self._recent, ctx.now
+            counts = [recent.count(pool[i].url, now) for i in ties]
+            fewest = min(counts)
+            ties = [i for i, c in zip(ties, counts, strict=True) if c <= fewest + TIE]
+        if len(ties) == 1:
+            i = ties[0]
+        else:
+            tied = [pool[i] for i in ties]
+            by_ring = self._prefix.first_on_ring(tied, ctx) if self._prefix is not None else None
+            chosen = by_ring if by_ring is not None else self._random.choice(tied)
+            i = next(i for i in ties if pool[i] is chosen)
+        assert self.cost is not None
+        self.cost.picked(uncached[i])
+        request.prefill_tokens = max(1, round(uncached[i]))
+        return pool[i], ctx
+
+    def _scored(
+        self, candidates: Sequence[Endpoint], request: RouteRequest
+    ) -> tuple[list[Endpoint], list[float], PickContext]:
+        pool, ctx = self._pool(candidates, request)
         totals = [0.0] * len(pool)
         for scorer, weight in self.scorers:
             totals = [t + weight * s for t, s in zip(totals, scorer.score(pool, ctx), strict=True)]
@@ -152,6 +220,8 @@ class ScoredPolicy:
         if len(candidates) == 1:
             chosen = candidates[0]
             ctx = PickContext(request, candidates, self.board)
+        elif self.cost is not None:
+            chosen, ctx = self._by_cost(candidates, request)
         else:
             pool, totals, ctx = self._scored(candidates, request)
             best = max(totals)

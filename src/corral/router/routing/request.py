@@ -21,6 +21,9 @@ class RouteRequest:
     headers: Mapping[str, str]
     payload: Mapping[str, Any] | None = None
     derived: dict[str, Any] | None = None
+    # Set by a pick that prices placements (`prefill_cost`): the uncached prompt tokens it expects the
+    # chosen engine to compute; the proxy counts them in that engine's prefill queue until the first byte.
+    prefill_tokens: int = 0
 
 
 class Policy(Protocol):

@@ -19,12 +19,19 @@ from corral.router.routing.request import RouteRequest
 from corral.router.routing.rings import RingCache, stable_hash
 
 SCORER_NAMES = ("prefix", "queue", "kv_usage", "in_flight", "recent", "lora", "session")
-PLACEMENTS = ("headroom", "ring")
+PLACEMENTS = ("cost", "headroom", "ring")
 # A prompt is a new placement unless some endpoint holds at least this share more than another of what
 # the least holder lacks: a document or a session behind a system prompt that some engines hold is new,
 # and would otherwise follow the common start onto the engines that hold it. A new placement is made
 # by headroom alone (the prefix scorer scores 0, the recent-picks scorer counts).
 HELD_MARGIN = 0.5
+
+
+def placed_by_holders(shares: Sequence[float]) -> bool:
+    """Whether some endpoint holds enough more of the prompt than another to place it (`HELD_MARGIN`);
+    a start common to all, or a short one held by some, places nothing."""
+    low, high = min(shares, default=0.0), max(shares, default=0.0)
+    return high - low >= HELD_MARGIN * (1.0 - low)
 
 
 @dataclass(slots=True)
@@ -129,8 +136,7 @@ class PrefixScorer:
         if not self.by_ring:
             assert self.holders is not None
             shares = self.holders.held(ctx.request, pool)
-            low, high = min(shares, default=0.0), max(shares, default=0.0)
-            ctx.held = high - low >= HELD_MARGIN * (1.0 - low)
+            ctx.held = placed_by_holders(shares)
             return shares if ctx.held else [0.0] * len(pool)
         order = self.home_order(pool, ctx)
         if order is None:

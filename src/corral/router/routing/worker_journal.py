@@ -1,7 +1,8 @@
 """What the `--workers N` of one host share so that they route as one router: each worker's picks (the
 prompt's prefix keys and the endpoint, for the prefix memory and the recent-picks scorer) and its
-requests in flight per endpoint, written to a journal of its own in shared memory and read by its
-siblings before each of their picks.
+requests in flight per endpoint (and of those, the prefill queue: the requests before their first byte
+and the prompt tokens they are expected to compute), written to a journal of its own in shared memory
+and read by its siblings before each of their picks.
 
 The region is made by the parent before it forks (an anonymous `MAP_SHARED` mapping, inherited by every
 worker), one journal per worker: a header (incarnation, cursors) and two rings of fixed-size records.
@@ -44,7 +45,8 @@ MAX_KEYS = 1 + STEPS * (MAX_LEVELS - 1)
 _HEADER_WORDS = 4  # incarnation, picks written, in-flight records written, (spare)
 _PICK_HEAD = 5  # seq, check, incarnation << 16 | policy << 8 | keys, url hash, prefix epoch hash
 _PICK_WORDS = _PICK_HEAD + MAX_KEYS
-_FLIGHT_WORDS = 5  # seq, check, incarnation, url hash, count
+# seq, check, incarnation, url hash, count, prefill tokens, prefilling (the requests before their first byte)
+_FLIGHT_WORDS = 7
 # Ring sizes: a reader drains before each pick and every `DRAIN_SECONDS`, so a ring laps only if its
 # writer makes this many records in that time (far past what one Python worker serves).
 PICKS_KEPT = 4096
@@ -105,7 +107,8 @@ class _Sibling:
         self.incarnation = incarnation
         self.next_pick = picks  # records read (the next one's seq is this + 1)
         self.next_flight = flights
-        self.flights: dict[int, tuple[Endpoint, int]] = {}  # url hash -> (endpoint, its count)
+        # url hash -> (endpoint, its count, prefill tokens, prefilling)
+        self.flights: dict[int, tuple[Endpoint, int, int, int]] = {}
 
 
 class WorkerSync:
@@ -181,13 +184,14 @@ class WorkerSync:
         self._picks_written = seq
         _WORD.pack_into(self._map, self._header + 8, seq)
 
-    def in_flight(self, url: str, count: int) -> None:
-        """This worker now has `count` requests open at `url` (`Endpoint.on_in_flight`)."""
+    def in_flight(self, url: str, count: int, prefill_tokens: int = 0, prefilling: int = 0) -> None:
+        """This worker now has `count` requests open at `url`, `prefilling` of them before their first
+        byte with `prefill_tokens` to compute (`Endpoint.on_in_flight`)."""
         seq = self._flights_written + 1
         url_hash = self._url_hash(url)
         offset = self._flights_at + 8 * _FLIGHT_WORDS * ((seq - 1) % FLIGHTS_KEPT)
-        check = _check((seq, self.incarnation, url_hash, count))
-        _FLIGHT.pack_into(self._map, offset, seq, check, self.incarnation, url_hash, count)
+        body = (self.incarnation, url_hash, count, prefill_tokens, prefilling)
+        _FLIGHT.pack_into(self._map, offset, seq, _check((seq, *body)), *body)
         self._flights_written = seq
         _WORD.pack_into(self._map, self._header + 16, seq)
 
@@ -233,8 +237,8 @@ class WorkerSync:
 
     def _reborn(self, sibling: _Sibling, incarnation: int) -> None:
         """The sibling died or started again: what it had in flight is gone."""
-        for endpoint, count in sibling.flights.values():
-            endpoint.sibling_in_flight(-count)
+        for endpoint, count, tokens, prefilling in sibling.flights.values():
+            endpoint.sibling_in_flight(-count, -tokens, -prefilling)
         sibling.flights.clear()
         sibling.incarnation = incarnation
 
@@ -264,7 +268,7 @@ class WorkerSync:
             if got[0] != seq or _check((seq, *got[2:])) != got[1]:
                 self.skipped += 1
                 continue
-            _, _, incarnation, url_hash, count = got
+            _, _, incarnation, url_hash, count, tokens, prefilling = got
             if incarnation != sibling.incarnation:
                 if incarnation < sibling.incarnation:
                     continue  # the life before its restart
@@ -272,17 +276,17 @@ class WorkerSync:
             endpoint = self._resolve(url_hash)
             before = flights.get(url_hash)
             if before is not None:
-                was, old = before
+                was, old, old_tokens, old_prefilling = before
                 if was is endpoint:
-                    endpoint.sibling_in_flight(count - old)
-                    flights[url_hash] = (endpoint, count)
+                    endpoint.sibling_in_flight(count - old, tokens - old_tokens, prefilling - old_prefilling)
+                    flights[url_hash] = (endpoint, count, tokens, prefilling)
                     self.applied += 1
                     continue
-                was.sibling_in_flight(-old)  # a new endpoint at the address
+                was.sibling_in_flight(-old, -old_tokens, -old_prefilling)  # a new endpoint at the address
                 del flights[url_hash]
             if endpoint is not None:
-                endpoint.sibling_in_flight(count)
-                flights[url_hash] = (endpoint, count)
+                endpoint.sibling_in_flight(count, tokens, prefilling)
+                flights[url_hash] = (endpoint, count, tokens, prefilling)
                 self.applied += 1
         sibling.next_flight = written
 
