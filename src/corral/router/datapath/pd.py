@@ -138,8 +138,12 @@ class Disaggregation:
                 self._metrics.pd.count_failure("prefill", "no_pair")
                 said = f"{_tried(attempt)}; {candidates.public}" if failures else candidates.public
                 return NoPair("; ".join([*failures, candidates.why]), said)
+            route.prefill_tokens = 0
             endpoint = self._prefill_policy.pick(candidates, route)
-            outcome = await self._run(endpoint, method, raw_path, headers, body, payload, request_id, attempt)
+            prefill, route.prefill_tokens = route.prefill_tokens, 0  # the decode leg's pick sets its own
+            outcome = await self._run(
+                endpoint, method, raw_path, headers, body, payload, request_id, attempt, prefill
+            )
             if isinstance(outcome, PrefillLeg):
                 return self._with_decoders(outcome, model)
             if isinstance(outcome, Answer) and outcome.status < 500:
@@ -191,12 +195,16 @@ class Disaggregation:
         payload: dict[str, Any],
         request_id: str,
         attempt: int,
+        prefill: int = 0,
     ) -> PrefillLeg | NoPair | Answer:
-        """One prefill attempt on `endpoint`: its answer read whole, counted in its traffic figures."""
+        """One prefill attempt on `endpoint`: its answer read whole, counted in its traffic figures
+        (and, until then, in its prefill queue: `prefill` tokens, as the pick priced them)."""
         pd = self._metrics.pd
         dispatched = time.monotonic()
         endpoint.requests_sent += 1
         endpoint.in_flight += 1
+        if prefill:
+            endpoint.prefill_sent(prefill)
         endpoint.dispatching += 1  # until the engine answers: a removal's ack waits for this
         dispatching = True
         upstream = None
@@ -263,6 +271,8 @@ class Disaggregation:
             decode_body = orjson.dumps(decode_leg_body(payload, params))
             return PrefillLeg(endpoint, decode_body, [], time.monotonic())
         finally:
+            if prefill:
+                endpoint.prefill_done(prefill)
             endpoint.in_flight -= 1
             if dispatching:
                 endpoint.dispatching -= 1
