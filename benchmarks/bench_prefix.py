@@ -38,6 +38,20 @@ random splitter (the load generator picks one per request); the Rust `vllm-route
 and round_robin. `--kv-events` adds the prefix targets routed by the engines' KV-cache events (the
 sims publish them, the routers read them with `--tokenizer sim`).
 
+`corral prefix (deployed)` is the router as a user deploys it: `corral router --backend ... --policy
+prefix` and no other routing flag (no --workers: one worker per CPU; no policy config: its defaults).
+
+`--sweep N --sweep-seed S` (prefix_sweep.py): N draws of a randomized family of these workloads, each on
+fresh engines, with a few seconds of load each; per draw and target TTFT p90 / the oracle's and hit rate
+against the oracle's; then per target the median and the worst over the draws. The targets are the oracle,
+the prefix policy deployed, with --workers 1 and 2, two single-process replicas, and round robin (with
+`--kv-events`, the prefix targets again routed by events).
+
+`--workload mooncake` (mooncake_trace.py): a subset of Mooncake's FAST'25 synthetic trace
+(benchmarks/data/README.md), each 512-token block id mapped to deterministic text and the trace shrunk so
+this machine keeps up, against the same targets, vllm-router, and `reference`, a cost-model router in the
+load generator that sends each request where its prefill would finish first.
+
 Reported per target: TTFT p50/p90/p99, throughput, prefix-cache hit rate (token hits / token queries
 from the engines' /metrics, deltas over the measured phase), and load spread (max / mean of requests per
 engine, from vllm:request_success_total deltas).
@@ -45,25 +59,33 @@ engine, from vllm:request_success_total deltas).
     .venv/bin/python benchmarks/bench_prefix.py [--rate 40] [--seconds 15] [--markdown]
     .venv/bin/python benchmarks/bench_prefix.py --workload issue17 [--kv-events] [--markdown]
     .venv/bin/python benchmarks/bench_prefix.py --workload zipf|rag|agentic|burst [--kv-events] [--markdown]
+    .venv/bin/python benchmarks/bench_prefix.py --sweep 20 --sweep-seed 2812 [--kv-events] [--sweep-draws 3,7]
+    .venv/bin/python benchmarks/bench_prefix.py --workload mooncake [--trace FILE] [--kv-events]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
+import os
 import random
 import re
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mooncake_trace
+import prefix_sweep
 from bench_router import ROOT, Proc, find_vllm_router, free_port, spawn, wait_ready
 from corral.sim.core.tokenizer import WORDS
 from loadgen import Report, Sample, check_loopback
@@ -211,6 +233,10 @@ class Workload:
             self.turns.append(turn)
             seen[(group, user)] = turn + 1
 
+    def warmup(self) -> list[tuple[int, int, int]]:
+        """Each group once, in order: (group, user, request index < 0)."""
+        return [(g, 0, -1 - g) for g in range(len(self.systems))]
+
     def turn_text(self, group: int, user: int, k: int) -> str:
         """Turn `k`'s addition to a session (agentic): the same words whenever that turn is replayed."""
         if self.turn_words is None:
@@ -235,8 +261,9 @@ class Workload:
                 messages.append(
                     {"role": "assistant", "content": f"Answer {k} to user {user}: the sea says hush."}
                 )
-            question = self.turn_text(group, user, turn) if self.multi_turn else None
-            if question is None:
+            if self.multi_turn:
+                question = self.turn_text(group, user, turn)
+            else:
                 question = f"I am user {user} of group {group}. Question {i}?"
             messages.append({"role": "user", "content": question})
         return orjson.dumps(
@@ -254,7 +281,11 @@ FIRST_TOKEN = re.compile(rb'"content":"[^"]')
 
 
 async def stream_one(
-    session: aiohttp.ClientSession, url: str, body: bytes, limits: aiohttp.ClientTimeout
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    limits: aiohttp.ClientTimeout,
+    on_first_token: Callable[[], None] | None = None,
 ) -> Sample:
     """One streamed request; TTFT is the arrival of the first event with generated text (the role-only
     first event comes before prefill, as vLLM sends it)."""
@@ -268,12 +299,17 @@ async def stream_one(
             async for chunk in resp.content.iter_any():
                 if ttft is None and FIRST_TOKEN.search(chunk):
                     ttft = time.perf_counter() - start
+                    if on_first_token is not None:
+                        on_first_token()
                 if b"data: [DONE]" in chunk:
                     done = True
             ok = resp.status == 200 and done
             return Sample(ok, time.perf_counter() - start, ttft, resp.status, "" if ok else "no [DONE]")
     except (aiohttp.ClientError, TimeoutError) as exc:
         return Sample(False, time.perf_counter() - start, ttft, 0, type(exc).__name__)
+    finally:
+        if ttft is None and on_first_token is not None:
+            on_first_token()  # the request's prefill is no longer outstanding either way
 
 
 def engine_counters(url: str) -> dict[str, float]:
@@ -302,36 +338,134 @@ def prefix_keys_held(router: str) -> list[int] | None:
     return [int((e.get("prefix_memory") or {}).get("keys", 0)) for e in fleet.get("endpoints", [])]
 
 
+class Chooser(Protocol):
+    """Which of a target's urls serves request `i` of `group` (i < 0: a warm-up request)."""
+
+    def choose(self, i: int, group: int) -> int: ...
+
+    def first_token(self, i: int) -> None: ...
+
+
+class RandomReplica:
+    """Router replicas behind a random splitter."""
+
+    def __init__(self, urls: int) -> None:
+        self.urls = urls
+        self.rng = random.Random(7)
+
+    def choose(self, i: int, group: int) -> int:
+        return self.rng.randrange(self.urls)
+
+    def first_token(self, i: int) -> None:
+        pass
+
+
+class PinnedGroups:
+    """The oracle: each group to its engine, straight to the engines."""
+
+    def __init__(self, pin: list[int]) -> None:
+        self.pin = pin
+
+    def choose(self, i: int, group: int) -> int:
+        return self.pin[group]
+
+    def first_token(self, i: int) -> None:
+        pass
+
+
+class Replayed(Protocol):
+    """What `run_target` sends: `Workload` or `mooncake_trace.TraceWorkload`."""
+
+    schedule: list[tuple[float, int, int]]
+
+    def warmup(self) -> list[tuple[int, int, int]]: ...
+
+    def body(self, group: int, user: int, i: int) -> bytes: ...
+
+
 async def run_target(
-    name: str, urls: list[str], work: Workload, bound_s: float, pinned: bool = False
+    name: str, urls: list[str], work: Replayed, bound_s: float, chooser: Chooser, warm_concurrency: int = 1
 ) -> Report:
-    """Send the workload through `urls`: one picked at random per request (router replicas), or with
-    `pinned`, each group to one of them, the groups dealt round the urls (the oracle, straight to
-    engines)."""
+    """Send the workload's warm-up (`warm_concurrency` requests at a time), then its schedule, each
+    request to the url `chooser` picks."""
     for u in urls:
         check_loopback(u)
     paths = [u + "/v1/chat/completions" for u in urls]
-    pick = random.Random(7)
-
-    def target(group: int) -> str:
-        return paths[work.pin[group] % len(paths)] if pinned else pick.choice(paths)
-
     limits = aiohttp.ClientTimeout(total=bound_s)
     report = Report(name)
+
+    async def send(session: aiohttp.ClientSession, i: int, group: int, user: int) -> Sample:
+        url = paths[chooser.choose(i, group) % len(paths)]
+        return await stream_one(
+            session, url, work.body(group, user, i), limits, lambda: chooser.first_token(i)
+        )
+
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        for g in range(len(work.systems)):  # warm-up: each group once, one at a time
-            await stream_one(session, target(g), work.body(g, 0, -1 - g), limits)
+        warm = work.warmup()
+        for k in range(0, len(warm), warm_concurrency):
+            await asyncio.gather(*(send(session, i, g, u) for g, u, i in warm[k : k + warm_concurrency]))
         start = time.perf_counter()
         tasks: list[asyncio.Task[Sample]] = []
         for i, (at, group, user) in enumerate(work.schedule):
             delay = start + at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            body = work.body(group, user, i)
-            tasks.append(asyncio.create_task(stream_one(session, target(group), body, limits)))
+            tasks.append(asyncio.create_task(send(session, i, group, user)))
         report.samples = list(await asyncio.gather(*tasks))
         report.wall = time.perf_counter() - start
     return report
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """One target: the oracle or the reference (the load generator places, straight to the engines), a
+    corral router (`replicas` of them behind a random splitter, `workers` processes each, None: the
+    router's default; `deployed`: the router's defaults, no policy config), or vllm-router."""
+
+    name: str
+    kind: str  # "oracle", "reference", "corral" or "vllm-router"
+    policy: str = ""
+    replicas: int = 1
+    workers: int | None = 1
+    kv_events: bool = False
+    deployed: bool = False
+
+
+ORACLE = TargetSpec("oracle", "oracle")
+# Issue 17's targets, as they were (names included: RESULTS.md's tables quote them).
+PRESET_TARGETS = [
+    ORACLE,
+    TargetSpec("corral round_robin", "corral", "round_robin"),
+    TargetSpec("corral least_request", "corral", "least_request"),
+    TargetSpec("corral prefix", "corral", "prefix"),
+    TargetSpec("corral prefix (ring)", "corral", "prefix-ring"),
+    TargetSpec("corral prefix x2 replicas", "corral", "prefix", replicas=2),
+    TargetSpec("corral prefix --workers 2", "corral", "prefix", workers=2),
+]
+PRESET_KV_TARGETS = [
+    TargetSpec("corral prefix kv-events", "corral", "prefix", kv_events=True),
+    TargetSpec("corral prefix kv-events x2 replicas", "corral", "prefix", replicas=2, kv_events=True),
+]
+# Issue 28's: the prefix policy as a user deploys it (`corral router --backend ... --policy prefix`, no
+# other flag: as many workers as CPUs), beside one and two workers and two single-process replicas.
+DEPLOYED_TARGETS = [
+    ORACLE,
+    TargetSpec("corral prefix (deployed)", "corral", "prefix", workers=None, deployed=True),
+    TargetSpec("corral prefix --workers 1", "corral", "prefix"),
+    TargetSpec("corral prefix --workers 2", "corral", "prefix", workers=2),
+    TargetSpec("corral prefix x2 replicas", "corral", "prefix", replicas=2),
+    TargetSpec("corral round_robin", "corral", "round_robin"),
+]
+DEPLOYED_KV_TARGETS = [
+    TargetSpec(s.name.replace("corral prefix", "corral prefix kv-events"), "corral", "prefix", s.replicas,
+               s.workers, kv_events=True, deployed=s.deployed)
+    for s in DEPLOYED_TARGETS
+    if s.policy == "prefix"
+]  # fmt: skip
+VLLM_ROUTER_TARGETS = [
+    TargetSpec("vllm-router cache_aware", "vllm-router", "cache_aware"),
+    TargetSpec("vllm-router round_robin", "vllm-router", "round_robin"),
+]
 
 
 def corral_router(
@@ -342,12 +476,14 @@ def corral_router(
     out: Path,
     tag: str,
     kv_events: list[str] | None = None,
-    workers: int = 1,
+    workers: int | None = 1,
 ) -> Proc:
     """A router over the sims; with `kv_events` (each sim's event address), it reads their KV events;
-    `workers` router processes on one port (`--workers`, 1 by default: one router process)."""
+    `workers` router processes on one port (None: no --workers flag, the router's default)."""
     argv = [sys.executable, "-m", "corral", "router", "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--policy", policy, "--log-level", "warning", "--workers", str(workers)]
+    argv += ["--policy", policy, "--log-level", "warning"]
+    if workers is not None:
+        argv += ["--workers", str(workers)]
     if config is not None:
         argv += ["--policy-config", str(config)]
     if kv_events is None:
@@ -358,7 +494,9 @@ def corral_router(
         lines = [f"{s.url} kv_events={addr}" for s, addr in zip(sims, kv_events, strict=True)]
         backends.write_text("\n".join(lines) + "\n")
         argv += ["--backends-file", str(backends), "--tokenizer", "sim"]
-    return spawn(tag, argv, f"http://127.0.0.1:{port}", None, out)
+    # $CORRAL_ROUTER_WORKERS would set the default's worker count: a deployed router has none
+    env = {k: v for k, v in os.environ.items() if k != "CORRAL_ROUTER_WORKERS"}
+    return spawn(tag, argv, f"http://127.0.0.1:{port}", None, out, env)
 
 
 def words_range(text: str) -> tuple[int, int]:
@@ -366,10 +504,328 @@ def words_range(text: str) -> tuple[int, int]:
     return int(low), int(high or low)
 
 
-def main() -> None:
+class Fleet:
+    """The simulated engines of one run (with `kv_events`, each publishing its KV-cache events), and the
+    policy configs the corral targets read."""
+
+    def __init__(self, args: argparse.Namespace, out: Path) -> None:
+        self.args = args
+        self.out = out
+        self.sims: list[Proc] = []
+        self.events: list[str] | None = [] if args.kv_events else None
+        self.config = out / "prefix-policy.yaml"
+        self.config.write_text(f"eps: {args.eps}\nscrape_interval: {args.scrape_interval}\n")
+        # the placement before issue 17: ring homes and the strict load bound, under its own policy name
+        self.ring_config = out / "prefix-ring-policy.yaml"
+        self.ring_config.write_text(
+            f"eps: {args.eps}\nscrape_interval: {args.scrape_interval}\npolicy: prefix-ring\n"
+            "policies:\n  prefix-ring:\n    placement: ring\n"
+            "    weights: {prefix: 1.0, queue: 0.2, in_flight: 0.15, kv_usage: 0.1}\n"
+        )
+
+    def start(self) -> None:
+        args = self.args
+        sim_args = [
+            "--max-num-seqs", str(args.max_num_seqs), "--kv-cache-blocks", str(args.kv_cache_blocks),
+            "--block-size", "16", "--prefill-ms-per-token", str(args.prefill_ms_per_token),
+            "--ttft-base-ms", "2", "--itl-ms", "2", "--max-model-len", str(args.max_model_len),
+        ]  # fmt: skip
+        for i in range(ENGINES):
+            port = free_port()
+            argv = [sys.executable, "-m", "corral", "sim", "--host", "127.0.0.1", "--port", str(port)]
+            argv += ["--model", MODEL, "--seed", str(i), *sim_args]
+            if self.events is not None:
+                # the sim binds its publisher on a wildcard (vLLM connects out to any other tcp address)
+                # and the routers connect to it, replaying what they missed from the replay socket
+                pub, replay = free_port(), free_port()
+                self.events.append(f"tcp://127.0.0.1:{pub},tcp://127.0.0.1:{replay}")
+                kv_config = {
+                    "enable_kv_cache_events": True,
+                    "publisher": "zmq",
+                    "endpoint": f"tcp://*:{pub}",
+                    "replay_endpoint": f"tcp://*:{replay}",
+                }
+                argv += ["--kv-events-config", orjson.dumps(kv_config).decode()]
+            self.sims.append(spawn(f"prefix-sim-{i}", argv, f"http://127.0.0.1:{port}", None, self.out))
+        for s in self.sims:
+            wait_ready(s, "/health")
+
+    def stop(self) -> None:
+        for s in reversed(self.sims):
+            s.stop()
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.sims]
+
+    def routers(self, spec: TargetSpec, vllm_router: str | None) -> list[Proc]:
+        """Start the target's routers and wait until they serve; none for the oracle and the reference."""
+        routers: list[Proc] = []
+        try:
+            if spec.kind == "vllm-router":
+                assert vllm_router is not None
+                port = free_port()
+                argv = [vllm_router, "--host", "127.0.0.1", "--port", str(port), "--policy", spec.policy]
+                argv += ["--worker-urls", *self.urls]
+                # its metrics listener on a free loopback port (its default, 29000, may be taken)
+                argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+                tag = f"prefix-vllm-router-{spec.policy}"
+                routers.append(spawn(tag, argv, f"http://127.0.0.1:{port}", None, self.out))
+                wait_ready(routers[0], "/v1/models")
+            elif spec.kind == "corral":
+                ring = spec.policy == "prefix-ring"
+                config = None if spec.deployed else self.ring_config if ring else self.config
+                kv = self.events if spec.kv_events else None
+                for r in range(spec.replicas):
+                    workers = "d" if spec.workers is None else spec.workers
+                    tag = f"prefix-corral-{spec.policy}{'-kv' if kv else ''}-w{workers}-{r}"
+                    policy = "prefix" if ring else spec.policy
+                    routers.append(
+                        corral_router(free_port(), self.sims, policy, config, self.out, tag, kv, spec.workers)
+                    )
+                for router in routers:
+                    wait_ready(router, "/health")
+        except BaseException:
+            for router in routers:
+                router.stop()
+            raise
+        return routers
+
+    def measure(
+        self,
+        spec: TargetSpec,
+        work: Replayed,
+        chooser: Chooser | None,
+        vllm_router: str | None,
+        warm_concurrency: int = 1,
+    ) -> dict[str, Any]:
+        """Run one target; its row: TTFT, throughput, the engines' hit rate and load spread over the run.
+        `chooser` places requests for the oracle and the reference (None: random over router replicas)."""
+        routers = self.routers(spec, vllm_router)
+        try:
+            time.sleep(0.5)  # first metrics scrape, first model probe
+            before = [engine_counters(u) for u in self.urls]
+            urls = [r.url for r in routers] if routers else self.urls
+            pick = chooser if chooser is not None else RandomReplica(len(urls))
+            report = uvloop.run(run_target(spec.name, urls, work, 120.0, pick, warm_concurrency))
+            after = [engine_counters(u) for u in self.urls]
+            held = [prefix_keys_held(r.url) for r in routers] if spec.kind == "corral" else []
+        finally:
+            for router in routers:
+                router.stop()
+        # The warm-up is inside the counter window; take it out of the request counts it adds.
+        requests = [a["requests"] - b["requests"] for a, b in zip(after, before, strict=True)]
+        queries = sum(a["queries"] - b["queries"] for a, b in zip(after, before, strict=True))
+        hits = sum(a["hits"] - b["hits"] for a, b in zip(after, before, strict=True))
+        mean = sum(requests) / len(requests)
+        row: dict[str, Any] = {
+            "target": spec.name,
+            "requests": len(report.samples),
+            "errors": report.errors,
+            "rps": round(report.rps, 1),
+            "ttft_p50_ms": round(report.ttft_ms(0.5), 1),
+            "ttft_p90_ms": round(report.ttft_ms(0.9), 1),
+            "ttft_p99_ms": round(report.ttft_ms(0.99), 1),
+            "hit_rate": round(hits / queries, 3) if queries else None,
+            "per_engine": [int(r) for r in requests],
+            "spread_max_over_mean": round(max(requests) / mean, 2) if mean else None,
+        }
+        if held:  # prefixes each endpoint holds by the router's memory: 12 when none was replicated
+            row["prefix_keys_held"] = held
+        if report.errors:
+            row["error_kinds"] = report.error_kinds()
+        return row
+
+
+def warm_engines(
+    fleet: Fleet, args: argparse.Namespace, requests: int = 8 * ENGINES, at_once: bool = False
+) -> None:
+    """A first pass straight to the sims, so that no target (the oracle runs first) meets cold engines;
+    `at_once`: the requests all at the start, not at their scheduled times."""
+    warm = Workload(args, prompt_seed=999)
+    warm.schedule = [(0.0 if at_once else t, g, u) for t, g, u in warm.schedule[:requests]]
+    uvloop.run(run_target("warm-up", fleet.urls, warm, 120.0, PinnedGroups(warm.pin)))
+
+
+def selected(specs: list[TargetSpec], only: str) -> list[TargetSpec]:
+    names = {t.strip() for t in only.split(",") if t.strip()}
+    return [s for s in specs if not names or s.name in names]
+
+
+def markdown_table(rows: list[dict[str, Any]], cols: list[str]) -> None:
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
+
+
+ROW_COLUMNS = ["target", "requests", "errors", "rps", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
+               "hit_rate", "per_engine", "spread_max_over_mean"]  # fmt: skip
+
+
+def run_presets(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+    """Issue 17's runs: one workload (the default or a preset), every target."""
+    vr = find_vllm_router(args.vllm_router)
+    specs = PRESET_TARGETS + (PRESET_KV_TARGETS if args.kv_events else [])
+    if vr:
+        specs += VLLM_ROUTER_TARGETS
+    else:
+        print("vllm-router not found: run benchmarks/setup.sh to compare against it", file=sys.stderr)
+    # issue 28's deployed router last, so that the others keep their order and prompt seeds
+    specs += [
+        s
+        for s in DEPLOYED_TARGETS + DEPLOYED_KV_TARGETS
+        if s.deployed and (args.kv_events or not s.kv_events)
+    ]
+    chosen = selected(specs, args.only)
+    fleet = Fleet(args, out)
+    results: list[dict[str, Any]] = []
+    try:
+        fleet.start()
+        warm_engines(fleet, args)
+        for k, spec in enumerate(specs):
+            if spec not in chosen:
+                continue  # k stays each target's prompt seed whichever targets run
+            work = Workload(args, prompt_seed=1000 + k)
+            chooser = PinnedGroups(work.pin) if spec.kind == "oracle" else None
+            row = fleet.measure(spec, work, chooser, vr)
+            results.append(row)
+            print(orjson.dumps(row).decode(), flush=True)
+    finally:
+        fleet.stop()
+    by = {r["target"]: r for r in results}
+    oracle = by.get("oracle")
+    for r in results:
+        if oracle and oracle["ttft_p90_ms"] and r is not oracle:
+            print(f"{r['target']}: TTFT p90 / oracle's = {r['ttft_p90_ms'] / oracle['ttft_p90_ms']:.2f}x")
+    prefix, rr, ca = by.get("corral prefix"), by.get("corral round_robin"), by.get("vllm-router cache_aware")
+    two = by.get("corral prefix x2 replicas")
+    if prefix and rr and prefix["ttft_p90_ms"]:
+        print(f"TTFT p90 round_robin / prefix = {rr['ttft_p90_ms'] / prefix['ttft_p90_ms']:.1f}x")
+    if prefix and ca and prefix["ttft_p90_ms"]:
+        ratio = ca["ttft_p90_ms"] / prefix["ttft_p90_ms"]
+        print(f"TTFT p90 vllm-router cache_aware / corral prefix = {ratio:.2f}x")
+    if prefix and two and prefix["hit_rate"]:
+        print(f"hit rate two replicas / one = {two['hit_rate'] / prefix['hit_rate']:.3f}")
+    if args.markdown:
+        markdown_table(results, ROW_COLUMNS)
+    return results
+
+
+def run_sweep(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+    """`--sweep N`: N draws of the randomized family (prefix_sweep), each on a fresh fleet; per draw
+    every target's TTFT p90 and hit rate against the oracle's, then the median and worst per target."""
+    specs = selected(DEPLOYED_TARGETS + (DEPLOYED_KV_TARGETS if args.kv_events else []), args.only)
+    indices = [int(i) for i in args.sweep_draws.split(",")] if args.sweep_draws else range(args.sweep)
+    print(f"sweep: seed {args.sweep_seed}, draws {list(indices)}, {args.seconds} s of load each", flush=True)
+    per_draw: list[dict[str, prefix_sweep.DrawRatios]] = []
+    results: list[dict[str, Any]] = []
+    for index in indices:
+        d = prefix_sweep.draw(
+            args.sweep_seed, index, ENGINES, args.max_num_seqs, args.max_tokens, args.prefill_ms_per_token
+        )
+        print(f"draw {d.describe()}", flush=True)
+        draw_args = argparse.Namespace(**{**vars(args), **d.settings()})
+        fleet = Fleet(draw_args, out)
+        rows: list[dict[str, Any]] = []
+        try:
+            fleet.start()
+            warm_engines(fleet, draw_args, ENGINES, at_once=True)
+            for k, spec in enumerate(specs):
+                work = Workload(draw_args, prompt_seed=1000 + k)
+                chooser = PinnedGroups(work.pin) if spec.kind == "oracle" else None
+                row = fleet.measure(spec, work, chooser, None, warm_concurrency=ENGINES)
+                rows.append(row)
+        finally:
+            fleet.stop()
+        ratios = prefix_sweep.ratios(rows)
+        per_draw.append(ratios)
+        oracle = rows[0] if rows and rows[0]["target"] == "oracle" else None
+        if oracle:
+            print(f"  oracle: p90 {oracle['ttft_p90_ms']} ms, hit {oracle['hit_rate']}, "
+                  f"{oracle['requests']} requests")  # fmt: skip
+        for name, r in ratios.items():
+            row = next(x for x in rows if x["target"] == name)
+            delta = "n/a" if r.hit_delta is None else f"{r.hit_delta:+.3f}"
+            print(f"  {name}: p90 x{r.p90_ratio}, hit {row['hit_rate']} ({delta}), "
+                  f"errors {row['errors']}", flush=True)  # fmt: skip
+        results.append({"draw": vars(d) | {"system_words": list(d.system_words)}, "rows": rows})
+    summary = prefix_sweep.summary(per_draw)
+    print(f"summary over {len(per_draw)} draws (sweep seed {args.sweep_seed}): TTFT p90 / the oracle's, "
+          "hit rate - the oracle's")  # fmt: skip
+    markdown_table(summary, ["target", "draws", "p90_ratio_median", "p90_ratio_worst",
+                             "hit_delta_median", "hit_delta_worst"])  # fmt: skip
+    return [{"sweep_seed": args.sweep_seed, "draws": results, "summary": summary}]
+
+
+def run_trace(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+    """`--workload mooncake`: the trace replayed (mooncake_trace) against every target, the cost-model
+    reference, and vllm-router when installed; ratios to the reference."""
+    path = Path(args.trace)
+    if not path.exists():
+        raise SystemExit(
+            f"bench_prefix: no trace at {path}; make it as benchmarks/data/README.md says "
+            "(fetch kvcache-ai/Mooncake, then mooncake_trace.py cut), or pass --trace FILE"
+        )
+    requests = mooncake_trace.load_trace(path, args.trace_requests)
+    scale = mooncake_trace.TraceScale(args.trace_block_words, args.trace_speedup, args.trace_output_divisor)
+    working_set_blocks = math.ceil(scale.working_set_words(requests) / 16)
+    if args.kv_cache_blocks == parser_defaults()["kv_cache_blocks"]:
+        args.kv_cache_blocks = math.ceil(args.trace_cache_fraction * working_set_blocks / ENGINES)
+    longest = max(r.input_length for r in requests) * scale.block_words / mooncake_trace.TRACE_BLOCK_TOKENS
+    args.max_model_len = max(args.max_model_len, 2 ** math.ceil(math.log2(longest + 512)))
+    span = requests[-1].at_ms - requests[0].at_ms
+    print(f"trace: {len(requests)} requests of {path} over {span / 1000:.0f} s, replayed over "
+          f"{span / 1000 / scale.speedup:.0f} s; {scale.block_words} words per 512-token block, outputs / "
+          f"{scale.output_divisor}; working set {working_set_blocks} blocks of 16, {args.kv_cache_blocks} "
+          f"per engine ({ENGINES * args.kv_cache_blocks / working_set_blocks:.2f}x in all), "
+          f"{args.max_num_seqs} sequences per engine", flush=True)  # fmt: skip
+    vr = find_vllm_router(args.vllm_router)
+    reference = TargetSpec("reference", "reference")
+    specs = [reference, *DEPLOYED_TARGETS, *(DEPLOYED_KV_TARGETS if args.kv_events else [])]
+    specs += VLLM_ROUTER_TARGETS if vr else []
+    if not vr:
+        print("vllm-router not found: run benchmarks/setup.sh to compare against it", file=sys.stderr)
+    fleet = Fleet(args, out)
+    results: list[dict[str, Any]] = []
+    try:
+        fleet.start()
+        warm_engines(fleet, args)
+        for k, spec in enumerate(selected(specs, args.only)):
+            work = mooncake_trace.TraceWorkload(requests, scale, MODEL, 1000 + k, WORDS)
+            work.pin = pin_balanced(work.weights, ENGINES)
+            chooser: Chooser | None = None
+            if spec.kind == "oracle":
+                chooser = PinnedGroups(work.pin)
+            elif spec.kind == "reference":
+                capacity = args.kv_cache_blocks * 16 // scale.block_words
+                chooser = mooncake_trace.CostModelReference(
+                    requests, scale, ENGINES, capacity, args.prefill_ms_per_token, args.max_num_seqs
+                )
+            row = fleet.measure(spec, work, chooser, vr)
+            results.append(row)
+            print(orjson.dumps(row).decode(), flush=True)
+    finally:
+        fleet.stop()
+    ref = next((r for r in results if r["target"] == "reference"), None)
+    for r in results:
+        if ref and ref["ttft_p90_ms"]:
+            r["p90_over_reference"] = round(r["ttft_p90_ms"] / ref["ttft_p90_ms"], 2)
+    markdown_table(results, [*ROW_COLUMNS, "p90_over_reference"])
+    return results
+
+
+def parser_defaults() -> dict[str, Any]:
+    return vars(build_parser().parse_args([]))
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument(
-        "--workload", choices=("default", *PRESETS), default="default", help="a preset (flags given win)"
+        "--workload",
+        choices=("default", *PRESETS, "mooncake"),
+        default="default",
+        help="a preset (flags given win), or mooncake: the trace (--trace)",
     )
     parser.add_argument("--rate", type=float, default=40.0, help="Poisson arrival rate, requests/s")
     parser.add_argument("--seconds", type=float, default=15.0, help="measured phase bound per target")
@@ -407,166 +863,54 @@ def main() -> None:
     parser.add_argument("--vllm-router", default=None)
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/out"))
+    sweep = parser.add_argument_group("the randomized family (prefix_sweep.py)")
+    sweep.add_argument("--sweep", type=int, default=0, help="N draws, each on fresh engines")
+    sweep.add_argument("--sweep-seed", type=int, default=1, help="the seed each draw's seed derives from")
+    sweep.add_argument("--sweep-draws", default="", help="I,J,...: only these draws of --sweep-seed")
+    trace = parser.add_argument_group("--workload mooncake (mooncake_trace.py)")
+    trace.add_argument("--trace", default=str(mooncake_trace.SUBSET), help="a Mooncake trace, JSON lines")
+    trace.add_argument("--trace-requests", type=int, default=None, help="only the first N requests")
+    trace.add_argument("--trace-block-words", type=int, default=32, help="words per 512-token block")
+    trace.add_argument("--trace-speedup", type=float, default=20.0, help="arrivals this many times faster")
+    trace.add_argument("--trace-output-divisor", type=int, default=8, help="outputs this many times shorter")
+    trace.add_argument(
+        "--trace-cache-fraction", type=float, default=0.5, help="the engines' caches together / working set"
+    )
+    return parser
+
+
+# --sweep: each draw's load, seconds (a few seconds of load so that 20 draws fit in ~15 minutes on 2 cores)
+SWEEP_SECONDS = 4.0
+# --workload mooncake: the engines. A sim's prefill and decode share its compute (a decode step is
+# stretched by the prefill batched with it), so an engine computes ~1/prefill_ms_per_token prompt tokens a
+# second: at 0.2 ms, the fleet's 20k tokens/s is about twice what the subset asks at --trace-speedup 20
+# with its hits, and 4 sequences per engine make the trace's bursts queue.
+TRACE_ENGINE: dict[str, Any] = {"max_num_seqs": 4, "prefill_ms_per_token": 0.2}
+
+
+def main() -> None:
+    parser = build_parser()
     args = parser.parse_args()
+    given = parser_defaults()
     if args.workload in PRESETS:
-        given = parser.parse_args([]).__dict__
         for key, value in PRESETS[args.workload].items():
             if getattr(args, key) == given[key]:  # not set on the command line
                 setattr(args, key, value)
+    elif args.sweep and args.seconds == given["seconds"]:
+        args.seconds = SWEEP_SECONDS
+    elif args.workload == "mooncake":
+        for key, value in TRACE_ENGINE.items():
+            if getattr(args, key) == given[key]:
+                setattr(args, key, value)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    config = out / "prefix-policy.yaml"
-    config.write_text(f"eps: {args.eps}\nscrape_interval: {args.scrape_interval}\n")
-    # the placement before issue 17: ring homes and the strict load bound, under its own policy name
-    ring_config = out / "prefix-ring-policy.yaml"
-    ring_config.write_text(
-        f"eps: {args.eps}\nscrape_interval: {args.scrape_interval}\npolicy: prefix-ring\n"
-        "policies:\n  prefix-ring:\n    placement: ring\n"
-        "    weights: {prefix: 1.0, queue: 0.2, in_flight: 0.15, kv_usage: 0.1}\n"
-    )
-
-    sim_args = [
-        "--max-num-seqs", str(args.max_num_seqs), "--kv-cache-blocks", str(args.kv_cache_blocks),
-        "--block-size", "16", "--prefill-ms-per-token", str(args.prefill_ms_per_token),
-        "--ttft-base-ms", "2", "--itl-ms", "2", "--max-model-len", str(args.max_model_len),
-    ]  # fmt: skip
-    sims: list[Proc] = []
-    events: list[str] | None = [] if args.kv_events else None
-    results: list[dict[str, Any]] = []
-    try:
-        for i in range(ENGINES):
-            port = free_port()
-            argv = [sys.executable, "-m", "corral", "sim", "--host", "127.0.0.1", "--port", str(port)]
-            argv += ["--model", MODEL, "--seed", str(i), *sim_args]
-            if events is not None:
-                # the sim binds its publisher on a wildcard (vLLM connects out to any other tcp address)
-                # and the routers connect to it, replaying what they missed from the replay socket
-                pub, replay = free_port(), free_port()
-                events.append(f"tcp://127.0.0.1:{pub},tcp://127.0.0.1:{replay}")
-                kv_config = {
-                    "enable_kv_cache_events": True,
-                    "publisher": "zmq",
-                    "endpoint": f"tcp://*:{pub}",
-                    "replay_endpoint": f"tcp://*:{replay}",
-                }
-                argv += ["--kv-events-config", orjson.dumps(kv_config).decode()]
-            sims.append(spawn(f"prefix-sim-{i}", argv, f"http://127.0.0.1:{port}", None, out))
-        for s in sims:
-            wait_ready(s, "/health")
-        # a first pass straight to the sims, so that no target (the oracle runs first) meets cold engines
-        warm = Workload(args, prompt_seed=999)
-        warm.schedule = warm.schedule[: 8 * ENGINES]
-        uvloop.run(run_target("warm-up", [s.url for s in sims], warm, 120.0, pinned=True))
-        vr = find_vllm_router(args.vllm_router)
-        targets: list[tuple[str, str, str | None]] = [
-            ("oracle", "oracle", None),
-            ("corral round_robin", "corral", "round_robin"),
-            ("corral least_request", "corral", "least_request"),
-            ("corral prefix", "corral", "prefix"),
-            ("corral prefix (ring)", "corral", "prefix-ring"),
-            ("corral prefix x2 replicas", "corral2", "prefix"),
-            ("corral prefix --workers 2", "corral-w2", "prefix"),
-        ]
-        if events is not None:
-            targets += [
-                ("corral prefix kv-events", "corral-kv", "prefix"),
-                ("corral prefix kv-events x2 replicas", "corral2-kv", "prefix"),
-            ]
-        if vr:
-            targets += [
-                ("vllm-router cache_aware", "vr", "cache_aware"),
-                ("vllm-router round_robin", "vr", "round_robin"),
-            ]
-        else:
-            print("vllm-router not found: run benchmarks/setup.sh to compare against it", file=sys.stderr)
-        only = {t.strip() for t in args.only.split(",") if t.strip()}
-        for k, (name, kind, policy) in enumerate(targets):
-            if only and name not in only:
-                continue
-            routers: list[Proc] = []
-            try:
-                if kind == "vr":
-                    assert vr is not None and policy is not None
-                    port = free_port()
-                    argv = [vr, "--host", "127.0.0.1", "--port", str(port), "--policy", policy]
-                    argv += ["--worker-urls", *[s.url for s in sims]]
-                    routers.append(
-                        spawn(f"prefix-vllm-router-{policy}", argv, f"http://127.0.0.1:{port}", None, out)
-                    )
-                    wait_ready(routers[0], "/v1/models")
-                elif kind != "oracle":
-                    assert policy is not None
-                    ring = policy == "prefix-ring"
-                    kv = events if kind.endswith("-kv") else None
-                    for r in range(2 if kind.startswith("corral2") else 1):
-                        workers = 2 if kind == "corral-w2" else 1
-                        tag = f"prefix-corral-{policy}{'-kv' if kv else ''}-w{workers}-{r}"
-                        cfg = ring_config if ring else config
-                        routers.append(
-                            corral_router(
-                                free_port(), sims, "prefix" if ring else policy, cfg, out, tag, kv, workers
-                            )
-                        )
-                    for router in routers:
-                        wait_ready(router, "/health")
-                time.sleep(0.5)  # first metrics scrape, first model probe
-                work = Workload(args, prompt_seed=1000 + k)
-                before = [engine_counters(s.url) for s in sims]
-                urls = [s.url for s in sims] if kind == "oracle" else [r.url for r in routers]
-                report = uvloop.run(run_target(name, urls, work, 120.0, pinned=kind == "oracle"))
-                after = [engine_counters(s.url) for s in sims]
-                held = [prefix_keys_held(r.url) for r in routers] if kind.startswith("corral") else []
-            finally:
-                for router in routers:
-                    router.stop()
-            # The warm-up is inside the counter window; take it out of the request counts it adds.
-            requests = [a["requests"] - b["requests"] for a, b in zip(after, before, strict=True)]
-            queries = sum(a["queries"] - b["queries"] for a, b in zip(after, before, strict=True))
-            hits = sum(a["hits"] - b["hits"] for a, b in zip(after, before, strict=True))
-            mean = sum(requests) / len(requests)
-            row: dict[str, Any] = {
-                "target": name,
-                "requests": len(report.samples),
-                "errors": report.errors,
-                "rps": round(report.rps, 1),
-                "ttft_p50_ms": round(report.ttft_ms(0.5), 1),
-                "ttft_p90_ms": round(report.ttft_ms(0.9), 1),
-                "ttft_p99_ms": round(report.ttft_ms(0.99), 1),
-                "hit_rate": round(hits / queries, 3) if queries else None,
-                "per_engine": [int(r) for r in requests],
-                "spread_max_over_mean": round(max(requests) / mean, 2) if mean else None,
-            }
-            if held:  # prefixes each endpoint holds by the router's memory: 12 when none was replicated
-                row["prefix_keys_held"] = held
-            if report.errors:
-                row["error_kinds"] = report.error_kinds()
-            results.append(row)
-            print(orjson.dumps(row).decode(), flush=True)
-    finally:
-        for s in reversed(sims):
-            s.stop()
-    by = {r["target"]: r for r in results}
-    oracle = by.get("oracle")
-    for r in results:
-        if oracle and oracle["ttft_p90_ms"] and r is not oracle:
-            print(f"{r['target']}: TTFT p90 / oracle's = {r['ttft_p90_ms'] / oracle['ttft_p90_ms']:.2f}x")
-    prefix, rr, ca = by.get("corral prefix"), by.get("corral round_robin"), by.get("vllm-router cache_aware")
-    two = by.get("corral prefix x2 replicas")
-    if prefix and rr and prefix["ttft_p90_ms"]:
-        print(f"TTFT p90 round_robin / prefix = {rr['ttft_p90_ms'] / prefix['ttft_p90_ms']:.1f}x")
-    if prefix and ca and prefix["ttft_p90_ms"]:
-        ratio = ca["ttft_p90_ms"] / prefix["ttft_p90_ms"]
-        print(f"TTFT p90 vllm-router cache_aware / corral prefix = {ratio:.2f}x")
-    if prefix and two and prefix["hit_rate"]:
-        print(f"hit rate two replicas / one = {two['hit_rate'] / prefix['hit_rate']:.3f}")
+    if args.sweep or args.sweep_draws:
+        results = run_sweep(args, out)
+    elif args.workload == "mooncake":
+        results = run_trace(args, out)
+    else:
+        results = run_presets(args, out)
     (out / "bench_prefix.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
-    if args.markdown:
-        cols = ["target", "requests", "errors", "rps", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
-                "hit_rate", "per_engine", "spread_max_over_mean"]  # fmt: skip
-        print("| " + " | ".join(cols) + " |")
-        print("|" + "---|" * len(cols))
-        for r in results:
-            print("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
 
 
 if __name__ == "__main__":
