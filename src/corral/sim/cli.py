@@ -129,6 +129,12 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
     help="Time from start to serving; the port is not bound before.",
 )
 @click.option("--prefill-ms-per-token", default=0.05, show_default=True, type=click.FloatRange(min=0))
+@click.option(
+    "--enable-prompt-tokens-details",
+    is_flag=True,
+    help="As vLLM: each answer's usage says how many prompt tokens the prefix cache served "
+    "(prompt_tokens_details.cached_tokens).",
+)
 @click.option("--ttft-base-ms", default=1.0, show_default=True, type=click.FloatRange(min=0))
 @click.option(
     "--itl-ms",

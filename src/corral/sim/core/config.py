@@ -30,6 +30,8 @@ class SimConfig:
     kv_cache_blocks: int = 4096
     startup_seconds: float = 0.0
     prefill_ms_per_token: float = 0.05
+    # vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details = {"cached_tokens": N}
+    enable_prompt_tokens_details: bool = False
     ttft_base_ms: float = 1.0
     itl_ms: float = 2.0
     default_max_tokens: int = 16

@@ -53,6 +53,7 @@ class Job:
     transfer: dict[str, Any] | None = None  # the request's kv_transfer_params (with a connector only)
     remote_params: dict[str, Any] | None = None  # what a prefill's answer returns for its decode engine
     failed: bool = False  # its KV load failed: finished with an error
+    cached: int = 0  # prompt tokens its engine's prefix cache served
 
     @property
     def finish_reason(self) -> str:
@@ -171,7 +172,7 @@ class Engine:
         self.stats.queue_time.observe(loop.time() - job.req.arrival)
         job.hashes = self.cache.hashes(job.prompt_ids, job.lora)
         n = len(job.prompt_ids)
-        cached = self.cache.lookup(job.hashes, n)
+        cached = job.cached = self.cache.lookup(job.hashes, n)
         self.stats.prompt_tokens += n
         self.stats.prompt_by_source["local_cache_hit"] += cached
         if await self._pulled(job, n - cached):

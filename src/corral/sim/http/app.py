@@ -197,6 +197,7 @@ class SimApi:
                 job.req.prompt_len,
                 job.emitted,
                 job.remote_params,
+                (job.cached or None) if self.config.enable_prompt_tokens_details else None,
             )
             return web.Response(body=payload, content_type=_JSON, headers=headers)
         finally:
@@ -256,7 +257,8 @@ class SimApi:
                     await resp.write(enc.role())
                 await resp.write(enc.last("", "abort", None, with_fingerprint=not r.include_usage))
             if r.include_usage:
-                await resp.write(enc.usage(job.req.prompt_len, job.emitted))
+                cached = (job.cached or None) if self.config.enable_prompt_tokens_details else None
+                await resp.write(enc.usage(job.req.prompt_len, job.emitted, cached))
             await resp.write(DONE)
             await resp.write_eof()
         except (ConnectionResetError, ConnectionError):

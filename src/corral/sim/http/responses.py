@@ -13,14 +13,17 @@ import orjson
 DONE = b"data: [DONE]\n\n"
 
 
-def _usage(prompt: int, completion: int, details: bool) -> dict[str, Any]:
+def _usage(prompt: int, completion: int, details: bool, cached: int | None = None) -> dict[str, Any]:
+    """vLLM's usage; `cached` (with --enable-prompt-tokens-details and some prompt tokens served by the
+    prefix cache, as vLLM: none served, no details): `prompt_tokens_details.cached_tokens`."""
     usage: dict[str, Any] = {
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
     }
+    if details or cached is not None:
+        usage["prompt_tokens_details"] = None if cached is None else {"cached_tokens": cached}
     if details:
-        usage["prompt_tokens_details"] = None
         usage["completion_tokens_details"] = None
     return usage
 
@@ -36,6 +39,7 @@ def chat_completion(
     prompt_tokens: int,
     completion_tokens: int,
     kv_transfer_params: dict[str, Any] | None = None,
+    cached_tokens: int | None = None,
 ) -> bytes:
     return orjson.dumps(
         {
@@ -64,7 +68,7 @@ def chat_completion(
             ],
             "service_tier": None,
             "system_fingerprint": fingerprint,
-            "usage": _usage(prompt_tokens, completion_tokens, True),
+            "usage": _usage(prompt_tokens, completion_tokens, True, cached_tokens),
             "prompt_logprobs": None,
             "prompt_token_ids": None,
             "prompt_text": None,
@@ -86,6 +90,7 @@ def text_completion(
     prompt_tokens: int,
     completion_tokens: int,
     kv_transfer_params: dict[str, Any] | None = None,
+    cached_tokens: int | None = None,
 ) -> bytes:
     return orjson.dumps(
         {
@@ -108,7 +113,7 @@ def text_completion(
             ],
             "service_tier": None,
             "system_fingerprint": fingerprint,
-            "usage": _usage(prompt_tokens, completion_tokens, True),
+            "usage": _usage(prompt_tokens, completion_tokens, True, cached_tokens),
             "kv_transfer_params": kv_transfer_params,
             "ec_transfer_params": None,
             "metrics": None,
@@ -201,9 +206,9 @@ class StreamEncoder:
             payload["system_fingerprint"] = self._fingerprint
         return self._event(payload)
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> bytes:
         payload = self._base([])
-        payload["usage"] = _usage(prompt_tokens, completion_tokens, False)
+        payload["usage"] = _usage(prompt_tokens, completion_tokens, False, cached_tokens)
         payload["system_fingerprint"] = self._fingerprint
         return self._event(payload)
 
