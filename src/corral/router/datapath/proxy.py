@@ -292,7 +292,7 @@ class Proxy:
                     else self._unavailable(model, "no endpoint of it is READY", request_id)
                 )
                 return await self._reject(reply, answer, model, request_id, start)
-            route.prefill_tokens = 0
+            route.prefill_tokens, route.expected_hit = 0, None
             endpoint = policy.pick(candidates, route)
             if leg is not None:
                 pd.paired(leg, endpoint)
@@ -377,6 +377,8 @@ class Proxy:
                         endpoint.traffic.first_token(
                             time.monotonic() - dispatched, dispatched, endpoint.routable_from
                         )
+                        if route.expected_hit is not None:  # what the engine's cache served
+                            route.expected_hit.answered(first)
                     elapsed = time.perf_counter() - start
                     metrics.ttft.observe(elapsed)
                     metrics.duration.observe(elapsed)
@@ -427,6 +429,7 @@ class Proxy:
         times = StreamTimes(endpoint.traffic, dispatched, endpoint.routable_from)
         times.feed(first, ending.tokens_emitted)
         params = SseParamsFilter()
+        before, last = b"", first  # the stream's last two reads: its usage event is among them
         await reply.start(status, headers)
         code = status
         content = upstream
@@ -463,7 +466,10 @@ class Proxy:
                     break
                 if not chunk:
                     await reply.write(params.finish())
+                    if route.expected_hit is not None:  # the usage event, when the client asked for it
+                        route.expected_hit.answered(before + last)
                     break
+                before, last = last, chunk
                 ending.feed(chunk)
                 times.feed(chunk, ending.tokens_emitted)
                 await reply.write(params.feed(chunk))

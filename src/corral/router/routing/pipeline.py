@@ -25,11 +25,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from corral.router.membership.endpoint import Endpoint
+from corral.router.routing.cache_feedback import CacheFeedback
 from corral.router.routing.filters import candidates_for, favored, load_bound
 from corral.router.routing.load_board import LoadBoard
 from corral.router.routing.prefill_cost import CHARS_PER_TOKEN, PrefillCost
 from corral.router.routing.prefix_holders import PrefixHolders
-from corral.router.routing.prefix_memory import DEFAULT_BLOCK_CHARS, DEFAULT_KEY_BLOCKS
+from corral.router.routing.prefix_memory import DEFAULT_BLOCK_CHARS, DEFAULT_KEY_BLOCKS, PrefixMemory
 from corral.router.routing.prompt import request_prefix_keys
 from corral.router.routing.request import RouteRequest
 from corral.router.routing.scorers import (
@@ -113,6 +114,11 @@ class ScoredPolicy:
             if placement == "cost" and self._prefix is not None and self._prefix.holders is not None
             else None
         )
+        # by cost on the router's own memory: an engine's answer that says it cached far less than the
+        # memory expected corrects the memory (cache_feedback)
+        self.feedback = (
+            CacheFeedback(holders) if self.cost is not None and isinstance(holders, PrefixMemory) else None
+        )
         # Told of each pick (request, endpoint, whether the prefix holders learnt it): the sibling workers
         # of `--workers N` learn it too (`worker_journal`); None with one worker.
         self.on_pick: Callable[[RouteRequest, Endpoint, bool], None] | None = None
@@ -128,7 +134,7 @@ class ScoredPolicy:
         each one's expected prefill tokens before the prompt's first token, negated (higher is better)."""
         if self.cost is not None:
             pool, ctx = self._pool(candidates, request)
-            estimates, _ = self._estimates(pool, ctx)
+            estimates = self._estimates(pool, ctx)[0]
             return pool, [-x for x in estimates]
         pool, totals, _ = self._scored(candidates, request)
         return pool, totals
@@ -170,24 +176,27 @@ class ScoredPolicy:
             pool = self.within_bound(candidates, ctx.now, bound=bound)
         return pool, ctx
 
-    def _estimates(self, pool: Sequence[Endpoint], ctx: PickContext) -> tuple[list[float], list[float]]:
-        """By cost: each endpoint's expected prefill tokens before the prompt's first token, and the
-        prompt's uncached tokens there."""
+    def _estimates(
+        self, pool: Sequence[Endpoint], ctx: PickContext
+    ) -> tuple[list[float], list[float], list[float], float]:
+        """By cost: each endpoint's expected prefill tokens before the prompt's first token, the
+        prompt's uncached tokens there, the characters of the prompt it holds, and the prompt's."""
         cost, prefix = self.cost, self._prefix
         assert cost is not None and prefix is not None and prefix.holders is not None
         keys = request_prefix_keys(ctx.request, self.block_chars, self.key_blocks)
         keyed = keys[-1][1] / CHARS_PER_TOKEN if keys else 0.0
         prompt = cost.prompt_tokens(keys[-1][1] if keys else 0)
-        shares = prefix.holders.held(ctx.request, pool) if keys else [0.0] * len(pool)
-        ctx.held = placed_by_holders(shares)
-        if not ctx.held:  # a start common to all places nothing: each is priced at the least held
-            low = min(shares, default=0.0)
-            shares = [low] * len(pool)
-        return cost.estimates(pool, ctx.loads(pool), shares, prompt, keyed)
+        held = prefix.holders.held(ctx.request, pool) if keys else [0.0] * len(pool)
+        ctx.held = placed_by_holders(held)
+        # a start common to all places nothing: each is priced at the least held
+        shares = held if ctx.held else [min(held, default=0.0)] * len(pool)
+        estimates, uncached = cost.estimates(pool, ctx.loads(pool), shares, prompt, keyed)
+        chars = keyed * CHARS_PER_TOKEN
+        return estimates, uncached, [share * chars for share in held], prompt * CHARS_PER_TOKEN
 
     def _by_cost(self, candidates: Sequence[Endpoint], request: RouteRequest) -> tuple[Endpoint, PickContext]:
         pool, ctx = self._pool(candidates, request)
-        estimates, uncached = self._estimates(pool, ctx)
+        estimates, uncached, held, prompt_chars = self._estimates(pool, ctx)
         best = min(estimates)
         ties = [i for i, x in enumerate(estimates) if x <= best + TIE_TOKENS]
         if len(ties) > 1 and not ctx.held and self._recent is not None:
@@ -205,6 +214,8 @@ class ScoredPolicy:
         assert self.cost is not None
         self.cost.picked(uncached[i])
         request.prefill_tokens = max(1, round(uncached[i]))
+        if self.feedback is not None and held[i] > 0:
+            self.feedback.expect(request, pool[i], held[i], prompt_chars)
         return pool[i], ctx
 
     def _scored(

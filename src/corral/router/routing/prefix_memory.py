@@ -167,6 +167,22 @@ class PrefixMemory:
             if not urls:
                 del self._urls_of[key]
 
+    def forget_deeper(self, request: RouteRequest, endpoint: Endpoint, chars: float) -> int:
+        """`endpoint`'s engine served only the first `chars` characters of the prompt from its cache (it
+        evicted the rest): forget its keys of the prompt that cover more; how many were forgotten."""
+        entry = self._current(endpoint)
+        if entry is None:
+            return 0
+        keys = entry.keys
+        dropped = 0
+        for key, covers in self.keys(request):
+            if covers <= chars or key not in keys:
+                continue
+            entry.prefixes -= keys.pop(key)
+            self._unsent(key, endpoint.url)
+            dropped += 1
+        return dropped
+
     def holders(self, request: RouteRequest) -> Iterator[str]:
         """The endpoints sent some of the prompt's keys, those sent the deepest first, each once; lazy,
         so a pick that needs the first few holders of a prefix held by many reads no further."""

@@ -24,6 +24,15 @@ class RouteRequest:
     # Set by a pick that prices placements (`prefill_cost`): the uncached prompt tokens it expects the
     # chosen engine to compute; the proxy counts them in that engine's prefill queue until the first byte.
     prefill_tokens: int = 0
+    # Set by a pick that expected the chosen engine's prefix cache to serve part of the prompt
+    # (`cache_feedback`): told the answer's bytes, it learns from the engine's cached-token count.
+    expected_hit: AnswerUsage | None = None
+
+
+class AnswerUsage(Protocol):
+    def answered(self, body: bytes) -> None:
+        """An answer's bytes (a whole body, or a stream's last events), its usage among them or not."""
+        ...
 
 
 class Policy(Protocol):
