@@ -7,8 +7,9 @@ For a candidate e, the estimate is wait(e) + decode(e) + cost(e):
   tokens (`Endpoint.host_prefill_tokens`: an engine computes one prefill stream at a time, so a request
   waits for the prefills ahead of it), plus the requests e's own `/metrics` says wait
   (`vllm:num_requests_waiting`) beyond those of this host it has, each at a typical prompt's uncached
-  tokens: other replicas' traffic, seen a scrape late. An engine without fresh metrics counts one such
-  request (it is not preferred for having stopped answering).
+  tokens: other replicas' traffic, seen a scrape late. An engine without fresh metrics is priced by
+  this host's requests alone: a penalty for it (as the load scorers score it saturated) moved prompts
+  off their holders while a router's first scrapes came in, one engine after another.
 - decode(e): each of this host's requests at e past its first token costs `DECODE_SHARE` of a typical
   prompt: decodes share the engine's steps with the prefill (chunked prefill) and hold its sequence slots.
 - cost(e): the prompt's tokens less those e likely holds (`PrefixHolders` share of the keyed prefix).
@@ -52,7 +53,7 @@ class PrefillCost:
         """The prefill tokens ahead of a new request at `endpoint`, and its decodes' price, a request
         the router does not know of costing `typical` tokens."""
         ours = endpoint.host_prefilling
-        others = 1.0 if load is None else max(0.0, load.waiting - ours)
+        others = 0.0 if load is None else max(0.0, load.waiting - ours)
         # the engine's running requests (other replicas' too), less those of ours still in prefill
         decoding = max(endpoint.host_in_flight - ours, 0.0 if load is None else load.running - ours)
         return endpoint.host_prefill_tokens + typical * (others + DECODE_SHARE * decoding)
