@@ -122,6 +122,28 @@ def test_in_flight_is_the_hosts_for_routing_and_each_workers_own_for_acks() -> N
     assert w2.membership.eligible(MODEL).in_flight == 1
 
 
+def test_the_prefill_queue_is_the_hosts_too() -> None:
+    """Placement by cost waits behind every worker's requests before their first byte (issue 28)."""
+    journals = WorkerJournals(3)
+    w1, w2, w3 = (Worker(journals, k, 2) for k in (1, 2, 3))
+    url = w1.membership.endpoints()[0].url
+    for worker, tokens in ((w1, 300), (w1, 200), (w3, 700)):
+        endpoint = worker.endpoint(url)
+        endpoint.in_flight += 1
+        endpoint.prefill_sent(tokens)
+    assert w2.sync is not None
+    w2.sync.drain()
+    seen = w2.endpoint(url)
+    assert (seen.host_in_flight, seen.host_prefilling, seen.host_prefill_tokens) == (3, 3, 1200)
+    w1.endpoint(url).prefill_done(300)  # its first byte: decoding now, still in flight
+    w2.sync.drain()
+    assert (seen.host_in_flight, seen.host_prefilling, seen.host_prefill_tokens) == (3, 2, 900)
+    journals.new_incarnation(3)  # w3 died: its queue is gone
+    w2.sync.drain()
+    assert (seen.host_in_flight, seen.host_prefilling, seen.host_prefill_tokens) == (2, 1, 200)
+    assert (seen.prefilling, seen.prefill_tokens) == (0, 0)  # w2's own
+
+
 def test_a_restarted_worker_is_read_from_its_new_life_only() -> None:
     journals = WorkerJournals(2)
     w1, w2 = Worker(journals, 1, 2), Worker(journals, 2, 2)
