@@ -7,12 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import urllib.request
+from pathlib import Path
 
 import aiohttp
 import orjson
 
 from tests.integration.test_router_passthrough import post, start_router
 from tests.support.procs import start_sim
+
+
+def by_cost(tmp_path: Path) -> tuple[str, str]:
+    """The router's --policy-config for the built-in prefix policy placing by cost (issue 28; the
+    default placement is still headroom)."""
+    config = tmp_path / "routing.yaml"
+    config.write_text("prefix_placement: cost\n")
+    return ("--policy-config", str(config))
+
 
 DOCUMENT = "The tide tables of the northern bay, corrected for the spring equinox. " * 30  # ~2,100 chars
 # a cache of 64 blocks of 16 tokens: a few prompts of this size evict the document
@@ -35,9 +45,11 @@ async def _complete(url: str, prompt: str) -> dict[str, object]:
     return usage
 
 
-def test_an_engine_that_evicted_a_document_is_forgotten_as_its_holder() -> None:
+def test_an_engine_that_evicted_a_document_is_forgotten_as_its_holder(tmp_path: Path) -> None:
     sims = [start_sim(None, *SIM) for _ in range(2)]
-    router, url = start_router(*(u for _, u in sims), extra=("--policy", "prefix", "--workers", "1"))
+    router, url = start_router(
+        *(u for _, u in sims), extra=("--policy", "prefix", "--workers", "1", *by_cost(tmp_path))
+    )
     try:
         asyncio.run(_complete(url, DOCUMENT + "question 0"))
         held = keys_held(url)

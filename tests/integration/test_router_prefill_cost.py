@@ -7,11 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import urllib.request
+from pathlib import Path
 
 import aiohttp
 
 from tests.integration.test_router_passthrough import post, start_router
 from tests.support.procs import start_sim
+
+
+def by_cost(tmp_path: Path) -> tuple[str, str]:
+    """The router's --policy-config for the built-in prefix policy placing by cost (issue 28; the
+    default placement is still headroom)."""
+    config = tmp_path / "routing.yaml"
+    config.write_text("prefix_placement: cost\n")
+    return ("--policy-config", str(config))
+
 
 SYSTEM = "You answer questions about the tides and the sea charts of the bay. " * 18  # ~1,200 characters
 # ~0.5 s of prefill for the long question alone: every pick of a burst is made before a first byte
@@ -53,10 +63,10 @@ def _served_by(urls: list[str], before: list[float]) -> list[int]:
     return [int(served(u) - b) for u, b in zip(urls, before, strict=True)]
 
 
-def test_a_burst_spills_once_the_holders_queue_outweighs_its_hit_and_cheap_hits_stay() -> None:
+def test_a_burst_spills_once_the_holders_queue_outweighs_its_hit_and_cheap_hits_stay(tmp_path: Path) -> None:
     sims = [start_sim(None, *SIM, *SLOW) for _ in range(2)]
     urls = [u for _, u in sims]
-    router, url = start_router(*urls, extra=("--policy", "prefix", "--workers", "1"))
+    router, url = start_router(*urls, extra=("--policy", "prefix", "--workers", "1", *by_cost(tmp_path)))
     try:
         before = [served(u) for u in urls]
         asyncio.run(_burst(url, range(1), 40))  # the group's first request: one engine holds it

@@ -135,9 +135,10 @@ def test_the_ring_placement_is_a_routing_config_choice() -> None:
     )
     ring = build_scored("prefix-ring", config, LoadBoard(), "x-session-id", 1, PrefixMemory())
     assert ring.placement == "ring"
-    assert (
-        build_scored("prefix", config, LoadBoard(), "x-session-id", 1, PrefixMemory()).placement == "cost"
-    )
+    built_in = build_scored("prefix", config, LoadBoard(), "x-session-id", 1, PrefixMemory())
+    assert built_in.placement == "headroom"  # the default until cost prices what a copy evicts
+    by_cost = RoutingConfig.model_validate({"prefix_placement": "cost"})
+    assert build_scored("prefix", by_cost, LoadBoard(), "x-session-id", 1, PrefixMemory()).placement == "cost"
 
 
 def test_an_idle_prefix_held_twice_stays_on_one_holder() -> None:

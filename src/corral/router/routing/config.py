@@ -9,6 +9,7 @@ their weights, and the knobs of prefix hashing and metrics scraping.
     scrape_budget: 50             # /metrics scrapes per second for the whole fleet, spread evenly
     stale_after: 5.0              # older metrics count as saturated (default: 5 scrape periods, >= 0.5 s)
     header: x-corral-policy       # a request may name its policy in this header
+    prefix_placement: cost        # the built-in prefix policy: headroom (default), cost or ring
     slow_start_seconds: 30        # ramp of an endpoint that becomes routable (default: --slow-start-seconds)
     slow_start_models:            # per model; 0 turns slow start off for it
       llama-8b-sql: 0
@@ -78,6 +79,11 @@ class RoutingConfig(BaseModel):
     scrape_budget: float = Field(default=50.0, gt=0)
     stale_after: float | None = Field(default=None, gt=0)
     header: str = "x-corral-policy"
+    # The built-in `prefix` policy's placement. headroom (issue 17) until cost (issue 28) has a price for
+    # what a copy evicts: on single runs cost beat it under bursts (p90 0.40x vs 0.44x the oracle's) and
+    # lost on the agentic preset (1.25-1.35x vs 1.00x) and the Mooncake replay (1.05x vs 0.90x the
+    # reference); benchmarks/RESULTS.md.
+    prefix_placement: Literal["cost", "headroom", "ring"] = "headroom"
     slow_start_seconds: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     slow_start_models: dict[str, float] = Field(default_factory=dict)
     policies: dict[str, ScoredPolicySpec] = Field(default_factory=dict)

@@ -23,8 +23,6 @@ from corral.router.telemetry.engine_input import EngineInputRefusals
 log = logging.getLogger("corral.router.scoring")
 
 SCORED_BUILTINS = {"prefix": PREFIX_WEIGHTS, "load": LOAD_WEIGHTS}
-# `prefix` places by cost (issue 28); `load` has no prefix scorer, so its placement is moot.
-BUILTIN_PLACEMENTS = {"prefix": "cost", "load": "headroom"}
 
 
 class PolicySelector:
@@ -58,7 +56,8 @@ def build_scored(
     spec = config.policies.get(name)
     weights = spec.weights if spec is not None else SCORED_BUILTINS[name]
     eps = spec.eps if spec is not None and spec.eps is not None else config.eps
-    placement = spec.placement if spec is not None else BUILTIN_PLACEMENTS[name]
+    # `load` has no prefix scorer, so its placement is moot; `prefix` places as the config says
+    placement = spec.placement if spec is not None else config.prefix_placement
     return ScoredPolicy(
         name,
         weights,
