@@ -21,17 +21,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import signal
-import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from tests.support.waits import wait_until
+from tests.support import nonce_engine
 
 MODEL = "hostile-model"
 VERSION = "0.32.0"
@@ -176,30 +172,13 @@ def _head(status: int, headers: dict[str, str]) -> bytes:
 
 def start(mode: str = "plain") -> tuple[subprocess.Popen[bytes], str]:
     """Start the engine as a process on a free loopback port; returns it and its URL."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.hostile_engine", "--port", str(port), "--mode", mode],
-        cwd=Path(__file__).resolve().parents[2],
-        start_new_session=True,
-        stdin=subprocess.DEVNULL,
+    root = Path(__file__).resolve().parents[2]
+    return nonce_engine.start_module(
+        root, "tests.support.hostile_engine", "the hostile engine", "--mode", mode
     )
 
-    def listening() -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        except OSError:
-            return False
-        return True
 
-    wait_until(listening, 20, "the hostile engine to listen", interval=0.05)
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=5)
+stop = nonce_engine.stop
 
 
 async def main(port: int, mode: str) -> None:

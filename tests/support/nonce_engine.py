@@ -25,13 +25,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from corral.fleet.local.ports import free_port
+from tests.support.waits import wait_until
 
 MODEL = "nonce-model"
 REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 429: b"Too Many Requests", 500: b"Error"}
@@ -196,22 +196,33 @@ def _head(status: int, headers: dict[str, str]) -> bytes:
 
 def start(root: Path) -> tuple[subprocess.Popen[bytes], str]:
     """Start the engine as a process on a free loopback port (`root`: the repository, for `-m`)."""
+    return start_module(root, "tests.support.nonce_engine", "the nonce engine")
+
+
+def start_module(root: Path, module: str, what: str, *args: str) -> tuple[subprocess.Popen[bytes], str]:
+    """Run `python -m MODULE --port N ARGS` (a test engine) on a free loopback port and wait until it
+    listens; returns the process and its URL."""
     port = free_port("127.0.0.1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.nonce_engine", "--port", str(port)],
+        [sys.executable, "-m", module, "--port", str(port), *args],
         cwd=root,
         start_new_session=True,
         stdin=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+
+    def listening() -> bool:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return proc, f"http://127.0.0.1:{port}"
         except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("the nonce engine did not start listening")
+            return False
+        return True
+
+    try:
+        wait_until(listening, 20, f"{what} to listen", interval=0.05)
+    except AssertionError:
+        proc.kill()
+        raise
+    return proc, f"http://127.0.0.1:{port}"
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

@@ -11,17 +11,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import h11
 import orjson
 
-from corral.fleet.local.ports import free_port
 from tests.support import nonce_engine
 
 MODEL = nonce_engine.MODEL
@@ -94,22 +90,7 @@ class RecordingEngine:
 
 def start(root: Path) -> tuple[subprocess.Popen[bytes], str]:
     """Start the engine as a process on a free loopback port (`root`: the repository, for `-m`)."""
-    port = free_port("127.0.0.1")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.recording_engine", "--port", str(port)],
-        cwd=root,
-        start_new_session=True,
-        stdin=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return proc, f"http://127.0.0.1:{port}"
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("the recording engine did not start listening")
+    return nonce_engine.start_module(root, "tests.support.recording_engine", "the recording engine")
 
 
 stop = nonce_engine.stop
