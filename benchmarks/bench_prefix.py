@@ -447,13 +447,14 @@ PRESET_KV_TARGETS = [
     TargetSpec("corral prefix kv-events x2 replicas", "corral", "prefix", replicas=2, kv_events=True),
 ]
 # Issue 28's: the prefix policy as a user deploys it (`corral router --backend ... --policy prefix`, no
-# other flag: as many workers as CPUs), beside one and two workers and two single-process replicas.
+# other flag: as many workers as CPUs), beside one and two workers and two and four single-process replicas.
 DEPLOYED_TARGETS = [
     ORACLE,
     TargetSpec("corral prefix (deployed)", "corral", "prefix", workers=None, deployed=True),
     TargetSpec("corral prefix --workers 1", "corral", "prefix"),
     TargetSpec("corral prefix --workers 2", "corral", "prefix", workers=2),
     TargetSpec("corral prefix x2 replicas", "corral", "prefix", replicas=2),
+    TargetSpec("corral prefix x4 replicas", "corral", "prefix", replicas=4),
     TargetSpec("corral round_robin", "corral", "round_robin"),
 ]
 DEPLOYED_KV_TARGETS = [
