@@ -120,7 +120,9 @@ def test_a_supervised_engine_publishes_its_kv_events_address_and_the_router_foll
         "endpoint": f"tcp://*:{pub}",
         "replay_endpoint": f"tcp://*:{replay}",
     }
-    published = f"tcp://127.0.0.1:{pub},tcp://127.0.0.1:{replay}"
+    # the engine is on the supervisor's loopback: the state line keeps the wildcard, which each router
+    # reads as the host it reaches the engine at (127.0.0.1 would be the router's own host elsewhere)
+    published = f"tcp://*:{pub},tcp://*:{replay}"
     with supervised(sim_args=(*ARGS, "--kv-events-config", json.dumps(config))) as sup:
         state = sup.wait_state("READY", 60)
         assert state["kv_events"] == published, state

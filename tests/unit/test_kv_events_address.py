@@ -40,3 +40,17 @@ def test_an_engine_whose_publisher_connects_out_has_no_address_to_subscribe_to()
     # vLLM binds only a wildcard, ipc or inproc endpoint; at any other tcp address its PUB connects out
     config = '{"enable_kv_cache_events": true, "endpoint": "tcp://10.0.0.1:5557"}'
     assert address_from_argv(["--kv-events-config", config], "http://10.0.0.7:8000") is None
+
+
+@pytest.mark.parametrize(
+    "engine_url", ["http://127.0.0.1:8000", "http://localhost:8000", "http://[::1]:8000"]
+)
+def test_an_engine_on_loopback_keeps_its_wildcard_for_the_subscriber_to_map(engine_url: str) -> None:
+    # a rendered pod's engine listens on 127.0.0.1 behind the gate; a router in another pod maps the
+    # wildcard to the pod IP it reached, where 127.0.0.1 would be its own host
+    argv = ["vllm", "serve", "m", "--kv-events-config", CONFIG]
+    address = address_from_argv(argv, engine_url)
+    assert address == KvEventsAddress("tcp://*:5557", "tcp://*:5558")
+    assert parse_address(address.to_text(), "10.0.0.9") == KvEventsAddress(
+        "tcp://10.0.0.9:5557", "tcp://10.0.0.9:5558"
+    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from ipaddress import ip_address
 from urllib.parse import urlsplit
 
 from corral.engine.kv_events import parse_kv_events_config
@@ -74,11 +75,22 @@ def publisher_binds(endpoint: str) -> bool:
     return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
 
 
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def address_from_argv(argv: Sequence[str], engine_url: str) -> KvEventsAddress | None:
     """Where the engine that `argv` starts publishes its KV events, as seen from elsewhere (its wildcard
     bind becomes `engine_url`'s host); None when it publishes none, when its publisher connects out to a
     subscriber of its own (a tcp address without a wildcard host) instead of binding, or when the config
-    cannot be read (the engine itself refuses a bad one)."""
+    cannot be read (the engine itself refuses a bad one). An engine reached on loopback (a pod's engine
+    behind its admission gate) keeps its wildcard: 127.0.0.1 would name each subscriber's own host, and
+    the subscriber maps the wildcard to the host it reaches the engine's pod at."""
     text = kv_events_config_text(argv)
     if text is None:
         return None
@@ -89,6 +101,8 @@ def address_from_argv(argv: Sequence[str], engine_url: str) -> KvEventsAddress |
     if not config.publishing or not publisher_binds(config.endpoint):
         return None
     host = urlsplit(engine_url).hostname or "127.0.0.1"
+    if _loopback(host):
+        return KvEventsAddress(config.endpoint, config.replay_endpoint)
     try:
         endpoint = _connectable(config.endpoint, host, "KV events publisher")
         replay = config.replay_endpoint

@@ -49,6 +49,7 @@ def render(config_path: Path, out: Path | None, explain: bool) -> None:
     PodDisruptionBudget and NetworkPolicy, and the router with its RBAC and Service."""
     from corral.k8s.render.budgets import derive
     from corral.k8s.render.config_reading import ConfigError, load_config
+    from corral.k8s.render.kv_events_plan import decisions
     from corral.k8s.render.manifests import render as render_manifests
     from corral.k8s.render.output import admin_secret_hint, secret_hint, stream, write_dir
     from corral.k8s.render.pd_objects import explain as pd_explain
@@ -63,6 +64,8 @@ def render(config_path: Path, out: Path | None, explain: bool) -> None:
     steps, warnings = (budgets.steps, budgets.warnings) if config.pd is None else pd_explain(config, budgets)
     for warning in warnings:
         click.echo(f"corral k8s render: warning: {warning}", err=True)
+    for decision in decisions(config).values():  # also on each engine Deployment, as an annotation
+        click.echo(f"corral k8s render: KV events for {decision.group}: {decision.text()}", err=True)
     if explain:
         click.echo(f"corral k8s render: numbers for {config.name}:", err=True)
         _explain(steps)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from corral.k8s.render.budgets import Budgets
 from corral.k8s.render.config import CorralDeployment
+from corral.k8s.render.kv_events_plan import any_on
 
 KEY_DIR = "/etc/corral/fleet-key"  # the fleet key Secret: the init container and the router only
 ADMIN_KEY_DIR = "/etc/corral/router-admin"  # the router's admin key Secret: the router only
@@ -215,6 +216,12 @@ def selector_text(labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in labels.items())
 
 
+def router_tokenizer(config: CorralDeployment) -> str | None:
+    """The router's --tokenizer: router.tokenizer, when some engine group publishes KV events for it to
+    read (kv_events_plan); without one the router keeps no KV index."""
+    return config.router.tokenizer if any_on(config) else None
+
+
 def router_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
     """`corral router --discovery k8s` over exactly the pods `engine_selector` matches, sending the data
     path to each pod's admission gate and following its supervisor state stream (acknowledging
@@ -224,6 +231,7 @@ def router_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
     the router's probes and requests carry it (config_reading refuses that without tenant keys)."""
     engine_key = engine_api_key_file(config)
     tenants = tenant_keys_file(config)
+    tokenizer = router_tokenizer(config)
     return [
         "corral",
         "router",
@@ -249,6 +257,7 @@ def router_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
         *(["--engine-api-key-file", engine_key] if engine_key is not None else []),
         "--policy",
         config.router.policy,
+        *(["--tokenizer", tokenizer] if tokenizer is not None else []),
         "--request-timeout",
         _num(budgets.router_request_timeout),
         "--shutdown-timeout",

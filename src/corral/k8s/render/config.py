@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from corral.k8s.render.images_config import ImagesSpec, fill_default_images
+from corral.k8s.render.kv_events_config import KvEventsSpec
 from corral.k8s.render.monitoring_config import MonitoringSpec
 from corral.k8s.render.pd_config import PdSpec
 from corral.redaction import is_secret_name, redact_argv
@@ -362,6 +363,15 @@ class RouterSpec(_Section):
         "engines enforce an API key (VLLM_API_KEY in engine.secret_env): the router listens on the pod "
         "network and sends that key with every request it forwards",
     )
+    tokenizer: str | None = Field(
+        default=None,
+        pattern=r"^\S+$",
+        description="what the router tokenizes prompts with to read the engines' KV events (its "
+        "--tokenizer): the model's tokenizer as the router container holds it (a directory, or a hub id "
+        "it downloads into /tmp), in a router image with the `transformers` package, which the Corral "
+        "router image does not have; `sim` for `corral sim` engines. null: the router reads no KV "
+        "events and routes by its own prefix memory",
+    )
 
     @field_validator("policy")
     @classmethod
@@ -537,6 +547,11 @@ class CorralDeployment(_Section):
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
     monitoring: MonitoringSpec = Field(
         default_factory=MonitoringSpec, description="Grafana dashboard, alerts and ServiceMonitors (all off)"
+    )
+    kv_events: KvEventsSpec = Field(
+        default_factory=KvEventsSpec,
+        description="the engines' KV-cache events to the routers: {enabled, port, replay_port} (on where "
+        "the config allows it; render says why per engine group)",
     )
     pd: PdSpec | None = Field(
         default=None,

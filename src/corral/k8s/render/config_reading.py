@@ -16,9 +16,12 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from corral.engine.flags import serving_settings
+from corral.engine.kv_events_address import KV_EVENTS_FLAG
 from corral.engine.revisions import OTHER_REVISIONS, is_pinned
 from corral.k8s.render import commands
 from corral.k8s.render.config import CorralDeployment
+from corral.k8s.render.images_config import router_image
+from corral.k8s.render.kv_events_plan import SIM_TOKENIZER
 from corral.k8s.render.parts import HOME
 from corral.k8s.render.pd_config import PD_OWNED_FLAGS, SIDE_CHANNEL_HOST_ENV, SIDE_CHANNEL_PORT_ENV
 from corral.redaction import redact_argv, redact_env
@@ -129,6 +132,7 @@ def cross_check(config: CorralDeployment) -> list[Problem]:
     problems += _floating_revisions(config)
     problems += _lora(config)
     problems += _pd(config)
+    problems += _kv_events(config)
     mounts = [PurePosixPath(v.mount_path) for v in config.engine.volumes]
     for i, spec in enumerate(config.dependencies.wait_for):
         gate = parse_gate(spec)
@@ -247,6 +251,59 @@ def _pd(config: CorralDeployment) -> list[Problem]:
                     "pd.side_channel_port",
                     port,
                     f"{field_name} already uses this port; NIXL's side channel needs its own (e.g. 5600)",
+                )
+            )
+    return problems
+
+
+def _kv_events(config: CorralDeployment) -> list[Problem]:
+    """The engines' --kv-events-config and its ports are the renderer's while kv_events.enabled; a
+    router.tokenizer other than sim needs `transformers`, which the Corral router image lacks."""
+    problems: list[Problem] = []
+    spec = config.kv_events
+    if spec.enabled:
+        places = [("engine.args", config.engine.args)]
+        if config.pd is not None:
+            places += [(f"pd.{r}.args", config.pd.role(r).args) for r in ("prefill", "decode")]
+        bundle = config.supervisor.rollback_bundle
+        if bundle is not None:
+            places.append(("supervisor.rollback_bundle.engine_args", bundle.engine_args))
+        for where, args in places:
+            for arg in args:
+                if arg.split("=", 1)[0] == KV_EVENTS_FLAG:
+                    problems.append(
+                        Problem(
+                            where,
+                            arg,
+                            "the renderer sets --kv-events-config from kv_events (port, replay_port) "
+                            "where the engines can publish; remove it, or set kv_events.enabled: false "
+                            "to run your own",
+                        )
+                    )
+        taken = {
+            "engine.port": config.engine.port,
+            "supervisor.port": config.supervisor.port,
+            "supervisor.gate_port": config.supervisor.gate_port,
+            **({"pd.side_channel_port": config.pd.side_channel_port} if config.pd is not None else {}),
+        }
+        for field_name, port in [("kv_events.port", spec.port), ("kv_events.replay_port", spec.replay_port)]:
+            for other, used in taken.items():
+                if port == used:
+                    problems.append(
+                        Problem(field_name, port, f"{other} already uses this port; pick another (e.g. 5557)")
+                    )
+            taken[field_name] = port
+    tokenizer = config.router.tokenizer
+    if tokenizer is not None and tokenizer != SIM_TOKENIZER:
+        if config.router.image == router_image(config.images.registry):
+            problems.append(
+                Problem(
+                    "router.tokenizer",
+                    tokenizer,
+                    f"loading a model's tokenizer needs the `transformers` package, which the Corral "
+                    f"router image ({config.router.image}) does not have, so the router would not start; "
+                    "give router.image an image with it (e.g. FROM that image, pip install transformers), "
+                    "or leave router.tokenizer out to route by the router's prefix memory",
                 )
             )
     return problems

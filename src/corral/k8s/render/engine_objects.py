@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import yaml
 
-from corral.k8s.render import commands
+from corral.k8s.render import commands, kv_events_plan
 from corral.k8s.render.budgets import Budgets
 from corral.k8s.render.config import CorralDeployment, PeerSpec
+from corral.k8s.render.kv_events_plan import KvEventsDecision
 from corral.k8s.render.parts import (
     BUNDLES_VOLUME,
     ENGINE_HOME_ENV,
@@ -32,6 +33,7 @@ from corral.k8s.render.parts import (
     pod_security,
 )
 from corral.router.discovery.k8s_pods import (
+    KV_EVENTS_ANNOTATION,
     SERVING_GROUP_LABEL,
     SERVING_GROUP_SIZE_ANNOTATION,
     SUPERVISOR_PORT_ANNOTATION,
@@ -118,10 +120,17 @@ def engine_deployment(
     extra_env: tuple[Obj, ...] = (),
     extra_ports: tuple[Obj, ...] = (),
     supervisor_args: tuple[str, ...] = (),
+    kv_events: KvEventsDecision | None = None,
 ) -> Obj:
     """The engine Deployment; a P/D fleet renders one per role, each with its own name, selector (the
-    role label), the connector's env and port, and the supervisor's --role."""
+    role label), the connector's env and port, and the supervisor's --role. With `kv_events` on, the
+    engine publishes its KV-cache events on named ports and the pods say where (the annotation the
+    router's pod source reads); either way the Deployment says why (`corral.dev/kv-events-reason`)."""
     selector = selector or commands.engine_selector(config)
+    publishes = kv_events is not None and kv_events.on
+    if publishes:
+        config = kv_events_plan.publishing(config)
+        extra_ports = (*extra_ports, *kv_events_plan.container_ports(config))
     labels = object_labels(config, selector, "engine")
     p = config.probes
     volumes, mounts = _engine_volumes(config)
@@ -177,10 +186,16 @@ def engine_deployment(
     group = config.engine.serving_group
     group_labels = {SERVING_GROUP_LABEL: group} if group else {}
     group_annotations = {SERVING_GROUP_SIZE_ANNOTATION: str(config.replicas)} if group else {}
+    if publishes:
+        group_annotations[KV_EVENTS_ANNOTATION] = kv_events_plan.address(config).to_text()
+    metadata = object_meta(config, name or engine_name(config), labels)
+    if kv_events is not None:
+        # on the Deployment, not its pods: a reworded reason must not roll the engines
+        metadata["annotations"] = {kv_events_plan.REASON_ANNOTATION: kv_events.text()}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": object_meta(config, name or engine_name(config), labels),
+        "metadata": metadata,
         "spec": {
             "replicas": config.replicas,
             "selector": {"matchLabels": selector},
@@ -282,6 +297,8 @@ def engine_network_policy(config: CorralDeployment) -> Obj:
         {"port": config.supervisor.gate_port, "protocol": "TCP"},
         {"port": config.supervisor.port, "protocol": "TCP"},
     ]
+    if kv_events_plan.any_on(config):  # the events carry prompt tokens: the routers alone read them
+        tcp += kv_events_plan.policy_ports(config)
     ingress: list[Obj] = [
         {"from": [{"podSelector": {"matchLabels": commands.router_selector(config)}}], "ports": tcp}
     ]

@@ -36,6 +36,7 @@ from corral.k8s.render.engine_objects import (
     engine_pdb,
     engine_service,
 )
+from corral.k8s.render.kv_events_plan import AGGREGATED, decide
 from corral.k8s.render.monitoring_objects import monitoring_objects
 from corral.k8s.render.parts import Obj, disruption_budget, router_name
 from corral.k8s.render.pd_objects import pd_engine_objects, pd_network_policy
@@ -65,7 +66,10 @@ def _engines(config: CorralDeployment, budgets: Budgets) -> list[Manifest]:
     if config.pd is not None:
         return [Manifest(name, obj) for name, obj in pd_engine_objects(config)]
     return [
-        Manifest("engine-deployment.yaml", engine_deployment(config, budgets)),
+        Manifest(
+            "engine-deployment.yaml",
+            engine_deployment(config, budgets, kv_events=decide(config, AGGREGATED)),
+        ),
         Manifest("engine-pdb.yaml", engine_pdb(config, budgets)),
     ]
 

@@ -12,6 +12,7 @@ from corral.k8s.render import commands
 from corral.k8s.render.budgets import Budgets, Step, derive
 from corral.k8s.render.config import CorralDeployment, RolloutSpec
 from corral.k8s.render.engine_objects import engine_deployment, engine_network_policy
+from corral.k8s.render.kv_events_plan import decide
 from corral.k8s.render.parts import Obj, disruption_budget
 from corral.k8s.render.pd_config import (
     ROLES,
@@ -106,6 +107,7 @@ def role_deployment(config: CorralDeployment, role: Role, budgets: Budgets) -> O
         # the supervisor publishes the role to routers, and its word wins over the pod label; under
         # kv_both (NIXL's usual kv_role for either side) it could not tell the role from the command
         supervisor_args=("--role", role),
+        kv_events=decide(config, role),
     )
 
 

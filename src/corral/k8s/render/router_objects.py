@@ -8,6 +8,7 @@ from __future__ import annotations
 from corral.k8s.render import commands
 from corral.k8s.render.budgets import ROUTER_LEAVE_SECONDS, Budgets
 from corral.k8s.render.config import CorralDeployment
+from corral.k8s.render.kv_events_plan import SIM_TOKENIZER
 from corral.k8s.render.parts import (
     ADMIN_KEY_VOLUME,
     ENGINE_API_KEY_VOLUME,
@@ -25,6 +26,8 @@ from corral.k8s.render.parts import (
     router_name,
     secret_file_volume,
 )
+
+ROUTER_HF_HOME = "/tmp/huggingface"  # in the router's /tmp emptyDir
 
 
 def _router_secret_volumes(config: CorralDeployment) -> tuple[list[Obj], list[Obj]]:
@@ -117,6 +120,10 @@ def router_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
         "securityContext": container_security(config),
         "volumeMounts": [*secret_mounts, {"name": TMP_VOLUME, "mountPath": "/tmp"}],
     }
+    tokenizer = commands.router_tokenizer(config)
+    if tokenizer is not None and tokenizer != SIM_TOKENIZER:
+        # a hub id is downloaded on start; the root filesystem (and HOME in it) may be read-only
+        container["env"] = [{"name": "HF_HOME", "value": ROUTER_HF_HOME}]
     resources = container_resources({}, r.cpu, r.memory)
     if resources:
         container["resources"] = resources
