@@ -14,9 +14,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# The runtime dependencies only (no dev or test packages): the wheel's own requirements.
+# The runtime dependencies only (no dev or test packages): the wheel's own requirements, and the `k8s`
+# extra: the rendered router runs `--discovery k8s`, which imports kubernetes-asyncio.
 COPY dist/corral-${CORRAL_VERSION}-py3-none-any.whl /tmp/
-RUN pip install --no-cache-dir "/tmp/corral-${CORRAL_VERSION}-py3-none-any.whl" \
+RUN pip install --no-cache-dir "/tmp/corral-${CORRAL_VERSION}-py3-none-any.whl[k8s]" \
     && rm /tmp/corral-*.whl \
     && groupadd --gid 1000 corral \
     && useradd --uid 1000 --gid 1000 --create-home --shell /usr/sbin/nologin corral
