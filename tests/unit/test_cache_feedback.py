@@ -5,6 +5,7 @@ of the prompt; an engine that never reported cached tokens teaches nothing by it
 from __future__ import annotations
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -33,10 +34,12 @@ def answer(prompt_tokens: int, cached: int | None) -> bytes:
     return orjson.dumps({"id": "cmpl-1", "choices": [{"text": "ok"}], "usage": usage})
 
 
-def test_an_engine_that_served_less_than_expected_is_forgotten_deeper_than_it_served() -> None:
+@pytest.mark.parametrize("placement", ["cost", "headroom"])
+def test_an_engine_that_served_less_than_expected_is_forgotten_deeper_than_it_served(placement: str) -> None:
+    """Whatever the placement: the headroom one (the default) learns from the same answers."""
     memory = PrefixMemory()
     fleet = [endpoint(0), endpoint(1)]
-    policy = ScoredPolicy("prefix", PREFIX_WEIGHTS, LoadBoard(), seed=1, holders=memory, placement="cost")
+    policy = ScoredPolicy("prefix", PREFIX_WEIGHTS, LoadBoard(), seed=1, holders=memory, placement=placement)
     assert policy.feedback is not None
     home = policy.pick(fleet, prompt(0))
     assert prompt(0).expected_hit is None  # nothing held anywhere: no hit expected

@@ -118,10 +118,12 @@ class ScoredPolicy:
             if placement == "cost" and self._prefix is not None and self._prefix.holders is not None
             else None
         )
-        # by cost on the router's own memory: an engine's answer that says it cached far less than the
-        # memory expected corrects the memory (cache_feedback)
+        # on the router's own memory (by headroom or by cost): an engine's answer that says it cached far
+        # less than the memory expected corrects the memory (cache_feedback)
         self.feedback = (
-            CacheFeedback(holders) if self.cost is not None and isinstance(holders, PrefixMemory) else None
+            CacheFeedback(holders)
+            if self._prefix is not None and placement != "ring" and isinstance(holders, PrefixMemory)
+            else None
         )
         # Told of each pick (request, endpoint, whether the prefix holders learnt it): the sibling workers
         # of `--workers N` learn it too (`worker_journal`); None with one worker.
@@ -251,6 +253,8 @@ class ScoredPolicy:
             else:
                 by_ring = self._prefix.first_on_ring(ties, ctx) if self._prefix is not None else None
                 chosen = by_ring if by_ring is not None else self._random.choice(ties)
+            if self.feedback is not None and ctx.shares is not None:
+                self._expect_hit(pool, ctx, chosen)
         if self._prefix is not None:  # what it caches now it keeps when others join
             self._prefix.learn(chosen, ctx)
         if self._recent is not None:
@@ -258,6 +262,15 @@ class ScoredPolicy:
         if self.on_pick is not None:
             self.on_pick(request, chosen, self._prefix is not None and self._prefix.holders is not None)
         return chosen
+
+    def _expect_hit(self, pool: Sequence[Endpoint], ctx: PickContext, chosen: Endpoint) -> None:
+        """The pick expects `chosen` to hold its share of the prompt: its answer may say otherwise."""
+        assert self.feedback is not None and ctx.shares is not None
+        share = next(s for e, s in zip(pool, ctx.shares, strict=True) if e is chosen)
+        keys = request_prefix_keys(ctx.request, self.block_chars, self.key_blocks)
+        if share > 0 and keys:
+            chars = float(keys[-1][1])
+            self.feedback.expect(ctx.request, chosen, share * chars, chars)
 
     def recent_pick(self, endpoint: Endpoint, now: float) -> None:
         """A sibling worker picked `endpoint` with this policy: it counts among the recent picks."""

@@ -48,6 +48,8 @@ class PickContext:
     # (`HELD_MARGIN`); a short start held by some (a system prompt common to many prompts) leaves the
     # prompt's placement to headroom
     held: bool = False
+    # set by the prefix scorer with holders: the share of the prompt each endpoint of the pool holds
+    shares: list[float] | None = None
     _loads_of: Sequence[Endpoint] | None = None
     _loads: list[EngineLoad | None] | None = None
 
@@ -135,7 +137,7 @@ class PrefixScorer:
     def score(self, pool: Sequence[Endpoint], ctx: PickContext) -> list[float]:
         if not self.by_ring:
             assert self.holders is not None
-            shares = self.holders.held(ctx.request, pool)
+            shares = ctx.shares = self.holders.held(ctx.request, pool)
             ctx.held = placed_by_holders(shares)
             return shares if ctx.held else [0.0] * len(pool)
         order = self.home_order(pool, ctx)
