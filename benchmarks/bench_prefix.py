@@ -183,7 +183,7 @@ class Workload:
     `multi_turn`, a user's request is its next turn: its earlier questions and (fixed) answers, then a
     new question, so each turn's prompt extends the one before."""
 
-    def __init__(self, args: argparse.Namespace, prompt_seed: int) -> None:
+    def __init__(self, args: argparse.Namespace, prompt_seed: int, engines: int = ENGINES) -> None:
         rng = random.Random(prompt_seed)
         low, high = args.system_words
         # a prefix common to every group (rag's system prompt, agentic's tool prompt), then the group's own
@@ -199,7 +199,7 @@ class Workload:
         self.max_tokens = args.max_tokens
         self.multi_turn = args.multi_turn
         self.weights = [1.0 / (g + 1) ** args.zipf for g in range(args.groups)]
-        self.pin = pin_balanced(self.weights, ENGINES)
+        self.pin = pin_balanced(self.weights, engines)
         sched = random.Random(args.seed)  # the same arrivals and choices for every target
         self.schedule: list[tuple[float, int, int]] = []
         t = 0.0
@@ -384,10 +384,16 @@ class Replayed(Protocol):
 
 
 async def run_target(
-    name: str, urls: list[str], work: Replayed, bound_s: float, chooser: Chooser, warm_concurrency: int = 1
+    name: str,
+    urls: list[str],
+    work: Replayed,
+    bound_s: float,
+    chooser: Chooser,
+    warm_concurrency: int = 1,
+    warmed: Callable[[], None] | None = None,
 ) -> Report:
-    """Send the workload's warm-up (`warm_concurrency` requests at a time), then its schedule, each
-    request to the url `chooser` picks."""
+    """Send the workload's warm-up (`warm_concurrency` requests at a time), then (after calling `warmed`)
+    its schedule, each request to the url `chooser` picks."""
     for u in urls:
         check_loopback(u)
     paths = [u + "/v1/chat/completions" for u in urls]
@@ -404,6 +410,8 @@ async def run_target(
         warm = work.warmup()
         for k in range(0, len(warm), warm_concurrency):
             await asyncio.gather(*(send(session, i, g, u) for g, u, i in warm[k : k + warm_concurrency]))
+        if warmed is not None:
+            warmed()
         start = time.perf_counter()
         tasks: list[asyncio.Task[Sample]] = []
         for i, (at, group, user) in enumerate(work.schedule):
@@ -507,7 +515,12 @@ def words_range(text: str) -> tuple[int, int]:
 
 class Fleet:
     """The simulated engines of one run (with `kv_events`, each publishing its KV-cache events), and the
-    policy configs the corral targets read."""
+    policy configs the corral targets read. `start` is the one place that knows the engines are sims
+    (bench_prefix_vllm.py starts real vLLM engines instead)."""
+
+    # the engines' counters are read before the target's warm-up (False) or after it (True: hit rate and
+    # load spread over the measured phase alone)
+    counters_after_warmup = False
 
     def __init__(self, args: argparse.Namespace, out: Path) -> None:
         self.args = args
@@ -606,9 +619,14 @@ class Fleet:
         try:
             time.sleep(0.5)  # first metrics scrape, first model probe
             before = [engine_counters(u) for u in self.urls]
+
+            def warmed() -> None:
+                if self.counters_after_warmup:
+                    before[:] = [engine_counters(u) for u in self.urls]
+
             urls = [r.url for r in routers] if routers else self.urls
             pick = chooser if chooser is not None else RandomReplica(len(urls))
-            report = uvloop.run(run_target(spec.name, urls, work, 120.0, pick, warm_concurrency))
+            report = uvloop.run(run_target(spec.name, urls, work, 120.0, pick, warm_concurrency, warmed))
             after = [engine_counters(u) for u in self.urls]
             held = [prefix_keys_held(r.url) for r in routers] if spec.kind == "corral" else []
         finally:
@@ -643,7 +661,7 @@ def warm_engines(
 ) -> None:
     """A first pass straight to the sims, so that no target (the oracle runs first) meets cold engines;
     `at_once`: the requests all at the start, not at their scheduled times."""
-    warm = Workload(args, prompt_seed=999)
+    warm = Workload(args, prompt_seed=999, engines=len(fleet.urls))
     warm.schedule = [(0.0 if at_once else t, g, u) for t, g, u in warm.schedule[:requests]]
     uvloop.run(run_target("warm-up", fleet.urls, warm, 120.0, PinnedGroups(warm.pin)))
 
@@ -672,11 +690,13 @@ def run_presets(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
         specs += VLLM_ROUTER_TARGETS
     else:
         print("vllm-router not found: run benchmarks/setup.sh to compare against it", file=sys.stderr)
-    # issue 28's deployed router last, so that the others keep their order and prompt seeds
+    # issue 28's targets (the deployed router, one worker, four replicas) last, so that the others keep
+    # their order and prompt seeds
+    names = {s.name for s in specs}
     specs += [
         s
         for s in DEPLOYED_TARGETS + DEPLOYED_KV_TARGETS
-        if s.deployed and (args.kv_events or not s.kv_events)
+        if s.name not in names and (args.kv_events or not s.kv_events)
     ]
     chosen = selected(specs, args.only)
     fleet = Fleet(args, out)
