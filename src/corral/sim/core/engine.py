@@ -55,6 +55,11 @@ class Job:
     failed: bool = False  # its KV load failed: finished with an error
     cached: int = 0  # prompt tokens its engine's prefix cache served
 
+    def created_cache_tokens(self, block_size: int) -> int:
+        """Tokens of the prompt's full blocks this request added to the prefix cache (vLLM's
+        `created_cache_tokens`: the full blocks cached once it was prefilled, less those it found)."""
+        return max(0, len(self.hashes) * block_size - self.cached)
+
     @property
     def finish_reason(self) -> str:
         return "abort" if self.aborted else self.plan.finish_reason

@@ -31,7 +31,14 @@ from corral.sim.http.auth import ApiKeyGuard
 from corral.sim.http.connections import BusyConnections
 from corral.sim.http.metrics import CONTENT_TYPE, MetricsEndpoint
 from corral.sim.http.protocol import parse_chat, parse_completion, parse_json
-from corral.sim.http.responses import DONE, StreamEncoder, chat_completion, model_list, text_completion
+from corral.sim.http.responses import (
+    DONE,
+    PromptCache,
+    StreamEncoder,
+    chat_completion,
+    model_list,
+    text_completion,
+)
 
 # str(EngineDeadError()) in vLLM: what a request gets once the engine core is dead.
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
@@ -197,11 +204,17 @@ class SimApi:
                 job.req.prompt_len,
                 job.emitted,
                 job.remote_params,
-                (job.cached or None) if self.config.enable_prompt_tokens_details else None,
+                self._prompt_cache(job),
             )
             return web.Response(body=payload, content_type=_JSON, headers=headers)
         finally:
             engine.inflight -= 1
+
+    def _prompt_cache(self, job: Job) -> PromptCache | None:
+        """`prompt_tokens_details`' figures with --enable-prompt-tokens-details (a miss included)."""
+        if not self.config.enable_prompt_tokens_details:
+            return None
+        return PromptCache(job.cached, job.created_cache_tokens(self.config.block_size))
 
     async def _stream(
         self,
@@ -257,8 +270,7 @@ class SimApi:
                     await resp.write(enc.role())
                 await resp.write(enc.last("", "abort", None, with_fingerprint=not r.include_usage))
             if r.include_usage:
-                cached = (job.cached or None) if self.config.enable_prompt_tokens_details else None
-                await resp.write(enc.usage(job.req.prompt_len, job.emitted, cached))
+                await resp.write(enc.usage(job.req.prompt_len, job.emitted, self._prompt_cache(job)))
             await resp.write(DONE)
             await resp.write_eof()
         except (ConnectionResetError, ConnectionError):

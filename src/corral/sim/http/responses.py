@@ -6,6 +6,7 @@ Keys and nulls follow the captured vLLM 0.32 responses, so clients and conforman
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -13,16 +14,38 @@ import orjson
 DONE = b"data: [DONE]\n\n"
 
 
-def _usage(prompt: int, completion: int, details: bool, cached: int | None = None) -> dict[str, Any]:
-    """vLLM's usage; `cached` (with --enable-prompt-tokens-details and some prompt tokens served by the
-    prefix cache, as vLLM: none served, no details): `prompt_tokens_details.cached_tokens`."""
+@dataclass(frozen=True)
+class PromptCache:
+    """What the prefix cache did for one prompt, for `prompt_tokens_details` (--enable-prompt-tokens-details):
+    the tokens it served, and the tokens of the prompt's full blocks it newly holds."""
+
+    cached_tokens: int
+    created_cache_tokens: int
+
+
+def _prompt_details(cache: PromptCache, chat: bool, stream: bool) -> dict[str, Any]:
+    """vLLM 0.32's details, a miss included (`cached_tokens: 0`): a chat answer also says the tokens it
+    added to the cache, a completion only null there; a stream's usage drops the nulls."""
+    details: dict[str, Any] = {
+        "cached_tokens": cache.cached_tokens,
+        "created_cache_tokens": cache.created_cache_tokens if chat else None,
+        "multimodal_tokens": None,
+    }
+    return {k: v for k, v in details.items() if v is not None} if stream else details
+
+
+def _usage(
+    prompt: int, completion: int, details: bool, cache: PromptCache | None, chat: bool
+) -> dict[str, Any]:
+    """vLLM's usage (`details`: a whole answer's, with its nulls; else a stream's usage event); `cache`
+    with --enable-prompt-tokens-details: `prompt_tokens_details`."""
     usage: dict[str, Any] = {
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
     }
-    if details or cached is not None:
-        usage["prompt_tokens_details"] = None if cached is None else {"cached_tokens": cached}
+    if details or cache is not None:
+        usage["prompt_tokens_details"] = None if cache is None else _prompt_details(cache, chat, not details)
     if details:
         usage["completion_tokens_details"] = None
     return usage
@@ -39,7 +62,7 @@ def chat_completion(
     prompt_tokens: int,
     completion_tokens: int,
     kv_transfer_params: dict[str, Any] | None = None,
-    cached_tokens: int | None = None,
+    cache: PromptCache | None = None,
 ) -> bytes:
     return orjson.dumps(
         {
@@ -68,7 +91,7 @@ def chat_completion(
             ],
             "service_tier": None,
             "system_fingerprint": fingerprint,
-            "usage": _usage(prompt_tokens, completion_tokens, True, cached_tokens),
+            "usage": _usage(prompt_tokens, completion_tokens, True, cache, chat=True),
             "prompt_logprobs": None,
             "prompt_token_ids": None,
             "prompt_text": None,
@@ -90,7 +113,7 @@ def text_completion(
     prompt_tokens: int,
     completion_tokens: int,
     kv_transfer_params: dict[str, Any] | None = None,
-    cached_tokens: int | None = None,
+    cache: PromptCache | None = None,
 ) -> bytes:
     return orjson.dumps(
         {
@@ -113,7 +136,7 @@ def text_completion(
             ],
             "service_tier": None,
             "system_fingerprint": fingerprint,
-            "usage": _usage(prompt_tokens, completion_tokens, True, cached_tokens),
+            "usage": _usage(prompt_tokens, completion_tokens, True, cache, chat=False),
             "kv_transfer_params": kv_transfer_params,
             "ec_transfer_params": None,
             "metrics": None,
@@ -206,9 +229,9 @@ class StreamEncoder:
             payload["system_fingerprint"] = self._fingerprint
         return self._event(payload)
 
-    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> bytes:
+    def usage(self, prompt_tokens: int, completion_tokens: int, cache: PromptCache | None = None) -> bytes:
         payload = self._base([])
-        payload["usage"] = _usage(prompt_tokens, completion_tokens, False, cached_tokens)
+        payload["usage"] = _usage(prompt_tokens, completion_tokens, False, cache, self.chat)
         payload["system_fingerprint"] = self._fingerprint
         return self._event(payload)
 
