@@ -4,9 +4,10 @@ usage how many prompt tokens its prefix cache served (`prompt_tokens_details.cac
 pick expected a hit and the engine served far less, the memory forgets that engine's keys of the
 prompt deeper than what it served, so the next pick prices that engine as it is.
 
-vLLM writes no details when nothing was cached (`if enable_prompt_tokens_details and
-num_cached_tokens`): an answer without them is a full miss only from an engine that has sent details
-before (`CacheFeedback.reporting`); from any other it says nothing. The usage is found in the answer's
+vLLM 0.32 writes the details on a miss too (`cached_tokens: 0`); older vLLM wrote none when nothing was
+cached (`if enable_prompt_tokens_details and num_cached_tokens`): an answer without them is a full miss
+only from an engine that has sent details before (`CacheFeedback.reporting`); from any other it says
+nothing. The usage is found in the answer's
 bytes (a non-streamed body, or a stream's last events: a stream carries usage only when its client
 asked for it with `stream_options.include_usage`; the router does not ask on its behalf).
 """
