@@ -119,8 +119,21 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
     help="Tokens one engine step computes: the running decodes plus chunks of the prompts in prefill, "
     "which stretch those decode steps.",
 )
-@click.option("--block-size", default=16, show_default=True, type=click.IntRange(min=1))
-@click.option("--kv-cache-blocks", default=4096, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--block-size",
+    default=16,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Tokens per KV-cache block: the unit of the prefix cache, KV events and KV transfers.",
+)
+@click.option(
+    "--kv-cache-blocks",
+    default=4096,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="KV-cache capacity in blocks (x --block-size tokens); with --gpu-memory-gib, the blocks that "
+    "fit the device instead.",
+)
 @click.option(
     "--startup-seconds",
     default=0.0,
@@ -128,14 +141,27 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
     type=click.FloatRange(min=0),
     help="Time from start to serving; the port is not bound before.",
 )
-@click.option("--prefill-ms-per-token", default=0.05, show_default=True, type=click.FloatRange(min=0))
+@click.option(
+    "--prefill-ms-per-token",
+    default=0.05,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Prefill time per prompt token the prefix cache does not hold (also what a prefill chunk adds "
+    "to the decode step it shares).",
+)
 @click.option(
     "--enable-prompt-tokens-details",
     is_flag=True,
     help="As vLLM: each answer's usage says how many prompt tokens the prefix cache served "
     "(prompt_tokens_details.cached_tokens).",
 )
-@click.option("--ttft-base-ms", default=1.0, show_default=True, type=click.FloatRange(min=0))
+@click.option(
+    "--ttft-base-ms",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Fixed part of every prefill, on top of --prefill-ms-per-token per uncached prompt token.",
+)
 @click.option(
     "--itl-ms",
     default=2.0,
@@ -150,7 +176,14 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
     type=click.IntRange(min=1),
     help="Upper bound of the drawn output length when a request gives no max_tokens.",
 )
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option(
+    "--seed",
+    default=0,
+    show_default=True,
+    type=int,
+    help="Seed of what is drawn (output text and lengths, --fail-rate and --fail-kv-transfer failures): "
+    "the same seed and request give the same answer.",
+)
 @click.option(
     "--shutdown-timeout",
     default=0.0,
@@ -261,12 +294,16 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
     default="auto",
     show_default=True,
     type=click.Choice(["auto", "half", "float16", "bfloat16", "float", "float32"]),
+    help="As vLLM: auto is the checkpoint's (float32 as bfloat16); with --kv-cache-dtype auto it sets "
+    "the KV cache's bytes per token.",
 )
 @click.option(
     "--kv-cache-dtype",
     default="auto",
     show_default=True,
     type=click.Choice(["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]),
+    help="As vLLM: auto is the model's dtype, fp8 is fp8_e4m3; sets the KV cache's bytes per token, so "
+    "how many blocks fit --gpu-memory-gib.",
 )
 @click.option(
     "--fail-rank",
@@ -274,7 +311,13 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
     type=click.IntRange(min=0),
     help="This worker rank dies (an NCCL error, exit 1) --fail-rank-after-seconds after serving starts.",
 )
-@click.option("--fail-rank-after-seconds", default=0.0, show_default=True, type=click.FloatRange(min=0))
+@click.option(
+    "--fail-rank-after-seconds",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds after serving starts that the --fail-rank worker dies.",
+)
 @click.option(
     "--engine-dead-exit-seconds",
     default=5.0,
@@ -284,7 +327,13 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
     "period); VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1 keeps it up.",
 )
 @click.option("--enable-lora", is_flag=True, help="Serve LoRA adapters.")
-@click.option("--max-loras", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--max-loras",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="As vLLM; reported in the startup log and vllm:lora_requests_info (max_lora), not enforced.",
+)
 @click.option(
     "--lora-modules",
     "lora_modules",
@@ -405,7 +454,13 @@ def sim(ctx: click.Context, /, **options: object) -> None:
 @click.option(
     "--weight-cache-health-port", "health_port", default=None, type=int, help="Port of GET /health."
 )
-@click.option("--weight-cache-health-host", "health_host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--weight-cache-health-host",
+    "health_host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address of GET /health (served only with --weight-cache-health-port).",
+)
 @click.option("--socket-path", default=None, help="The Unix socket to serve on.")
 @click.option(
     "--weight-cache-socket-dir",
@@ -419,7 +474,13 @@ def sim(ctx: click.Context, /, **options: object) -> None:
     help="The weight identity it reports [default: from model and version]; another value stands in "
     "for another revision.",
 )
-@click.option("--version-string", default="0.33.0", show_default=True)
+@click.option(
+    "--version-string",
+    default="0.33.0",
+    show_default=True,
+    help="The vLLM version in the default --fingerprint: an engine whose --version-string differs gets "
+    "a mismatch.",
+)
 @click.option(
     "--startup-seconds",
     default=2.0,
@@ -427,7 +488,13 @@ def sim(ctx: click.Context, /, **options: object) -> None:
     type=click.FloatRange(min=0),
     help="How long loading the weights from disk takes.",
 )
-@click.option("--weights-gib", default=1.0, show_default=True, type=click.FloatRange(min=0))
+@click.option(
+    "--weights-gib",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="GPU memory the cached weights take: what the daemon reports holding until they are released.",
+)
 def preload(
     model: str,
     health_port: int | None,

@@ -54,7 +54,13 @@ _seconds = click.FloatRange(min=0.0)
 
 @supervise.command(name="run")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address for probes and management.")
-@click.option("--port", default=8081, show_default=True, type=click.IntRange(1, 65535))
+@click.option(
+    "--port",
+    default=8081,
+    show_default=True,
+    type=click.IntRange(1, 65535),
+    help="Port for probes (/livez, /readyz, /startupz) and the management API.",
+)
 @click.option(
     "--engine-url", default="http://127.0.0.1:8000", show_default=True, help="Where the engine answers."
 )
@@ -66,7 +72,14 @@ _seconds = click.FloatRange(min=0.0)
     metavar="SPEC",
     help="Dependency to wait for before starting: unix:PATH, tcp:HOST:PORT, http(s)://URL, file:PATH.",
 )
-@click.option("--dependency-timeout", default=600.0, show_default=True, type=_seconds)
+@click.option(
+    "--dependency-timeout",
+    default=600.0,
+    show_default=True,
+    type=_seconds,
+    help="Seconds every --wait-for dependency (and --preload-health) has to come up, one deadline for "
+    "all; past it the start fails (--on-startup-failure).",
+)
 @click.option(
     "--startup-timeout",
     default=1800.0,
@@ -95,7 +108,15 @@ _seconds = click.FloatRange(min=0.0)
     type=_seconds,
     help="First restart delay; doubles each time, capped at 30s.",
 )
-@click.option("--stall-seconds", default=60.0, show_default=True, type=click.FloatRange(min=0.1))
+@click.option(
+    "--stall-seconds",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="A READY engine counts as hung, and is failed and restarted (--failure-restarts), when for this "
+    "long requests are running and no token is generated, /metrics does not answer, or an idle smoke "
+    "request gets no answer.",
+)
 @click.option(
     "--sleep-residue-gib",
     default=DEFAULT_SLEEP_RESIDUE_GIB,
@@ -111,7 +132,14 @@ _seconds = click.FloatRange(min=0.0)
     type=click.FloatRange(0, 1),
     help="A wake or reload must bring each GPU back to within this share of what it held before the sleep.",
 )
-@click.option("--drain-policy", type=click.Choice(["wait", "abort"]), default="wait", show_default=True)
+@click.option(
+    "--drain-policy",
+    type=click.Choice(["wait", "abort"]),
+    default="wait",
+    show_default=True,
+    help="What the drain before a stop (SIGTERM, prestop) does with requests in flight once routing "
+    "has left: wait lets them finish within --drain-timeout; abort does not wait.",
+)
 @click.option(
     "--propagation-timeout",
     default=10.0,
@@ -119,7 +147,14 @@ _seconds = click.FloatRange(min=0.0)
     type=_seconds,
     help="Longest wait for routing to leave (no new request for --quiet-period).",
 )
-@click.option("--quiet-period", default=1.0, show_default=True, type=_seconds)
+@click.option(
+    "--quiet-period",
+    default=1.0,
+    show_default=True,
+    type=_seconds,
+    help="Seconds without a new request at the engine that show routing has left it (within "
+    "--propagation-timeout).",
+)
 @click.option(
     "--drain-timeout",
     default=120.0,
@@ -245,7 +280,12 @@ def run_command(**flags: Any) -> None:
 
 @supervise.command(name="prestop")
 @click.option("--url", default="http://127.0.0.1:8081", show_default=True, help="The supervisor's address.")
-@click.option("--token-file", type=click.Path(path_type=Path), default=None)
+@click.option(
+    "--token-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The supervisor's bearer token (else $CORRAL_TOKEN).",
+)
 @click.option(
     "--policy",
     type=click.Choice(["wait", "abort"]),

@@ -45,7 +45,13 @@ def render(found: list[Diagnosis]) -> Table:
     type=click.FloatRange(min=0.1),
     help="How long a READY engine may take to stream one token before it counts as hung.",
 )
-@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The supervisors' bearer token (else $CORRAL_TOKEN, else the token `corral up` made for the "
+    "local fleet of --port).",
+)
 @fleet_access_options()
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON (shape corral.doctor/v1).")
 def doctor(

@@ -95,7 +95,13 @@ from corral.engine.evidence import KINDS
     help="With --observe-seconds: fewer requests in the window cannot be judged (a warning; a "
     "failure with --require-measured).",
 )
-@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The supervisors' bearer token (else $CORRAL_TOKEN, else the token `corral up` made for the "
+    "local fleet of --port).",
+)
 @fleet_access_options()
 def verify(**flags: Any) -> None:
     """Check a fleet against the post-operation checklist; exit 1 when any check fails."""

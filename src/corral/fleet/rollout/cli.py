@@ -78,7 +78,12 @@ def _settings_options(f: Any) -> Any:
             type=click.Path(dir_okay=False, path_type=Path),
             help="Change record to write [default: $XDG_STATE_HOME/corral/KIND-PORT.json].",
         ),
-        click.option("--supervisor-token-file", type=click.Path(dir_okay=False, path_type=Path)),
+        click.option(
+            "--supervisor-token-file",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="The supervisors' bearer token [default: from the fleet file: its supervisor_token_file "
+            "for a `corral up` fleet, its token_file for a supervisors list].",
+        ),
     ]
     for option in reversed(options):
         f = option(f)

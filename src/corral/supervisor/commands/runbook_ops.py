@@ -70,7 +70,14 @@ _token_file = click.option(
     help="Bearer token (else $CORRAL_TOKEN, else the token of the local fleet that lists the supervisor).",
 )
 _op_id = click.option("--operation-id", default=None, help="Idempotency key: the same id joins the same run.")
-_timeout = click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=1.0))
+_timeout = click.option(
+    "--timeout",
+    default=600.0,
+    show_default=True,
+    type=click.FloatRange(min=1.0),
+    help="Seconds to follow the operation; past them the command exits 1 and the operation goes on "
+    "(the URL to follow it is printed).",
+)
 
 
 # `--observe-seconds S` closes any runbook operation with OBSERVE: S seconds of the engine's traffic
@@ -128,8 +135,23 @@ def _observed(command: Callable[..., None]) -> Callable[..., None]:
 @_token_file
 @_op_id
 @_timeout
-@click.option("--level", type=click.IntRange(0, 2), default=1, show_default=True)
-@click.option("--mode", type=click.Choice(["wait", "abort", "keep"]), default="wait", show_default=True)
+@click.option(
+    "--level",
+    type=click.IntRange(0, 2),
+    default=1,
+    show_default=True,
+    help="0: pause scheduling, all memory stays on the GPU; 1: offload the weights to host memory, drop "
+    "the KV cache and prefix cache; 2: drop weights and KV cache (the wake needs --reload).",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(["wait", "abort", "keep"]),
+    default="wait",
+    show_default=True,
+    help="Requests in flight once the engine is out of routing: wait lets them finish (within the "
+    "supervisor's --drain-timeout), abort cuts them, keep freezes them in the engine and resumes them "
+    "after the wake (recomputed if the KV cache was dropped).",
+)
 @click.option("--release-kv", is_flag=True, help="With --level 0 --mode keep: also free the KV cache.")
 @_observed
 def sleep_command(
@@ -156,7 +178,13 @@ def sleep_command(
 @_op_id
 @_timeout
 @click.option("--reload", "reload_weights", is_flag=True, help="Needed after a level-2 sleep.")
-@click.option("--tag", "tags", multiple=True, type=click.Choice(["weights", "kv_cache", "scheduling"]))
+@click.option(
+    "--tag",
+    "tags",
+    multiple=True,
+    type=click.Choice(["weights", "kv_cache", "scheduling"]),
+    help="Wake only this tag (repeatable); the same as --tags.",
+)
 @click.option(
     "--tags",
     "tag_list",
@@ -190,7 +218,14 @@ def wake_command(
 @_token_file
 @_op_id
 @_timeout
-@click.option("--mode", type=click.Choice(["wait", "abort", "keep"]), default="wait", show_default=True)
+@click.option(
+    "--mode",
+    type=click.Choice(["wait", "abort", "keep"]),
+    default="wait",
+    show_default=True,
+    help="Requests in flight before the level-2 sleep: wait lets them finish (within the supervisor's "
+    "--drain-timeout), abort cuts them, keep freezes them and recomputes them after the reload.",
+)
 @_observed
 def reload_command(
     supervisor_url: str,
