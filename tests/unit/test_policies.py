@@ -135,7 +135,7 @@ def test_sessions_spread_over_endpoints() -> None:
     assert len(homes) == 4
 
 
-@settings(max_examples=50)
+@settings(max_examples=50, deadline=None)
 @given(loads_st)
 def test_least_request_never_picks_the_busiest_of_two(loads: list[int]) -> None:
     eligible = fleet(loads)

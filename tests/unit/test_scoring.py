@@ -61,7 +61,7 @@ load_st = st.one_of(
 )
 
 
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 @given(
     loads=st.lists(st.integers(0, 40), min_size=1, max_size=10),
     mask=st.lists(st.booleans(), min_size=10, max_size=10),
@@ -94,7 +94,7 @@ ops_st = st.lists(
 )
 
 
-@settings(max_examples=150)
+@settings(max_examples=150, deadline=None)
 @given(n=st.integers(1, 8), ops=ops_st, eps=st.sampled_from([0.0, 0.1, 0.25, 1.0]))
 def test_bounded_load_holds_for_any_sequence_of_arrivals(
     n: int, ops: list[tuple[str, int]], eps: float
@@ -115,7 +115,7 @@ def test_bounded_load_holds_for_any_sequence_of_arrivals(
         open_requests.append(picked)
 
 
-@settings(max_examples=150)
+@settings(max_examples=150, deadline=None)
 @given(
     n=st.integers(2, 9),
     removed=st.sets(st.integers(0, 8), max_size=3),
