@@ -33,6 +33,7 @@ from corral.router.edge.client_connections import ConnectionGuard
 from corral.router.edge.client_limit_flags import ClientLimits
 from corral.router.edge.client_limits import ClientLimitsCollector, ClientLimitStats, client_limits_middleware
 from corral.router.edge.expect_continue import expect_handler
+from corral.router.edge.peer_access import PeerAccess, PeerSettings
 from corral.router.edge.refused_framing import refuse_framing
 from corral.router.edge.tenants import TenantCollector, TenantGate, Tenants, tenant_of
 from corral.router.membership.consumer import MembershipConsumer
@@ -41,10 +42,13 @@ from corral.router.membership.pairs import model_pairs
 from corral.router.routing.config import RoutingConfig
 from corral.router.routing.kv_holders import KvPrefixHolders
 from corral.router.routing.kv_index import KvIndex
+from corral.router.routing.peer_follower import PeerFollower, PeerFollowers
+from corral.router.routing.peer_wire import PEER_PICKS_PATH, PeerWireError, encode_page, parse_cursor
+from corral.router.routing.pick_log import PickLog
 from corral.router.routing.prefix_memory import PrefixMemory
 from corral.router.routing.prompt_tokens import prompt_tokens
 from corral.router.routing.selector import Routing
-from corral.router.routing.worker_journal import route_as_one
+from corral.router.routing.worker_journal import WorkerJournals, WorkerSync, route_as_one
 from corral.router.serving.server import HotPath
 from corral.router.telemetry.endpoint_series import endpoint_series
 from corral.router.telemetry.metrics import RouterCollector, RouterMetrics
@@ -111,6 +115,7 @@ class RouterConfig:
     # --tokenizer: sim | a model's tokenizer; with one, prefix routing reads the engines' KV events
     tokenizer: str | None = None
     http_server: str = "lean"  # --http-server: lean | aiohttp (corral.router.serving)
+    peers: PeerSettings | None = None  # --peer, --peer-token-file: replicas that share their picks
 
     def engine_headers(self) -> dict[str, str]:
         """What every request to an engine carries: its API key, when it wants one."""
@@ -206,9 +211,15 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     gate = TenantGate(tenants) if tenants is not None else None
     expect = expect_handler(limits, limit_stats, gate)  # 401 / 413 before `100 Continue`, not after the body
 
+    peer_access = PeerAccess(config.peers, admin) if config.peers is not None else None
+
     @web.middleware
     async def edge(request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Admin routes to those AdminAccess trusts; everything else but /health to a tenant."""
+        """Admin routes to those AdminAccess trusts, the peer route to the peers (PeerAccess);
+        everything else but /health to a tenant."""
+        if peer_access is not None and request.path == PEER_PICKS_PATH:
+            refused = peer_access.refuse(request)
+            return refused if refused is not None else await handler(request)
         refused = admin.refuse(request)
         if refused is not None:
             return refused
@@ -265,8 +276,26 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
         ),
         refusals=metrics.engine_input,
     )
-    if config.worker is not None and config.worker.journals is not None:  # the host's workers route as one
-        route_as_one(config.worker.journals, config.worker.index, membership, routing, prefix_memory)
+    sync: WorkerSync | None = None
+    journals = config.worker.journals if config.worker is not None else None
+    if journals is None and config.peers is not None:  # one process: its own journal is the peers' log
+        journals = WorkerJournals(1)
+    if journals is not None:  # the host's workers route as one
+        index = config.worker.index if config.worker is not None else 1
+        sync = route_as_one(journals, index, membership, routing, prefix_memory)
+    peers = config.peers
+    following: list[PeerFollower] = []
+    pick_log: PickLog | None = None
+    if peers is not None and sync is not None:
+        pick_log = PickLog(sync, peers.incarnation)
+        if sync.index == 1:  # one worker per host follows the peers and relays their picks to its siblings
+            relay = sync.journals.count > 1
+            policies = routing.selector.policies
+            following = [
+                PeerFollower(url, peers.token, membership.get, prefix_memory, policies, sync, relay)
+                for url in peers.urls
+            ]
+    followers = PeerFollowers(following)
     slow_start = routing.slow_start
     registry.register(
         RouterCollector(metrics, membership.endpoints, slow_start.weights if slow_start.enabled else None)
@@ -313,9 +342,11 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             await kv_feeds.start()
         if tenants is not None:
             await tenants.start()
+        await followers.start()
         try:
             yield
         finally:
+            await followers.stop()
             if tenants is not None:
                 await tenants.stop()
             await dashboard_feed.stop()
@@ -409,7 +440,27 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             "operation_steps": membership.operation_steps.to_json(),  # the last 20, for the dashboard
             "totals": metrics.totals().to_wire(),
             "pairs": model_pairs(membership, now),
+            "peers": peers_json(),
         }
+
+    def peers_json() -> dict[str, Any] | None:
+        if config.peers is None:
+            return None
+        return {
+            "incarnation": config.peers.incarnation,
+            "urls": list(config.peers.urls),
+            # with --workers N, worker 1 follows them (and relays to its siblings)
+            "following": followers.to_json() if followers.followers else None,
+            "refused": peer_access.denied if peer_access is not None else 0,
+        }
+
+    async def peer_picks(request: web.Request) -> web.Response:
+        assert pick_log is not None
+        try:
+            after = parse_cursor(request.query.get("after", ""))
+        except PeerWireError as exc:
+            return error_response(400, f"{PEER_PICKS_PATH}: {exc}", "invalid_request_error")
+        return web.Response(body=encode_page(pick_log.page(after)), content_type="application/json")
 
     worker = config.worker
     pages = (
@@ -454,6 +505,8 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     app.router.add_get("/v1/fleet", fleet)
     app.router.add_get("/dashboard", page_handler())
     app.router.add_get("/dashboard/events", dashboard_feed.serve)
+    if pick_log is not None:
+        app.router.add_get(PEER_PICKS_PATH, peer_picks)
     for path in ENGINE_ONLY_PATHS:
         app.router.add_post(path, engine_only)
     for path in ROOT_INFERENCE_PATHS + HOT_INFERENCE_PATHS:  # exact paths: one dict lookup to route

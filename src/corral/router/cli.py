@@ -81,6 +81,21 @@ DEFAULT_HTTP_SERVER = "lean"  # --http-server: corral.router.serving, or aiohttp
     "(default: HOSTNAME-PID).",
 )
 @click.option(
+    "--peer",
+    "peers",
+    multiple=True,
+    metavar="URL",
+    help="A peer router replica's base URL (repeatable): the replicas share their picks (each prompt's "
+    "prefix keys and the engine it went to), read every 0.1 s, so that replicas without KV events "
+    "place a prefix where another already did. Needs --peer-token-file; off by default.",
+)
+@click.option(
+    "--peer-token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="File with the secret every peer router shares (--peer): asked of each peer that reads this "
+    "router's picks (GET /internal/peer-picks), and sent to the peers this router reads.",
+)
+@click.option(
     "--supervisor-heartbeat",
     default=2.0,
     show_default=True,

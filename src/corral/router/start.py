@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import secrets
 import signal
 import sys
 import tempfile
@@ -38,6 +39,7 @@ from corral.router.discovery.supervisor_stream import (
 from corral.router.edge.access_options import EdgeAccess
 from corral.router.edge.client_limit_flags import ClientLimits
 from corral.router.edge.parse_errors import ParseErrorLog
+from corral.router.edge.peer_access import peer_settings
 from corral.router.membership.membership import Membership
 from corral.router.routing.config import PolicyConfigError, RoutingConfig, load_routing_config
 from corral.router.routing.prompt_tokens import prompt_tokens
@@ -107,6 +109,8 @@ def start_router(
     supervisor_token_file: Path | None,
     supervisor_token_key_file: Path | None,
     router_id: str | None,
+    peers: tuple[str, ...],
+    peer_token_file: Path | None,
     supervisor_heartbeat: float,
     wake_hold_seconds: float,
     backends_file: Path | None,
@@ -184,7 +188,10 @@ def start_router(
         )
     elif backends_file is not None:
         raise click.UsageError("Use either --backend/--supervised or --backends-file, not both.")
+    # one life of this router, shared by its workers: a peer that sees another starts reading it anew
+    peer = peer_settings(peers, peer_token_file, secrets.token_hex(8))
     config = RouterConfig(
+        peers=peer,
         backends=backends,
         supervisors=supervisors,
         roles=roles,
@@ -215,6 +222,8 @@ def start_router(
         http_server=http_server,
     )
     access.log_at_start()
+    if peer is not None:
+        log.info("sharing picks with %d peer routers: %s", len(peer.urls), ", ".join(peer.urls))
     count = workers or cpu_limit()
     if count == 1:
         aio.run(serve(config, host, port, shutdown_timeout))

@@ -16,6 +16,10 @@ A sibling's pick is applied as the worker's own would be (`PrefixMemory.remember
 recent picks), and a sibling's in-flight count is added to the endpoint's host-wide count
 (`Endpoint.host_in_flight`, which the policies and the load bound read); each worker's own
 `in_flight` stays its own, as the drain's acknowledgements and /v1/fleet count it.
+
+The pick rings are also what a router serves its peer replicas (`--peer`, `pick_log`): any worker
+answers with every worker's picks. A peer's pick that worker 1 applied (`peer_follower`) is written
+here marked relayed, so that its siblings apply it too and no peer is ever served it back.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import mmap
 import struct
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from hashlib import blake2b
 
 from corral.router.membership.endpoint import Endpoint
@@ -43,7 +48,7 @@ _MASK = (1 << 64) - 1
 # The most keys `prompt.prefix_keys` gives one prompt: the first, then `STEPS` per doubling.
 MAX_KEYS = 1 + STEPS * (MAX_LEVELS - 1)
 _HEADER_WORDS = 4  # incarnation, picks written, in-flight records written, (spare)
-_PICK_HEAD = 5  # seq, check, incarnation << 16 | policy << 8 | keys, url hash, prefix epoch hash
+_PICK_HEAD = 5  # seq, check, incarnation << 17 | relayed << 16 | policy << 8 | keys, url hash, epoch hash
 _PICK_WORDS = _PICK_HEAD + MAX_KEYS
 # seq, check, incarnation, url hash, count, prefill tokens, prefilling (the requests before their first byte)
 _FLIGHT_WORDS = 7
@@ -55,6 +60,32 @@ DRAIN_SECONDS = 0.1
 _PICK = struct.Struct(f"={_PICK_WORDS}Q")
 _FLIGHT = struct.Struct(f"={_FLIGHT_WORDS}Q")
 _WORD = struct.Struct("=Q")
+# A pick this router learnt from a peer router (`peer_follower`), not made here: its siblings apply it,
+# the log served to peers (`pick_log`) leaves it out, so no pick echoes back to where it was made.
+_RELAYED = 1 << 16
+
+
+def hash_url(url: str) -> int:
+    """The 64-bit name of an endpoint url in the journals (the same in every process)."""
+    return _hash(url)
+
+
+def hash_epoch(epoch: str | None) -> int:
+    """The 64-bit name of a prefix epoch (0: none), as the journals and the peers' picks carry it."""
+    return _hash(epoch) if epoch is not None else 0
+
+
+def apply_pick(
+    memory: PrefixMemory, endpoint: Endpoint, keys: Sequence[int], policy: Policy | None, now: float
+) -> None:
+    """Another router's pick of `endpoint` (a sibling worker's or a peer replica's), applied as this
+    router's own would be: its prompt's prefix keys learnt (`keys`: empty when they do not apply), and
+    a recent pick of `policy` (None: a policy this router does not run)."""
+    remember = memory.remember
+    for depth, key in enumerate(keys):
+        remember(key, endpoint, first=depth == 0)
+    if isinstance(policy, ScoredPolicy):
+        policy.recent_pick(endpoint, now)
 
 
 def _hash(text: str) -> int:
@@ -91,12 +122,40 @@ class WorkerJournals:
     def headers(self) -> tuple[int, ...]:
         return self._headers.unpack_from(self.map, 0)
 
+    def picks_written(self, index: int) -> int:
+        """How many picks worker `index` has written (the last one's sequence number)."""
+        (written,) = _WORD.unpack_from(self.map, self.header(index) + 8)
+        return int(written)
+
+    def read_pick(self, index: int, seq: int) -> PickRecord | None:
+        """Worker `index`'s pick number `seq`, if its ring still holds it whole (None: lapped, torn,
+        or not written yet)."""
+        if seq < 1:
+            return None
+        got = _PICK.unpack_from(self.map, self.picks(index) + 8 * _PICK_WORDS * ((seq - 1) % PICKS_KEPT))
+        if got[0] != seq or _check((seq, *got[2:])) != got[1]:
+            return None
+        meta, url_hash, epoch = got[2:_PICK_HEAD]
+        keys = got[_PICK_HEAD : _PICK_HEAD + min(meta & 0xFF, MAX_KEYS)]
+        return PickRecord(url_hash, epoch, meta >> 8 & 0xFF, keys, bool(meta & _RELAYED))
+
     def new_incarnation(self, index: int) -> None:
         """Worker `index` died or is about to start (the parent calls this): its siblings drop what it
         had in flight, and skip any record of its earlier life they have not read yet."""
         offset = self.header(index)
         (incarnation,) = _WORD.unpack_from(self.map, offset)
         _WORD.pack_into(self.map, offset, incarnation + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class PickRecord:
+    """One pick as a journal holds it."""
+
+    url_hash: int
+    epoch_hash: int  # the endpoint's prefix epoch when it was picked (0: none)
+    policy_index: int  # in the host's policies (255: not a scored policy's)
+    keys: tuple[int, ...]  # the prompt's prefix keys, shallowest first (empty: not learnt)
+    relayed: bool  # learnt from a peer router, not picked here
 
 
 class _Sibling:
@@ -158,8 +217,12 @@ class WorkerSync:
         if found is None:
             if len(self._url_hashes) > 65536:  # endpoints long gone
                 self._url_hashes.clear()
-            found = self._url_hashes[url] = _hash(url)
+            found = self._url_hashes[url] = hash_url(url)
         return found
+
+    def epoch_hash(self, endpoint: Endpoint) -> int:
+        """The hash of `endpoint`'s prefix epoch now (what a pick of it carries)."""
+        return self._epoch_hash(endpoint)
 
     def _epoch_hash(self, endpoint: Endpoint) -> int:
         view = endpoint.supervisor
@@ -168,15 +231,24 @@ class WorkerSync:
         if found is None:
             if len(self._epoch_hashes) > 65536:
                 self._epoch_hashes = {None: 0}
-            found = self._epoch_hashes[epoch] = _hash(epoch) if epoch is not None else 0
+            found = self._epoch_hashes[epoch] = hash_epoch(epoch)
         return found
 
     def picked(self, policy: Policy, request: RouteRequest, endpoint: Endpoint, learnt: bool) -> None:
         """This worker's `policy` picked `endpoint` for `request` (and its prefix memory learnt the
         prompt's keys, when `learnt`)."""
         keys = [key for key, _ in self.memory.keys(request)] if learnt else []
+        self._write_pick(policy, endpoint, keys, 0)
+
+    def relay(self, policy: Policy | None, endpoint: Endpoint, keys: Sequence[int]) -> None:
+        """A peer router's pick, applied here (`apply_pick`): written for the siblings to apply too,
+        marked so that it is never served back to a peer."""
+        self._write_pick(policy, endpoint, keys[:MAX_KEYS], _RELAYED)
+
+    def _write_pick(self, policy: Policy | None, endpoint: Endpoint, keys: Sequence[int], flags: int) -> None:
         seq = self._picks_written + 1
-        meta = self.incarnation << 16 | self._policy_index.get(id(policy), 255) << 8 | len(keys)
+        index = self._policy_index.get(id(policy), 255) if policy is not None else 255
+        meta = self.incarnation << 17 | flags | index << 8 | len(keys)
         body = [meta, self._url_hash(endpoint.url), self._epoch_hash(endpoint), *keys]
         body += [0] * (_PICK_WORDS - _PICK_HEAD - len(keys))
         offset = self._picks_at + 8 * _PICK_WORDS * ((seq - 1) % PICKS_KEPT)
@@ -242,6 +314,10 @@ class WorkerSync:
         sibling.flights.clear()
         sibling.incarnation = incarnation
 
+    def resolve(self, url_hash: int) -> Endpoint | None:
+        """The endpoint membership holds now at the url of `url_hash` (None: none this worker knows)."""
+        return self._resolve(url_hash)
+
     def _resolve(self, url_hash: int) -> Endpoint | None:
         url = self._urls_by_hash.get(url_hash)
         if url is None:
@@ -303,21 +379,16 @@ class WorkerSync:
                 self.skipped += 1
                 continue
             meta, url_hash, epoch_hash = got[2:_PICK_HEAD]
-            if meta >> 16 < sibling.incarnation:
+            if meta >> 17 < sibling.incarnation:
                 continue
             endpoint = self._resolve(url_hash)
             if endpoint is None:
                 continue
-            policy_index, keys = meta >> 8 & 0xFF, meta & 0xFF
+            policy_index, keys = meta >> 8 & 0xFF, min(meta & 0xFF, MAX_KEYS)
             # the prefix cache the sibling saw; a changed epoch on either side: the keys no longer apply
-            if keys and epoch_hash == self._epoch_hash(endpoint):
-                remember = self.memory.remember
-                for depth, key in enumerate(got[_PICK_HEAD : _PICK_HEAD + keys]):
-                    remember(key, endpoint, first=depth == 0)
-            if policy_index < len(self.policies):
-                policy = self.policies[policy_index]
-                if isinstance(policy, ScoredPolicy):
-                    policy.recent_pick(endpoint, now)
+            learnt = got[_PICK_HEAD : _PICK_HEAD + keys] if epoch_hash == self._epoch_hash(endpoint) else ()
+            policy = self.policies[policy_index] if policy_index < len(self.policies) else None
+            apply_pick(self.memory, endpoint, learnt, policy, now)
             self.applied += 1
         sibling.next_pick = written
 
