@@ -118,6 +118,16 @@ _seconds = click.FloatRange(min=0.0)
     "request gets no answer.",
 )
 @click.option(
+    "--unanswered-seconds",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="A READY engine whose /health (asked every second) has not answered 200 for this long is "
+    "withdrawn from routing: /readyz 503 and DRAINING/not_answering on the state stream, the engine "
+    "kept. It returns READY once it answers and passes the smoke request again; --stall-seconds still "
+    "fails and restarts it. 0 turns the withdrawal off.",
+)
+@click.option(
     "--sleep-residue-gib",
     default=DEFAULT_SLEEP_RESIDUE_GIB,
     show_default=True,

@@ -73,6 +73,7 @@ def start_supervisor(
     failure_restarts: int,
     restart_backoff: float,
     stall_seconds: float,
+    unanswered_seconds: float,
     sleep_residue_gib: float,
     wake_tolerance: float,
     drain_policy: str,
@@ -151,6 +152,7 @@ def start_supervisor(
         failure_restarts=failure_restarts,
         restart_backoff=restart_backoff,
         stall_seconds=stall_seconds,
+        unanswered_seconds=unanswered_seconds,
         memory=MemoryThresholds.from_flags(sleep_residue_gib, wake_tolerance),
         drain=DrainSettings(
             policy=DrainPolicy(drain_policy),

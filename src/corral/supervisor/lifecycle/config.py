@@ -38,6 +38,8 @@ class SupervisorConfig:
     restart_backoff: float = 1.0
     restart_backoff_cap: float = 30.0
     stall_seconds: float = 60.0
+    # a READY engine whose /health has not answered 200 for this long leaves routing (0: never)
+    unanswered_seconds: float = 5.0
     drain: DrainSettings = field(default_factory=DrainSettings)
     state_dir: Path = Path(".corral-supervisor")
     oplog_max_bytes: int = 64 * 1024 * 1024  # rotated past this size

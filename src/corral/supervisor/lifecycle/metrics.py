@@ -36,6 +36,12 @@ class SupervisorMetrics:
             ["cause"],
             registry=self.registry,
         )
+        self.not_answering = Counter(
+            "corral_supervisor_not_answering",
+            "Times a READY engine was withdrawn from routing because /health stopped answering "
+            "(DRAINING/not_answering; --unanswered-seconds).",
+            registry=self.registry,
+        )
         self.gate_wait = Gauge(
             "corral_supervisor_gate_wait_seconds",
             "Seconds spent waiting for each dependency gate (so far, or until it opened).",

@@ -2,7 +2,8 @@
 `StateMachine` that emits an epoch-numbered `StateEvent` for every change and refuses anything else.
 
 Readiness is true in READY alone. Sub-states refine STARTING (where startup is), DRAINING (which
-drain step) and STOPPING; a sub-state change is an event of its own (from == to) with a new epoch.
+drain step, or `not_answering`: out of routing because the engine stopped answering) and STOPPING;
+a sub-state change is an event of its own (from == to) with a new epoch.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ class DrainPhase(StrEnum):
     WAITING_IN_FLIGHT = "waiting_in_flight"
     WAITING_TRANSFERS = "waiting_transfers"  # a disaggregated engine's KV transfers (drain_transfers.py)
     ABORTING = "aborting"
+    # not a drain step: a READY engine whose /health stopped answering, withdrawn from routing with its
+    # engine kept (lifecycle/not_answering.py); back to READY through the smoke request, or FAILED by
+    # the stall rule. DRAINING because that is the state every router already reads as "out of
+    # routing, engine kept, may return READY" (READY → DRAINING → READY | FAILED | STOPPING).
+    NOT_ANSWERING = "not_answering"
 
 
 class StoppingPhase(StrEnum):

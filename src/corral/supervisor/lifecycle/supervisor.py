@@ -35,6 +35,7 @@ from corral.supervisor.lifecycle.forced_exits import RequestWatch
 from corral.supervisor.lifecycle.leftover_scene import EngineSnapshot, stopped_leftovers
 from corral.supervisor.lifecycle.memory_checks import MemoryRecord, MemoryVerdict
 from corral.supervisor.lifecycle.metrics import SupervisorMetrics
+from corral.supervisor.lifecycle.not_answering import NotAnswering
 from corral.supervisor.lifecycle.operation_lock import OperationLock
 from corral.supervisor.lifecycle.operations import Operation, OperationLedger
 from corral.supervisor.lifecycle.prefix_epoch import PrefixCacheEpoch
@@ -106,6 +107,7 @@ class EngineSupervisor:
         self._preload: PreloadKeeper | None = None
         self.gate: AdmissionGate | None = None  # set when --gate-port serves the data path
         self.stall_watch: StallWatch | None = None
+        self.answer_watch: NotAnswering | None = None  # READY ⇄ DRAINING/not_answering (--unanswered-seconds)
         self.exit_requested = asyncio.Event()
         self._session: aiohttp.ClientSession | None = None
         self.engine_key = EngineKey(config.engine_url)  # the running engine's --api-key, on our calls to it
@@ -388,12 +390,19 @@ class EngineSupervisor:
         stall_task = asyncio.create_task(watch.watch(), name="stall-watch")
         rank_task = asyncio.create_task(engine.ranks.watch(), name="rank-watch")
         watched: set[asyncio.Task[Any]] = {exit_task, stall_task, rank_task}
+        answer_task: asyncio.Task[Any] | None = None
+        if self.config.unanswered_seconds > 0:  # withdraws and restores; failing stays the stall rule's
+            self.answer_watch = NotAnswering(self, self.config.unanswered_seconds, self._log)
+            answer_task = asyncio.create_task(self.answer_watch.run(), name="answer-watch")
+            watched.add(answer_task)
         self.watch_preload(watched)
         try:
             await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in watched:
                 task.cancel()
+        if answer_task is not None and answer_task.done() and not answer_task.cancelled():
+            answer_task.result()  # it never returns: only a bug ends it, and the lifecycle shows it
         lost = self.preload_lost()
         if lost is not None and engine.running:  # its weights may be the dead daemon's memory
             return Stall(f"{lost} while serving", {"preload": self.preload_json()})
@@ -410,6 +419,12 @@ class EngineSupervisor:
             f"engine exited with code {engine.returncode} while serving",
             {"exit_code": engine.returncode, "last_lines": list(engine.last_lines())},
         )
+
+    def note_not_answering(self, withdrawn: bool) -> None:
+        """The answer watch withdrew the engine from routing (True) or earned it back (False); the
+        transition itself is in the operation log."""
+        if withdrawn:
+            self.metrics.not_answering.inc()
 
     def record_exit(self, engine: EngineProcess) -> None:
         if engine.identity is not None:
