@@ -71,6 +71,7 @@ import math
 import os
 import random
 import re
+import secrets
 import sys
 import time
 import urllib.request
@@ -437,6 +438,7 @@ class TargetSpec:
     workers: int | None = 1
     kv_events: bool = False
     deployed: bool = False
+    peered: bool = False  # the replicas `--peer` one another (they share their picks)
 
 
 ORACLE = TargetSpec("oracle", "oracle")
@@ -464,10 +466,13 @@ DEPLOYED_TARGETS = [
     TargetSpec("corral prefix x2 replicas", "corral", "prefix", replicas=2),
     TargetSpec("corral prefix x4 replicas", "corral", "prefix", replicas=4),
     TargetSpec("corral round_robin", "corral", "round_robin"),
+    # issue 28 item 2: the replicas share their picks (`--peer` each other)
+    TargetSpec("corral prefix x2 replicas peered", "corral", "prefix", replicas=2, peered=True),
+    TargetSpec("corral prefix x4 replicas peered", "corral", "prefix", replicas=4, peered=True),
 ]
 DEPLOYED_KV_TARGETS = [
     TargetSpec(s.name.replace("corral prefix", "corral prefix kv-events"), "corral", "prefix", s.replicas,
-               s.workers, kv_events=True, deployed=s.deployed)
+               s.workers, kv_events=True, deployed=s.deployed, peered=s.peered)
     for s in DEPLOYED_TARGETS
     if s.policy == "prefix"
 ]  # fmt: skip
@@ -486,11 +491,20 @@ def corral_router(
     tag: str,
     kv_events: list[str] | None = None,
     workers: int | None = 1,
+    peers: list[str] | None = None,
 ) -> Proc:
     """A router over the sims; with `kv_events` (each sim's event address), it reads their KV events;
-    `workers` router processes on one port (None: no --workers flag, the router's default)."""
+    `workers` router processes on one port (None: no --workers flag, the router's default); `peers`:
+    the other replicas' URLs, whose picks it shares (one secret in `out`)."""
     argv = [sys.executable, "-m", "corral", "router", "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--policy", policy, "--log-level", "warning"]
+    if peers:
+        token = out / "peer.token"
+        if not token.exists():
+            token.write_text(secrets.token_hex(16) + "\n")
+        argv += ["--peer-token-file", str(token)]
+        for peer in peers:
+            argv += ["--peer", peer]
     if workers is not None:
         argv += ["--workers", str(workers)]
     if config is not None:
@@ -590,12 +604,15 @@ class Fleet:
                 ring = spec.policy == "prefix-ring"
                 config = None if spec.deployed else self.ring_config if ring else self.config
                 kv = self.events if spec.kv_events else None
-                for r in range(spec.replicas):
+                ports = [free_port() for _ in range(spec.replicas)]
+                for r, port in enumerate(ports):
                     workers = "d" if spec.workers is None else spec.workers
-                    tag = f"prefix-corral-{spec.policy}{'-kv' if kv else ''}-w{workers}-{r}"
+                    peered = "-peered" if spec.peered else ""
+                    tag = f"prefix-corral-{spec.policy}{'-kv' if kv else ''}-w{workers}{peered}-{r}"
                     policy = "prefix" if ring else spec.policy
+                    peers = [f"http://127.0.0.1:{p}" for p in ports if p != port] if spec.peered else None
                     routers.append(
-                        corral_router(free_port(), self.sims, policy, config, self.out, tag, kv, spec.workers)
+                        corral_router(port, self.sims, policy, config, self.out, tag, kv, spec.workers, peers)
                     )
                 for router in routers:
                     wait_ready(router, "/health")
