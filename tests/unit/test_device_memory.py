@@ -204,6 +204,16 @@ def test_a_kv_release_must_free_the_logged_kv_share() -> None:
     assert kept.outcome == FAILED and "not released" in kept.reason
 
 
+def test_a_kv_release_that_freed_more_than_the_kv_share_lost_the_weights() -> None:
+    """A backend without selective KV discard frees everything: each GPU must keep all but the KV share."""
+    before, shares = reading(g0=40, g1=40), logged(weights_gib=8, kv_gib=30)
+    fine = sleep_verdict(before, reading(g0=10, g1=10.5), 0, True, shares, TH)
+    assert fine.outcome == PASSED and "weights stayed" in fine.reason
+    lost = sleep_verdict(before, reading(g0=10, g1=1.5), 0, True, shares, TH)
+    assert lost.outcome == FAILED and "keep the weights resident" in lost.reason, lost.reason
+    assert GPU1[:12] in lost.reason and GPU0[:12] not in lost.reason
+
+
 def test_a_kv_release_without_the_kv_share_is_not_measured() -> None:
     verdict = sleep_verdict(reading(g0=40), reading(g0=10), 0, True, logged(kv_gib=None), TH)
     assert verdict.outcome == NOT_MEASURED and "Available KV cache memory" in verdict.reason

@@ -1,7 +1,7 @@
-"""VERIFY's memory decisions: over two NVML readings of the engine (`device_memory.py`), a sleep
-freed each GPU down to the residue, a KV release freed the KV share, a wake brought it back; at READY,
-what the engine holds and its logged KV size against the memory budget; and the record `/v1/state`
-shows. Where nothing can be read the verdict is `not_measured`, never `passed`."""
+"""VERIFY's memory decisions: over two NVML readings of the engine (`device_memory.py`), a sleep freed each
+GPU down to the residue, a KV release freed the KV share and no more (the weights stay), a wake brought
+it back; at READY, what the engine holds and its logged KV size against the memory budget; and the
+record `/v1/state` shows. Where nothing can be read the verdict is `not_measured`, never `passed`."""
 
 from __future__ import annotations
 
@@ -128,15 +128,27 @@ def _sleep_verdict(
                 NVML,
                 evidence,
             )
-        short = [g for g in before.gpus if before.gpus[g] - after.gpus.get(g, 0) < kv * (1 - tol)]
+        freed = {g: before.gpus[g] - after.gpus.get(g, 0) for g in before.gpus}
+        short = [g for g in before.gpus if freed[g] < kv * (1 - tol)]
         if short:
-            detail = ", ".join(
-                f"{_short(g)} freed {_gib(before.gpus[g] - after.gpus.get(g, 0))}" for g in short
-            )
+            detail = ", ".join(f"{_short(g)} freed {_gib(freed[g])}" for g in short)
             return MemoryVerdict(
                 FAILED, f"the KV cache's GPU memory was not released: {detail} of {_gib(kv)}", NVML, evidence
             )
-        return MemoryVerdict(PASSED, f"freed the KV share ({_gib(kv)} per GPU)", NVML, evidence)
+        # the weights stay: no GPU may free more than the KV share (the tolerance of what it held)
+        over = [g for g in before.gpus if freed[g] > kv + before.gpus[g] * tol]
+        if over:
+            detail = ", ".join(f"{_short(g)} freed {_gib(freed[g])}" for g in over)
+            return MemoryVerdict(
+                FAILED,
+                f"a KV release must keep the weights resident: {detail}, more than the KV share "
+                f"{_gib(kv)} (tolerance {tol:.0%}, --wake-tolerance)",
+                NVML,
+                evidence,
+            )
+        return MemoryVerdict(
+            PASSED, f"freed the KV share ({_gib(kv)} per GPU) and no more: the weights stayed", NVML, evidence
+        )
     dropped = [g for g in before.gpus if after.gpus.get(g, 0) < before.gpus[g] * (1 - tol)]
     if dropped:
         return MemoryVerdict(
@@ -154,7 +166,8 @@ def sleep_verdict(
     thresholds: MemoryThresholds,
 ) -> MemoryVerdict:
     """After `/sleep` (and `/release_kv_cache_memory`): level 1/2 freed each GPU down to the residue,
-    a KV release freed the KV share, a level-0 pause kept everything resident."""
+    a KV release freed the KV share and no more (the weights resident), a level-0 pause kept everything
+    resident."""
     return _scoped(_sleep_verdict(before, after, level, release_kv, logged, thresholds), before)
 
 

@@ -1,6 +1,7 @@
 """The engine's prefix-cache epoch as the supervisor publishes it on every state line: a token that changes
-whenever the engine's prefix cache may have been emptied (a new engine process, or a reset after a level-1/2
-sleep's wake or a reload), so a router forgets the prefixes it believed that engine holds. It also keeps
+whenever the engine's prefix cache may have been emptied (a new engine process, or a reset after the wake of
+a level-1/2 sleep or a KV release, a reload, or RECOVER from a sleep that failed), so a router forgets the
+prefixes it believed that engine holds. It also keeps
 the last reset, for `/v1/state`."""
 
 from __future__ import annotations

@@ -8,8 +8,6 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
 from corral.engine.dev_api import AdminCallFailed, EngineAdmin, EngineFigures
 from corral.engine.kv_log import EngineLogFigures
 from corral.engine.metric_names import SLEEP_STATE
@@ -26,6 +24,7 @@ from corral.supervisor.lifecycle.memory_checks import (
     wake_verdict,
 )
 from corral.supervisor.lifecycle.states import EngineState
+from corral.supervisor.runbook.prefix_reset import prefix_state_after
 from corral.supervisor.runbook.template import Evidence, Refused, StepFailed
 
 if TYPE_CHECKING:
@@ -89,20 +88,6 @@ def require_sleep_mode(sup: EngineAccess, kind: str) -> Evidence:
             "(--load-format ipc_cache); sleep cannot offload or free memory it does not own"
         )
     return {"enable_sleep_mode": True, "zero_copy_preload": False}
-
-
-def host_ram_for_backup(figures: EngineFigures) -> Evidence:
-    """A level-1 sleep copies the weights to host memory: refuse when it would not fit."""
-    available = psutil.virtual_memory().available
-    weights = figures.gpu_weights_bytes
-    if weights is None:
-        return {"host_available_bytes": available, "weights_bytes": None, "note": "weights size not reported"}
-    if weights > available:
-        raise Refused(
-            f"sleep level 1 refused: the weights' backup needs {weights / 2**30:.2f} GiB of host memory, "
-            f"{available / 2**30:.2f} GiB is available; use level 2 or free host memory"
-        )
-    return {"host_available_bytes": available, "weights_bytes": weights}
 
 
 async def leave_routing(sup: EngineAccess, reason: str, policy: str) -> tuple[Leaving, Evidence]:
@@ -217,13 +202,23 @@ async def verify_awake(
     return {**checked, "smoke": smoke.to_json()}
 
 
-async def back_to_ready(sup: EngineAccess, admin: EngineAdmin, reason: str, cause: str) -> Evidence:
-    """RECOVER for a failure before the engine slept for good: wake it fully, check it, READY again;
-    when that fails too, FAILED with the cause named and a restart in place."""
+async def back_to_ready(
+    sup: EngineAccess,
+    admin: EngineAdmin,
+    reason: str,
+    cause: str,
+    prefix_cache_wiped: bool = False,
+    before: EngineFigures | None = None,
+) -> Evidence:
+    """RECOVER for a failure before the engine slept for good: wake it fully, check it, READY again
+    (on a new prefix epoch where the sleep may have emptied the prefix cache: `before` are the figures
+    read before it); when that fails too, FAILED with the cause named and a restart in place."""
     try:
         if await admin.is_sleeping():
             await admin.wake_up()
         checked = await verify_awake(sup, admin, None)
+        if prefix_cache_wiped:
+            checked["prefix_cache"] = await prefix_state_after(sup, admin, before, "recovery wake")
     except (StepFailed, AdminCallFailed) as exc:
         return await fail_and_restart(sup, f"{cause}; recovery wake failed too: {exc}")
     sup.note_sleep(None)

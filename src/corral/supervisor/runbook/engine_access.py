@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from corral.supervisor.lifecycle.routers import RouterSubscriptions
     from corral.supervisor.lifecycle.sleep_status import SleepStatus
     from corral.supervisor.lifecycle.states import EngineState, StateEvent, StateMachine
+    from corral.supervisor.precheck.gate import PrecheckReport
     from corral.supervisor.state.oplog import OperationLog
 
 
@@ -65,6 +66,8 @@ class EngineAccess(Protocol):
     def prefix_cache(self) -> PrefixCacheEpoch: ...
     @property
     def preload(self) -> PreloadDaemon | None: ...
+    @property
+    def precheck(self) -> PrecheckReport | None: ...  # the last start's PRECHECK (its memory budget)
     @property
     def log(self) -> Callable[[str], None]: ...
 

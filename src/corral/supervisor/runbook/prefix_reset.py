@@ -1,23 +1,34 @@
-"""Prefix state after a level-1/2 sleep's wake or a reload: reset the engine's prefix cache explicitly,
-check that no block from before remains, and move the prefix epoch the routers read on the state stream.
+"""Prefix state after a level-1/2 sleep's wake, a KV release's wake, or a reload: reset the engine's
+prefix cache explicitly, check that no block from before remains, and move the prefix epoch the routers
+read on the state stream.
 
 vLLM resets the prefix cache itself when it sleeps at level >= 1 (its engine core pauses the scheduler
-with `clear_cache`), but not on `reload_weights`, which runs in the workers; and `POST
-/reset_prefix_cache` answers `{"success": false}` while running requests hold blocks. So the reset is
-asked for again after the wake, and checked where the engine shows a figure: the simulator counts its
-resets (`corral_sim_prefix_cache_resets_total`), and a count past the one read before the sleep means no
-old block remains. vLLM shows no such figure: the check is then "not measured", never "passed".
+with `clear_cache`) and when it releases the KV cache's memory (`release_kv_cache_memory` resets its
+caches before it discards the `kv_cache` tag), but not on `reload_weights`, which runs in the workers;
+and `POST /reset_prefix_cache` answers `{"success": false}` while running requests hold blocks. So the
+reset is asked for again after the wake, and checked where the engine shows a figure: the simulator
+counts its resets (`corral_sim_prefix_cache_resets_total`), and a count past the one read before the
+sleep means no old block remains. vLLM shows no such figure: the check is then "not measured", never
+"passed".
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from corral.engine.dev_api import AdminCallFailed, EngineAdmin, EngineFigures
 from corral.supervisor.runbook.template import Evidence, StepFailed
 
 if TYPE_CHECKING:
     from corral.supervisor.runbook.engine_access import EngineAccess
+
+
+def prefix_cache_wiped(sleep: Mapping[str, Any]) -> bool:
+    """Whether a sleep (its status, as `/v1/state` shows it) emptied the engine's prefix cache: level 1
+    or 2, or a level-0 pause whose KV cache was released. Only a plain level-0 pause keeps it."""
+    level = sleep.get("level")
+    return (isinstance(level, int) and level >= 1) or bool(sleep.get("kv_released"))
 
 
 async def reset_prefix_cache(admin: EngineAdmin) -> Evidence:
@@ -29,12 +40,12 @@ async def reset_prefix_cache(admin: EngineAdmin) -> Evidence:
         return {
             "reset": "not done",
             "why": str(exc),
-            "relying_on": "the engine's own reset at sleep level >= 1",
+            "relying_on": "the engine's own reset at sleep level >= 1 or KV release",
         }
     if success is False:
         return {
             "reset": "refused by the engine (running requests hold blocks)",
-            "relying_on": "the engine's own reset at sleep level >= 1",
+            "relying_on": "the engine's own reset at sleep level >= 1 or KV release",
         }
     return {"reset": "done" if success else "asked (the engine does not say whether it succeeded)"}
 

@@ -4,11 +4,15 @@ Level 0 pauses scheduling with every allocation resident (with `release_kv`, the
 freed, which needs the level-0 keep pause); level 1 offloads the weights to host memory and drops the
 KV cache; level 2 drops both. VERIFY reads `/is_sleeping`, `vllm:engine_sleep_state` and the memory
 figures (the engine's, or NVML's over its processes: `lifecycle/device_memory.py`; "not measured"
-without either); a failure before the sleep holds wakes the engine and makes it READY again.
+without either); a KV release must also keep the weights resident (vLLM's sleep-state gauge names
+no offload or discard; the engine's figures or NVML show the weights held). A failure before the
+sleep holds wakes the engine and makes it READY again, on a new prefix epoch where the sleep may
+have emptied the prefix cache.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from corral.engine.dev_api import EngineFigures
@@ -27,12 +31,12 @@ from corral.supervisor.runbook.common import (
     device_verdict,
     figures_failed,
     figures_passed,
-    host_ram_for_backup,
     leave_routing,
     logged_figures,
     require_ready_and_dev,
     require_sleep_mode,
 )
+from corral.supervisor.runbook.host_ram import host_ram_for_backup
 from corral.supervisor.runbook.template import Evidence, Refused, Step, StepFailed
 
 if TYPE_CHECKING:
@@ -62,6 +66,7 @@ class SleepPlan:
         self.before: EngineFigures | None = None
         self.device_before: DeviceReading | None = None  # NVML, where the engine reports no figures
         self._drainer: Leaving | None = None
+        self._prefix_cache_wiped = False  # set once EXECUTE asked for a sleep that empties it
 
     async def precheck(self) -> Evidence:
         evidence = await require_ready_and_dev(self.sup, self.admin, "sleep")
@@ -69,7 +74,7 @@ class SleepPlan:
             evidence.update(require_sleep_mode(self.sup, "sleep"))
         self.before = await self.admin.figures()
         if self.level == 1:
-            evidence["host_ram"] = host_ram_for_backup(self.before)
+            evidence["host_ram"] = await asyncio.to_thread(host_ram_for_backup, self.sup, self.before)
         evidence["before"] = self.before.to_json()
         self.device_before = await device_reading(self.sup, self.before)
         if self.device_before is not None:
@@ -86,6 +91,9 @@ class SleepPlan:
         return await apply_policy(self.sup, self._drainer, self.mode)
 
     async def execute(self) -> Evidence:
+        # from here a failed sleep may have emptied the prefix cache (vLLM clears it at level >= 1 and
+        # on a KV release), so RECOVER's way back to READY moves the prefix epoch
+        self._prefix_cache_wiped = self.level >= 1 or self.release_kv
         answer = await self.admin.sleep(self.level, self.mode)
         evidence: Evidence = {"sleep": answer}
         if self.release_kv:
@@ -97,8 +105,13 @@ class SleepPlan:
             raise StepFailed("/is_sleeping is false after /sleep")
         after = await self.admin.figures()
         want = EXPECTED_SLEEP_STATE[self.level]
-        if after.sleep_state != want and not (self.release_kv and after.sleep_state is None):
-            raise StepFailed(f"{SLEEP_STATE} is {after.sleep_state}, expected {want}", after=after.to_json())
+        if after.sleep_state != want:
+            # vLLM sets the gauge from the calls it served: at level 0 (and after a KV release) it names
+            # no sleep state; one that names an offload or a discard says the weights left the GPU
+            left = " (the weights left the GPU)" if self.level == 0 and after.sleep_state != "awake" else ""
+            raise StepFailed(
+                f"{SLEEP_STATE} is {after.sleep_state}, expected {want}{left}", after=after.to_json()
+            )
         before = self.before
         moved: Evidence = {}
         if (
@@ -126,9 +139,10 @@ class SleepPlan:
                 raise figures_failed(
                     self.sup, self.kind, "the KV cache's GPU memory was not released", moved=moved
                 )
-            if self.level == 0 and not self.release_kv and after.gpu_weights_bytes < before.gpu_weights_bytes:
+            if self.level == 0 and after.gpu_weights_bytes < before.gpu_weights_bytes:
+                what = "a KV release" if self.release_kv else "a level-0 pause"
                 raise figures_failed(
-                    self.sup, self.kind, "a level-0 pause must keep the weights resident", moved=moved
+                    self.sup, self.kind, f"{what} must keep the weights resident", moved=moved
                 )
             moved = figures_passed(self.sup, self.kind, moved)
         else:
@@ -162,7 +176,12 @@ class SleepPlan:
 
     async def recover(self, failed_step: Step, cause: str) -> Evidence:
         return await back_to_ready(
-            self.sup, self.admin, f"sleep abandoned at {failed_step}: awake again", cause
+            self.sup,
+            self.admin,
+            f"sleep abandoned at {failed_step}: awake again",
+            cause,
+            prefix_cache_wiped=self._prefix_cache_wiped,
+            before=self.before,
         )
 
     async def postcheck(self) -> Evidence:

@@ -6,7 +6,8 @@ for with `reload: true`. With `tags`, a wake may be partial (`weights` now, `kv_
 then checks that the woken memory is back and the engine still sleeps, and the supervisor stays
 SLEEPING (out of routing) with the woken tags in its sleep status. The wake that wakes the last tags
 (or any wake without tags) completes it: VERIFY is the readiness check again (not sleeping, memory
-back, same model, smoke answered). A failed wake leaves the engine FAILED with the failed step named,
+back, same model, smoke answered), and where the sleep emptied the prefix cache (level 1 or 2, or a
+KV release) the prefix epoch moves. A failed wake leaves the engine FAILED with the failed step named,
 then restarts it in place (weights from disk: a known state).
 """
 
@@ -30,7 +31,7 @@ from corral.supervisor.runbook.common import (
     logged_figures,
     verify_awake,
 )
-from corral.supervisor.runbook.prefix_reset import prefix_state_after
+from corral.supervisor.runbook.prefix_reset import prefix_cache_wiped, prefix_state_after
 from corral.supervisor.runbook.template import Evidence, Refused, Step, StepFailed
 from corral.supervisor.runbook.wake_steps import (
     WakeSteps,
@@ -123,7 +124,7 @@ class WakePlan:
             checked["memory"] = await self._partial_memory(checked, device_before)
             return self._partially_awake(checked)
         checked = await verify_awake(self.sup, self.admin, _before(self.status), device_before)
-        if (self.status.get("level") or 0) >= 1:  # a level-0 pause keeps the prefix cache
+        if prefix_cache_wiped(self.status):  # a plain level-0 pause keeps the prefix cache
             checked["prefix_cache"] = await prefix_state_after(
                 self.sup, self.admin, _before(self.status), "wake"
             )
