@@ -8,13 +8,26 @@ engine under `corral supervise`, with every memory figure read through NVML (sou
      after it (GiB per GPU);
   4. `corral verify --require-measured` on the supervisor.
 
-It prints a table (GiB per step) and writes one JSON result. Exit 0 when every operation succeeded with
-its memory measured (source nvml) and passed, 1 otherwise; 2 when this host has no GPU (NVML sees
-none) or no `vllm` command, saying so.
+Around them, the checks that must hold on a real vLLM, which reports neither its weights' size nor its
+memory (issue 29):
+  - host RAM before a level-1 sleep: first with the host's room narrowed to 64 MiB (one more cgroup
+    directory the supervisor counts, `CORRAL_MEMORY_CGROUP`, whose files this script writes) the sleep
+    must be refused naming host memory, with nothing moved (READY); then, with the room back, the real
+    level-1 sleep's PRECHECK must have passed on the weights' size from the model files (source
+    `precheck_budget`) against the host's real MemAvailable and cgroups;
+  - KV-only release: VERIFY's NVML verdict passed, which now also means no GPU freed more than the
+    KV share (the weights stayed resident), vLLM's sleep-state gauge names no offload; and the wake
+    after it moved the prefix epoch (`/v1/state` `prefix_cache.epoch`), with its VERIFY's prefix
+    evidence.
+
+It prints a table (GiB per step, and each step's checks) and writes one JSON result. Exit 0 when every
+operation ended as expected (succeeded, or refused where a refusal is the check) with its memory
+measured (source nvml) and passed and its checks true, 1 otherwise; 2 when this host has no GPU (NVML
+sees none) or no `vllm` command, saying so.
 
 On a lent GPU machine, from the repository root, with vLLM installed and the model on local disk
 (the machine reaches nothing outside it), one command, about 4-6 minutes of device time (a 0.5B model
-starts in ~1-2 min with CUDA graphs; each operation takes seconds):
+starts in ~1-2 min with CUDA graphs; each operation takes seconds; the refused sleep, none):
 
     VLLM_SERVER_DEV_MODE=1 python benchmarks/gpu_sleep_cycle.py \
         --model Qwen/Qwen2.5-0.5B-Instruct --out $OUT/gpu_sleep_cycle.json
@@ -35,6 +48,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +56,83 @@ from corral.engine.gpus import read_gpus
 from corral.supervisor.lifecycle.device_memory import GIB, read_device_sync
 
 NO_DEVICE = 2
-OPERATIONS: tuple[tuple[str, str, dict[str, Any]], ...] = (
-    ("sleep level 1", "/v1/sleep", {"level": 1, "mode": "wait"}),
-    ("wake", "/v1/wake", {}),
-    ("sleep level 2", "/v1/sleep", {"level": 2, "mode": "wait"}),
-    ("wake + reload", "/v1/wake", {"reload": True}),
-    ("KV release", "/v1/sleep", {"level": 0, "mode": "keep", "release_kv": True}),
-    ("wake (KV)", "/v1/wake", {}),
-    ("reload", "/v1/reload", {"mode": "wait"}),
+HOST_RAM_SHORT = 64 << 20  # bytes the narrowed host leaves: less than any model's weights
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One runbook call: what it is, what must come of it, and the host room it runs with."""
+
+    name: str
+    path: str
+    body: dict[str, Any]
+    expect: str = "succeeded"  # or "refused" (409 at PRECHECK)
+    host_room: int | None = None  # bytes the extra cgroup leaves during this step; None: no narrowing
+
+
+OPERATIONS: tuple[Operation, ...] = (
+    Operation(
+        "sleep 1 (host RAM short)", "/v1/sleep", {"level": 1, "mode": "wait"}, "refused", HOST_RAM_SHORT
+    ),
+    Operation("sleep level 1", "/v1/sleep", {"level": 1, "mode": "wait"}),
+    Operation("wake", "/v1/wake", {}),
+    Operation("sleep level 2", "/v1/sleep", {"level": 2, "mode": "wait"}),
+    Operation("wake + reload", "/v1/wake", {"reload": True}),
+    Operation("KV release", "/v1/sleep", {"level": 0, "mode": "keep", "release_kv": True}),
+    Operation("wake (KV)", "/v1/wake", {}),
+    Operation("reload", "/v1/reload", {"mode": "wait"}),
 )
+
+
+def set_host_room(cgroup: Path, room: int | None) -> None:
+    """The extra cgroup the supervisor counts (`CORRAL_MEMORY_CGROUP`): no limit, or `room` bytes free."""
+    cgroup.mkdir(parents=True, exist_ok=True)
+    (cgroup / "memory.max").write_text("max\n" if room is None else f"{room}\n")
+    (cgroup / "memory.current").write_text("0\n")
+    (cgroup / "memory.stat").write_text("inactive_file 0\n")
+
+
+def step_evidence(row: dict[str, Any], step: str) -> dict[str, Any]:
+    """One runbook step's evidence from the operation's result (empty when it did not run)."""
+    steps = ((row.get("operation") or {}).get("result") or {}).get("steps") or []
+    found = [s.get("evidence") or {} for s in steps if s.get("step") == step]
+    return found[-1] if found else {}
+
+
+def prefix_epoch(state: dict[str, Any]) -> Any:
+    return (state.get("prefix_cache") or {}).get("epoch")
+
+
+def step_checks(
+    op: Operation, row: dict[str, Any], before: dict[str, Any], after: dict[str, Any]
+) -> dict[str, bool]:
+    """What must hold after `op` on a real vLLM, by name (all true for the step to pass)."""
+    checks = {f"status {op.expect}": row.get("status") == op.expect}
+    if op.expect == "refused":
+        message = str(((row.get("answer") or {}).get("error") or {}).get("message"))
+        checks["the refusal names host memory"] = "host memory" in message
+        checks["nothing moved: READY"] = after.get("state") == "READY"
+        return checks
+    checks["memory measured (nvml) and passed"] = (
+        row.get("memory_outcome") == "passed" and row.get("memory_source") == "nvml"
+    )
+    if op.path == "/v1/sleep" and op.body.get("level") == 1:
+        host_ram = step_evidence(row, "precheck").get("host_ram") or {}
+        backup = host_ram.get("backup") or {}
+        checks["host RAM passed on the model files' size"] = (
+            host_ram.get("outcome") == "passed"
+            and backup.get("source") == "precheck_budget"
+            and (backup.get("weights_bytes") or 0) > 0
+        )
+    if op.body.get("release_kv"):
+        checks["sleep state names no offload or discard"] = (
+            step_evidence(row, "verify").get("sleep_state") is None
+        )
+    if op.path == "/v1/wake" and (before.get("sleep") or {}).get("kv_released"):
+        checks["prefix epoch moved"] = prefix_epoch(after) != prefix_epoch(before) and bool(
+            step_evidence(row, "verify").get("prefix_cache")
+        )
+    return checks
 
 
 def free_port() -> int:
@@ -89,27 +171,36 @@ def engine_gib(state: dict[str, Any]) -> dict[str, float] | None:
     return None if reading is None else {g: round(b / GIB, 2) for g, b in reading.gpus.items()}
 
 
-def run_operation(sup: str, name: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+def run_operation(sup: str, op: Operation, cgroup: Path) -> dict[str, Any]:
+    before = call(sup + "/v1/state")[1]
+    set_host_room(cgroup, op.host_room)
     started = time.monotonic()
-    status, op = call(sup + path, "POST", body)
-    row: dict[str, Any] = {"step": name, "path": path, "body": body}
-    if status != 202:
-        return {**row, "status": "refused", "answer": op}
-    while op.get("status") == "running":
-        time.sleep(0.5)
-        op = call(f"{sup}/v1/operations/{op['operation_id']}")[1]
-    state = call(sup + "/v1/state")[1]
-    memory = (state.get("memory") or {}).get("last") or {}
-    return {
-        **row,
-        "status": op.get("status"),
-        "seconds": round(time.monotonic() - started, 2),
-        "memory_outcome": memory.get("outcome"),
-        "memory_source": memory.get("source"),
-        "memory_reason": memory.get("reason"),
-        "engine_gib_after": engine_gib(state),
-        "operation": op,
-    }
+    try:
+        status, answer = call(sup + op.path, "POST", op.body)
+        row: dict[str, Any] = {"step": op.name, "path": op.path, "body": op.body}
+        if status != 202:
+            row.update(status="refused", answer=answer, engine_gib_after=engine_gib(before))
+        else:
+            while answer.get("status") == "running":
+                time.sleep(0.5)
+                answer = call(f"{sup}/v1/operations/{answer['operation_id']}")[1]
+            state = call(sup + "/v1/state")[1]
+            memory = (state.get("memory") or {}).get("last") or {}
+            row.update(
+                status=answer.get("status"),
+                seconds=round(time.monotonic() - started, 2),
+                memory_outcome=memory.get("outcome"),
+                memory_source=memory.get("source"),
+                memory_reason=memory.get("reason"),
+                engine_gib_after=engine_gib(state),
+                operation=answer,
+            )
+    finally:
+        set_host_room(cgroup, None)
+    after = call(sup + "/v1/state")[1]
+    row["prefix_epoch"] = [prefix_epoch(before), prefix_epoch(after)]
+    row["checks"] = step_checks(op, row, before, after)
+    return row
 
 
 def explain(corral: list[str], flags: list[str], engine: list[str], env: dict[str, str]) -> dict[str, Any]:
@@ -132,14 +223,26 @@ def verify(corral: list[str], sup: str, record: Path) -> dict[str, Any]:
 
 
 def table(report: dict[str, Any]) -> str:
-    rows = [("step", "status", "memory", "source", "GiB per GPU (engine tree, NVML)")]
+    rows = [("step", "status", "memory", "source", "GiB per GPU (engine tree, NVML)", "checks")]
     ready = report.get("ready") or {}
-    rows.append(("READY", "-", str(ready.get("memory_outcome")), "-", json.dumps(ready.get("engine_gib"))))
+    rows.append(
+        ("READY", "-", str(ready.get("memory_outcome")), "-", json.dumps(ready.get("engine_gib")), "-")
+    )
     for s in report["steps"]:
         gib = s.get("engine_gib_after")
         shown = ", ".join(f"{g[:12]} {v:.2f}" for g, v in gib.items()) if gib else str(gib)
+        checks = s.get("checks") or {}
+        failed = [name for name, held in checks.items() if not held]
+        verdict = f"FAILED: {'; '.join(failed)}" if failed else (f"{len(checks)} ok" if checks else "-")
         rows.append(
-            (s["step"], str(s["status"]), str(s.get("memory_outcome")), str(s.get("memory_source")), shown)
+            (
+                s["step"],
+                str(s["status"]),
+                str(s.get("memory_outcome")),
+                str(s.get("memory_source")),
+                shown,
+                verdict,
+            )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
@@ -163,7 +266,10 @@ def main() -> int:
     corral = [sys.executable, "-m", "corral"]
     sup_port, engine_port = free_port(), free_port()
     sup = f"http://127.0.0.1:{sup_port}"
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    state_dir = Path(tempfile.mkdtemp(prefix="gpu-sleep-cycle-"))
+    host_room = state_dir / "host-room-cgroup"  # counted besides the engine's own cgroups
+    set_host_room(host_room, None)
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "CORRAL_MEMORY_CGROUP": str(host_room)}
     engine = [
         "vllm", "serve", args.model, "--host", "127.0.0.1", "--port", str(engine_port),
         "--enable-sleep-mode", "--gpu-memory-utilization", args.gpu_memory_utilization,
@@ -178,7 +284,6 @@ def main() -> int:
         "steps": [],
     }
     print(report["explain"]["output"])
-    state_dir = Path(tempfile.mkdtemp(prefix="gpu-sleep-cycle-"))
     started = time.monotonic()
     proc = subprocess.Popen(
         [
@@ -204,12 +309,12 @@ def main() -> int:
         }
         if state.get("state") != "READY":
             return 1
-        for name, path, body in OPERATIONS:
-            report["steps"].append(run_operation(sup, name, path, body))
+        for op in OPERATIONS:
+            report["steps"].append(run_operation(sup, op, host_room))
             wait_state(sup, ("READY", "SLEEPING", "FAILED"), 300)
         report["verify"] = verify(corral, sup, state_dir / "verify.json")
-        ok = all(s["status"] == "succeeded" for s in report["steps"]) and all(
-            s["memory_outcome"] == "passed" and s["memory_source"] == "nvml" for s in report["steps"]
+        ok = len(report["steps"]) == len(OPERATIONS) and all(
+            all(s["checks"].values()) for s in report["steps"]
         )
     finally:
         report["ok"] = ok

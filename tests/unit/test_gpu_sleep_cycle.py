@@ -20,6 +20,7 @@ def load() -> ModuleType:
     spec = importlib.util.spec_from_file_location("gpu_sleep_cycle", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -57,3 +58,48 @@ def test_the_table_has_a_row_per_step_with_its_verdict_and_gib() -> None:
     assert lines[2].split()[:5] == ["sleep", "level", "1", "succeeded", "passed"]
     assert "GPU-0aaaaaaa 0.61" in lines[2] and "nvml" in lines[2]
     assert lines[3].split()[:2] == ["wake", "refused"]
+
+
+def test_the_host_ram_refusal_must_name_host_memory_and_leave_the_engine_ready() -> None:
+    gpu = load()
+    (short,) = [op for op in gpu.OPERATIONS if op.expect == "refused"]
+    assert short.host_room == gpu.HOST_RAM_SHORT and short.body["level"] == 1
+    message = "sleep level 1 refused: the weights' backup needs 0.92 GiB of host memory, from …"
+    row = {"status": "refused", "answer": {"error": {"message": message}}}
+    assert all(gpu.step_checks(short, row, {"state": "READY"}, {"state": "READY"}).values())
+    moved = gpu.step_checks(short, {"status": "succeeded"}, {"state": "READY"}, {"state": "SLEEPING"})
+    assert not moved["status refused"] and not moved["nothing moved: READY"]
+
+
+def operation_row(step: str, evidence: dict[str, object], **fields: object) -> dict[str, object]:
+    steps = [{"step": step, "status": "passed", "evidence": evidence}]
+    return {
+        "status": "succeeded",
+        "memory_outcome": "passed",
+        "memory_source": "nvml",
+        "operation": {"result": {"steps": steps}},
+        **fields,
+    }
+
+
+def test_a_level_1_sleep_must_have_checked_host_ram_on_the_model_files() -> None:
+    gpu = load()
+    sleep_1 = next(op for op in gpu.OPERATIONS if op.name == "sleep level 1")
+    backup = {"source": "precheck_budget", "weights_bytes": 988 << 20}
+    row = operation_row("precheck", {"host_ram": {"outcome": "passed", "backup": backup}})
+    assert all(gpu.step_checks(sleep_1, row, {}, {}).values())
+    unmeasured = operation_row("precheck", {"host_ram": {"outcome": "not_measured", "backup": {}}})
+    assert not gpu.step_checks(sleep_1, unmeasured, {}, {})["host RAM passed on the model files' size"]
+
+
+def test_the_kv_release_and_its_wake_check_the_gauge_and_the_prefix_epoch() -> None:
+    gpu = load()
+    release = next(op for op in gpu.OPERATIONS if op.body.get("release_kv"))
+    wake = gpu.OPERATIONS[gpu.OPERATIONS.index(release) + 1]
+    assert all(gpu.step_checks(release, operation_row("verify", {"sleep_state": None}), {}, {}).values())
+    offloaded = operation_row("verify", {"sleep_state": "weights_offloaded"})
+    assert not all(gpu.step_checks(release, offloaded, {}, {}).values())
+    asleep = {"sleep": {"level": 0, "kv_released": True}, "prefix_cache": {"epoch": "41:0"}}
+    woken = operation_row("verify", {"prefix_cache": {"prefix_epoch": "41:1"}})
+    assert gpu.step_checks(wake, woken, asleep, {"prefix_cache": {"epoch": "41:1"}})["prefix epoch moved"]
+    assert not gpu.step_checks(wake, woken, asleep, {"prefix_cache": {"epoch": "41:0"}})["prefix epoch moved"]
