@@ -10,7 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corral.supervisor.lifecycle.host_memory import CgroupLimit, HostMemory, cgroup_limit, read_host_memory
+from corral.supervisor.lifecycle.host_memory import (
+    CgroupLimit,
+    HostMemory,
+    cgroup_directories,
+    cgroup_limit,
+    read_host_memory,
+)
 from corral.supervisor.runbook.host_ram import BackupSize, check_backup_fits, memory_cgroup_setting
 from corral.supervisor.runbook.template import Refused
 
@@ -49,6 +55,30 @@ def test_no_limit_is_none_in_either_version(tmp_path: Path) -> None:
     assert cgroup_limit(write(tmp_path / "a", memory_max="max\n", memory_current="1\n")) is None
     assert cgroup_limit(write(tmp_path / "b", memory_limit_in_bytes="9223372036854771712\n")) is None
     assert cgroup_limit(tmp_path / "missing") is None
+
+
+def test_the_processs_cgroup_and_its_parents_are_read_up_to_the_mount(tmp_path: Path) -> None:
+    unified = tmp_path / "v2"
+    write(unified / "kubepods.slice" / "pod1" / "engine", memory_max="max\n")
+    (unified / "cgroup.controllers").write_text("cpu memory\n")
+    assert cgroup_directories("0::/kubepods.slice/pod1/engine\n", unified) == [
+        unified / "kubepods.slice" / "pod1" / "engine",
+        unified / "kubepods.slice" / "pod1",
+        unified / "kubepods.slice",
+        unified,
+    ]
+    hybrid = tmp_path / "v1"
+    (hybrid / "memory" / "docker" / "abc").mkdir(parents=True)
+    text = "12:pids:/docker/abc\n4:memory:/docker/abc\n0::/docker/abc\n"
+    assert cgroup_directories(text, hybrid) == [
+        hybrid / "memory" / "docker" / "abc",
+        hybrid / "memory" / "docker",
+        hybrid / "memory",
+    ]
+    # a path from another cgroup namespace: this namespace's root is the process's own cgroup
+    assert cgroup_directories("0::/elsewhere/not/mounted\n", unified) == [unified]
+    assert cgroup_directories("4:memory:/not/here\n", hybrid) == [hybrid / "memory"]
+    assert cgroup_directories("1:name=systemd:/\n", hybrid) == []
 
 
 def test_one_more_cgroup_only_narrows_what_this_process_may_take(tmp_path: Path) -> None:

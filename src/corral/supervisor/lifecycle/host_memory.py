@@ -106,14 +106,20 @@ def cgroup_limit(directory: Path) -> CgroupLimit | None:
 
 
 def process_cgroups(pid: int | str, fs: Path = CGROUP_FS) -> list[Path]:
-    """The memory cgroup directories of process `pid`, its own first, then each parent up to the mount
-    (from `/proc/PID/cgroup`: the v1 `memory` controller's line, else the v2 line)."""
+    """The memory cgroup directories of process `pid` (`/proc/PID/cgroup`): `cgroup_directories`."""
     try:
-        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        return cgroup_directories(Path(f"/proc/{pid}/cgroup").read_text(), fs)
     except OSError:
         return []
+
+
+def cgroup_directories(proc_cgroup: str, fs: Path = CGROUP_FS) -> list[Path]:
+    """From a `/proc/PID/cgroup` text, the process's memory cgroup directory, then each parent up to
+    the mount: the v1 `memory` controller's line where there is one, else the v2 line (unified mount)."""
     mount, relative = fs, None
-    for line in lines:
+    for line in proc_cgroup.splitlines():
+        if line.count(":") < 2:
+            continue
         _, controllers, path = line.split(":", 2)
         if "memory" in controllers.split(","):
             mount, relative = fs / "memory", path
