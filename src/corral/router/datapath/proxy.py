@@ -38,6 +38,7 @@ from corral.router.datapath.transfer_params import (
 )
 from corral.router.datapath.upstream import (
     UPSTREAM_FAILURES,
+    EngineAbandoned,
     UpstreamClient,
     UpstreamResponse,
     describe_failure,
@@ -132,6 +133,21 @@ class Proxy:
             config.max_retries,
             self._eject,
         )
+        membership.failure_listeners.append(self._abandon)
+
+    def _abandon(self, endpoint: Endpoint, verdict: str) -> None:
+        """The router has just judged `endpoint` failed: every request out there fails now, its
+        connection closed, instead of waiting for the client's timeout. `_forward` retries those that
+        had sent the client nothing (once, within the retry budget); `_relay` ends the others."""
+        count = self._upstream.abandon(endpoint.url, verdict)
+        if count:
+            log.warning(
+                "judged %s failed (%s): abandoning its %d requests in flight; those that sent the client "
+                "nothing go to another engine",
+                endpoint.url,
+                verdict,
+                count,
+            )
 
     async def handle(self, request: ClientRequest, reply: ClientReply) -> int:
         """Answer one request through `reply`; returns the status the client was answered."""
@@ -267,6 +283,7 @@ class Proxy:
         metrics = self._metrics
         model = route.model
         attempt = 0
+        retried_abandoned = False  # an abandoned request is retried once (`_abandon`)
         failures: list[str] = []  # for the log only: they name engines and errors
         pd = self._pd
         disaggregated = pd.applies(route, request.path)
@@ -324,14 +341,21 @@ class Proxy:
                     failures.append(failure)
                     if leg is not None:
                         pd.decode_failed(leg)  # retried with a fresh prefill: this transfer may be gone
-                    self._eject(endpoint, failure, request_id, attempt)
-                    if attempt < self._config.max_retries:
+                    abandoned = isinstance(exc, EngineAbandoned)
+                    if not abandoned:  # a judged engine is out of routing already, and earns its way back
+                        self._eject(endpoint, failure, request_id, attempt)
+                    if attempt < self._config.max_retries and not (abandoned and retried_abandoned):
                         if self._budget.try_spend(time.monotonic()):
                             attempt += 1
                             metrics.retries += 1
+                            if abandoned:
+                                retried_abandoned = True
+                                metrics.count_abandoned("retried")
                             continue
                         metrics.retry_budget_exhausted += 1
                         failures.append("retry budget spent, not retried")
+                    if abandoned:
+                        metrics.count_abandoned("not_retried")
                     answer = self._gave_up(model, _tried(attempt), "; ".join(failures), request_id)
                     return await self._reject(reply, answer, model, request_id, start)
                 except AnswerTooLarge as exc:
@@ -450,19 +474,24 @@ class Proxy:
                         why,
                         "true" if ending.tokens_emitted else "false",
                     )
-                    self._eject(endpoint, why, request_id, attempt)
+                    abandoned = isinstance(exc, EngineAbandoned)
+                    if abandoned:
+                        metrics.count_abandoned("ended")
+                    else:
+                        self._eject(endpoint, why, request_id, attempt)
                     metrics.errors += 1
                     ending.cut()
                     code = 502
                     await reply.write(params.finish())
-                    await reply.write(
-                        sse_error_event(
-                            f"The engine serving this stream failed mid-stream; request {request_id} "
-                            "was not replayed.",
-                            "BadGatewayError",
-                            502,
-                        )
+                    message = (
+                        f"The router judged the engine serving this stream failed (it stopped answering "
+                        f"or its supervisor failed it) and ended the stream; request {request_id} was "
+                        "not replayed."
+                        if abandoned
+                        else f"The engine serving this stream failed mid-stream; request {request_id} "
+                        "was not replayed."
                     )
+                    await reply.write(sse_error_event(message, "BadGatewayError", 502))
                     break
                 if not chunk:
                     await reply.write(params.finish())

@@ -30,6 +30,11 @@ class UpstreamError(ConnectionError):
     """The engine refused, reset, closed early, or answered something that is not HTTP/1.1."""
 
 
+class EngineAbandoned(UpstreamError):
+    """The router judged the engine failed (its probe timed out, or its supervisor says so) while this
+    request was out there: its connection is closed and the request fails now, not at a timeout."""
+
+
 # Everything that means "this endpoint did not answer": refused, reset, timed out, cut off.
 UPSTREAM_FAILURES = (TimeoutError, ConnectionError)  # UpstreamError is a ConnectionError
 
@@ -38,6 +43,8 @@ def describe_failure(exc: BaseException) -> str:
     """One of UPSTREAM_FAILURES in words for a log line or an error answer."""
     if isinstance(exc, TimeoutError):
         return "no answer before --request-timeout"
+    if isinstance(exc, EngineAbandoned):
+        return f"abandoned: {exc}"
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
@@ -278,9 +285,15 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        self._pool.busy.discard(self)
         if self._transport is not None:
             self._transport.close()
             self._transport = None
+
+    def abandon(self, error: EngineAbandoned) -> None:
+        """Fail the request out on this connection with `error` and close it (the engine is judged
+        failed): a wait for the answer's head or its next bytes raises at once."""
+        self._abort(error)
 
     async def send(self, request: bytes, head: bool, deadlines: Deadlines | None) -> UpstreamResponse:
         """Write one request and wait for the answer's status and headers."""
@@ -292,6 +305,7 @@ class _Connection(asyncio.Protocol):
         self._head = head
         response = UpstreamResponse(self, deadlines)
         self._response = response
+        self._pool.busy.add(self)  # out until released or closed: what `abandon` reaches
         waiter = self._headers_waiter = self.loop.create_future()
         self._transport.write(request)
         if deadlines is not None:
@@ -310,6 +324,7 @@ class _Connection(asyncio.Protocol):
 
     def release(self, reusable: bool) -> None:
         self._response = None
+        self._pool.busy.discard(self)
         self.resume()
         if reusable and self._ended and not self.closed:
             self._parser = httptools.HttpResponseParser(self)
@@ -334,6 +349,7 @@ class _Pool:
         self.port = port
         self.keepalive = keepalive
         self.idle: deque[_Connection] = deque()
+        self.busy: set[_Connection] = set()  # carrying a request now
 
     def take(self) -> _Connection | None:
         now = time.monotonic()
@@ -408,9 +424,9 @@ class UpstreamClient:
         if conn is not None:
             try:
                 return await conn.send(request, head, self._deadlines)
-            except UpstreamError:
+            except UpstreamError as exc:
                 conn.close()
-                if conn.answered_anything:
+                if conn.answered_anything or isinstance(exc, EngineAbandoned):
                     raise
                 # the engine closed this idle connection as we reused it: it never saw the request
             except BaseException:
@@ -422,6 +438,17 @@ class UpstreamClient:
         except BaseException:
             conn.close()
             raise
+
+    def abandon(self, base_url: str, why: str) -> int:
+        """Fail every request out to the engine at `base_url` now, closing its connections (the router
+        judged that engine failed); how many there were."""
+        pool = self._pools.get(base_url)
+        if pool is None:
+            return 0
+        busy = list(pool.busy)
+        for conn in busy:
+            conn.abandon(EngineAbandoned(why))
+        return len(busy)
 
     def close(self) -> None:
         for pool in self._pools.values():

@@ -21,6 +21,9 @@ from corral.router.telemetry.traffic import EndpointTraffic
 
 # Repeated ejections double the ejection time, up to this many times the base.
 MAX_EJECTION_FACTOR = 32
+# The supervisor's DRAINING sub-state for an engine withdrawn because it stopped answering (the
+# supervisor's DrainPhase.NOT_ANSWERING; the router does not import the supervisor).
+NOT_ANSWERING = "not_answering"
 
 
 @dataclass(slots=True)
@@ -99,6 +102,7 @@ class Endpoint:
         "host_in_flight",
         "host_prefill_tokens",
         "host_prefilling",
+        "judged_failed",
         "kv_events",
         "last_event_version",
         "model_cards",
@@ -206,6 +210,9 @@ class Endpoint:
         # engine. An acknowledgement of removal waits for this to reach zero.
         self.dispatching = 0
         self.ejected_until = 0.0  # time.monotonic() deadline; 0 when not ejected
+        # Why the router judges the engine failed now (None: it does not), kept by membership so that
+        # the requests out there are abandoned once, when the judgment begins (`failure_verdict`).
+        self.judged_failed: str | None = None
         self.consecutive_failures = 0
         # What the router saw of its answers (requests, errors, TTFT, ITL, warmup): /v1/fleet `traffic`.
         self.traffic = EndpointTraffic()
@@ -313,6 +320,22 @@ class Endpoint:
     def settle(self) -> bool:
         """Recompute `state` from the source's and the supervisor's views; whether it changed."""
         return self.set_state(*self.effective())
+
+    def failure_verdict(self) -> str | None:
+        """Why the engine is judged failed, or None: its probe failed after it had answered (the
+        source's FAILED), or its supervisor, on a live stream, says FAILED or DRAINING/not_answering.
+        A drain (DRAINING otherwise, SLEEPING, STOPPING) is not a failure: its requests finish there."""
+        if self.source_state is EngineState.FAILED:
+            return self.source_reason
+        view = self.supervisor
+        if view is None or view.link != "connected":
+            return None
+        if view.state is EngineState.FAILED or (
+            view.state is EngineState.DRAINING and view.sub_state == NOT_ANSWERING
+        ):
+            sub = f"/{view.sub_state}" if view.sub_state else ""
+            return f"supervisor: {view.state}{sub} at epoch {view.epoch}: {view.reason}"
+        return None
 
     def is_ejected(self, now: float) -> bool:
         return self.ejected_until > now

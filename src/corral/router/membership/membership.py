@@ -93,6 +93,9 @@ class Membership:
         # tokens, prefilling): the sibling workers of `--workers N` count them (`routing.worker_journal`);
         # None with one worker.
         self.on_in_flight: Callable[[str, int, int, int], None] | None = None
+        # Told once when an endpoint comes to be judged failed (`Endpoint.failure_verdict`): the
+        # proxy abandons its requests out there (corral.router.datapath.proxy).
+        self.failure_listeners: list[Callable[[Endpoint, str], None]] = []
 
     # -- changes (from sources) -------------------------------------------------------------
 
@@ -181,6 +184,16 @@ class Membership:
         # judged on every change, not only of state: a new bundle fingerprint can split a group
         if endpoint.group is not None and self._judge(endpoint, cause):
             self._reindex()
+        self._judge_failure(endpoint)
+
+    def _judge_failure(self, endpoint: Endpoint) -> None:
+        """Tell the failure listeners once, when the endpoint comes to be judged failed."""
+        verdict = endpoint.failure_verdict()
+        began = verdict is not None and endpoint.judged_failed is None
+        endpoint.judged_failed = verdict
+        if began and verdict is not None:
+            for listener in list(self.failure_listeners):
+                listener(endpoint, verdict)
 
     def _judge(self, trigger: Endpoint, cause: str) -> bool:
         """Judge `trigger`'s group again; members other than `trigger` that leave routing with it

@@ -37,6 +37,10 @@ class RouterMetrics:
         self.retries = 0
         self.ejections = 0
         self.retry_budget_exhausted = 0
+        # Requests out to an engine the router came to judge failed, by outcome: retried (no byte had
+        # reached the client: sent to another engine), not_retried (the retry rule or budget said no:
+        # answered 503), ended (bytes had reached the client: the stream ended with an error event).
+        self.abandoned: dict[str, int] = {}
         self.duration = Histogram(DURATION_BUCKETS)
         self.ttft = Histogram(TTFT_BUCKETS)
         # Membership: events by source and type, removals by cause, relists by why.
@@ -73,6 +77,9 @@ class RouterMetrics:
 
     def count_removal(self, cause: str) -> None:
         self.removals[cause] = self.removals.get(cause, 0) + 1
+
+    def count_abandoned(self, outcome: str) -> None:
+        self.abandoned[outcome] = self.abandoned.get(outcome, 0) + 1
 
     def count_ack(self, result: str) -> None:
         self.supervisor_acks[result] = self.supervisor_acks.get(result, 0) + 1
@@ -148,6 +155,15 @@ class RouterCollector:
             "corral_router_retry_budget_exhausted",
             "Retries not made because the retry budget was spent (the request got an error instead).",
             value=m.retry_budget_exhausted,
+        )
+        yield labelled_counter(
+            "corral_router_abandoned_requests",
+            "Requests out to an engine when the router judged it failed (its probe failed, or its "
+            "supervisor said FAILED or DRAINING/not_answering), by outcome: retried (no byte had reached "
+            "the client; sent to another engine), not_retried (retry rule or budget said no; 503), ended "
+            "(bytes had reached the client; the stream ended with an error event).",
+            ["outcome"],
+            {(outcome,): n for outcome, n in m.abandoned.items()},
         )
         yield labelled_counter(
             "corral_router_membership_events",
