@@ -17,7 +17,7 @@ import pytest
 
 from tests.integration.test_router_passthrough import SIM_ARGS, wait_routable
 from tests.integration.test_router_prefix import cache_counters
-from tests.integration.test_router_workers_prefix import ask
+from tests.integration.test_router_workers_prefix import ask, served_by_worker
 from tests.support.procs import CorralProcess, free_port, start_sim
 from tests.support.waits import wait_until
 
@@ -25,12 +25,14 @@ GROUPS = 7
 ROUNDS = 4
 
 
-def start_routers(engines: list[str], token: Path | None) -> list[tuple[CorralProcess, str]]:
-    """Two single-process routers, `--peer` each other when `token` is given."""
+def start_routers(
+    engines: list[str], token: Path | None, workers: tuple[int, int] = (1, 1)
+) -> list[tuple[CorralProcess, str]]:
+    """Two routers of `workers` processes each, `--peer` each other when `token` is given."""
     ports = [free_port(), free_port()]
     routers: list[tuple[CorralProcess, str]] = []
-    for mine, theirs in (ports, ports[::-1]):
-        args = ["router", "--host", "127.0.0.1", "--port", str(mine), "--workers", "1"]
+    for (mine, theirs), count in zip((ports, ports[::-1]), workers, strict=True):
+        args = ["router", "--host", "127.0.0.1", "--port", str(mine), "--workers", str(count)]
         args += ["--policy", "prefix", "--models-refresh-seconds", "0.5"]
         for engine in engines:
             args += ["--backend", engine]
@@ -49,8 +51,23 @@ def fleet(url: str) -> dict[str, Any]:
 
 
 def applied_from_peer(url: str) -> int:
+    """The picks of its peer the router has applied; -1 when a worker that does not follow the peers
+    answered (with --workers N, worker 1 follows them: ask again, on a new connection)."""
     following = fleet(url)["peers"]["following"]
-    return int(following[0]["applied"])
+    return int(following[0]["applied"]) if following else -1
+
+
+def following_of(url: str) -> dict[str, Any]:
+    """The router's follower of its peer, as worker 1 (the one that follows) tells it."""
+    found: list[dict[str, Any]] = []
+
+    def worker_1_answered() -> bool:
+        following = fleet(url)["peers"]["following"]
+        found[:] = following or []
+        return bool(found)
+
+    wait_until(worker_1_answered, 10.0, "worker 1 to answer /v1/fleet")
+    return found[0]
 
 
 def split_between_routers(engines: list[str], urls: list[str], peered: bool) -> dict[int, list[str]]:
@@ -84,16 +101,20 @@ def split_between_routers(engines: list[str], urls: list[str], peered: bool) -> 
     return placed
 
 
-@pytest.mark.parametrize("peered", [True, False], ids=["peered", "not-peered"])
+@pytest.mark.parametrize(
+    ("peered", "workers"),
+    [(True, (1, 1)), (True, (2, 1)), (False, (1, 1))],
+    ids=["peered", "peered-one-with-2-workers", "not-peered"],
+)
 def test_two_replicas_keep_each_prompt_group_on_one_engine_only_when_peered(
-    tmp_path: Path, peered: bool
+    tmp_path: Path, peered: bool, workers: tuple[int, int]
 ) -> None:
     token = tmp_path / "peer.token"
     token.write_text("a-shared-secret-for-the-test\n")
     args = (*SIM_ARGS[:-2], "--max-model-len", "2048")
     sims = [start_sim(None, *args) for _ in range(3)]
     engines = [url for _, url in sims]
-    routers = start_routers(engines, token if peered else None)
+    routers = start_routers(engines, token if peered else None, workers)
     urls = [url for _, url in routers]
     try:
         placed = split_between_routers(engines, urls, peered)
@@ -104,9 +125,12 @@ def test_two_replicas_keep_each_prompt_group_on_one_engine_only_when_peered(
             # scrapes' to say, and varies from run to run for one router too)
             assert len({where[0] for where in placed.values()}) > 1, placed
             for url in urls:
-                following = fleet(url)["peers"]["following"]
+                following = following_of(url)
                 # (the router started first may have asked its peer once before that one listened)
-                assert following[0]["up"] and following[0]["ignored"] == 0, following
+                assert following["up"] and following["ignored"] == 0, following
+            if workers[0] == 2:  # both workers placed some of router 0's share
+                served = served_by_worker(urls[0])
+                assert set(served) == {"w1", "w2"} and min(served.values()) >= 2, served
         else:  # today's replicas: each places what it has not seen itself
             assert split, f"every group stayed on one engine without peers: {placed}"
     finally:
