@@ -1,5 +1,6 @@
 """Engine log lines that an operator must see after an operation, kept as evidence: a weight-cache
-fallback to disk, a fingerprint/cache-key mismatch, out-of-memory, a worker rank dying; and two events
+fallback to disk, a fingerprint/cache-key mismatch, out-of-memory, a worker rank dying, a CUDA error, an
+NCCL error or watchdog timeout (corral.engine.gpu_faults), a driver Xid from the kernel log; and two events
 that are no log line alone: the preload daemon's death (`preload_exit`) and a logged KV cache size
 below the memory budget (`kv_shortfall`). The supervisor records each in the
 operation log and counts them in `/v1/state` (`engine_evidence`); `corral verify` and `corral doctor`
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 from collections import Counter
 from typing import Any
+
+from corral.engine import gpu_faults
 
 # kind -> substrings (lower case); the first kind that matches a line wins
 _MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -31,7 +34,8 @@ _MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 PRELOAD_EXIT = "preload_exit"
 KV_SHORTFALL = "kv_shortfall"  # the logged KV cache size below the memory budget (corral.engine.kv_log)
-KINDS = (*(kind for kind, _ in _MARKERS), PRELOAD_EXIT, KV_SHORTFALL)
+GPU_KINDS = (gpu_faults.XID, gpu_faults.CUDA_ERROR, gpu_faults.NCCL_TIMEOUT, gpu_faults.NCCL_ERROR)
+KINDS = (*(kind for kind, _ in _MARKERS), *GPU_KINDS, PRELOAD_EXIT, KV_SHORTFALL)
 
 
 def classify(line: str) -> str | None:
@@ -40,6 +44,16 @@ def classify(line: str) -> str | None:
         if any(n in low for n in needles):
             return kind
     return None
+
+
+def kinds_of(line: str) -> list[str]:
+    """Every kind a line is evidence of: `classify`'s, and the GPU fault it reports (an NCCL error is
+    both a rank failure and an NCCL error; a CUDA out-of-memory only `oom`)."""
+    found = [kind] if (kind := classify(line)) is not None else []
+    fault = gpu_faults.engine_fault(line)
+    if fault is not None and fault.kind not in found:
+        found.append(fault.kind)
+    return found
 
 
 class EvidenceBook:

@@ -213,6 +213,20 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
     help="Exit 1 when the (N+1)-th inference request arrives.",
 )
 @click.option(
+    "--gpu-fault",
+    default=None,
+    type=click.Choice(["illegal-memory-access", "cuda-oom", "nccl-error", "nccl-timeout"]),
+    help="The (--gpu-fault-after + 1)-th inference request dies of this GPU fault: the CUDA, out-of-memory "
+    "or NCCL lines vLLM and torch print, then exit 1.",
+)
+@click.option(
+    "--gpu-fault-after",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Inference requests served before --gpu-fault (0: the first one, the supervisor's smoke request).",
+)
+@click.option(
     "--hang-after",
     default=None,
     type=click.IntRange(min=0),

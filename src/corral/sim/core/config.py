@@ -41,6 +41,8 @@ class SimConfig:
     fail_rate_after: int = 0  # --fail-rate spares the first N inference requests
     crash_after: int | None = None
     hang_after: int | None = None
+    gpu_fault: str | None = None  # corral.sim.core.gpu_fault_lines.KINDS
+    gpu_fault_after: int = 0
     fail_wake_tags: tuple[str, ...] = field(default_factory=tuple)
     fail_sleep: bool = False
     requires: tuple[str, ...] = field(default_factory=tuple)

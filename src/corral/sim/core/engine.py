@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from corral.engine import pd_protocol as pd
+from corral.sim.core import gpu_fault_lines
 from corral.sim.core.cache_events import CachedLora, CacheEvents
 from corral.sim.core.config import SimConfig
 from corral.sim.core.faults import FaultInjector
@@ -92,7 +93,12 @@ class Engine:
         )
         self.generator = Generator(config.seed, config.default_max_tokens)
         self.faults = FaultInjector(
-            config.fail_rate, config.crash_after, config.hang_after, config.seed, config.fail_rate_after
+            config.fail_rate,
+            config.crash_after,
+            config.hang_after,
+            config.seed,
+            config.fail_rate_after,
+            gpu_fault_after=config.gpu_fault_after if config.gpu_fault is not None else None,
         )
         self.stats = EngineStats()
         self.inflight = 0
@@ -400,6 +406,24 @@ class Engine:
             f"RuntimeError: simulated engine crash (--crash-after "
             f"{self.config.crash_after}) after {n} requests, {self.inflight} in flight",
         )
+        self.log.error("APIServer", "async_llm.py:566", "AsyncLLM output_handler failed.")
+        self.log.error(
+            "APIServer",
+            "async_llm.py:566",
+            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore "
+            "encountered an issue. See stack trace (above) for the root cause.",
+        )
+        sys.stdout.flush()
+        os._exit(1)
+
+    def die_of_gpu_fault(self) -> NoReturn:
+        """Die as vLLM does of `--gpu-fault`: the fault's lines, the engine-dead lines, then exit 1."""
+        kind = self.config.gpu_fault or gpu_fault_lines.ILLEGAL_MEMORY_ACCESS
+        if kind == gpu_fault_lines.NCCL_TIMEOUT:
+            for line in gpu_fault_lines.watchdog_lines(0):
+                self.log.plain(line)
+        for line in gpu_fault_lines.core_lines(kind):
+            self.log.error("EngineCore", "core.py:1036", line)
         self.log.error("APIServer", "async_llm.py:566", "AsyncLLM output_handler failed.")
         self.log.error(
             "APIServer",

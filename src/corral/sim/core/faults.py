@@ -5,6 +5,8 @@
 - `--hang-after N`: requests after the N-th are accepted and counted as running but never produce a token,
   while `/health` stays 200 (vLLM's hung engine core).
 - `--crash-after N`: the (N+1)-th request kills the process (exit 1) with the others still in flight.
+- `--gpu-fault KIND` (`--gpu-fault-after N`, default 0): the (N+1)-th request dies of a GPU fault: the
+  CUDA, out-of-memory or NCCL lines vLLM and torch print (corral.sim.core.gpu_fault_lines), then exit 1.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ class Fault(enum.Enum):
     FAIL = "fail"
     HANG = "hang"
     CRASH = "crash"
+    GPU = "gpu"
 
 
 class FaultInjector:
@@ -28,11 +31,13 @@ class FaultInjector:
         hang_after: int | None = None,
         seed: int = 0,
         fail_rate_after: int = 0,
+        gpu_fault_after: int | None = None,
     ) -> None:
         self.fail_rate = fail_rate
         self.fail_rate_after = fail_rate_after
         self.crash_after = crash_after
         self.hang_after = hang_after
+        self.gpu_fault_after = gpu_fault_after
         self._rng = random.Random(seed * 7919 + 17)
         self.seen = 0
 
@@ -41,6 +46,8 @@ class FaultInjector:
         self.seen += 1
         if self.crash_after is not None and self.seen > self.crash_after:
             return Fault.CRASH
+        if self.gpu_fault_after is not None and self.seen > self.gpu_fault_after:
+            return Fault.GPU
         if self.hang_after is not None and self.seen > self.hang_after:
             return Fault.HANG
         if self.fail_rate > 0 and self.seen > self.fail_rate_after and self._rng.random() < self.fail_rate:

@@ -169,6 +169,8 @@ class SimApi:
         fault = engine.faults.next()
         if fault is Fault.CRASH:
             engine.crash()
+        if fault is Fault.GPU:
+            engine.die_of_gpu_fault()
         if fault is Fault.FAIL:
             engine.stats.success["error"] += 1  # as vLLM counts a request its engine failed
             return error_response(

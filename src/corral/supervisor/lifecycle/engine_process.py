@@ -23,11 +23,13 @@ import psutil
 
 from corral.child_process import ChildProcess, LineSink
 from corral.engine.flags import engine_api_key
+from corral.engine.gpu_faults import GpuFault, GpuFaultLog
 from corral.engine.kv_log import EngineLogFigures
 from corral.engine.rank_lines import ParallelSize, parallel_size
 from corral.redaction import Redactor, secret_values
 from corral.supervisor.lifecycle.ranks import EngineRanks
 from corral.supervisor.lifecycle.states import StartingPhase
+from corral.supervisor.lifecycle.xid_watch import XidWatch
 
 # Corral's own secrets by name (CORRAL_TOKEN, CORRAL_TOKEN_FILE, an admin or API key file, ...).
 _CORRAL_SECRET = re.compile(r"^CORRAL_.*(TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL)", re.IGNORECASE)
@@ -128,6 +130,8 @@ class EngineProcess:
         on_phase: PhaseListener,
         keep_lines: int = 200,
         env: dict[str, str] | None = None,
+        xids: XidWatch | None = None,
+        on_xid: Callable[[GpuFault], None] | None = None,
     ) -> None:
         self.argv = list(argv)
         self._echo = echo
@@ -143,6 +147,9 @@ class EngineProcess:
         )
         self.identity: EngineIdentity | None = None
         self.log_figures = EngineLogFigures()  # this run's KV size and memory shares, as logged
+        self.gpu_faults = GpuFaultLog()  # this run's CUDA/NCCL errors as logged, and the driver's Xids
+        self._xids = xids  # opened before the run starts: only what comes after it is read
+        self._on_xid = on_xid
         try:
             size = parallel_size(self.argv)
         except ValueError:  # vLLM refuses the command with its own message; one rank meanwhile
@@ -155,6 +162,7 @@ class EngineProcess:
         self._echo(shown)
         self.ranks.note_line(shown)
         self.log_figures.note(line)
+        self.gpu_faults.note_line(shown)
         phase = detect_phase(line)
         if phase is not None and phase is not self.phase:
             self.phase = phase
@@ -183,6 +191,25 @@ class EngineProcess:
     @property
     def returncode(self) -> int | None:
         return self._child.returncode
+
+    def named_fault(self) -> GpuFault | None:
+        """The fault this run is named by: an Xid the kernel or NVML reported since it started first,
+        then the CUDA/NCCL errors it logged (corral.engine.gpu_faults.primary); None when none."""
+        if self._xids is not None:
+            for xid in self._xids.read():
+                self.gpu_faults.note(xid)
+                if self._on_xid is not None:
+                    self._on_xid(xid)
+        return self.gpu_faults.primary
+
+    def gpu_fault(self) -> dict[str, Any] | None:
+        """`named_fault` with the count of each kind seen, for /v1/state and a FAILED's evidence."""
+        self.named_fault()
+        return self.gpu_faults.to_json()
+
+    def close_xids(self) -> None:
+        if self._xids is not None:
+            self._xids.close()
 
     def last_lines(self, n: int = 20) -> tuple[str, ...]:
         return tuple(list(self._last_lines)[-n:])

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from corral.child_process import LineSink
-from corral.engine.evidence import classify
+from corral.engine.evidence import kinds_of
 from corral.engine.kv_events_address import address_from_argv
 from corral.redaction import redact_argv
 from corral.supervisor.lifecycle.pd_role import engine_connector, engine_role, pairing_of
@@ -39,12 +39,15 @@ class Publication:
 
     def engine_line(self, line: str) -> None:
         self._echo(line)
-        kind = classify(line)
-        if kind is not None:
-            sup = self._sup
-            sup.evidence.note(kind, line)
-            sup.oplog.append("engine_evidence", kind=kind, line=line[:500])
-            sup.metrics.count_evidence(kind)
+        for kind in kinds_of(line):
+            self.evidence(kind, line)
+
+    def evidence(self, kind: str, line: str) -> None:
+        """One line kept as evidence of `kind`: counted, kept in /v1/state and in the operation log."""
+        sup = self._sup
+        sup.evidence.note(kind, line)
+        sup.oplog.append("engine_evidence", kind=kind, line=line[:500])
+        sup.metrics.count_evidence(kind)
 
     def pd_identity(self) -> dict[str, str | None]:
         """The engine's P/D role, pairing identity and KV connector: in /v1/state and on every
@@ -93,6 +96,10 @@ class Publication:
             "on_startup_failure": str(sup.config.on_startup_failure),
             "startup_failure": sup.startup_failure.to_json() if sup.startup_failure is not None else None,
             "engine_evidence": sup.evidence.to_json(),
+            # the GPU fault the engine's last run showed (CUDA, NCCL, an Xid), named; None when none
+            "gpu_fault": engine.gpu_fault() if engine is not None else None,
+            # its CUDA-graph/NCCL settings against the stable bundle's (None without another bundle)
+            "graph_nccl_vs_stable": sup.startup.graph_nccl_vs_stable(),
             # the engine's logged KV cache size, and the last memory verdict (lifecycle/device_memory.py)
             "kv_cache_tokens": engine.log_figures.kv_cache_tokens if engine is not None else None,
             "memory": sup.memory.to_json(),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,9 @@ from corral.supervisor.lifecycle.memory_checks import (
     reported,
     resident_verdict,
 )
+from corral.supervisor.lifecycle.stable_command import EngineCommand, compare_with_stable
 from corral.supervisor.lifecycle.states import EngineState, StartingPhase
+from corral.supervisor.lifecycle.xid_watch import XidWatch
 from corral.supervisor.precheck.gate import PrecheckSettings, run_precheck
 from corral.supervisor.precheck.identity import merged_env
 
@@ -55,6 +58,21 @@ class EngineStartup:
 
     def __init__(self, sup: EngineSupervisor) -> None:
         self._sup = sup
+        self._base_argv = sup.config.engine_argv  # the command as configured (bundles add to it)
+        self.last_ready: EngineCommand | None = None  # the last command that earned READY here
+
+    def running_command(self) -> EngineCommand:
+        config = self._sup.config
+        return EngineCommand(self._sup.running_bundle.name, config.engine_argv, dict(config.engine_env))
+
+    def graph_nccl_vs_stable(self) -> dict[str, Any] | None:
+        """The running bundle's CUDA-graph/NCCL settings against the stable bundle's: the last one READY
+        here, else the --on-startup-failure rollback bundle; None when there is no other."""
+        config = self._sup.config
+        named = config.on_startup_failure.bundle
+        spec = next((b for b in config.bundles if b.name == named), None) if named else None
+        rollback = EngineCommand(spec.name, spec.argv(self._base_argv), spec.env) if spec else None
+        return compare_with_stable(self.running_command(), self.last_ready, rollback)
 
     async def _reconcile_adapters(self) -> str | None:
         """Load the desired LoRA adapters the (re)started engine lacks, before it is READY; the
@@ -210,6 +228,7 @@ class EngineStartup:
                 self._sup.oplog.append("bundle", **self._sup.bundle.to_json())
                 self._identity_at_ready()
                 await self._check_ready_memory()  # the engine's memory, its KV size vs the budget
+                self.last_ready = self.running_command()
                 self._sup.transition(
                     S.READY,
                     "health 200, model listed, smoke completion answered",
@@ -244,11 +263,18 @@ class EngineStartup:
                 if rank_loss is not None
                 else f"engine exited with code {code} during startup ({self._sup.machine.sub_state})"
             )
+            fault = engine.named_fault()  # the CUDA/NCCL error or Xid behind the exit, named
+            named: dict[str, Any] = {}
+            if fault is not None:
+                named = {"gpu_fault": engine.gpu_fault(), "graph_nccl_vs_stable": self.graph_nccl_vs_stable()}
+            if fault is not None:
+                reason = f"{reason}: {fault.words()}"
             if backoff is None:
                 self._sup.fail_for_good(
                     f"{reason}; --startup-restarts {self._sup.config.startup_restarts} spent",
                     exit_code=code,
                     last_lines=list(engine.last_lines()),
+                    **named,
                 )
                 return False
             record = self._sup.record_restart(policy.used, code, reason, backoff, cause=cause, engine=engine)
@@ -257,6 +283,7 @@ class EngineStartup:
                 f"{reason}; restarting in {backoff:g}s",
                 StartingPhase.RESTARTING,
                 **record.to_json(),
+                **named,
             )
             await asyncio.sleep(backoff)
             if not await self.wait_gates():
@@ -264,8 +291,16 @@ class EngineStartup:
 
     async def _launch_engine(self) -> EngineProcess:
         env = dict(self._sup.config.engine_env) or None
+        if self._sup.engine is not None:
+            self._sup.engine.close_xids()
+        publication = self._sup.publication
         engine = EngineProcess(
-            self._sup.config.engine_argv, self._sup.publication.engine_line, self._on_phase, env=env
+            self._sup.config.engine_argv,
+            publication.engine_line,
+            self._on_phase,
+            env=env,
+            xids=XidWatch.open(os.environ),  # opened before the start: the Xids of this run only
+            on_xid=lambda xid: publication.evidence("xid", xid.line),
         )
         self._sup.engine = engine
         self._sup.engine_key.key = engine.api_key

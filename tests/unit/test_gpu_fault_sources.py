@@ -1,0 +1,237 @@
+"""Where GPU faults come from and what is made of them: the kernel log followed from a run's start
+(corral.supervisor.lifecycle.xid_watch), the graph/NCCL settings of two bundles compared
+(corral.engine.graph_nccl_flags, stable_command), and doctor's branch and next command for each fault
+(corral.fleet.checks.doctor_gpu)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.engine.graph_nccl_flags import changed_settings, graph_nccl_settings
+from corral.fleet.checks.doctor_gpu import gpu_fault_branch, next_command, recovered_fault_branch
+from corral.fleet.checks.probe import EngineView
+from corral.supervisor.lifecycle.stable_command import EngineCommand, compare_with_stable
+from corral.supervisor.lifecycle.xid_watch import (
+    KERNEL_LOG_ENV,
+    KMSG,
+    MAX_BYTES,
+    KernelLogFile,
+    KernelMessages,
+    XidWatch,
+)
+
+XID_79 = (
+    "Dec  6 21:00:00 gpu-1 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen "
+    "off the bus.\n"
+)
+
+
+# -- the kernel log -------------------------------------------------------------------------------
+
+
+def test_the_kernel_log_file_is_read_from_the_runs_start_only(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text(XID_79.replace("79,", "48,"))  # before the run: not this run's
+    watch = XidWatch.open({KERNEL_LOG_ENV: str(log)}, nvml=False)
+    assert [s.name for s in watch.sources] == ["file"]
+    assert watch.read() == []
+    with log.open("a") as f:
+        f.write("Dec  6 21:00:00 gpu-1 kernel: usb 1-1: new device\n" + XID_79)
+        f.write("Dec  6 21:00:01 gpu-1 kernel: NVRM: Xid (PCI:0000:3b:00): 4")  # still being written
+    (fault,) = watch.read()
+    assert (fault.xid, fault.device, fault.detail) == (79, "PCI:0000:3b:00", "GPU has fallen off the bus")
+    with log.open("a") as f:
+        f.write("5, Preemptive cleanup, due to previous errors\n")
+    (later,) = watch.read()
+    assert later.xid == 45
+    watch.close()
+
+
+def test_a_truncated_kernel_log_is_read_again_from_its_start(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("x" * 1000 + "\n")
+    source = KernelLogFile(log)
+    log.write_text(XID_79)  # rotated: shorter than where the reader was
+    assert [f.xid for f in source.read_new()] == [79]
+    source.close()
+
+
+def test_a_huge_kernel_log_is_read_in_bounded_pieces(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    source = KernelLogFile(log)
+    with log.open("a") as f:
+        f.write("y" * (3 * MAX_BYTES))  # one endless line, then an Xid
+        f.write("\n" + XID_79)
+    reads = [source.read_new() for _ in range(5)]
+    assert [f.xid for found in reads for f in found] == [79]
+    source.close()
+
+
+def test_no_kernel_log_says_why_and_off_turns_it_off(tmp_path: Path) -> None:
+    missing = XidWatch.open({KERNEL_LOG_ENV: str(tmp_path / "none")}, nvml=False)
+    assert missing.sources == [] and "is not readable" in missing.unavailable[0]
+    off = XidWatch.open({KERNEL_LOG_ENV: "off"}, nvml=False)
+    assert off.sources == [] and off.unavailable == [f"{KERNEL_LOG_ENV}=off"]
+    assert off.to_json() == {"sources": [], "unavailable": [f"{KERNEL_LOG_ENV}=off"]}
+
+
+def test_a_kernel_log_that_goes_away_is_dropped_and_named(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    watch = XidWatch.open({KERNEL_LOG_ENV: str(log)}, nvml=False)
+
+    class Gone(KernelLogFile):
+        def read_new(self) -> list[Any]:
+            raise OSError("gone")
+
+    watch.sources = [Gone(log)]
+    assert watch.read() == [] and watch.sources == [] and "file stopped" in watch.unavailable[-1]
+
+
+@pytest.mark.skipif(not os.access(KMSG, os.R_OK), reason="/dev/kmsg is not readable here")
+def test_dev_kmsg_opens_at_its_end_and_reads_without_blocking() -> None:
+    try:
+        source = KernelMessages()
+    except OSError as exc:  # readable mode bits, but no CAP_SYSLOG
+        pytest.skip(f"/dev/kmsg: {exc}")
+    assert all(f.kind == "xid" for f in source.read_new())  # nothing blocks; what is new, if any
+    source.close()
+
+
+# -- graph/NCCL settings against the stable bundle --------------------------------------------------
+
+
+def test_graph_and_nccl_settings_of_a_command_and_environment() -> None:
+    argv = ["vllm", "serve", "/m", "-tp", "2", "--enforce-eager", "--compilation-config.cudagraph_mode=FULL"]
+    argv += ["--max-model-len", "8192", "--disable-custom-all-reduce", "-cc", '{"level": 3}']
+    env = {"NCCL_P2P_DISABLE": "1", "VLLM_USE_V1": "1", "VLLM_ALLREDUCE_USE_SYMM_MEM": "0", "HOME": "/root"}
+    assert graph_nccl_settings(argv, env) == {
+        "--tensor-parallel-size": "2",
+        "--enforce-eager": "on",
+        "--compilation-config.cudagraph_mode": "FULL",
+        "--disable-custom-all-reduce": "on",
+        "--compilation-config": '{"level": 3}',
+        "NCCL_P2P_DISABLE": "1",
+        "VLLM_ALLREDUCE_USE_SYMM_MEM": "0",
+    }
+
+
+def test_changed_settings_name_each_side() -> None:
+    here = {"--enforce-eager": "on", "NCCL_ALGO": "Ring"}
+    stable = {"NCCL_ALGO": "Tree", "--tensor-parallel-size": "2"}
+    assert [c.words() for c in changed_settings(here, stable)] == [
+        "--enforce-eager on (stable: (unset))",
+        "--tensor-parallel-size (unset) (stable: 2)",
+        "NCCL_ALGO Ring (stable: Tree)",
+    ]
+
+
+def test_the_stable_command_is_the_last_other_ready_one_else_the_rollback_bundle() -> None:
+    new = EngineCommand("main", ("vllm", "serve", "/m"), {"NCCL_DEBUG": "WARN"})
+    old = EngineCommand("stable", ("vllm", "serve", "/m", "--enforce-eager"), {})
+    rollback = EngineCommand("previous", ("vllm", "serve", "/m", "-tp", "2"), {})
+    compared = compare_with_stable(new, old, rollback)
+    assert compared is not None and compared["stable_bundle"] == "stable"
+    assert {c["name"] for c in compared["changed"]} == {"--enforce-eager", "NCCL_DEBUG"}
+    only_rollback = compare_with_stable(new, new, rollback)  # READY last on this same bundle
+    assert only_rollback is not None and only_rollback["stable_bundle"] == "previous"
+    assert compare_with_stable(new, None, None) is None
+
+
+def test_a_secret_in_the_command_never_reaches_the_comparison() -> None:
+    new = EngineCommand("main", ("vllm", "serve", "--api-key", "s3cret", "-tp", "2"), {"NCCL_X": "1"})
+    old = EngineCommand("stable", ("vllm", "serve"), {"HF_TOKEN": "hf_abc"})
+    assert "s3cret" not in str(compare_with_stable(new, old, None))
+    assert "hf_abc" not in str(compare_with_stable(new, old, None))
+
+
+# -- doctor's branches ------------------------------------------------------------------------------
+
+
+def view(state: dict[str, Any]) -> EngineView:
+    return EngineView("e0", "http://sup", "http://eng", state=state, health=None)
+
+
+def test_a_failed_engines_named_fault_gets_its_branch_and_the_graph_nccl_changes() -> None:
+    state = {
+        "state": "FAILED",
+        "reason": "engine exited with code 1 during startup (smoke_testing): CUDA error: an illegal memory",
+        "evidence": {
+            "gpu_fault": {
+                "kind": "cuda_error",
+                "detail": "an illegal memory access was encountered",
+                "line": "RuntimeError: CUDA error: an illegal memory access was encountered",
+                "seen": {"cuda_error": 1, "nccl_error": 3},
+            },
+            "graph_nccl_vs_stable": {
+                "bundle": "main",
+                "stable_bundle": "v0-33",
+                "changed": [{"name": "--enforce-eager", "here": "(unset)", "stable": "on"}],
+            },
+        },
+    }
+    found = gpu_fault_branch(view(state), died=True)
+    assert found is not None
+    branch, evidence, command = found
+    assert branch == "process-dead/cuda-error"
+    assert "cuda_error×1, nccl_error×3" in evidence and "--enforce-eager (unset) (stable: on)" in evidence
+    assert "CUDA_LAUNCH_BLOCKING=1" in command and "roll back to v0-33" in command
+
+
+def test_an_older_supervisors_last_lines_are_read_by_doctor_itself() -> None:
+    state = {
+        "state": "STARTING",
+        "sub_state": "restarting",
+        "reason": "engine exited with code 1 during startup",
+        "restarts": [
+            {
+                "last_lines": [
+                    "[rank1]:[E1218 20:27:21.433 ProcessGroupNCCL.cpp:629] [Rank 1] Watchdog caught "
+                    "collective operation timeout: WorkNCCL(SeqNum=1) ran for 600081 milliseconds",
+                    "(Worker_TP1 pid=9) RuntimeError: NCCL error: remote process exited or there was a "
+                    "network error",
+                ]
+            }
+        ],
+    }
+    found = gpu_fault_branch(view(state), died=True)
+    assert found is not None and found[0] == "process-dead/nccl-timeout" and "NCCL_DEBUG=INFO" in found[2]
+
+
+def test_no_fault_no_branch() -> None:
+    assert gpu_fault_branch(view({"state": "FAILED", "reason": "engine exited with code 1"}), True) is None
+    assert recovered_fault_branch(view({"state": "READY", "engine_evidence": {"oom": {"count": 1}}})) is None
+
+
+def test_an_engine_serving_again_after_an_xid_is_told_to_drain_its_node() -> None:
+    state = {"state": "READY", "engine_evidence": {"xid": {"count": 2, "last": [XID_79.strip()]}}}
+    found = recovered_fault_branch(view(state))
+    assert found is not None
+    assert found[0] == "gpu-fault/gpu-xid" and "xid×2" in found[1] and "drain the node" in found[2]
+
+
+@pytest.mark.parametrize(
+    ("fault", "words"),
+    [
+        ({"kind": "xid", "xid": 79}, "reboot"),
+        ({"kind": "xid", "xid": 95}, "nvidia-smi -q -d ECC"),
+        ({"kind": "xid", "xid": 74}, "nvidia-smi nvlink"),
+        ({"kind": "xid", "xid": 119}, "driver version"),
+        ({"kind": "xid", "xid": 13}, "CUDA_LAUNCH_BLOCKING=1"),
+        ({"kind": "xid", "xid": 9999}, "Xid catalog"),
+        ({"kind": "cuda_error", "detail": "uncorrectable ECC error encountered"}, "ROW_REMAPPER"),
+        ({"kind": "cuda_error", "detail": "no kernel image is available for execution"}, "roll back"),
+        ({"kind": "cuda_error", "detail": "operation not permitted when stream is capturing"}, "--enforce"),
+        ({"kind": "cuda_error", "detail": "no CUDA-capable device is detected"}, "CUDA_VISIBLE_DEVICES"),
+        ({"kind": "oom", "detail": ""}, "--gpu-memory-utilization"),
+        ({"kind": "nccl_error", "detail": "unhandled system error"}, "/dev/shm"),
+        ({"kind": "nccl_timeout", "detail": ""}, "py-spy dump"),
+    ],
+)
+def test_each_fault_has_its_next_command(fault: dict[str, Any], words: str) -> None:
+    assert words in next_command(fault, "corral logs --port 1")
