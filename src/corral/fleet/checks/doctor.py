@@ -13,6 +13,7 @@ import aiohttp
 
 from corral.clients.access import ADMIN_KEY_FLAG, ADMIN_URL_FLAG, ENGINE_KEY_ENV, ENGINE_KEY_FLAG
 from corral.engine_state import EngineState
+from corral.fleet.checks.doctor_answering import not_answering_branch, silent_failure_branch, stalled_words
 from corral.fleet.checks.doctor_pd import pd_branch
 from corral.fleet.checks.doctor_sleep import memory_not_released, memory_note, partial_wake
 from corral.fleet.checks.doctor_streams import aborted_streams
@@ -129,11 +130,13 @@ def _not_running(e: EngineView) -> Diagnosis | None:
         return Diagnosis(
             e.name,
             "requests-failing/hang",
-            reason,
+            stalled_words(reason),
             "the supervisor restarts it in place; if it recurs, capture a stack (py-spy dump) first",
         )
     if lifecycle in (EngineState.FAILED, EngineState.STARTING) and "preload daemon" in reason:
         return Diagnosis(e.name, "preload/daemon-died", f"{lifecycle} ({sub}): {reason}", _DAEMON_DIED)
+    if (silent := silent_failure_branch(e)) is not None:
+        return Diagnosis(e.name, *silent)
     if lifecycle == EngineState.FAILED:
         return Diagnosis(e.name, "process-dead/failed", reason, _logs_hint(e))
     if lifecycle == EngineState.STARTING and sub == "restarting":
@@ -215,6 +218,8 @@ async def diagnose_engine(
             f"{e.supervisor_url}: {e.state_error}",
             "check the supervisor's process and log (`corral up` prints its log dir)",
         )
+    if (quiet := not_answering_branch(e)) is not None:  # before DRAINING's own branch
+        return Diagnosis(e.name, *quiet)
     found = _operation_running(e) or _not_running(e)
     if found is not None:
         return found
