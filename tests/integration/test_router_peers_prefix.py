@@ -179,3 +179,23 @@ def test_the_peer_route_needs_the_token_and_says_nothing_without_it(tmp_path: Pa
         for proc, _ in routers:
             proc.stop()
         sim.stop()
+
+
+def test_a_router_given_its_own_url_as_a_peer_stops_asking_itself(tmp_path: Path) -> None:
+    """One list of every replica's URL, given to each replica (a headless service's names)."""
+    token = tmp_path / "peer.token"
+    token.write_text("secret")
+    sim, engine = start_sim(None, *SIM_ARGS)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = ["router", "--host", "127.0.0.1", "--port", str(port), "--workers", "1", "--policy", "prefix"]
+    router = CorralProcess([*args, "--backend", engine, "--peer", url, "--peer-token-file", str(token)])
+    try:
+        router.wait_http(url + "/livez")
+        wait_routable(router, url, 1)
+        ask(url, 0, 0)
+        wait_until(lambda: bool(following_of(url)["itself"]), 10.0, "the router to know itself")
+        assert following_of(url)["applied"] == 0
+    finally:
+        router.stop()
+        sim.stop()

@@ -283,3 +283,18 @@ def test_keys_of_another_prefix_epoch_are_not_learnt() -> None:
     asyncio.run(b.follower.take(decode_page(encode_page(page))))
     assert not b.workers[0].memory.holds(7, known) and b.follower.applied == 1
     assert MODEL
+
+
+def test_a_peer_url_that_is_this_router_itself_is_not_followed() -> None:
+    """One list of every replica's URL, given to each: a router's own URL answers with its own life."""
+    a = Replica("a")
+    worker = a.workers[0]
+    assert worker.sync is not None
+    policies = worker.routing.selector.policies
+    follower = PeerFollower(
+        "http://a", "t", worker.membership.get, worker.memory, policies, worker.sync, False, "a"
+    )
+    for g in range(3):
+        worker.pick(g)
+    more = asyncio.run(follower.take(decode_page(encode_page(a.log.page([])))))
+    assert not more and follower.itself and follower.applied == 0

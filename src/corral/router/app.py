@@ -292,7 +292,9 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             relay = sync.journals.count > 1
             policies = routing.selector.policies
             following = [
-                PeerFollower(url, peers.token, membership.get, prefix_memory, policies, sync, relay)
+                PeerFollower(
+                    url, peers.token, membership.get, prefix_memory, policies, sync, relay, peers.incarnation
+                )
                 for url in peers.urls
             ]
     followers = PeerFollowers(following)

@@ -10,7 +10,8 @@ A peer is input from another host: a page is read with a size bound and no decom
 whole (`peer_wire.decode_page`) and refused on any fault; a peer that fails, is slow or answers
 garbage is asked again after a back-off (`BACKOFF_FIRST` doubling to `BACKOFF_CAP`), and never holds
 up a request: routing only reads what a poller already applied. A peer whose incarnation changed (it
-restarted) is read again from its start.
+restarted) is read again from its start; one that answers with this router's own incarnation is this
+router (every replica given one list of all their URLs) and is no longer asked.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class PeerFollower:
         policies: Mapping[str, Policy],
         sync: WorkerSync,
         relay: bool,
+        own_incarnation: str = "",
     ) -> None:
         self.url = url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}", "Accept-Encoding": "identity"}
@@ -76,6 +78,10 @@ class PeerFollower:
         self.failing = 0  # ... in a row now
         self.last_error: str | None = None
         self.restarts = 0  # new incarnations seen after the first
+        # this router's own life: a --peer URL that is this router itself (one list of every replica,
+        # given to each) answers with it, and is no longer asked
+        self.own_incarnation = own_incarnation
+        self.itself = False
 
     # -- one poll ------------------------------------------------------------------------------
 
@@ -105,6 +111,10 @@ class PeerFollower:
 
     async def take(self, page: PeerPage) -> bool:
         """Apply `page`; whether it is to be followed at once by the next (the peer has more)."""
+        if page.incarnation == self.own_incarnation:
+            self.itself = True
+            log.info("peer %s is this router itself: not followed", self.url)
+            return False
         if page.incarnation != self.incarnation:
             first = self.incarnation is None
             self.incarnation = page.incarnation
@@ -164,6 +174,8 @@ class PeerFollower:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_CAP)
                 continue
+            if self.itself:
+                return
             backoff = BACKOFF_FIRST
             if not self.up:
                 self.up = True
@@ -188,6 +200,7 @@ class PeerFollower:
             "ignored": self.ignored,
             "failures": self.failures,
             "restarts": self.restarts,
+            "itself": self.itself,
             "last_error": self.last_error,
         }
 
