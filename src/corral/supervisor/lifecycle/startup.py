@@ -22,6 +22,7 @@ from corral.supervisor.checks.readiness import EngineNotAnswering, NotReady, Smo
 from corral.supervisor.lifecycle.device_memory import engine_visible_devices, read_device
 from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPolicy
 from corral.supervisor.lifecycle.failure_strategy import usage_error
+from corral.supervisor.lifecycle.fault_naming import fault_naming
 from corral.supervisor.lifecycle.memory_checks import (
     budget_evidence,
     capacity_at_ready,
@@ -263,12 +264,8 @@ class EngineStartup:
                 if rank_loss is not None
                 else f"engine exited with code {code} during startup ({self._sup.machine.sub_state})"
             )
-            fault = engine.named_fault()  # the CUDA/NCCL error or Xid behind the exit, named
-            named: dict[str, Any] = {}
-            if fault is not None:
-                named = {"gpu_fault": engine.gpu_fault(), "graph_nccl_vs_stable": self.graph_nccl_vs_stable()}
-            if fault is not None:
-                reason = f"{reason}: {fault.words()}"
+            words, named = fault_naming(engine, self.graph_nccl_vs_stable)  # a CUDA/NCCL error, an Xid
+            reason += words
             if backoff is None:
                 self._sup.fail_for_good(
                     f"{reason}; --startup-restarts {self._sup.config.startup_restarts} spent",
