@@ -190,6 +190,8 @@ async def test_a_frozen_engine_leaves_routing_its_requests_go_elsewhere_and_it_e
         text = await asyncio.to_thread(metrics_text, router_url)
         assert sample(text, 'corral_router_abandoned_requests_total{outcome="retried"}') >= 1, text
         assert sample(text, 'corral_router_abandoned_requests_total{outcome="not_retried"}') == 0
+        # what a change record reads before and after an operation (request_failures)
+        assert http_json(router_url + "/v1/fleet")[1]["totals"]["abandoned"] >= 1
 
         sent_before = seen["requests_sent"]
         os.killpg(frozen, signal.SIGCONT)

@@ -130,17 +130,21 @@ def trimmed(counts: list[int]) -> list[int]:
 class RequestCounts(WireModel):
     """A router's (or gate's) cumulative request counters, all models together: `requests` answered,
     `errors` failed in the router or upstream (5xx, connection failures, streams cut), `stream_failures`
-    streams that did not end normally. Read at an operation's start and end: the failures during it."""
+    streams that did not end normally, `abandoned` (a router's only) requests that were out to an engine
+    when the router judged it failed (retried elsewhere, or, past their first byte, ended). Read at an
+    operation's start and end: the failures during it."""
 
     requests: int = 0
     errors: int = 0
     stream_failures: int = 0
+    abandoned: int = 0
 
     def minus(self, earlier: RequestCounts) -> RequestCounts:
         return RequestCounts(
             requests=max(0, self.requests - earlier.requests),
             errors=max(0, self.errors - earlier.errors),
             stream_failures=max(0, self.stream_failures - earlier.stream_failures),
+            abandoned=max(0, self.abandoned - earlier.abandoned),
         )
 
 

@@ -105,11 +105,13 @@ class RouterMetrics:
 
     def totals(self) -> RequestCounts:
         """`/v1/fleet`'s `totals`: every request answered (any code, as `corral_router_requests_total`
-        counts them), `errors`, and every stream that did not end normally."""
+        counts them), `errors`, every stream that did not end normally, and every request abandoned on
+        an engine judged failed."""
         return RequestCounts(
             requests=sum(self.requests.values()),
             errors=self.errors,
             stream_failures=sum(self.stream_failures.values()),
+            abandoned=sum(self.abandoned.values()),
         )
 
 
