@@ -14,6 +14,7 @@ import aiohttp
 from corral.clients.access import ADMIN_KEY_FLAG, ADMIN_URL_FLAG, ENGINE_KEY_ENV, ENGINE_KEY_FLAG
 from corral.engine_state import EngineState
 from corral.fleet.checks.doctor_answering import not_answering_branch, silent_failure_branch, stalled_words
+from corral.fleet.checks.doctor_gpu import gpu_fault_branch, recovered_fault_branch
 from corral.fleet.checks.doctor_pd import pd_branch
 from corral.fleet.checks.doctor_sleep import memory_not_released, memory_note, partial_wake
 from corral.fleet.checks.doctor_streams import aborted_streams
@@ -97,6 +98,9 @@ def _not_running(e: EngineView) -> Diagnosis | None:
             "start the dependency the engine names (or gate on it with `corral supervise --wait-for`), "
             "then restart the supervisor",
         )
+    died = lifecycle == EngineState.FAILED or (lifecycle == EngineState.STARTING and sub == "restarting")
+    if died and (gpu := gpu_fault_branch(e, died=True)) is not None:  # an Xid, CUDA or NCCL error named
+        return Diagnosis(e.name, *gpu)
     rank = _matching(lines, _RANK)
     if lifecycle in (EngineState.FAILED, EngineState.STARTING) and rank is not None:
         return Diagnosis(
@@ -241,6 +245,9 @@ async def diagnose_engine(
             f"{e.dev_url}/is_sleeping is true" + memory_note(e),
             _wake_hint(e),
         )
+    recovered = recovered_fault_branch(e)  # serving again after an Xid, a CUDA or an NCCL error
+    if recovered is not None:
+        return Diagnosis(e.name, *recovered)
     evidence = e.evidence
     for kind, branch, command in (
         ("fingerprint", "preload/fingerprint-mismatch", "align model/revision/dtype/layout with the daemon"),
