@@ -7,6 +7,7 @@ passed as bytes between them as HTTP would."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import orjson
 import pytest
@@ -298,3 +299,25 @@ def test_a_peer_url_that_is_this_router_itself_is_not_followed() -> None:
         worker.pick(g)
     more = asyncio.run(follower.take(decode_page(encode_page(a.log.page([])))))
     assert not more and follower.itself and follower.applied == 0
+
+
+def test_a_peers_backlog_teaches_keys_but_counts_no_recent_picks() -> None:
+    """First contact (or the peer's restart) reads its ring: history, not picks made now."""
+    a, b = Replica("a"), Replica("b")
+    b.follow(a)
+    assert b.follower is not None
+    engine = a.workers[0].membership.endpoints()[0]
+    sync = a.workers[0].sync
+    assert sync is not None
+    prefix = a.workers[0].routing.selector.policies["prefix"]
+    for n in range(MAX_PAGE_PICKS + 10):  # more than one page, all on one engine
+        sync.picked(prefix, request(n % 5, n), engine, True)
+    b.poll(a)
+    mine = b.workers[0]
+    recent = mine.routing.selector.policies["prefix"]._recent  # type: ignore[attr-defined]
+    held = mine.membership.get(engine.url)
+    assert held is not None and mine.memory.keys_of(held) == 5
+    assert recent.count(engine.url, time.monotonic()) == 0.0
+    sync.picked(prefix, request(0, 99), engine, True)  # a pick made now, read live
+    b.poll(a)
+    assert 0.9 < recent.count(engine.url, time.monotonic()) <= 1.0

@@ -82,6 +82,10 @@ class PeerFollower:
         # given to each) answers with it, and is no longer asked
         self.own_incarnation = own_incarnation
         self.itself = False
+        # Reading a peer's backlog (first contact, its restart): its picks are history, not recent
+        # picks — counted as recent now they would make the engines it used look busy for minutes
+        # (the recent picks' half-life) — so only their keys are learnt, until a page that is not full.
+        self.catching_up = True
 
     # -- one poll ------------------------------------------------------------------------------
 
@@ -121,6 +125,7 @@ class PeerFollower:
             if not first:  # the page answered a cursor of the peer's earlier life: read it from the start
                 self.restarts += 1
                 self.cursor = ""
+                self.catching_up = True
                 log.info(
                     "peer %s restarted (incarnation %s): reading its picks from the start",
                     self.url,
@@ -138,6 +143,8 @@ class PeerFollower:
             if start + APPLY_BATCH < len(picks):
                 await asyncio.sleep(0)  # a page of many picks never holds the loop for long
         self.cursor = page.cursor
+        if not page.more:
+            self.catching_up = False
         return page.more
 
     def apply(self, picks: Sequence[PeerPick]) -> None:
@@ -149,7 +156,7 @@ class PeerFollower:
                 continue
             # the keys hold for the prefix cache the peer saw: another epoch here, and they do not
             keys = pick.keys if pick.epoch_hash == self.sync.epoch_hash(endpoint) else ()
-            policy = self.policies.get(pick.policy)
+            policy = None if self.catching_up else self.policies.get(pick.policy)
             apply_pick(self.memory, endpoint, keys, policy, now)
             if self.relay:
                 self.sync.relay(policy, endpoint, keys)
