@@ -16,6 +16,7 @@ import click
 
 from corral.engine.pd_protocol import ROLES
 from corral.supervisor.commands.precheck import precheck_options
+from corral.supervisor.lifecycle.answer_defaults import DEFAULT_UNANSWERED_SECONDS
 from corral.supervisor.lifecycle.failure_strategy import CHOICES
 from corral.supervisor.lifecycle.memory_defaults import DEFAULT_SLEEP_RESIDUE_GIB, DEFAULT_WAKE_TOLERANCE
 from corral.supervisor_tokens import TokenFileError, read_management_token
@@ -119,7 +120,7 @@ _seconds = click.FloatRange(min=0.0)
 )
 @click.option(
     "--unanswered-seconds",
-    default=5.0,
+    default=DEFAULT_UNANSWERED_SECONDS,
     show_default=True,
     type=click.FloatRange(min=0),
     help="A READY engine whose /health (asked every second) has not answered 200 for this long is "

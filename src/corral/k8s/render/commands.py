@@ -9,6 +9,7 @@ from __future__ import annotations
 from corral.k8s.render.budgets import Budgets
 from corral.k8s.render.config import CorralDeployment
 from corral.k8s.render.kv_events_plan import any_on
+from corral.supervisor.lifecycle.answer_defaults import DEFAULT_UNANSWERED_SECONDS
 
 KEY_DIR = "/etc/corral/fleet-key"  # the fleet key Secret: the init container and the router only
 ADMIN_KEY_DIR = "/etc/corral/router-admin"  # the router's admin key Secret: the router only
@@ -63,6 +64,12 @@ def startup_failure_args(config: CorralDeployment) -> list[str]:
     elif s.on_startup_failure != "restart":
         args += ["--on-startup-failure", s.on_startup_failure]
     return args
+
+
+def unanswered_args(config: CorralDeployment) -> list[str]:
+    """--unanswered-seconds unless it is the supervisor's default (rendered commands stay as they were)."""
+    seconds = config.supervisor.unanswered_seconds
+    return [] if seconds == DEFAULT_UNANSWERED_SECONDS else ["--unanswered-seconds", _num(seconds)]
 
 
 def precheck_args(config: CorralDeployment) -> list[str]:
@@ -156,6 +163,7 @@ def supervisor_argv(config: CorralDeployment, budgets: Budgets, extra: tuple[str
         _num(budgets.restart_backoff),
         "--stall-seconds",
         _num(config.supervisor.stall_seconds),
+        *unanswered_args(config),
         "--drain-policy",
         config.drain.policy,
         "--propagation-timeout",

@@ -17,6 +17,7 @@ from corral.k8s.render.pd_config import PdSpec
 from corral.redaction import is_secret_name, redact_argv
 from corral.router.routing.names import POLICY_NAMES
 from corral.supervisor.checks.dependencies import GateSpecError, parse_gate
+from corral.supervisor.lifecycle.answer_defaults import DEFAULT_UNANSWERED_SECONDS
 
 # Object names get suffixes up to "-router-pods" (12) and Service names must be DNS-1035 labels (63).
 _NAME = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
@@ -415,6 +416,12 @@ class SupervisorSpec(_Section):
         "which forwards only inference paths to the engine and only while it is READY",
     )
     stall_seconds: float = Field(default=60.0, gt=0, description="--stall-seconds")
+    unanswered_seconds: float = Field(
+        default=DEFAULT_UNANSWERED_SECONDS,
+        ge=0,
+        description="--unanswered-seconds: a READY engine whose /health has not answered for this long "
+        "leaves routing (the pod unready) until it answers and passes the smoke request; 0: never",
+    )
     on_startup_failure: Literal["restart", "stay-unready", "rollback"] = Field(
         default="restart",
         description="what follows a start that cannot reach READY (--on-startup-failure): restart = "

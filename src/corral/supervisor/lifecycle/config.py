@@ -8,6 +8,7 @@ from pathlib import Path
 
 from corral.bundle_spec import BundleSpec
 from corral.supervisor.checks.dependencies import DependencyGate
+from corral.supervisor.lifecycle.answer_defaults import DEFAULT_UNANSWERED_SECONDS
 from corral.supervisor.lifecycle.drain import DrainSettings
 from corral.supervisor.lifecycle.failure_strategy import OnStartupFailure
 from corral.supervisor.lifecycle.memory_checks import MemoryThresholds
@@ -39,7 +40,7 @@ class SupervisorConfig:
     restart_backoff_cap: float = 30.0
     stall_seconds: float = 60.0
     # a READY engine whose /health has not answered 200 for this long leaves routing (0: never)
-    unanswered_seconds: float = 5.0
+    unanswered_seconds: float = DEFAULT_UNANSWERED_SECONDS
     drain: DrainSettings = field(default_factory=DrainSettings)
     state_dir: Path = Path(".corral-supervisor")
     oplog_max_bytes: int = 64 * 1024 * 1024  # rotated past this size
