@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import urllib.request
 
-from tests.integration.test_supervisor_support import Supervised, kill_leftovers, start_supervised
+from tests.integration.test_supervisor_support import Supervised, http_json, kill_leftovers, start_supervised
+from tests.support.procs import CorralProcess, free_port
 from tests.support.waits import wait_until
 
 FROZEN_TO_503 = 15.0  # the bound on /readyz after the freeze (default --unanswered-seconds 5)
@@ -41,8 +43,19 @@ def metric(sup: Supervised, name: str) -> float:
     return values[0] if values else 0.0
 
 
+def doctor_branch(sup: Supervised) -> str:
+    proc = CorralProcess(["doctor", "--supervisor", sup.url], env={"COLUMNS": "200"})
+    proc.wait_exit(60)
+    out = proc.output()
+    (branch,) = re.findall(r"^branch [^:]+: (\S+)$", out, re.MULTILINE) or [out]
+    return str(branch)
+
+
 def test_a_frozen_engine_leaves_routing_and_returns_through_the_smoke_request() -> None:
-    sup = start_supervised()  # the defaults: --unanswered-seconds 5, --stall-seconds 60
+    gate_port = free_port()
+    gate = f"http://127.0.0.1:{gate_port}"
+    # the defaults: --unanswered-seconds 5, --stall-seconds 60; the admission gate in front, as corral up
+    sup = start_supervised(sup_args=("--gate-port", str(gate_port), "--gate-host", "127.0.0.1"))
     try:
         sup.wait_state("READY", timeout=60)
         pid = freeze(sup)
@@ -55,6 +68,11 @@ def test_a_frozen_engine_leaves_routing_and_returns_through_the_smoke_request() 
         assert evidence["last_answer"] and evidence["last_probes"], evidence
         assert metric(sup, "corral_supervisor_not_answering_total") == 1.0
         assert sup.probe("/livez")[0] == 200  # the supervisor is fine; nothing is restarted for this
+        # traffic from outside Corral is refused at the gate at once, not sent to the frozen engine
+        body = {"model": "sim-model", "prompt": "hello", "max_tokens": 2}
+        status, answer = http_json(gate + "/v1/completions", "POST", body, timeout=10)
+        assert status == 503, (status, answer)
+        assert doctor_branch(sup) == "not-ready/not-answering"
 
         os.killpg(pid, signal.SIGCONT)
         body = sup.wait_state("READY", timeout=30)
