@@ -432,7 +432,7 @@ class DrainSequence:
         host = self._host
         settings = host.drain_settings
         report = DrainReport(policy=policy.value)
-        state_before = host.machine.state
+        state_before, sub_before = host.machine.state, host.machine.sub_state
         watch = host.request_watch
         mark = watch.mark() if watch is not None else 0  # forced exits from here on are the drain's
         removal_epoch: int | None = None
@@ -452,10 +452,13 @@ class DrainSequence:
             )
             await leaving.drainer.stop_engine(report, self._stop_for_drain, sample, gated=watch is not None)
         else:
-            report.notes.append(f"drain in {state_before}: nothing was routed here")
+            where, why = f"drain in {state_before}", "nothing was routed here"
+            if sub_before == DrainPhase.NOT_ANSWERING:  # withdrawn: routers left it, and it answers nothing
+                where, why = f"{where}/{sub_before}", "routers had left; the engine answers nothing"
+            report.notes.append(f"{where}: {why}")
             self._transition(
                 S.STOPPING,
-                f"drain in {state_before}: no traffic to drain, stopping the engine",
+                f"{where}: no traffic to drain, stopping the engine",
                 StoppingPhase.STOPPING_ENGINE,
             )
             report.engine_exit_code = await host.stop_engine(settings.shutdown_timeout, "drain")
