@@ -181,3 +181,40 @@ def test_a_bundle_dead_of_a_cuda_error_names_the_graph_and_nccl_settings_it_chan
         assert finding["branch"] == "gpu-fault/cuda-error", finding
     finally:
         sup.proc.stop()
+
+
+def test_memory_a_sleep_kept_is_shown_with_the_graph_nccl_settings_changed_from_the_stable_bundle(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    engine = [*SIM, "--host", "127.0.0.1", "--port", str(port), "--model", "sim-model"]
+    engine += ["--weights-gib", "2", "--kv-cache-gib", "4"]  # no --enable-sleep-mode: a sleep frees nothing
+    stable = tmp_path / "stable.yaml"  # declared known-good: the rollback bundle
+    stable.write_text(orjson.dumps({"name": "stable", "command": [*engine, "--enforce-eager"]}).decode())
+    sup = start_supervised(
+        engine_port=port,
+        engine_cmd=engine,
+        sup_args=(
+            "--bundle-name",
+            "main",
+            "--bundle",
+            str(stable),
+            "--on-startup-failure",
+            "rollback=stable",
+        ),
+        env={"VLLM_SERVER_DEV_MODE": "1"},
+    )
+    try:
+        body = sup.wait_state("READY", timeout=90)
+        assert body["graph_nccl_vs_stable"]["changed"] == [
+            {"name": "--enforce-eager", "here": "(unset)", "stable": "on"}
+        ], body["graph_nccl_vs_stable"]
+        assert httpx.post(sup.engine_url + "/sleep", params={"level": 1}, timeout=10).status_code == 200
+        finding = doctor_json(sup.url)
+        assert finding["branch"] == "memory/not-released", finding
+        assert (
+            "changed from stable bundle stable: --enforce-eager (unset) (stable: on)" in finding["evidence"]
+        )
+        assert "roll back to stable" in finding["next"], finding
+    finally:
+        sup.proc.stop()

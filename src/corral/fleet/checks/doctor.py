@@ -14,7 +14,7 @@ import aiohttp
 from corral.clients.access import ADMIN_KEY_FLAG, ADMIN_URL_FLAG, ENGINE_KEY_ENV, ENGINE_KEY_FLAG
 from corral.engine_state import EngineState
 from corral.fleet.checks.doctor_answering import not_answering_branch, silent_failure_branch, stalled_words
-from corral.fleet.checks.doctor_gpu import gpu_fault_branch, recovered_fault_branch
+from corral.fleet.checks.doctor_gpu import gpu_fault_branch, recovered_fault_branch, with_stable_settings
 from corral.fleet.checks.doctor_pd import pd_branch
 from corral.fleet.checks.doctor_sleep import memory_not_released, memory_note, partial_wake
 from corral.fleet.checks.doctor_streams import aborted_streams
@@ -236,6 +236,8 @@ async def diagnose_engine(
         )
     for sleep_branch in (partial_wake, memory_not_released):
         found_asleep = sleep_branch(e)
+        if sleep_branch is memory_not_released:  # and the graph/NCCL settings changed from the stable bundle
+            found_asleep = with_stable_settings(found_asleep, e)
         if found_asleep is not None:
             return Diagnosis(e.name, *found_asleep)
     if e.sleeping:

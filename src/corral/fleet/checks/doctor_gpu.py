@@ -191,3 +191,13 @@ def recovered_fault_branch(e: EngineView) -> tuple[str, str, str] | None:
             next_command(fault, e.logs_command()),
         )
     return None
+
+
+def with_stable_settings(found: tuple[str, str, str] | None, e: EngineView) -> tuple[str, str, str] | None:
+    """A memory-not-released finding with the runbook's next question: the graph/NCCL settings this
+    bundle changed from the stable one's (CUDA graph pools and NCCL buffers are memory a sleep may keep)."""
+    if found is None:
+        return None
+    branch, evidence, command = found
+    stable, stable_next = _stable_words(e.state or {})
+    return branch, evidence + stable, command + stable_next
