@@ -18,7 +18,8 @@ from aiohttp import web
 
 from corral.router.routing.peer_follower import PeerFollower, PeerFollowers
 from corral.router.routing.peer_wire import MAX_PAGE_BYTES, MAX_PAGE_PICKS, PEER_PICKS_PATH
-from corral.router.routing.worker_journal import MAX_KEYS, WorkerJournals
+from corral.router.routing.prompt import MAX_KEYS
+from corral.router.routing.worker_journal import WorkerJournals
 from tests.integration.test_router_passthrough import SIM_ARGS, wait_routable
 from tests.integration.test_router_workers_prefix import ask
 from tests.support.procs import CorralProcess, free_port, start_sim

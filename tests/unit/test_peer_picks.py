@@ -27,7 +27,8 @@ from corral.router.routing.peer_wire import (
     parse_cursor,
 )
 from corral.router.routing.pick_log import PickLog
-from corral.router.routing.worker_journal import MAX_KEYS, PICKS_KEPT, WorkerJournals, hash_epoch
+from corral.router.routing.prompt import MAX_KEYS
+from corral.router.routing.worker_journal import PICKS_KEPT, WorkerJournals, hash_epoch
 from tests.unit.test_worker_journal import MODEL, Worker, request
 
 ENGINES = 4

@@ -210,3 +210,23 @@ def test_sessions_behind_a_common_tool_prompt_spread_and_keep_their_history() ->
     for turn in range(1, 8):
         for u in range(4):
             assert policy.pick(pool, session(u, turn)) is homes[u]  # each turn follows its history
+
+
+def test_a_short_system_prompt_is_followed_though_it_is_shorter_than_the_first_key() -> None:
+    """A 400-character system prompt: its users' prompts share no 512-character key (the question is in
+    it), but they share the keys inside it, so the engine that served the group holds most of the next
+    user's prompt and the pick follows it (three real vLLM CPU engines, issue 28)."""
+    system = "You answer questions about tide tables for the harbour office. " * 7  # 441 characters
+    fleet = [endpoint(i) for i in range(4)]
+    memory = PrefixMemory()
+    policy = scored(memory)
+
+    def user(u: int) -> RouteRequest:
+        question = f"When is high water on day {u} of the spring tides, and how high at the pier? " * 2
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+        return RouteRequest("m", {}, {"messages": messages})
+
+    home = policy.pick(fleet, user(0))
+    shares = memory.held(user(1), fleet)
+    assert shares[fleet.index(home)] >= 0.5 and sorted(shares)[:3] == [0.0, 0.0, 0.0]
+    assert all(policy.pick(fleet, user(u)) is home for u in range(1, 8))

@@ -76,9 +76,9 @@ def test_on_a_large_fleet_the_prefix_policy_returns_to_the_holder_of_a_prompt() 
 
 
 def test_the_prefix_memory_names_the_holders_of_a_key_as_it_forgets_them() -> None:
-    memory = PrefixMemory(keys_per_endpoint=2)
     a, b = fleet(2)
     first, second, third = (chat(f"group {g} " + "system prompt " * 20, "q") for g in range(3))
+    memory = PrefixMemory(keys_per_endpoint=2 * len(PrefixMemory().keys(first)))  # two prompts' keys
     memory.sent(first, a)
     memory.sent(first, b)
     memory.sent(second, a)

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from corral.router.routing.worker_journal import MAX_KEYS
+from corral.router.routing.prompt import MAX_KEYS
 
 PEER_PICKS_PATH = "/internal/peer-picks"
 MAX_PAGE_PICKS = 256

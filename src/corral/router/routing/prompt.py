@@ -68,19 +68,25 @@ def prefix_key(payload: Mapping[str, Any] | None, block_chars: int, key_blocks: 
 # quarter to its session's prompt still finds the previous turn's keys up to its length, less a step.
 MAX_LEVELS = 10
 STEPS = 4
+# The most keys `prefix_keys` gives one prompt: STEPS - 1 inside the first key, the first, then STEPS per
+# doubling.
+MAX_KEYS = STEPS * MAX_LEVELS
 
 
 def prefix_keys(
     payload: Mapping[str, Any] | None, block_chars: int, key_blocks: int
 ) -> list[tuple[int, int]]:
-    """The prompt's keys at growing depths, shallowest first, each as (key, characters it covers): the
-    first `key_blocks` whole blocks (`prefix_key`, or fewer blocks when the prompt is shorter), then at
-    `STEPS` positions per doubling of that length (the same positions for every prompt), the last
-    all of the prompt's whole blocks. A prompt whose long start is common to many (a shared system
-    prompt, a document, a session's history) differs from its peers at a deeper key, so how deep an
-    endpoint holds the keys says how much of the prompt it caches, as the KV events' block chains
-    do. One pass of the hash over the text (a copy at each key); [] when the prompt has no whole
-    block."""
+    """The prompt's keys at growing depths, shallowest first, each as (key, characters it covers): at
+    `STEPS` positions per doubling of the length, the same positions for every prompt — whole blocks at
+    a quarter, a half and three quarters of the first `key_blocks` blocks, those blocks (`prefix_key`),
+    then `STEPS` steps per doubling — the last all of the prompt's whole blocks. The keys inside the
+    first blocks matter for short prompts: a 400-character system prompt and its user's question share
+    one 512-character key with no other request, so without them every request of its group looked new
+    (three real vLLM engines, issue 28: hit rate 0.63–0.80 against the oracle's 0.92).
+    A prompt whose long start is common to many (a shared system prompt, a document, a session's
+    history) differs from its peers at a deeper key, so how deep an endpoint holds the keys says how
+    much of the prompt it caches, as the KV events' block chains do. One pass of the hash over the
+    text (a copy at each key); [] when the prompt has no whole block."""
     first = block_chars * key_blocks
     text = leading_text(payload, first << (MAX_LEVELS - 1))
     whole = len(text) // block_chars * block_chars
@@ -89,7 +95,15 @@ def prefix_keys(
     data = text.encode("utf-8", "surrogatepass") if text.isascii() else None
     digest = blake2b(digest_size=8)
     keys: list[tuple[int, int]] = []
-    start, end = 0, min(first, whole)
+    start = 0
+    for k in range(1, STEPS):  # the whole blocks at k / STEPS of the first key, each once, if shorter
+        end = first * k // STEPS // block_chars * block_chars
+        if start < end < min(first, whole):
+            chunk = data[start:end] if data is not None else text[start:end].encode("utf-8", "surrogatepass")
+            digest.update(chunk)
+            keys.append((int.from_bytes(digest.copy().digest(), "big"), end))
+            start = end
+    end = min(first, whole)
     while True:
         chunk = data[start:end] if data is not None else text[start:end].encode("utf-8", "surrogatepass")
         digest.update(chunk)

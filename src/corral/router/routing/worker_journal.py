@@ -38,15 +38,13 @@ from corral.router.membership.endpoint import Endpoint
 from corral.router.membership.membership import Membership
 from corral.router.routing.pipeline import ScoredPolicy
 from corral.router.routing.prefix_memory import PrefixMemory
-from corral.router.routing.prompt import MAX_LEVELS, STEPS
+from corral.router.routing.prompt import MAX_KEYS
 from corral.router.routing.request import Policy, RouteRequest
 from corral.router.routing.selector import Routing
 
 log = logging.getLogger("corral.router.worker_journal")
 
 _MASK = (1 << 64) - 1
-# The most keys `prompt.prefix_keys` gives one prompt: the first, then `STEPS` per doubling.
-MAX_KEYS = 1 + STEPS * (MAX_LEVELS - 1)
 _HEADER_WORDS = 4  # incarnation, picks written, in-flight records written, (spare)
 _PICK_HEAD = 5  # seq, check, incarnation << 17 | relayed << 16 | policy << 8 | keys, url hash, epoch hash
 _PICK_WORDS = _PICK_HEAD + MAX_KEYS
