@@ -166,7 +166,15 @@ DEFAULT_HTTP_SERVER = "lean"  # --http-server: corral.router.serving, or aiohttp
     type=click.IntRange(min=0),
     help="Retries allowed per window on top of the ratio, so a quiet router can still retry.",
 )
-@click.option("--policy", type=click.Choice(POLICY_NAMES), default="round_robin", show_default=True)
+@click.option(
+    "--policy",
+    type=click.Choice(POLICY_NAMES),
+    default="round_robin",
+    show_default=True,
+    help="Default routing policy: round_robin (in turn), least_request (the less busy of two sampled), "
+    "session (sticky by --session-header), prefix (where the prompt's prefix is cached, bounded by load), "
+    "load (the engines' queue, in flight and KV use). --policy-config sets one per model.",
+)
 @click.option(
     "--session-header",
     default="x-session-id",
@@ -244,7 +252,11 @@ DEFAULT_HTTP_SERVER = "lean"  # --http-server: corral.router.serving, or aiohttp
     help="Seconds open requests get to finish on SIGTERM/SIGINT.",
 )
 @click.option(
-    "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    help="Level of the router's log lines (stderr).",
 )
 @client_limit_options  # --header-timeout, --body-timeout, --idle-timeout, --max-connections, ...
 @access_options  # --api-keys-file, --admin-key-file, --admin-port, --admin-host, --engine-api-key-file
