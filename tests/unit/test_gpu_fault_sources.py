@@ -11,9 +11,12 @@ from typing import Any
 
 import pytest
 
+from corral.bundle_spec import BundleSpec, bundle_record
+from corral.contracts.records import RolloutRecord
 from corral.engine.graph_nccl_flags import changed_settings, graph_nccl_settings
 from corral.fleet.checks.doctor_gpu import gpu_fault_branch, next_command, recovered_fault_branch
 from corral.fleet.checks.probe import EngineView
+from corral.fleet.rollout.record import graph_nccl_changes
 from corral.supervisor.lifecycle.stable_command import EngineCommand, compare_with_stable
 from corral.supervisor.lifecycle.xid_watch import (
     KERNEL_LOG_ENV,
@@ -235,3 +238,32 @@ def test_an_engine_serving_again_after_an_xid_is_told_to_drain_its_node() -> Non
 )
 def test_each_fault_has_its_next_command(fault: dict[str, Any], words: str) -> None:
     assert words in next_command(fault, "corral logs --port 1")
+
+
+# -- a rollout's record ------------------------------------------------------------------------------
+
+
+def test_a_rollout_record_names_the_graph_nccl_settings_each_group_gets_changed() -> None:
+    target = BundleSpec(
+        name="v2",
+        engine_args=("--compilation-config", '{"cudagraph_mode": "FULL"}', "--max-model-len", "8192"),
+        env={"NCCL_P2P_DISABLE": "1", "HF_TOKEN": "hf_secret"},
+    )
+    before = {
+        "g0": {"name": "v1", "engine_args": ["--enforce-eager"], "env": {}},
+        "g1": {},  # started with its own command: its bundle is not known
+        "g2": bundle_record(target),  # already on it
+    }
+    assert graph_nccl_changes(target, before) == {
+        "g0": [
+            {"name": "--compilation-config", "here": '{"cudagraph_mode": "FULL"}', "stable": "(unset)"},
+            {"name": "--enforce-eager", "here": "(unset)", "stable": "on"},
+            {"name": "NCCL_P2P_DISABLE", "here": "1", "stable": "(unset)"},
+        ]
+    }
+    changes = graph_nccl_changes(target, before)
+    record = RolloutRecord(kind="rollout", id="r", started=1.0, finished=2.0, graph_nccl_changes=changes)
+    assert (
+        RolloutRecord.model_validate_json(record.model_dump_json()).graph_nccl_changes["g0"][1]["stable"]
+        == "on"
+    )

@@ -146,3 +146,6 @@ class RolloutRecord(ChangeRecord):
     fingerprints: dict[str, str] = Field(default_factory=dict)
     adapters: dict[str, Any] = Field(default_factory=dict)
     canary: list[WindowVerdict] = Field(default_factory=list)  # one per new group that had a canary
+    # per group replaced: the CUDA-graph/NCCL settings the new bundle changed from the one it replaced
+    # (corral.engine.graph_nccl_flags), what a GPU fault after the rollout is first suspected of
+    graph_nccl_changes: dict[str, list[dict[str, str]]] = Field(default_factory=dict)

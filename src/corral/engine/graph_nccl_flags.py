@@ -109,6 +109,14 @@ def changed_settings(here: Mapping[str, str], stable: Mapping[str, str]) -> list
     ]
 
 
+def bundle_settings(bundle: Mapping[str, Any]) -> dict[str, str]:
+    """The graph/NCCL settings of a bundle as records keep it (`command`, `engine_args`, `env`): what the
+    bundle sets, not the base command it adds to (a record does not know that one)."""
+    argv = [str(a) for a in (*(bundle.get("command") or ()), *(bundle.get("engine_args") or ()))]
+    env = bundle.get("env") or {}
+    return graph_nccl_settings(argv, {str(k): str(v) for k, v in dict(env).items()})
+
+
 def comparison(
     bundle: str, here: Mapping[str, str], stable_bundle: str, stable: Mapping[str, str]
 ) -> dict[str, Any]:

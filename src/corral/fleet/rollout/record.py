@@ -29,6 +29,7 @@ from corral.contracts.records import (
 )
 from corral.contracts.supervisor import SupervisorState
 from corral.contracts.traffic import RequestCounts, WindowVerdict
+from corral.engine.graph_nccl_flags import bundle_settings, changed_settings
 from corral.fleet.rollout.steps import Group, RolloutSettings, Step, StepFailed
 
 StateOf = Callable[[str], Awaitable[SupervisorState]]  # a supervisor's /v1/state, by its URL
@@ -313,6 +314,21 @@ def _settings(settings: RolloutSettings) -> dict[str, Any]:
     }
 
 
+def graph_nccl_changes(
+    target: BundleSpec, from_bundles: Mapping[str, Mapping[str, Any] | None]
+) -> dict[str, list[dict[str, str]]]:
+    """Per group, the graph/NCCL settings `target` changes from the bundle the group ran (groups started
+    with their own command, whose bundle no record knows, are left out; so are groups with no change)."""
+    here = bundle_settings(bundle_record(target))
+    changes: dict[str, list[dict[str, str]]] = {}
+    for group, before in from_bundles.items():
+        if before:
+            changed = changed_settings(here, bundle_settings(before))
+            if changed:
+                changes[group] = [c.to_json() for c in changed]
+    return changes
+
+
 def rollout_record(rollout: RolloutFacts, outcome: str, reason: str, started: float) -> RolloutRecord:
     """Every section of the record, from the rollout's steps, evidence and readings."""
     failures, failures_missing = request_failures(rollout.router, rollout.readings)
@@ -345,4 +361,5 @@ def rollout_record(rollout: RolloutFacts, outcome: str, reason: str, started: fl
         # what every new group loaded before ROUTED; `served` is what `corral verify` keeps
         adapters={"carried": dict(rollout.adapters), "served": sorted(rollout.adapters)},
         canary=list(rollout.canary),
+        graph_nccl_changes=graph_nccl_changes(rollout.target, rollout.from_bundles),
     )
