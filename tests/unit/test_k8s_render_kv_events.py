@@ -307,3 +307,30 @@ def test_render_prints_one_line_per_group(tmp_path: Path) -> None:
     assert len(lines) == 2, lines
     assert lines[0].startswith("corral k8s render: KV events for prefill: off: router.policy least_request")
     assert lines[1].startswith("corral k8s render: KV events for decode: on: ")
+
+
+def test_prefix_routing_replicas_without_events_are_warned_of(tmp_path: Path) -> None:
+    """Router replicas that place by prefix without KV events place each prefix apart (issue 28): render
+    says so, and says nothing once the events are on or one replica routes."""
+    blind = publishing()
+    blind["router"] = {**blind["router"], "replicas": 2}
+    del blind["router"]["tokenizer"]
+    for data, warned in ((blind, True), ({**blind, "router": {**blind["router"], "replicas": 1}}, False)):
+        path = tmp_path / "corral.yaml"
+        path.write_text(yaml.safe_dump(data))
+        result = CliRunner().invoke(
+            main, ["k8s", "render", "--config", str(path), "--out", str(tmp_path / "o")]
+        )
+        assert result.exit_code == 0, result.stderr
+        lines = [line for line in result.stderr.splitlines() if "without KV events" in line]
+        assert len(lines) == int(warned), result.stderr
+        if warned:
+            assert lines[0].startswith(
+                "corral k8s render: warning: router.replicas 2 place prompts by prefix"
+            )
+    seeing = publishing()
+    seeing["router"] = {**seeing["router"], "replicas": 3}
+    path = tmp_path / "corral.yaml"
+    path.write_text(yaml.safe_dump(seeing))
+    result = CliRunner().invoke(main, ["k8s", "render", "--config", str(path), "--out", str(tmp_path / "o2")])
+    assert result.exit_code == 0 and "without KV events" not in result.stderr, result.stderr

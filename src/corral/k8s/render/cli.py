@@ -49,7 +49,7 @@ def render(config_path: Path, out: Path | None, explain: bool) -> None:
     PodDisruptionBudget and NetworkPolicy, and the router with its RBAC and Service."""
     from corral.k8s.render.budgets import derive
     from corral.k8s.render.config_reading import ConfigError, load_config
-    from corral.k8s.render.kv_events_plan import decisions
+    from corral.k8s.render.kv_events_plan import decisions, replicas_apart
     from corral.k8s.render.manifests import render as render_manifests
     from corral.k8s.render.output import admin_secret_hint, secret_hint, stream, write_dir
     from corral.k8s.render.pd_objects import explain as pd_explain
@@ -62,7 +62,8 @@ def render(config_path: Path, out: Path | None, explain: bool) -> None:
     budgets = derive(config)
     manifests = render_manifests(config, budgets)
     steps, warnings = (budgets.steps, budgets.warnings) if config.pd is None else pd_explain(config, budgets)
-    for warning in warnings:
+    apart = replicas_apart(config)
+    for warning in [*warnings, *([apart] if apart is not None else [])]:
         click.echo(f"corral k8s render: warning: {warning}", err=True)
     for decision in decisions(config).values():  # also on each engine Deployment, as an annotation
         click.echo(f"corral k8s render: KV events for {decision.group}: {decision.text()}", err=True)

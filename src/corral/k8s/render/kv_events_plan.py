@@ -124,6 +124,28 @@ def decisions(config: CorralDeployment) -> dict[str, KvEventsDecision]:
     return {g: decide(config, g) for g in groups(config)}
 
 
+def replicas_apart(config: CorralDeployment) -> str | None:
+    """A warning when several router replicas place prompts by prefix for an engine group without KV
+    events: each replica then learns only its own picks and places a prefix where another already
+    has (issue 28: two replicas 14x the oracle's TTFT p90, four 21x); None otherwise."""
+    replicas = config.router.replicas
+    if replicas < 2:
+        return None
+    blind = [
+        d.group
+        for d in decisions(config).values()
+        if not d.on and (d.group == "decode" or config.router.policy in PREFIX_POLICIES)
+    ]
+    if not blind:
+        return None
+    return (
+        f"router.replicas {replicas} place prompts by prefix without KV events for {', '.join(blind)}: "
+        "each replica learns only its own picks and places a prefix another replica already placed "
+        "(benchmarks/RESULTS.md: two replicas 14x the oracle's TTFT p90); turn the events on (the "
+        "reason is below) or run one router replica"
+    )
+
+
 def any_on(config: CorralDeployment) -> bool:
     return any(d.on for d in decisions(config).values())
 
