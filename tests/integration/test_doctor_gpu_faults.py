@@ -138,6 +138,7 @@ def test_a_driver_xid_in_the_kernel_log_names_the_gpu_and_says_drain_the_node(
     assert "; GPU driver Xid 79 on PCI:0000:3b:00: GPU has fallen off the bus" in body["reason"], body
     assert body["gpu_fault"]["kind"] == "xid" and body["gpu_fault"]["xid"] == 79, body["gpu_fault"]
     assert body["engine_evidence"]["xid"]["count"] == 1, body["engine_evidence"]  # not the old line
+    assert "file" in body["xid_sources"]["sources"], body["xid_sources"]
 
 
 def test_a_bundle_dead_of_a_cuda_error_names_the_graph_and_nccl_settings_it_changed(tmp_path: Path) -> None:

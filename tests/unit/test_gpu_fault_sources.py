@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import os
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +96,89 @@ def test_a_kernel_log_that_goes_away_is_dropped_and_named(tmp_path: Path) -> Non
 
     watch.sources = [Gone(log)]
     assert watch.read() == [] and watch.sources == [] and "file stopped" in watch.unavailable[-1]
+
+
+def test_a_kernel_log_replaced_by_a_new_file_is_followed_from_the_new_files_start(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("old line\n")
+    source = KernelLogFile(log)
+    log.rename(tmp_path / "kern.log.1")  # logrotate: moved away, a new file created in its place
+    log.write_text(XID_79)
+    assert [f.xid for f in source.read_new()] == [79]
+    source.close()
+
+
+class FakeNvml(types.ModuleType):
+    """Just enough of pynvml's event API (the names and the event struct's fields as nvidia-ml-py has
+    them) to drive the reader on a host without a GPU; events queued by the test."""
+
+    NVML_ERROR_TIMEOUT = 10
+    NVML_ERROR_GPU_IS_LOST = 15
+    nvmlEventTypeXidCriticalError = 0x8
+
+    class NVMLError(Exception):
+        def __init__(self, value: int) -> None:
+            super().__init__(value)
+            self.value = value
+
+    def __init__(self) -> None:
+        super().__init__("pynvml")
+        self.pending: list[Any] = []
+        self.registered: list[tuple[int, int]] = []
+        self.inits = 0
+
+    def nvmlInit(self) -> None:
+        self.inits += 1
+
+    def nvmlShutdown(self) -> None:
+        self.inits -= 1
+
+    def nvmlEventSetCreate(self) -> str:
+        return "set"
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceRegisterEvents(self, handle: int, types_: int, event_set: str) -> None:
+        self.registered.append((handle, types_))
+
+    def nvmlEventSetWait_v2(self, event_set: str, timeout_ms: int) -> Any:
+        assert timeout_ms == 0  # never blocks the event loop
+        if not self.pending:
+            raise self.NVMLError(self.NVML_ERROR_TIMEOUT)
+        event = self.pending.pop(0)
+        if isinstance(event, Exception):
+            raise event
+        return event
+
+    def nvmlDeviceGetPciInfo(self, handle: int) -> Any:
+        return types.SimpleNamespace(busId=f"00000000:{0x3B + handle:02X}:00.0".encode())
+
+    def nvmlEventSetFree(self, event_set: str) -> None:
+        pass
+
+
+def test_nvml_xid_events_are_polled_without_blocking_and_a_lost_gpu_is_named_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    watch = XidWatch.open({KERNEL_LOG_ENV: "off"})
+    assert [s.name for s in watch.sources] == ["nvml"] and fake.registered == [(0, 0x8), (1, 0x8)]
+    assert watch.read() == []
+    fake.pending.append(types.SimpleNamespace(eventType=0x8, eventData=79, device=1))
+    (xid,) = watch.read()
+    assert (xid.xid, xid.device) == (79, "PCI:00000000:3C:00.0")
+    fake.pending.append(fake.NVMLError(fake.NVML_ERROR_GPU_IS_LOST))
+    (lost,) = watch.read()
+    assert lost.xid is None and "GPU is lost" in lost.words()
+    assert "drain the node" in next_command(lost.to_json(), "")
+    assert watch.read() == []  # named once
+    watch.close()
+    assert fake.inits == 0
 
 
 @pytest.mark.skipif(not os.access(KMSG, os.R_OK), reason="/dev/kmsg is not readable here")

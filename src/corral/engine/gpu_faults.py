@@ -88,6 +88,8 @@ class GpuFault:
     def words(self) -> str:
         """The fault in a sentence for a state reason."""
         if self.kind == XID:
+            if self.xid is None:  # NVML's "GPU is lost", no Xid number
+                return f"GPU driver: {self.detail}" + (f" on {self.device}" if self.device else "")
             return f"GPU driver Xid {self.xid} on {self.device}: {self.detail}"
         return {
             CUDA_ERROR: "CUDA error",

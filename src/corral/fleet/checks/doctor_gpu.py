@@ -98,6 +98,8 @@ def next_command(fault: dict[str, Any], logs: str) -> str:
     kind = str(fault.get("kind"))
     if kind == gpu_faults.XID:
         xid = fault.get("xid")
+        if xid is None and "lost" in str(fault.get("detail") or ""):  # NVML: the GPU is lost
+            return _xid_next(79)
         return _xid_next(int(xid) if isinstance(xid, int) else None)
     if kind == gpu_faults.CUDA_ERROR:
         return _cuda_next(str(fault.get("detail") or ""))

@@ -207,6 +207,10 @@ class EngineProcess:
         self.named_fault()
         return self.gpu_faults.to_json()
 
+    def xid_sources(self) -> dict[str, Any] | None:
+        """Where this run's Xids are read from, and why not from the others (/v1/state)."""
+        return self._xids.to_json() if self._xids is not None else None
+
     def close_xids(self) -> None:
         if self._xids is not None:
             self._xids.close()

@@ -98,6 +98,8 @@ class Publication:
             "engine_evidence": sup.evidence.to_json(),
             # the GPU fault the engine's last run showed (CUDA, NCCL, an Xid), named; None when none
             "gpu_fault": engine.gpu_fault() if engine is not None else None,
+            # where the driver's Xids are read from (kernel log, NVML), and why not from the others
+            "xid_sources": engine.xid_sources() if engine is not None else None,
             # its CUDA-graph/NCCL settings against the stable bundle's (None without another bundle)
             "graph_nccl_vs_stable": sup.startup.graph_nccl_vs_stable(),
             # the engine's logged KV cache size, and the last memory verdict (lifecycle/device_memory.py)

@@ -25,6 +25,7 @@ KMSG = Path("/dev/kmsg")
 KERNEL_LOG_ENV = "CORRAL_KERNEL_LOG"  # a path, or "off"; unset: /dev/kmsg where readable
 MAX_RECORDS = 1000
 MAX_BYTES = 256 * 1024
+_LOST = "the GPU is lost (NVML_ERROR_GPU_IS_LOST)"
 _KMSG_RECORD = 8192  # a /dev/kmsg read returns one record; the kernel's own limit is 1 KiB of text
 
 
@@ -70,7 +71,7 @@ class KernelMessages:
 
 class KernelLogFile:
     """A text file the kernel's lines are appended to (kern.log, a shipper's file): followed from its
-    end at open, from the start again if it was truncated or replaced by a shorter one."""
+    end at open, from the start again if it was truncated or replaced by a new file."""
 
     name = "file"
 
@@ -81,6 +82,11 @@ class KernelLogFile:
         self._partial = b""
 
     def read_new(self) -> list[GpuFault]:
+        with contextlib.suppress(OSError):  # replaced by a new file (logrotate's create): follow the new one
+            if os.stat(self.path).st_ino != os.fstat(self._file.fileno()).st_ino:
+                self._file.close()
+                self._file = self.path.open("rb")
+                self._partial = b""
         size = os.fstat(self._file.fileno()).st_size
         if size < self._file.tell():
             self._file.seek(0)
@@ -109,6 +115,7 @@ class NvmlXidEvents:
         import pynvml
 
         self._nvml: Any = pynvml
+        self._lost = False  # NVML said the GPU is lost: named once, then nothing more to read
         pynvml.nvmlInit()
         try:
             self._set = pynvml.nvmlEventSetCreate()
@@ -123,10 +130,13 @@ class NvmlXidEvents:
     def read_new(self) -> list[GpuFault]:
         nvml = self._nvml
         found: list[GpuFault] = []
-        for _ in range(MAX_RECORDS):
+        for _ in range(MAX_RECORDS if not self._lost else 0):
             try:
                 event = nvml.nvmlEventSetWait_v2(self._set, 0)
-            except nvml.NVMLError:  # NVML_ERROR_TIMEOUT: nothing pending
+            except nvml.NVMLError as exc:  # NVML_ERROR_TIMEOUT: nothing pending
+                if getattr(exc, "value", None) == getattr(nvml, "NVML_ERROR_GPU_IS_LOST", 15):
+                    self._lost = True  # what a GPU off the bus answers (the kernel logs Xid 79 for it)
+                    found.append(GpuFault("xid", _LOST, "NVML: GPU is lost (NVML_ERROR_GPU_IS_LOST)"))
                 break
             xid = int(event.eventData)
             device = "GPU"
