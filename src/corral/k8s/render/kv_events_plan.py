@@ -131,11 +131,9 @@ def replicas_apart(config: CorralDeployment) -> str | None:
     replicas = config.router.replicas
     if replicas < 2:
         return None
-    blind = [
-        d.group
-        for d in decisions(config).values()
-        if not d.on and (d.group == "decode" or config.router.policy in PREFIX_POLICIES)
-    ]
+    if config.router.policy not in PREFIX_POLICIES:  # decode legs go by load, but a decode engine
+        return None  # is chosen for the KV it receives, not for what it cached before
+    blind = [d.group for d in decisions(config).values() if not d.on and d.group != "decode"]
     if not blind:
         return None
     return (
