@@ -21,7 +21,6 @@ from corral.fleet.checks.probe import EngineView
 from corral.fleet.rollout.record import graph_nccl_changes
 from corral.supervisor.lifecycle.stable_command import EngineCommand, compare_with_stable
 from corral.supervisor.lifecycle.xid_watch import (
-    KERNEL_LOG_ENV,
     KMSG,
     MAX_BYTES,
     KernelLogFile,
@@ -41,7 +40,7 @@ XID_79 = (
 def test_the_kernel_log_file_is_read_from_the_runs_start_only(tmp_path: Path) -> None:
     log = tmp_path / "kern.log"
     log.write_text(XID_79.replace("79,", "48,"))  # before the run: not this run's
-    watch = XidWatch.open({KERNEL_LOG_ENV: str(log)}, nvml=False)
+    watch = XidWatch.open(str(log), nvml=False)
     assert [s.name for s in watch.sources] == ["file"]
     assert watch.read() == []
     with log.open("a") as f:
@@ -78,17 +77,17 @@ def test_a_huge_kernel_log_is_read_in_bounded_pieces(tmp_path: Path) -> None:
 
 
 def test_no_kernel_log_says_why_and_off_turns_it_off(tmp_path: Path) -> None:
-    missing = XidWatch.open({KERNEL_LOG_ENV: str(tmp_path / "none")}, nvml=False)
+    missing = XidWatch.open(str(tmp_path / "none"), nvml=False)
     assert missing.sources == [] and "is not readable" in missing.unavailable[0]
-    off = XidWatch.open({KERNEL_LOG_ENV: "off"}, nvml=False)
-    assert off.sources == [] and off.unavailable == [f"{KERNEL_LOG_ENV}=off"]
-    assert off.to_json() == {"sources": [], "unavailable": [f"{KERNEL_LOG_ENV}=off"]}
+    off = XidWatch.open("off", nvml=False)
+    assert off.sources == [] and off.unavailable == ["--kernel-log off"]
+    assert off.to_json() == {"sources": [], "unavailable": ["--kernel-log off"]}
 
 
 def test_a_kernel_log_that_goes_away_is_dropped_and_named(tmp_path: Path) -> None:
     log = tmp_path / "kern.log"
     log.write_text("")
-    watch = XidWatch.open({KERNEL_LOG_ENV: str(log)}, nvml=False)
+    watch = XidWatch.open(str(log), nvml=False)
 
     class Gone(KernelLogFile):
         def read_new(self) -> list[Any]:
@@ -166,7 +165,7 @@ def test_nvml_xid_events_are_polled_without_blocking_and_a_lost_gpu_is_named_onc
 ) -> None:
     fake = FakeNvml()
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    watch = XidWatch.open({KERNEL_LOG_ENV: "off"})
+    watch = XidWatch.open("off")
     assert [s.name for s in watch.sources] == ["nvml"] and fake.registered == [(0, 0x8), (1, 0x8)]
     assert watch.read() == []
     fake.pending.append(types.SimpleNamespace(eventType=0x8, eventData=79, device=1))

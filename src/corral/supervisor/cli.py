@@ -273,6 +273,15 @@ _seconds = click.FloatRange(min=0.0)
     "for a person to look; rollback=BUNDLE = switch once to a bundle declared with --bundle.",
 )
 @click.option(
+    "--kernel-log",
+    default=None,
+    envvar="CORRAL_KERNEL_LOG",
+    metavar="PATH|off",
+    help="Where the GPU driver's Xid lines are read from, from each engine start on: /dev/kmsg (needs "
+    "CAP_SYSLOG or kernel.dmesg_restrict=0) or a file the kernel log is appended to; off: none. NVML's Xid "
+    "events are read too where NVML is [default: /dev/kmsg where readable].",
+)
+@click.option(
     "--role",
     type=click.Choice(ROLES),
     help="The engine's role in prefill/decode disaggregation, published to routers (default: what the "

@@ -96,6 +96,7 @@ def start_supervisor(
     bundle_name: str,
     on_startup_failure: str,
     role: str | None,
+    kernel_log: str | None,
     engine_command: tuple[str, ...],
     **precheck_flags: Any,
 ) -> None:
@@ -171,6 +172,7 @@ def start_supervisor(
         bundle_name=bundle_name,
         on_startup_failure=strategy,
         role=role,
+        kernel_log=kernel_log,
         precheck=precheck,
         preload_argv=preload_argv,
         preload_health=preload_health,

@@ -62,3 +62,5 @@ class SupervisorConfig:
     precheck: PrecheckSettings = field(default_factory=PrecheckSettings)
     # prefill | decode | both (`--role`); None: the engine command's --kv-transfer-config says
     role: str | None = None
+    # where the GPU driver's Xids are read (lifecycle/xid_watch.py): a path, "off"; None: /dev/kmsg
+    kernel_log: str | None = None

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -296,7 +295,7 @@ class EngineStartup:
             publication.engine_line,
             self._on_phase,
             env=env,
-            xids=XidWatch.open(os.environ),  # opened before the start: the Xids of this run only
+            xids=XidWatch.open(self._sup.config.kernel_log),  # opened before the start: this run's Xids
             on_xid=lambda xid: publication.evidence("xid", xid.line),
         )
         self._sup.engine = engine

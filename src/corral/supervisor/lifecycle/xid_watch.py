@@ -1,8 +1,8 @@
 """The GPU driver's Xid errors since an engine run started, from where this host lets a supervisor see
 them: the kernel log (`/dev/kmsg`, readable only with CAP_SYSLOG or `kernel.dmesg_restrict=0`; or a file
-a log shipper writes, named by CORRAL_KERNEL_LOG) and NVML's Xid events (`nvidia-ml-py` and a driver).
-Neither is in an ordinary container: then `XidWatch.sources` is empty and `unavailable` says why, and
-Corral names the CUDA/NCCL error the engine logged instead.
+a log shipper writes, named by `corral supervise run --kernel-log PATH` or CORRAL_KERNEL_LOG) and NVML's
+Xid events (`nvidia-ml-py` and a driver). Neither is in an ordinary container: then `XidWatch.sources` is
+empty and `unavailable` says why, and Corral names the CUDA/NCCL error the engine logged instead.
 
 Both are opened when the run starts (so only what came after it is read) and read without blocking,
 bounded (`MAX_RECORDS` records, `MAX_BYTES` bytes per read, each record cut by corral.engine.gpu_faults),
@@ -15,14 +15,13 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from corral.engine.gpu_faults import GpuFault, xid_fault
 
 KMSG = Path("/dev/kmsg")
-KERNEL_LOG_ENV = "CORRAL_KERNEL_LOG"  # a path, or "off"; unset: /dev/kmsg where readable
+KERNEL_LOG_ENV = "CORRAL_KERNEL_LOG"  # --kernel-log's variable: a path, or "off"; unset: /dev/kmsg
 MAX_RECORDS = 1000
 MAX_BYTES = 256 * 1024
 _LOST = "the GPU is lost (NVML_ERROR_GPU_IS_LOST)"
@@ -157,7 +156,7 @@ class NvmlXidEvents:
 def _kernel_log(setting: str | None) -> tuple[XidSource | None, str | None]:
     """The kernel log source, or None and why not."""
     if setting is not None and setting.strip().lower() == "off":
-        return None, f"{KERNEL_LOG_ENV}=off"
+        return None, "--kernel-log off"
     path = Path(setting) if setting else KMSG
     try:
         if path.is_char_device() or (path.exists() and stat.S_ISCHR(path.stat().st_mode)):
@@ -184,10 +183,11 @@ class XidWatch:
         self.unavailable = unavailable
 
     @classmethod
-    def open(cls, environ: Mapping[str, str], nvml: bool = True) -> XidWatch:
+    def open(cls, kernel_log: str | None = None, nvml: bool = True) -> XidWatch:
+        """The sources of one run: `kernel_log` a path, "off", or None for /dev/kmsg where readable."""
         sources: list[XidSource] = []
         why_not: list[str] = []
-        for opener in (lambda: _kernel_log(environ.get(KERNEL_LOG_ENV)), _nvml_events if nvml else None):
+        for opener in (lambda: _kernel_log(kernel_log), _nvml_events if nvml else None):
             if opener is None:
                 continue
             source, problem = opener()
