@@ -310,6 +310,11 @@ class SupervisorState(OpenWireModel):
     role: str | None = None
     pairing: str | None = None
     operations: list[OperationRecord] = Field(default_factory=list)
+    # the GPU fault the engine's last run showed (kind, detail, line, xid/device, seen), the running
+    # bundle's CUDA-graph/NCCL settings against the stable bundle's, and where Xids are read (issue 29)
+    gpu_fault: dict[str, Any] | None = None
+    graph_nccl_vs_stable: dict[str, Any] | None = None
+    xid_sources: dict[str, Any] | None = None
 
     @property
     def fingerprint(self) -> str:
