@@ -81,7 +81,12 @@ def test_no_kernel_log_says_why_and_off_turns_it_off(tmp_path: Path) -> None:
     assert missing.sources == [] and "is not readable" in missing.unavailable[0]
     off = XidWatch.open("off", nvml=False)
     assert off.sources == [] and off.unavailable == ["--kernel-log off"]
-    assert off.to_json() == {"sources": [], "unavailable": ["--kernel-log off"]}
+    assert off.to_json() == {
+        "sources": [],
+        "unavailable": ["--kernel-log off"],
+        "engine_gpus": None,  # not known without NVML: every Xid of the host counts
+        "elsewhere": {"count": 0, "last": []},
+    }
 
 
 def test_a_kernel_log_that_goes_away_is_dropped_and_named(tmp_path: Path) -> None:
@@ -153,6 +158,9 @@ class FakeNvml(types.ModuleType):
             raise event
         return event
 
+    def nvmlDeviceGetUUID(self, handle: int) -> bytes:
+        return f"GPU-{handle}aaa-bbbb".encode()
+
     def nvmlDeviceGetPciInfo(self, handle: int) -> Any:
         return types.SimpleNamespace(busId=f"00000000:{0x3B + handle:02X}:00.0".encode())
 
@@ -178,6 +186,24 @@ def test_nvml_xid_events_are_polled_without_blocking_and_a_lost_gpu_is_named_onc
     assert watch.read() == []  # named once
     watch.close()
     assert fake.inits == 0
+
+
+def test_an_xid_on_another_engines_gpu_is_counted_elsewhere_not_named(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake = FakeNvml()  # GPU 0 at 00000000:3B:00.0, GPU 1 at 00000000:3C:00.0
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    watch = XidWatch.open(str(log), visible={"GPU-1"})  # CUDA_VISIBLE_DEVICES=GPU-1…: the second GPU
+    assert fake.registered == [(1, 0x8)] and watch.buses == {"0000:3c:00"}
+    with log.open("a") as f:
+        f.write(XID_79.replace("79,", "13,"))  # PCI:0000:3b:00: GPU 0, another engine's
+        f.write(XID_79.replace("3b:00", "3c:00").replace("79,", "31,"))
+    (ours,) = watch.read()
+    assert ours.xid == 31
+    assert watch.to_json()["elsewhere"]["count"] == 1 and watch.to_json()["engine_gpus"] == ["0000:3c:00"]
+    watch.close()
 
 
 @pytest.mark.skipif(not os.access(KMSG, os.R_OK), reason="/dev/kmsg is not readable here")

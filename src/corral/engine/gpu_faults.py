@@ -145,6 +145,18 @@ def xid_fault(record: str) -> GpuFault | None:
     )
 
 
+_PCI = re.compile(r"([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})")
+
+
+def pci_key(address: str | None) -> str | None:
+    """One spelling of a GPU's PCI address, for the kernel's `PCI:0000:3b:00` and NVML's
+    `00000000:3B:00.0` alike (`0000:3b:00`); None when the text holds none."""
+    found = _PCI.search(address or "")
+    if found is None:
+        return None
+    return f"{int(found[1], 16):04x}:{found[2].lower()}:{found[3].lower()}"
+
+
 def primary(faults: list[GpuFault]) -> GpuFault | None:
     """The fault a run is named by: the first of the most telling kind (an Xid explains the CUDA errors
     it causes; a CUDA error, the NCCL errors and timeouts of the other ranks)."""

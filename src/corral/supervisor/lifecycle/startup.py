@@ -295,7 +295,10 @@ class EngineStartup:
             publication.engine_line,
             self._on_phase,
             env=env,
-            xids=XidWatch.open(self._sup.config.kernel_log),  # opened before the start: this run's Xids
+            # opened before the start: this run's Xids, on the GPUs it sees
+            xids=XidWatch.open(
+                self._sup.config.kernel_log, visible=engine_visible_devices(self._sup.config.engine_env)
+            ),
             on_xid=lambda xid: publication.evidence("xid", xid.line),
         )
         self._sup.engine = engine

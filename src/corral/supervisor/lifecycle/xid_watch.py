@@ -18,7 +18,7 @@ import stat
 from pathlib import Path
 from typing import Any, Protocol
 
-from corral.engine.gpu_faults import GpuFault, xid_fault
+from corral.engine.gpu_faults import GpuFault, pci_key, xid_fault
 
 KMSG = Path("/dev/kmsg")
 KERNEL_LOG_ENV = "CORRAL_KERNEL_LOG"  # --kernel-log's variable: a path, or "off"; unset: /dev/kmsg
@@ -104,22 +104,38 @@ class KernelLogFile:
         self._file.close()
 
 
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 class NvmlXidEvents:
-    """NVML's Xid critical-error events on every GPU it sees, registered at open and polled with a zero
-    timeout (no thread waits on them). Checked by reading only: no GPU here (see the notes of issue 29)."""
+    """NVML's Xid critical-error events on the engine's GPUs (`visible`: CUDA_VISIBLE_DEVICES' indices or
+    UUIDs; None: every GPU NVML sees), registered at open and polled with a zero timeout (no thread waits
+    on them); `buses` are those GPUs' PCI addresses (corral.engine.gpu_faults.pci_key). Checked against
+    nvidia-ml-py's API by reading and with a stand-in of it: no GPU here (the notes of issue 29)."""
 
     name = "nvml"
 
-    def __init__(self) -> None:
+    def __init__(self, visible: set[str] | None = None) -> None:
         import pynvml
 
         self._nvml: Any = pynvml
         self._lost = False  # NVML said the GPU is lost: named once, then nothing more to read
+        self.buses: set[str] = set()
         pynvml.nvmlInit()
         try:
             self._set = pynvml.nvmlEventSetCreate()
             for index in range(pynvml.nvmlDeviceGetCount()):
                 handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+                if (
+                    visible is not None
+                    and str(index) not in visible
+                    and not any(uuid.startswith(v) for v in visible)
+                ):
+                    continue  # another engine's GPU
+                if (bus := pci_key(_text(pynvml.nvmlDeviceGetPciInfo(handle).busId))) is not None:
+                    self.buses.add(bus)
                 with contextlib.suppress(pynvml.NVMLError):  # a device without event support
                     pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, self._set)
         except pynvml.NVMLError:
@@ -140,8 +156,7 @@ class NvmlXidEvents:
             xid = int(event.eventData)
             device = "GPU"
             with contextlib.suppress(nvml.NVMLError):
-                bus = nvml.nvmlDeviceGetPciInfo(event.device).busId
-                device = "PCI:" + (bus.decode() if isinstance(bus, bytes) else str(bus))
+                device = "PCI:" + _text(nvml.nvmlDeviceGetPciInfo(event.device).busId)
             found.append(GpuFault("xid", "reported through NVML", f"NVML Xid {xid} on {device}", xid, device))
         return found
 
@@ -166,42 +181,61 @@ def _kernel_log(setting: str | None) -> tuple[XidSource | None, str | None]:
         return None, f"the kernel log {path} is not readable ({exc.strerror or exc})"
 
 
-def _nvml_events() -> tuple[XidSource | None, str | None]:
+def _nvml_events(visible: set[str] | None) -> tuple[XidSource | None, str | None]:
     try:
-        return NvmlXidEvents(), None
+        return NvmlXidEvents(visible), None
     except ImportError:
         return None, "NVML is not installed (nvidia-ml-py)"
     except Exception as exc:  # pynvml.NVMLError: no driver, or events not supported
         return None, f"NVML Xid events are not available ({exc})"
 
 
-class XidWatch:
-    """The Xid sources of one engine run, opened at its start; `read()` returns what came since."""
+_ELSEWHERE_KEPT = 3
 
-    def __init__(self, sources: list[XidSource], unavailable: list[str]) -> None:
+
+class XidWatch:
+    """The Xid sources of one engine run, opened at its start; `read()` returns what came since on the
+    engine's GPUs. Where NVML names those GPUs' PCI addresses, a kernel-log Xid on another GPU (another
+    engine's) is counted in `elsewhere`, not returned; without NVML every Xid of the host is returned."""
+
+    def __init__(
+        self, sources: list[XidSource], unavailable: list[str], buses: set[str] | None = None
+    ) -> None:
         self.sources = sources
         self.unavailable = unavailable
+        self.buses = buses  # the engine's GPUs' PCI addresses, where NVML said them
+        self.elsewhere = 0
+        self._elsewhere_last: list[str] = []
 
     @classmethod
-    def open(cls, kernel_log: str | None = None, nvml: bool = True) -> XidWatch:
-        """The sources of one run: `kernel_log` a path, "off", or None for /dev/kmsg where readable."""
+    def open(
+        cls, kernel_log: str | None = None, nvml: bool = True, visible: set[str] | None = None
+    ) -> XidWatch:
+        """The sources of one run: `kernel_log` a path, "off", or None for /dev/kmsg where readable;
+        NVML's events on the `visible` GPUs (CUDA_VISIBLE_DEVICES' entries; None: all)."""
         sources: list[XidSource] = []
         why_not: list[str] = []
-        for opener in (lambda: _kernel_log(kernel_log), _nvml_events if nvml else None):
-            if opener is None:
-                continue
-            source, problem = opener()
+        for source, problem in (_kernel_log(kernel_log), _nvml_events(visible) if nvml else (None, None)):
             if source is not None:
                 sources.append(source)
             elif problem is not None:
                 why_not.append(problem)
-        return cls(sources, why_not)
+        buses = next((s.buses for s in sources if isinstance(s, NvmlXidEvents)), None)
+        return cls(sources, why_not, buses or None)
+
+    def _ours(self, fault: GpuFault) -> bool:
+        key = pci_key(fault.device)
+        if self.buses is None or key is None or key in self.buses:
+            return True
+        self.elsewhere += 1
+        self._elsewhere_last = [*self._elsewhere_last, fault.line][-_ELSEWHERE_KEPT:]
+        return False
 
     def read(self) -> list[GpuFault]:
         found: list[GpuFault] = []
         for source in list(self.sources):
             try:
-                found += source.read_new()
+                found += [f for f in source.read_new() if self._ours(f)]
             except OSError as exc:  # the file went away: stop reading it, and say so
                 source.close()
                 self.sources.remove(source)
@@ -214,4 +248,9 @@ class XidWatch:
         self.sources = []
 
     def to_json(self) -> dict[str, Any]:
-        return {"sources": [s.name for s in self.sources], "unavailable": list(self.unavailable)}
+        return {
+            "sources": [s.name for s in self.sources],
+            "unavailable": list(self.unavailable),
+            "engine_gpus": sorted(self.buses) if self.buses is not None else None,
+            "elsewhere": {"count": self.elsewhere, "last": list(self._elsewhere_last)},
+        }
