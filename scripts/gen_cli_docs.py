@@ -34,6 +34,11 @@ command (a unit test fails while it is stale). For what the commands are for, st
 def _walk(
     command: click.Command, path: list[str], parent: click.Context | None
 ) -> Iterator[tuple[list[str], click.Context]]:
+    # click >= 8.1.8 caches a command's help option, named by the first context that asked for it: a
+    # context made without the parent's settings (a test parsing a subcommand alone) would leave
+    # `--help` without `-h` for this page. Forget it, so the page shows what `corral ... --help` shows.
+    if getattr(command, "_help_option", None) is not None:
+        setattr(command, "_help_option", None)  # noqa: B010 (a private click attribute, by name)
     # the command's own context settings (`-h` beside `--help`), as `make_context` applies them
     settings = {"max_content_width": WIDTH, "terminal_width": WIDTH, **command.context_settings}
     ctx = click.Context(command, info_name=path[-1], parent=parent, **settings)
