@@ -5,6 +5,8 @@ arbitrary text) bounded."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -270,3 +272,10 @@ def test_any_text_gives_a_bounded_answer_or_none(text: str) -> None:
 def test_a_real_fault_line_with_any_tail_is_still_named(line: str, tail: str) -> None:
     fault = engine_fault(line + tail.replace("\n", " "))
     assert fault is not None
+
+
+def test_a_real_vllm_engines_whole_log_shows_no_fault() -> None:
+    log = Path(__file__).resolve().parents[1] / "data" / "vllm-samples" / "engine_startup_and_shutdown.log"
+    lines = log.read_text(errors="replace").splitlines()
+    assert len(lines) > 100
+    assert [line for line in lines if engine_fault(line) or xid_fault(line)] == []
