@@ -89,7 +89,7 @@ import mooncake_trace
 import prefix_sweep
 from bench_router import ROOT, Proc, find_vllm_router, free_port, spawn, wait_ready
 from corral.sim.core.tokenizer import WORDS
-from loadgen import Report, Sample, check_loopback
+from loadgen import Report, Sample, check_loopback, exit_on_sigterm
 
 MODEL = "bench-model"
 ENGINES = 4
@@ -927,6 +927,7 @@ TRACE_ENGINE: dict[str, Any] = {"max_num_seqs": 4, "prefill_ms_per_token": 0.2}
 
 
 def main() -> None:
+    exit_on_sigterm()
     parser = build_parser()
     args = parser.parse_args()
     given = parser_defaults()

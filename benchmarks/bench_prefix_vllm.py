@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_prefix
 from bench_prefix import DEPLOYED_TARGETS, MODEL, Fleet, PinnedGroups, Workload, markdown_table, selected
 from bench_router import ROOT, free_port, spawn, wait_ready
+from loadgen import exit_on_sigterm
 
 ENGINES = 3
 # bench_prefix's deployed set, less its four-replica target (three engines, and 35 s less of a slow run)
@@ -140,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
+    exit_on_sigterm()
     args = build_parser().parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

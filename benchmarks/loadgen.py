@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import signal
 import statistics
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +32,12 @@ def check_loopback(url: str) -> None:
     host = urlparse(url).hostname or ""
     if host not in LOOPBACK_HOSTS and not host.startswith("127."):
         raise SystemExit(f"loadgen: refusing to send load to {url}: only loopback (127.0.0.0/8) is allowed")
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM ends the benchmark as Ctrl-C does (SystemExit in the main thread), so its `finally` stops
+    the engines and routers it started instead of leaving them running without a parent."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 @dataclass
