@@ -41,11 +41,14 @@ def _port() -> int:
 
 class Publisher:
     """An engine's publisher as vLLM runs it: PUB (topic, seq, payload) and a ROUTER replay socket
-    answering from its buffer; `skip` publishes a batch to the buffer only (a message the SUB lost)."""
+    answering from its buffer; `skip` publishes a batch to the buffer only (a message the SUB lost).
+    The PUB is an XPUB (the same frames on the wire to a SUB) so that a test can wait for the router's
+    subscription to arrive instead of sleeping: ZMQ drops what a PUB sends before that."""
 
     def __init__(self, ctx: zmq.asyncio.Context) -> None:
         self.pub_port, self.replay_port = _port(), _port()
-        self.pub = ctx.socket(zmq.PUB)
+        self.pub = ctx.socket(zmq.XPUB)
+        self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every SUB's subscription, not only a topic's first
         self.pub.bind(f"tcp://127.0.0.1:{self.pub_port}")
         self.replay = ctx.socket(zmq.ROUTER)
         self.replay.bind(f"tcp://127.0.0.1:{self.replay_port}")
@@ -74,6 +77,18 @@ class Publisher:
         if not skip:
             await self.pub.send_multipart([b"", seq_frame(self.seq), payload])
         self.seq += 1
+
+    async def subscribed(self) -> None:
+        """Wait for the next SUB's subscription to reach the publisher: what it publishes from then on
+        reaches that SUB."""
+        deadline = time.monotonic() + 10.0
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError("no SUB subscribed to the publisher")
+            frame = await asyncio.wait_for(self.pub.recv(), left)
+            if frame[:1] == b"\x01":
+                return
 
     def restart(self) -> None:
         """A new engine process: its sequence and buffer start over."""
@@ -146,7 +161,7 @@ async def test_a_sequence_gap_is_repaired_by_replay(rig: Rig) -> None:
     publisher, feeds, _ = rig
     await feeds.start()
     await eventually(lambda: publisher.replays_served == 1, "the first replay")
-    await asyncio.sleep(0.2)  # the SUB's connection is up (ZMQ drops what a PUB sends before)
+    await publisher.subscribed()
     await publisher.publish(stored(B))
     await eventually(lambda: held(feeds, B) == 3, "the live batch")
     await publisher.publish(stored(A[: 2 * BS]), skip=True)  # lost on the way
@@ -160,7 +175,7 @@ async def test_a_new_engine_process_clears_what_the_old_one_held(rig: Rig) -> No
     publisher, feeds, _ = rig
     await feeds.start()
     await eventually(lambda: publisher.replays_served == 1, "the first replay")
-    await asyncio.sleep(0.2)
+    await publisher.subscribed()
     for tokens in (A, B):
         await publisher.publish(stored(tokens))
     await eventually(lambda: held(feeds, B) == 3, "both stored")
@@ -177,7 +192,7 @@ async def test_all_blocks_cleared_and_leaving_membership(rig: Rig) -> None:
     await publisher.publish(stored(A))
     await feeds.start()
     await eventually(lambda: held(feeds, A) == 4, "stored")
-    await asyncio.sleep(0.2)
+    await publisher.subscribed()
     await publisher.publish(AllBlocksCleared())
     await eventually(lambda: held(feeds, A) == 0, "cleared")
     members.clear()
@@ -202,9 +217,11 @@ async def test_a_replay_socket_that_never_answers_does_not_stop_the_live_stream(
     monkeypatch.setattr("corral.router.discovery.kv_events_feed.REPLAY_TIMEOUT_SECONDS", 0.3)
     members[0].kv_events = f"tcp://*:{publisher.pub_port},tcp://*:{_port()}"  # nothing listens there
     await feeds.start()
-    await asyncio.sleep(0.6)
-    await publisher.publish(stored(B))
+    await publisher.subscribed()
+    await publisher.publish(stored(B))  # waits in the SUB's queue while the replay is asked for
     await eventually(lambda: held(feeds, B) == 3, "the live batch, after the replay gave up")
+    status = feeds.to_json("http://127.0.0.1:9")
+    assert status is not None and status["replays"] == 0, status
 
 
 def test_a_batch_vllm_itself_encoded_is_indexed() -> None:
@@ -227,7 +244,7 @@ async def test_a_new_prefix_epoch_forgets_the_engine_and_subscribes_again(rig: R
     members[0].supervisor = SupervisorView("http://s", prefix_epoch="1")
     await feeds.start()
     await eventually(lambda: publisher.replays_served == 1, "the first replay")
-    await asyncio.sleep(0.2)
+    await publisher.subscribed()
     await publisher.publish(stored(A))
     await eventually(lambda: held(feeds, A) == 4, "stored")
     publisher.buffer.clear()  # the engine's cache was emptied: nothing to replay
@@ -240,7 +257,7 @@ async def test_batches_between_the_connect_replay_and_the_first_live_one_come_by
     publisher, feeds, _ = rig
     await feeds.start()
     await eventually(lambda: publisher.replays_served == 1, "the replay on connect, empty")
-    await asyncio.sleep(0.2)
+    await publisher.subscribed()
     await publisher.publish(stored(A[: 2 * BS]), skip=True)  # published before the SUB had joined
     await publisher.publish(stored(A, first=2))
     await eventually(lambda: held(feeds, A) == 4, "seq 0 replayed before seq 1 applied")
