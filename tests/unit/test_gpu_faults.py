@@ -5,6 +5,7 @@ arbitrary text) bounded."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,8 @@ from corral.engine.gpu_faults import (
     engine_fault,
     xid_fault,
 )
+from corral.sim.core import gpu_fault_lines
+from corral.sim.core.logs import EngineLog
 
 # real lines as vLLM (0.8 to 0.33), torch (2.5 to 2.9) and NCCL print them
 REAL = [
@@ -279,3 +282,26 @@ def test_a_real_vllm_engines_whole_log_shows_no_fault() -> None:
     lines = log.read_text(errors="replace").splitlines()
     assert len(lines) > 100
     assert [line for line in lines if engine_fault(line) or xid_fault(line)] == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "named"),
+    [
+        ("illegal-memory-access", "cuda_error"),
+        ("cuda-oom", "oom"),
+        ("nccl-error", "nccl_error"),
+        ("nccl-timeout", "nccl_timeout"),
+    ],
+)
+def test_each_simulated_gpu_fault_prints_lines_the_supervisor_names(kind: str, named: str) -> None:
+    out = io.StringIO()
+    log = EngineLog(out)
+    if kind == gpu_fault_lines.NCCL_TIMEOUT:
+        for line in gpu_fault_lines.watchdog_lines(0):
+            log.plain(line)
+    for line in gpu_fault_lines.core_lines(kind):
+        log.error("EngineCore", "core.py:1036", line)
+    book = GpuFaultLog()
+    for line in out.getvalue().splitlines():
+        book.note_line(line)
+    assert book.primary is not None and book.primary.kind == named, out.getvalue()
