@@ -1,7 +1,10 @@
-"""Bounded waits for tests: poll until a condition holds or a deadline passes, then fail saying what."""
+"""Bounded waits for tests: poll until a condition holds or a deadline passes, then fail saying what.
+`wait_until` blocks (a test outside an event loop); `eventually` awaits (a test on the loop, where a
+blocking wait would stop what it waits for)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import urllib.error
 import urllib.request
@@ -15,6 +18,14 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str, interva
             return
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+async def eventually(condition: Callable[[], object], what: str, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(0.01)
 
 
 def http_status(url: str, timeout: float = 2.0) -> int | None:

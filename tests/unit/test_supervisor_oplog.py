@@ -25,6 +25,7 @@ from corral.supervisor.state.oplog import (
 )
 from corral.supervisor.state.state_writes import StateWriteFailures
 from tests.support.tmpfs import fill, tiny_tmpfs
+from tests.support.waits import eventually
 
 
 def test_records_survive_and_a_torn_line_is_skipped(tmp_path: Path) -> None:
@@ -161,7 +162,7 @@ def test_fsync_runs_off_the_event_loop_and_lines_stay_in_order(
             log.append("transition", epoch=epoch)
             if epoch % 10 == 0:
                 await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)
+        await eventually(lambda: synced_in, "an fsync of the appended lines")
         on_loop = [name for name in synced_in if name == threading.current_thread().name]
         assert synced_in and not on_loop, synced_in
         log.close()
