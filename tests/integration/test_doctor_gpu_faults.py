@@ -219,3 +219,26 @@ def test_memory_a_sleep_kept_is_shown_with_the_graph_nccl_settings_changed_from_
         assert "roll back to stable" in finding["next"], finding
     finally:
         sup.proc.stop()
+
+
+def test_a_start_that_loses_its_gpu_is_not_restarted_on_it(started: list[Supervised], tmp_path: Path) -> None:
+    kernel_log = tmp_path / "kern.log"
+    kernel_log.write_text("")
+    s = Supervised(
+        tmp_path,
+        ["--gpu-fault=illegal-memory-access", "--startup-seconds=8"],  # dies at the smoke, 8 s after start
+        sup_args=["--startup-restarts", "3"],  # restarts left, none to be used
+        env={"CORRAL_KERNEL_LOG": str(kernel_log)},
+    )
+    started.append(s)
+    # the engine is launched (its run's kernel log is open) and still loading: the GPU falls off the bus
+    wait_until(lambda: s.state().get("sub_state") == "engine_starting", 60, "the engine launched")
+    with kernel_log.open("a") as log:
+        log.write(
+            "[ 1843.308145] NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off "
+            "the bus.\n"
+        )
+    wait_until(lambda: s.state().get("sub_state") == "gave_up", 120, "FAILED for good")
+    body = s.state()
+    assert "GPU driver Xid 79" in body["reason"] and "not restarted" in body["reason"], body["reason"]
+    assert body["restarts"] == [], body["restarts"]  # no restart spent on a GPU that is gone

@@ -19,6 +19,7 @@ from corral.engine.graph_nccl_flags import changed_settings, graph_nccl_settings
 from corral.fleet.checks.doctor_gpu import gpu_fault_branch, next_command, recovered_fault_branch
 from corral.fleet.checks.probe import EngineView
 from corral.fleet.rollout.record import graph_nccl_changes
+from corral.supervisor.lifecycle.fault_naming import hardware_fault
 from corral.supervisor.lifecycle.stable_command import EngineCommand, compare_with_stable
 from corral.supervisor.lifecycle.xid_watch import (
     KMSG,
@@ -377,3 +378,22 @@ def test_a_rollout_record_names_the_graph_nccl_settings_each_group_gets_changed(
         RolloutRecord.model_validate_json(record.model_dump_json()).graph_nccl_changes["g0"][1]["stable"]
         == "on"
     )
+
+
+@pytest.mark.parametrize(
+    ("fault", "hardware"),
+    [
+        ({"kind": "xid", "xid": 79}, True),
+        ({"kind": "xid", "xid": 95}, True),
+        ({"kind": "xid", "xid": 74}, True),
+        ({"kind": "xid", "xid": None, "detail": "the GPU is lost (NVML_ERROR_GPU_IS_LOST)"}, True),
+        ({"kind": "xid", "xid": 13}, False),  # the engine's own kernel: a restart may well serve
+        ({"kind": "xid", "xid": 94}, False),  # contained ECC error: the engine restarted is enough
+        ({"kind": "cuda_error", "detail": "an illegal memory access was encountered"}, False),
+        (None, False),
+    ],
+)
+def test_only_the_gpus_own_faults_rule_out_a_restart_on_it(
+    fault: dict[str, Any] | None, hardware: bool
+) -> None:
+    assert hardware_fault({"gpu_fault": fault} if fault is not None else {}) is hardware

@@ -157,6 +157,19 @@ def pci_key(address: str | None) -> str | None:
     return f"{int(found[1], 16):04x}:{found[2].lower()}:{found[3].lower()}"
 
 
+# Xids that say the GPU itself is unusable until it is reset or the host rebooted: off the bus, double-bit
+# or uncontained ECC errors, NVLink, GSP firmware; a new engine on it fails again
+HARDWARE_XIDS = frozenset({48, 74, 79, 95, 119, 120})
+
+
+def is_hardware(fault: dict[str, Any] | None) -> bool:
+    """A fault (as `GpuFault.to_json` writes it) that restarting the engine on the same GPU cannot fix."""
+    if not fault or fault.get("kind") != XID:
+        return False
+    xid = fault.get("xid")
+    return xid in HARDWARE_XIDS if isinstance(xid, int) else "lost" in str(fault.get("detail") or "")
+
+
 def primary(faults: list[GpuFault]) -> GpuFault | None:
     """The fault a run is named by: the first of the most telling kind (an Xid explains the CUDA errors
     it causes; a CUDA error, the NCCL errors and timeouts of the other ranks)."""

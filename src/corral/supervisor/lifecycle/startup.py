@@ -21,7 +21,7 @@ from corral.supervisor.checks.readiness import EngineNotAnswering, NotReady, Smo
 from corral.supervisor.lifecycle.device_memory import engine_visible_devices, read_device
 from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPolicy
 from corral.supervisor.lifecycle.failure_strategy import usage_error
-from corral.supervisor.lifecycle.fault_naming import fault_naming
+from corral.supervisor.lifecycle.fault_naming import NOT_RESTARTED, fault_naming, hardware_fault
 from corral.supervisor.lifecycle.memory_checks import (
     budget_evidence,
     capacity_at_ready,
@@ -265,9 +265,14 @@ class EngineStartup:
             )
             words, named = fault_naming(engine, self.graph_nccl_vs_stable)  # a CUDA/NCCL error, an Xid
             reason += words
-            if backoff is None:
+            if backoff is None or hardware_fault(named):
+                spent = (
+                    NOT_RESTARTED
+                    if hardware_fault(named)
+                    else f"--startup-restarts {self._sup.config.startup_restarts} spent"
+                )
                 self._sup.fail_for_good(
-                    f"{reason}; --startup-restarts {self._sup.config.startup_restarts} spent",
+                    f"{reason}; {spent}",
                     exit_code=code,
                     last_lines=list(engine.last_lines()),
                     **named,
