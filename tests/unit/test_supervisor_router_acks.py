@@ -16,6 +16,7 @@ from corral.engine_state import EngineState
 from corral.supervisor.lifecycle.drain import Drainer, DrainReport, DrainSettings
 from corral.supervisor.lifecycle.routers import RouterSubscriptions
 from corral.supervisor.lifecycle.states import StateEvent
+from tests.support.waits import eventually
 
 EPOCH = 5
 
@@ -35,9 +36,13 @@ class Journal:
 
 
 class QuietEngine(Drainer):
-    """A Drainer whose engine never sees a new request."""
+    """A Drainer whose engine never sees a new request; `samples` counts its rounds (each reads the
+    acknowledgements first), so a test can wait until the drainer has looked again."""
+
+    samples = 0
 
     async def _sample(self) -> LoadSample | None:
+        self.samples += 1
         return LoadSample(running=1, waiting=0, finished=10, generation_tokens=0, at=time.monotonic())
 
 
@@ -60,17 +65,23 @@ async def test_drain_waits_for_every_subscribed_router(journal: Journal) -> None
     routers.subscribe("a")
     routers.subscribe("b")
     report = DrainReport(policy="wait")
-    leaving = asyncio.create_task(drainer(routers).leave_routing(report, EPOCH))
-    await asyncio.sleep(0.2)  # quiet long since: only the acknowledgements are missing
-    assert not leaving.done()
+    engine = drainer(routers, propagation=3600)
+    leaving = asyncio.create_task(engine.leave_routing(report, EPOCH))
+    await eventually(lambda: report.quiet_reached, "the quiet period reached")
+    quiet_seen = time.monotonic()  # the drain began before this
+    assert not leaving.done()  # quiet long since: only the acknowledgements are missing
     routers.acknowledge("a", EPOCH)
-    await asyncio.sleep(0.1)
+    rounds = engine.samples
+    await eventually(lambda: engine.samples >= rounds + 2, "the drainer looked again after a's ack")
     assert not leaving.done()
+    b_acked = time.monotonic()
     routers.acknowledge("b", EPOCH + 1)  # a later epoch (joined mid-drain) counts too
-    await asyncio.wait_for(leaving, 1.0)
+    await asyncio.wait_for(leaving, 30)
     assert {a["router_id"] for a in report.routers_acknowledged} == {"a", "b"}
     assert report.routers_missing == [] and report.routers_gone == []
-    assert report.acknowledged_after_s is not None and report.acknowledged_after_s >= 0.3
+    # measured to the last acknowledgement (b's), from a start before `quiet_seen`
+    assert report.acknowledged_after_s is not None
+    assert report.acknowledged_after_s >= b_acked - quiet_seen
     assert report.quiet_reached
 
 
@@ -88,13 +99,13 @@ async def test_a_router_that_disconnects_is_counted_gone_not_awaited(journal: Jo
     routers.subscribe("a")
     routers.subscribe("b")
     report = DrainReport(policy="wait")
-    started = time.monotonic()
-    leaving = asyncio.create_task(drainer(routers).leave_routing(report, EPOCH))
+    engine = drainer(routers, propagation=3600)  # ending at all means b was not awaited
+    leaving = asyncio.create_task(engine.leave_routing(report, EPOCH))
     routers.acknowledge("a", EPOCH)
-    await asyncio.sleep(0.1)
+    await eventually(lambda: engine.samples >= 2, "the drainer waiting on b")
+    assert not leaving.done()
     routers.unsubscribe("b")
-    await asyncio.wait_for(leaving, 1.0)
-    assert time.monotonic() - started < 1.0  # not the 5 s deadline
+    await asyncio.wait_for(leaving, 30)
     assert report.routers_gone == ["b"] and report.routers_missing == []
     gone = [r for r in journal.records if r["record"] == "router_unsubscribed"]
     assert gone == [{"record": "router_unsubscribed", "router_id": "b", "awaited_epoch": EPOCH}]
@@ -116,16 +127,16 @@ async def test_the_propagation_deadline_bounds_the_wait(journal: Journal) -> Non
     routers = subscriptions(journal)
     routers.subscribe("silent")
     report = DrainReport(policy="wait")
-    started = time.monotonic()
-    await drainer(routers, propagation=0.4).leave_routing(report, EPOCH)
-    assert 0.35 <= time.monotonic() - started < 1.0
+    # without the deadline this would wait for the silent router for ever (wait_for would fail it)
+    await asyncio.wait_for(drainer(routers, propagation=0.4).leave_routing(report, EPOCH), 30)
+    assert report.propagation_seconds >= 0.4  # it ended by the deadline, not before it
     assert report.routers_missing == ["silent"] and report.acknowledged_after_s is None
 
 
 async def test_without_subscribers_only_the_quiet_period_is_waited_for(journal: Journal) -> None:
     routers = subscriptions(journal)
     report = DrainReport(policy="wait")
-    await asyncio.wait_for(drainer(routers).leave_routing(report, EPOCH), 1.0)
+    await asyncio.wait_for(drainer(routers, propagation=3600).leave_routing(report, EPOCH), 30)
     assert report.quiet_reached and report.acknowledged_after_s is not None
     assert report.routers_acknowledged == [] and report.routers_missing == []
 
