@@ -1,5 +1,6 @@
 """A tiny tmpfs for tests that need a real full (or read-only) disk: mounted for the test, then
-unmounted. Needs root (CI runs as root); the test is skipped where mounting is not allowed."""
+unmounted. Needs root: the test is skipped where mounting is not allowed, unless CORRAL_REQUIRE_ROOT=1
+(set by CI, which runs as root), which turns that skip into a failure."""
 
 from __future__ import annotations
 
@@ -9,14 +10,21 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
+
+
+def _cannot(why: str) -> NoReturn:
+    if os.environ.get("CORRAL_REQUIRE_ROOT") == "1":
+        pytest.fail(f"CORRAL_REQUIRE_ROOT=1 but {why}")
+    pytest.skip(why)
 
 
 @contextlib.contextmanager
 def tiny_tmpfs(size: str = "256k", read_only: bool = False) -> Iterator[Path]:
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+        _cannot("mounting a tmpfs needs root")
     where = Path(tempfile.mkdtemp(prefix="corral-tmpfs-", dir="/tmp"))
     options = f"size={size},mode=0755" + (",ro" if read_only else "")
     mounted = subprocess.run(
@@ -24,7 +32,7 @@ def tiny_tmpfs(size: str = "256k", read_only: bool = False) -> Iterator[Path]:
     )
     if mounted.returncode != 0:
         where.rmdir()
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+        _cannot(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
         yield where
     finally:
