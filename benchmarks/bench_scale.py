@@ -36,10 +36,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from corral.engine_state import EngineState
+from corral.policy_names import POLICY_NAMES
 from corral.router.membership.endpoint import Endpoint
 from corral.router.membership.membership import Membership
 from corral.router.routing.config import RoutingConfig
-from corral.router.routing.names import POLICY_NAMES
 from corral.router.routing.request import RouteRequest
 from corral.router.routing.selector import Routing
 

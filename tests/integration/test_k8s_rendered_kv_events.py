@@ -26,7 +26,7 @@ from corral.engine.kv_events_address import KV_EVENTS_FLAG
 from corral.k8s.render.budgets import derive
 from corral.k8s.render.config_reading import parse_config
 from corral.k8s.render.manifests import render
-from corral.router.discovery.k8s_pods import KV_EVENTS_ANNOTATION
+from corral.pod_labels import KV_EVENTS_ANNOTATION
 from tests.integration.test_k8s_rendered_pod import POD_IP, POD_NAME, ROUTER_HOST, local
 from tests.integration.test_supervisor_support import http_json, short_tmp_dir
 from tests.support.fake_kube import FakeKubeThread

@@ -38,14 +38,6 @@ FLOORS: dict[str, int] = {
 # when a listed violation is gone, so a stale entry cannot stay.
 _BEING_FIXED = "issue 31: fixed in the commits that follow this one, each removing its entry"
 KNOWN_FLOOR_VIOLATIONS: dict[str, str] = {
-    "corral.clients.access -> corral.router.edge.admin_access": _BEING_FIXED,
-    "corral.k8s.render.budgets -> corral.supervisor.lifecycle.config": _BEING_FIXED,
-    "corral.k8s.render.commands -> corral.supervisor.lifecycle.answer_defaults": _BEING_FIXED,
-    "corral.k8s.render.config -> corral.router.routing.names": _BEING_FIXED,
-    "corral.k8s.render.config -> corral.supervisor.checks.dependencies": _BEING_FIXED,
-    "corral.k8s.render.config -> corral.supervisor.lifecycle.answer_defaults": _BEING_FIXED,
-    "corral.k8s.render.config_reading -> corral.supervisor.checks.dependencies": _BEING_FIXED,
-    "corral.k8s.render.engine_objects -> corral.router.discovery.k8s_pods": _BEING_FIXED,
     "corral.supervisor.commands.runbook_run -> corral.fleet.local.engine_names": _BEING_FIXED,
     "corral.supervisor.commands.runbook_run -> corral.fleet.local.ownership": _BEING_FIXED,
 }

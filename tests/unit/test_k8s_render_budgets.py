@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from corral.k8s.render import budgets as b
 from corral.k8s.render.config_reading import parse_config
+from corral.supervisor.lifecycle.config import SupervisorConfig
 from corral.supervisor.lifecycle.engine_process import RestartPolicy
 
 SEED = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "wait-for-kv-cache" / "corral.yaml"
@@ -123,7 +124,7 @@ def test_margin_scales_the_load() -> None:
 
 
 def test_backoffs_mirror_the_supervisors_restart_policy() -> None:
-    policy = RestartPolicy(6, 1.5, b.RESTART_BACKOFF_CAP)
+    policy = RestartPolicy(6, 1.5, SupervisorConfig(engine_argv=()).restart_backoff_cap)
     expected = tuple(policy.next_backoff() for _ in range(6))
     assert b.backoff_schedule(6, 1.5) == expected
 

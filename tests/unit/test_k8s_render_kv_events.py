@@ -24,8 +24,9 @@ from corral.engine.kv_events_address import KV_EVENTS_FLAG, address_from_argv, p
 from corral.k8s.render.budgets import derive
 from corral.k8s.render.config_reading import ConfigError, parse_config
 from corral.k8s.render.manifests import render
+from corral.pod_labels import KV_EVENTS_ANNOTATION
 from corral.router.cli import router as router_command
-from corral.router.discovery.k8s_pods import KV_EVENTS_ANNOTATION, pod_view
+from corral.router.discovery.k8s_pods import pod_view
 from tests.unit.test_k8s_render_manifests import KUBERNETES, variant
 from tests.unit.test_k8s_render_pd import example as pd_example
 

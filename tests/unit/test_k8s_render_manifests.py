@@ -20,8 +20,8 @@ from corral.k8s.render.config import CorralDeployment
 from corral.k8s.render.config_reading import parse_config
 from corral.k8s.render.manifests import Manifest, render
 from corral.k8s.render.output import HEADER, document, write_dir
+from corral.pod_labels import SUPERVISOR_PORT_ANNOTATION
 from corral.router.cli import router as router_command
-from corral.router.discovery.k8s_pods import SUPERVISOR_PORT_ANNOTATION
 from corral.supervisor.cli import prestop as prestop_command
 from corral.supervisor.cli import run_command as supervise_run_command
 

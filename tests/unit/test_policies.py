@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral.engine_state import EngineState
+from corral.policy_names import POLICY_NAMES
 from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.filters import load_bound
-from corral.router.routing.names import POLICY_NAMES
 from corral.router.routing.policies import LeastRequest, RoundRobin, SessionAffinity
 from corral.router.routing.request import RouteRequest
 from corral.router.routing.selector import build_policy

@@ -20,15 +20,10 @@ from corral.k8s.render.budgets import derive
 from corral.k8s.render.config_reading import parse_config
 from corral.k8s.render.manifests import render
 from corral.k8s.watch.client import PodList, WatchEvent
+from corral.pod_labels import SERVING_GROUP_LABEL, SERVING_GROUP_SIZE_ANNOTATION
 from corral.router.datapath.wake_on_demand import WakeOnDemand
 from corral.router.discovery.backends_file import BackendsFileError, parse_backends
-from corral.router.discovery.k8s_pods import (
-    SERVING_GROUP_LABEL,
-    SERVING_GROUP_SIZE_ANNOTATION,
-    PodSource,
-    PodSourceConfig,
-    pod_view,
-)
+from corral.router.discovery.k8s_pods import PodSource, PodSourceConfig, pod_view
 from corral.router.discovery.supervisor_stream import SupervisorStreams
 from corral.router.membership.consumer import MembershipConsumer
 from corral.router.membership.endpoint import Endpoint, SupervisorView

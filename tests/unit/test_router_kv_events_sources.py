@@ -10,8 +10,9 @@ import pytest
 
 from corral.contracts.supervisor import StateLine
 from corral.engine.kv_events_address import KvEventsAddress
+from corral.pod_labels import KV_EVENTS_ANNOTATION
 from corral.router.discovery.backends_file import BackendsFileError, parse_backends
-from corral.router.discovery.k8s_pods import KV_EVENTS_ANNOTATION, pod_view
+from corral.router.discovery.k8s_pods import pod_view
 from corral.router.discovery.kv_events_feed import kv_events_address
 from corral.router.discovery.static import StaticSource
 from corral.router.membership.consumer import MembershipConsumer

@@ -13,9 +13,10 @@ from corral.contracts.router import RouterFleet
 from corral.contracts.supervisor import StateLine
 from corral.engine_state import EngineState
 from corral.k8s.watch.client import WatchEvent
+from corral.pod_labels import ROLE_LABEL
 from corral.router.discovery.backends_file import BackendsFileError, parse_backends
 from corral.router.discovery.engine_identity import static_pairing
-from corral.router.discovery.k8s_pods import ROLE_LABEL, PodSource, PodSourceConfig, pod_view
+from corral.router.discovery.k8s_pods import PodSource, PodSourceConfig, pod_view
 from corral.router.discovery.static import StaticSource
 from corral.router.membership.consumer import MembershipConsumer
 from corral.router.membership.endpoint import Endpoint, SupervisorView

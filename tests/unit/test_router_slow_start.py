@@ -13,12 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral.engine_state import EngineState
+from corral.policy_names import POLICY_NAMES
 from corral.router.membership.endpoint import Endpoint
 from corral.router.membership.groups import group_tag
 from corral.router.membership.membership import Membership
 from corral.router.routing.config import PolicyConfigError, RoutingConfig, load_routing_config
 from corral.router.routing.load_board import LoadBoard
-from corral.router.routing.names import POLICY_NAMES
 from corral.router.routing.prefix_memory import PrefixMemory
 from corral.router.routing.request import Policy, RouteRequest
 from corral.router.routing.selector import build_policy, build_scored

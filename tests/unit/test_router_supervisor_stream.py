@@ -16,7 +16,8 @@ import pytest
 from aiohttp import web
 
 from corral.engine_state import EngineState
-from corral.router.discovery.k8s_pods import SUPERVISOR_PORT_ANNOTATION, PodSource, PodSourceConfig, pod_view
+from corral.pod_labels import SUPERVISOR_PORT_ANNOTATION
+from corral.router.discovery.k8s_pods import PodSource, PodSourceConfig, pod_view
 from corral.router.discovery.supervisor_stream import StreamSettings, SupervisorStreams
 from corral.router.membership.consumer import MembershipConsumer
 from corral.router.membership.endpoint import Endpoint, SupervisorView

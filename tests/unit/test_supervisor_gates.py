@@ -10,7 +10,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from corral.supervisor.checks.dependencies import GateSpecError, GatesTimedOut, GateWaiter, parse_gate
+from corral.gate_spec import GateSpecError
+from corral.supervisor.checks.dependencies import GatesTimedOut, GateWaiter, parse_gate
 
 
 @pytest.mark.parametrize(

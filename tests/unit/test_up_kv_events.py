@@ -11,7 +11,7 @@ import orjson
 from corral.fleet.local.fleet_config import RouterConfig
 from corral.fleet.local.kv_events import kv_events_args
 from corral.fleet.local.up import up
-from corral.router.routing.names import POLICY_NAMES
+from corral.policy_names import POLICY_NAMES
 
 
 def test_events_go_on_unix_sockets_in_the_log_directory() -> None:

@@ -23,11 +23,13 @@ from typing import TYPE_CHECKING, Any
 import click
 import orjson
 
+from corral.secret_file import SecretFileError, read_secret_file
+
 if TYPE_CHECKING:
     import aiohttp
 
-# aiohttp and the router's key reader are imported where they are used: the CLIs import this module
-# for their flags, and `corral status --help` must not pay for an HTTP client (bench_cli_startup.py)
+# aiohttp is imported where it is used: the CLIs import this module for their flags, and
+# `corral status --help` must not pay for an HTTP client (bench_cli_startup.py)
 
 ADMIN_KEY_FLAG = "--router-admin-key-file"
 ADMIN_KEY_ENV = "CORRAL_ROUTER_ADMIN_KEY_FILE"
@@ -164,7 +166,6 @@ def _error_message(body: bytes) -> str:
 def _read_key(path: Path | None, flag: str) -> str | None:
     if path is None:
         return None
-    from corral.router.edge.admin_access import SecretFileError, read_secret_file
 
     try:
         return read_secret_file(path, flag)

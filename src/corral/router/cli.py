@@ -10,9 +10,9 @@ from typing import Any
 
 import click
 
+from corral.policy_names import POLICY_NAMES
 from corral.router.edge.access_options import access_options
 from corral.router.edge.client_limit_flags import client_limit_options
-from corral.router.routing.names import POLICY_NAMES
 
 DEFAULT_HTTP_SERVER = "lean"  # --http-server: corral.router.serving, or aiohttp for every request
 

@@ -16,9 +16,9 @@ import click
 
 from corral.engine.pd_protocol import ROLES
 from corral.supervisor.commands.precheck import precheck_options
-from corral.supervisor.lifecycle.answer_defaults import DEFAULT_UNANSWERED_SECONDS
 from corral.supervisor.lifecycle.failure_strategy import CHOICES
 from corral.supervisor.lifecycle.memory_defaults import DEFAULT_SLEEP_RESIDUE_GIB, DEFAULT_WAKE_TOLERANCE
+from corral.supervisor_defaults import DEFAULT_UNANSWERED_SECONDS
 from corral.supervisor_tokens import TokenFileError, read_management_token
 
 

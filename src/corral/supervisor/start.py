@@ -16,10 +16,11 @@ import click
 
 from corral.aio import run as run_on_uvloop
 from corral.bundle_spec import BundleError, BundleSpec, load_bundle
+from corral.gate_spec import GateSpecError
 from corral.redaction import refused_flag
 from corral.state_home import corral_state_dir, state_dir_problem
 from corral.supervisor.checks.adapters import AdapterSpecError, parse_lora
-from corral.supervisor.checks.dependencies import DependencyGate, GateSpecError, parse_gate
+from corral.supervisor.checks.dependencies import DependencyGate, parse_gate
 from corral.supervisor.cli import bad_input, read_token
 from corral.supervisor.commands.precheck import explain_precheck, precheck_settings
 from corral.supervisor.lifecycle.config import SupervisorConfig, is_loopback

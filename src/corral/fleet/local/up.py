@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from corral.router.routing.names import POLICY_NAMES
+from corral.policy_names import POLICY_NAMES
 
 
 @click.command()

@@ -11,13 +11,11 @@ import math
 from dataclasses import dataclass, field
 
 from corral.k8s.render.config import CorralDeployment
-from corral.supervisor.lifecycle.config import SupervisorConfig
+from corral.supervisor_defaults import RESTART_BACKOFF_CAP_SECONDS
 
 GIB = 2**30
 GB = 10**9
 
-# The supervisor's restart backoff cap, read from its own defaults so the two cannot drift apart.
-RESTART_BACKOFF_CAP = SupervisorConfig(engine_argv=()).restart_backoff_cap
 # Pod Ready=False reaching the router: the API server's watch event and the router applying it.
 ROUTER_WATCH_SECONDS = 5.0
 # `corral supervise prestop` makes HTTP calls with a 10 s client timeout; one may be in flight at the end.
@@ -51,7 +49,7 @@ def load_attempt_seconds(
 
 
 def backoff_schedule(
-    restarts: int, initial_s: float, cap_s: float = RESTART_BACKOFF_CAP
+    restarts: int, initial_s: float, cap_s: float = RESTART_BACKOFF_CAP_SECONDS
 ) -> tuple[float, ...]:
     """The supervisor's delays before each startup restart: initial × 2^i for i < restarts, each capped
     (the same rule as `corral.supervisor.lifecycle.engine_process.RestartPolicy`)."""

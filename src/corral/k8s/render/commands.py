@@ -9,7 +9,8 @@ from __future__ import annotations
 from corral.k8s.render.budgets import Budgets
 from corral.k8s.render.config import CorralDeployment
 from corral.k8s.render.kv_events_plan import any_on
-from corral.supervisor.lifecycle.answer_defaults import DEFAULT_UNANSWERED_SECONDS
+from corral.pod_labels import DEPLOYMENT_LABEL, ROLE_LABEL
+from corral.supervisor_defaults import DEFAULT_UNANSWERED_SECONDS
 
 KEY_DIR = "/etc/corral/fleet-key"  # the fleet key Secret: the init container and the router only
 ADMIN_KEY_DIR = "/etc/corral/router-admin"  # the router's admin key Secret: the router only
@@ -22,8 +23,6 @@ POD_TOKEN_FILE = f"{POD_TOKEN_DIR}/token"
 STATE_DIR = "/var/lib/corral"
 BUNDLES_DIR = "/etc/corral/bundles"  # the declared bundles (supervisor.rollback_bundle), from a ConfigMap
 ENGINE_HOST = "127.0.0.1"
-DEPLOYMENT_LABEL = "corral.dev/deployment"
-ROLE_LABEL = "corral.dev/role"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 
 

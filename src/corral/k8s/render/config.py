@@ -10,14 +10,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from corral.gate_spec import GateSpecError, parse_gate_spec
 from corral.k8s.render.images_config import ImagesSpec, fill_default_images
 from corral.k8s.render.kv_events_config import KvEventsSpec
 from corral.k8s.render.monitoring_config import MonitoringSpec
 from corral.k8s.render.pd_config import PdSpec
+from corral.policy_names import POLICY_NAMES
 from corral.redaction import is_secret_name, redact_argv
-from corral.router.routing.names import POLICY_NAMES
-from corral.supervisor.checks.dependencies import GateSpecError, parse_gate
-from corral.supervisor.lifecycle.answer_defaults import DEFAULT_UNANSWERED_SECONDS
+from corral.supervisor_defaults import DEFAULT_UNANSWERED_SECONDS
 
 # Object names get suffixes up to "-router-pods" (12) and Service names must be DNS-1035 labels (63).
 _NAME = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
@@ -234,7 +234,7 @@ class DependencySpec(_Section):
     def _gates_parse(cls, specs: list[str]) -> list[str]:
         for i, spec in enumerate(specs):
             try:
-                parse_gate(spec)
+                parse_gate_spec(spec)
             except GateSpecError as exc:
                 raise ValueError(f"[{i}] {exc}") from None
         return specs

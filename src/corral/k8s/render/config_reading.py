@@ -18,6 +18,7 @@ from pydantic.fields import FieldInfo
 from corral.engine.flags import serving_settings
 from corral.engine.kv_events_address import KV_EVENTS_FLAG
 from corral.engine.revisions import OTHER_REVISIONS, is_pinned
+from corral.gate_spec import parse_gate_spec
 from corral.k8s.render import commands
 from corral.k8s.render.config import CorralDeployment
 from corral.k8s.render.images_config import router_image
@@ -25,7 +26,6 @@ from corral.k8s.render.kv_events_plan import SIM_TOKENIZER
 from corral.k8s.render.parts import HOME
 from corral.k8s.render.pd_config import PD_OWNED_FLAGS, SIDE_CHANNEL_HOST_ENV, SIDE_CHANNEL_PORT_ENV
 from corral.redaction import redact_argv, redact_env
-from corral.supervisor.checks.dependencies import parse_gate
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def cross_check(config: CorralDeployment) -> list[Problem]:
     problems += _kv_events(config)
     mounts = [PurePosixPath(v.mount_path) for v in config.engine.volumes]
     for i, spec in enumerate(config.dependencies.wait_for):
-        gate = parse_gate(spec)
+        gate = parse_gate_spec(spec)
         if gate.kind in ("unix", "file"):
             path = PurePosixPath(gate.target)
             if not _under(path, mounts):

@@ -32,7 +32,7 @@ from corral.k8s.render.parts import (
     object_meta,
     pod_security,
 )
-from corral.router.discovery.k8s_pods import (
+from corral.pod_labels import (
     KV_EVENTS_ANNOTATION,
     SERVING_GROUP_LABEL,
     SERVING_GROUP_SIZE_ANNOTATION,

@@ -37,6 +37,13 @@ from corral.engine_state import EngineState
 from corral.k8s.watch.client import PodApi, PodList, WatchEvent
 from corral.k8s.watch.informer import InformerConfig, PodInformer
 from corral.k8s.watch.workqueue import KeyedQueue, QueueShutDown
+from corral.pod_labels import (
+    KV_EVENTS_ANNOTATION,
+    ROLE_LABEL,
+    SERVING_GROUP_LABEL,
+    SERVING_GROUP_SIZE_ANNOTATION,
+    SUPERVISOR_PORT_ANNOTATION,
+)
 from corral.router.discovery.engine_identity import probe_pairing
 from corral.router.membership.endpoint import SupervisorView
 from corral.router.membership.events import EndpointAdded, EndpointRemoved, EndpointUpdated, MembershipSink
@@ -46,11 +53,6 @@ from corral.router.telemetry.metrics import RouterMetrics
 log = logging.getLogger("corral.router.k8s.pod_source")
 
 SOURCE = "k8s"
-SUPERVISOR_PORT_ANNOTATION = "corral.dev/supervisor-port"
-KV_EVENTS_ANNOTATION = "corral.dev/kv-events"  # PUB[,REPLAY]: where the engine publishes KV events
-SERVING_GROUP_LABEL = "corral.dev/serving-group"
-SERVING_GROUP_SIZE_ANNOTATION = "corral.dev/serving-group-size"
-ROLE_LABEL = "corral.dev/role"
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,8 +66,9 @@ def access_options(command: Callable[..., None]) -> Callable[..., None]:
         engine_api_key_file: Path | None,
         **kwargs: Any,
     ) -> None:
-        from corral.router.edge.admin_access import AdminAccessConfig, SecretFileError, read_secret_file
+        from corral.router.edge.admin_access import AdminAccessConfig
         from corral.router.edge.tenants_file import TenantsFileError, read_tenants
+        from corral.secret_file import SecretFileError, read_secret_file
 
         if api_keys_file is not None:
             try:

@@ -22,7 +22,6 @@ import hashlib
 import hmac
 import ipaddress
 from dataclasses import dataclass
-from pathlib import Path
 
 from aiohttp import web
 
@@ -32,25 +31,6 @@ from corral.openai_errors import error_response
 ADMIN_PATHS = frozenset({"/metrics", "/v1/fleet", "/dashboard", "/dashboard/events"})
 OPEN_PATHS = frozenset({"/health", "/livez"})  # probes: counts only, never a URL
 _SHOWN = 100  # characters of a refused header value shown back
-
-
-class SecretFileError(Exception):
-    """A key file given on the command line cannot be read or is empty."""
-
-
-def read_secret_file(path: Path, flag: str) -> str:
-    """The one secret in `path` (surrounding whitespace dropped); errors name the flag and the file,
-    never the content."""
-    try:
-        secret = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        why = getattr(exc, "strerror", None) or type(exc).__name__
-        raise SecretFileError(f"{flag} {str(path)!r} is unreadable: {why}") from None
-    if not secret:
-        raise SecretFileError(f"{flag} {str(path)!r} is empty; put the key in it")
-    if any(c.isspace() for c in secret):
-        raise SecretFileError(f"{flag} {str(path)!r} holds more than one word; put only the key in it")
-    return secret
 
 
 def is_loopback_host(host: str) -> bool:

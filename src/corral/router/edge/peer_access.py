@@ -19,8 +19,9 @@ import click
 from aiohttp import web
 
 from corral.openai_errors import error_response
-from corral.router.edge.admin_access import AdminAccess, SecretFileError, read_secret_file
+from corral.router.edge.admin_access import AdminAccess
 from corral.router.routing.peer_wire import PEER_PICKS_PATH
+from corral.secret_file import SecretFileError, read_secret_file
 
 _PEER_URL = re.compile(r"^https?://[^/\s?#=]+/?$")
 

@@ -33,7 +33,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from corral.router.routing.names import POLICY_NAMES
+from corral.policy_names import POLICY_NAMES
 from corral.router.routing.scorers import SCORER_NAMES
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+from corral.policy_names import POLICY_NAMES
 from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.config import PolicyConfigError, RoutingConfig, check_policy_names
 from corral.router.routing.load_board import LoadBoard
 from corral.router.routing.load_scraper import LoadScraper
-from corral.router.routing.names import POLICY_NAMES
 from corral.router.routing.pipeline import LOAD_WEIGHTS, PREFIX_WEIGHTS, ScoredPolicy
 from corral.router.routing.policies import LeastRequest, RoundRobin, SessionAffinity
 from corral.router.routing.prefix_holders import PrefixHolders

@@ -1,6 +1,7 @@
 """Dependency gates: what must be up before the engine may start (`--wait-for unix:/path`,
-`tcp:host:port`, `http(s)://…` answering 2xx, `file:/path`), and the wait for all of them with one
-deadline, capped backoff, progress lines and the last error of every gate kept for `/startupz`.
+`tcp:host:port`, `http(s)://…` answering 2xx, `file:/path`; the syntax is `corral.gate_spec`'s), and the
+wait for all of them with one deadline, capped backoff, progress lines and the last error of every gate
+kept for `/startupz`.
 """
 
 from __future__ import annotations
@@ -15,11 +16,7 @@ from typing import Any
 
 import aiohttp
 
-_SCHEMES = ("unix:", "tcp:", "http://", "https://", "file:")
-
-
-class GateSpecError(ValueError):
-    """A `--wait-for` value that names no known kind of dependency."""
+from corral.gate_spec import GateSpec, parse_gate_spec
 
 
 class GateClosed(Exception):
@@ -27,13 +24,8 @@ class GateClosed(Exception):
 
 
 @dataclass(frozen=True)
-class DependencyGate:
+class DependencyGate(GateSpec):
     """One declared dependency; `probe` returns when it is up and raises GateClosed when not."""
-
-    spec: str
-    kind: str
-    target: str
-    port: int = 0
 
     async def probe(self, session: aiohttp.ClientSession, within: float = 2.0) -> None:
         try:
@@ -73,20 +65,9 @@ def _describe(exc: BaseException) -> str:
 
 
 def parse_gate(spec: str) -> DependencyGate:
-    """`unix:/path`, `tcp:host:port`, `http(s)://…`, `file:/path`; anything else is a GateSpecError."""
-    if spec.startswith(("http://", "https://")):
-        return DependencyGate(spec, "http", spec)
-    kind, sep, rest = spec.partition(":")
-    if not sep or kind not in ("unix", "tcp", "file"):
-        raise GateSpecError(f"--wait-for {spec!r}: unknown dependency kind; use one of {', '.join(_SCHEMES)}")
-    if not rest:
-        raise GateSpecError(f"--wait-for {spec!r}: nothing after {kind}:")
-    if kind == "tcp":
-        host, _, port_text = rest.rpartition(":")
-        if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            raise GateSpecError(f"--wait-for {spec!r}: expected tcp:HOST:PORT")
-        return DependencyGate(spec, "tcp", host.strip("[]"), int(port_text))
-    return DependencyGate(spec, kind, rest)
+    """The gate a `--wait-for` value names; a GateSpecError when it names none (`corral.gate_spec`)."""
+    parsed = parse_gate_spec(spec)
+    return DependencyGate(parsed.spec, parsed.kind, parsed.target, parsed.port)
 
 
 @dataclass

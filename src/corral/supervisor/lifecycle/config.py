@@ -8,11 +8,11 @@ from pathlib import Path
 
 from corral.bundle_spec import BundleSpec
 from corral.supervisor.checks.dependencies import DependencyGate
-from corral.supervisor.lifecycle.answer_defaults import DEFAULT_UNANSWERED_SECONDS
 from corral.supervisor.lifecycle.drain import DrainSettings
 from corral.supervisor.lifecycle.failure_strategy import OnStartupFailure
 from corral.supervisor.lifecycle.memory_checks import MemoryThresholds
 from corral.supervisor.precheck.gate import PrecheckSettings
+from corral.supervisor_defaults import DEFAULT_UNANSWERED_SECONDS, RESTART_BACKOFF_CAP_SECONDS
 
 
 def is_loopback(host: str) -> bool:
@@ -37,7 +37,7 @@ class SupervisorConfig:
     startup_restarts: int = 3
     failure_restarts: int = 3
     restart_backoff: float = 1.0
-    restart_backoff_cap: float = 30.0
+    restart_backoff_cap: float = RESTART_BACKOFF_CAP_SECONDS
     stall_seconds: float = 60.0
     # a READY engine whose /health has not answered 200 for this long leaves routing (0: never)
     unanswered_seconds: float = DEFAULT_UNANSWERED_SECONDS
