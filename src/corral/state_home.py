@@ -1,11 +1,15 @@
 """Where Corral keeps state that outlives a process: `$XDG_STATE_HOME/corral` (default ~/.local/state),
-and the check that a state directory can be used at all, made before anything is started."""
+the local fleets' files there (`up-PORT.json`) and the supervisor tokens they name, and the check that
+a state directory can be used at all, made before anything is started."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from pathlib import Path
+
+import orjson
 
 
 def corral_state_dir() -> Path:
@@ -34,6 +38,20 @@ def read_supervisor_token(fleet: object, where: Path) -> str | None:
     if not token:
         raise ValueError(f"the supervisor token file {path} named by {where} is empty")
     return token
+
+
+def supervisor_token_for(supervisor_url: str, state_dir: Path) -> str | None:
+    """The token of the running local fleet (`corral up`) whose fleet file lists `supervisor_url`,
+    or None when no fleet file does (a missing or half-written file lists nothing)."""
+    url = supervisor_url.rstrip("/")
+    for path in sorted(state_dir.glob("up-*.json")):
+        with contextlib.suppress(OSError, orjson.JSONDecodeError):
+            body = orjson.loads(path.read_bytes())
+            engines = body.get("engines") if isinstance(body, dict) else None
+            listed = {str(e.get("supervisor")).rstrip("/") for e in engines or [] if isinstance(e, dict)}
+            if url in listed:
+                return read_supervisor_token(body, path)
+    return None
 
 
 def state_dir_problem(path: Path) -> str | None:

@@ -13,8 +13,9 @@ import psutil
 import pytest
 
 from corral.fleet.checks.probe import FleetTarget
-from corral.fleet.local.ownership import FleetFiles, FleetInUse, RecordedProcess, supervisor_token_for
+from corral.fleet.local.ownership import FleetFiles, FleetInUse, RecordedProcess
 from corral.fleet.rollout.cli_run import FleetRef
+from corral.state_home import supervisor_token_for
 
 
 def _dead_pid() -> int:

@@ -51,7 +51,7 @@ def _follow(path: Path, offset: int) -> None:
 def logs(engine: str, port: int, lines: int, follow: bool) -> None:
     """Show an engine's log in a local fleet (`corral up`): its supervisor's lines and the engine's."""
     from corral.aio import run  # here, not above: `--help` starts without aiohttp
-    from corral.fleet.local.engine_names import EngineNameError, find_engine
+    from corral.clients.engine_names import EngineNameError, find_engine
 
     try:
         member = run(find_engine(port, engine))

@@ -5,7 +5,8 @@ management token), all in the state dir.
 The `corral up` that holds the lock `up-PORT.lock` owns them, for its whole life. A second `up` on
 that port is refused before it touches anything; files whose recorded processes still run are never
 deleted or overwritten, even with the lock free; a stale set (every recorded process gone) is
-replaced, with a line saying so. The other commands find a fleet's supervisor token here.
+replaced, with a line saying so. The other commands find a fleet's supervisor token with
+`corral.state_home.supervisor_token_for`.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from typing import IO, Any
 
 import orjson
 import psutil
-
-from corral.state_home import read_supervisor_token
 
 
 class FleetInUse(Exception):
@@ -162,17 +161,3 @@ def _read_json(path: Path) -> Any:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None  # half a file from a crash: nothing in it can be alive
-
-
-def supervisor_token_for(supervisor_url: str, state_dir: Path) -> str | None:
-    """The token of the running local fleet (`corral up`) whose fleet file lists `supervisor_url`,
-    or None when no fleet file does."""
-    url = supervisor_url.rstrip("/")
-    for path in sorted(state_dir.glob("up-*.json")):
-        with contextlib.suppress(OSError):
-            body = _read_json(path)
-            engines = body.get("engines") if isinstance(body, dict) else None
-            listed = {str(e.get("supervisor")).rstrip("/") for e in engines or [] if isinstance(e, dict)}
-            if url in listed:
-                return read_supervisor_token(body, path)
-    return None

@@ -18,13 +18,12 @@ from pydantic import ValidationError
 from corral.aio import run as run_on_uvloop
 from corral.atomic_file import write_atomically
 from corral.clients.calls import APIError
+from corral.clients.engine_names import EngineNameError, find_engine, fleet_engines
 from corral.clients.supervisor import OperationStillRunning, SupervisorClient
 from corral.contracts.operations import OperationRecord, OperationRequest
 from corral.contracts.records import ChangeRecord
 from corral.contracts.wire import first_message
-from corral.fleet.local.engine_names import EngineNameError, find_engine, fleet_engines
-from corral.fleet.local.ownership import supervisor_token_for
-from corral.state_home import corral_state_dir
+from corral.state_home import corral_state_dir, supervisor_token_for
 from corral.supervisor_tokens import TokenFileError, read_management_token
 
 

@@ -1,6 +1,7 @@
 """Engines of a local fleet by the names `corral up` gives them (`engine-0`, …): `--port P --engine NAME`
-on the runbook commands and `corral logs`, resolved through the control API of the `corral up` behind
-router port P (`GET /v1/groups`), which knows every engine it runs, and with what supervisor and log."""
+on the supervisor's runbook commands and `corral logs`, resolved through the control API of the
+`corral up` behind router port P (`GET /v1/groups`), which knows every engine it runs, and with what
+supervisor and log. A client of that API, below both commands' packages."""
 
 from __future__ import annotations
 
