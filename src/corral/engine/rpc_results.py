@@ -2,7 +2,8 @@
 `{"results": [...]}`, one entry per worker of the engine core in rank order (null where the method
 returns None, as `reload_weights` does), or, when a rank raised, the engine core's 500 `Worker failed
 with error '...'`, which names no rank: the rank is the worker whose own log line says
-`WorkerProc hit an exception.` (its `(Worker_TP1 pid=…)` prefix), the exception on its last line."""
+`WorkerProc hit an exception.` (its `(Worker_TP1 pid=…)` prefix), the exception on its last line. A
+single-rank engine runs its worker in the engine core (no worker process, no such line): rank 0."""
 
 from __future__ import annotations
 
@@ -71,13 +72,12 @@ def failed_ranks(lines: Sequence[str], size: ParallelSize) -> list[RankResult]:
         if WORKER_EXCEPTION not in line:
             continue
         prefix = line_prefix(line)
-        if prefix is None or (not prefix.is_worker and not prefix.name.startswith("EngineCore")):
+        if prefix is None or not prefix.is_worker:
             continue
         if any(r.pid == prefix.pid for r in failed):
             continue
         own = [later for later in lines[index + 1 :] if (p := line_prefix(later)) and p.pid == prefix.pid]
         error = own[-1].split("] ", 1)[-1].strip()[:300] if own else None
-        # the engine core's own process runs the single worker of a TP 1, PP 1 engine: rank 0
-        rank = rank_of_name(prefix.name, size) if prefix.is_worker else (0 if size.world == 1 else None)
+        rank = rank_of_name(prefix.name, size)
         failed.append(RankResult(rank, False, None, prefix.name, prefix.pid, error))
     return failed
