@@ -89,6 +89,30 @@ class LatencyRecord(WireModel):
     verdict: WindowVerdict | None = None
 
 
+class RankState(OpenWireModel):
+    """An engine's worker ranks at one moment: the world size its command asks for (TP × PP × DP), the
+    ranks on this host (`local`), how many its log showed and how many live, whether they are `whole`
+    (every local rank seen and alive; `missing` says why not), the loss the rank watch named, if any,
+    and each rank (`rank`, `name`, `pid`, `alive`, `since`)."""
+
+    world_size: int
+    local: int
+    seen: int
+    alive: int
+    whole: bool
+    missing: str | None = None
+    lost: str | None = None
+    ranks: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class RankChange(WireModel):
+    """A runbook operation's engine ranks when it began and when it ended (None: no engine ran)."""
+
+    engine: str
+    before: RankState | None = None
+    after: RankState | None = None
+
+
 class RollbackPoint(WireModel):
     """Where a rollback of this change goes back to: the bundle(s) the fleet or engine ran before it,
     and the command that does it."""
@@ -119,6 +143,8 @@ class ChangeRecord(OpenWireModel):
     latency: LatencyRecord = Field(default_factory=LatencyRecord)
     rollback_point: RollbackPoint | None = None
     forced_exits: list[ForcedExit] | None = None  # None: nothing could observe them
+    # a runbook operation's: its engine's ranks before and after (None: a fleet record, or refused)
+    ranks: RankChange | None = None
     not_measured: list[str] = Field(default_factory=list)  # sections nothing could measure, and why
 
     def to_file(self) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from corral.engine.flags import positive_int_flag
+from corral.engine.flags import flag_value, positive_int_flag
 
 # `(NAME pid=N)` or `(NAME pid=N, ip=…)`, vLLM's `decorate_logs` prefix; several may nest (Ray, DP).
 _PREFIX = re.compile(r"\((?P<name>[A-Za-z][\w\- =]*?) pid=(?P<pid>\d+)(?:, ip=[^)]*)?\)")
@@ -41,23 +41,33 @@ _FAILURES: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 @dataclass(frozen=True)
 class ParallelSize:
-    """The ranks one engine command asks for: TP × PP workers per data-parallel engine core."""
+    """The ranks one engine command asks for: TP × PP workers per data-parallel engine core; `data_local`
+    (`--data-parallel-size-local`) the data-parallel ranks on this host, None when all of them are."""
 
     tensor: int = 1
     pipeline: int = 1
     data: int = 1
+    data_local: int | None = None
 
     @property
     def world(self) -> int:
         return self.tensor * self.pipeline * self.data
 
+    @property
+    def local(self) -> int:
+        """The ranks this host's engine runs (and whose lines its log shows): TP × PP × local DP."""
+        return self.tensor * self.pipeline * (self.data if self.data_local is None else self.data_local)
+
 
 def parallel_size(argv: Sequence[str]) -> ParallelSize:
-    """TP, PP and DP from a vLLM command line (1 where not given); ValueError names a bad value."""
+    """TP, PP, DP and local DP from a vLLM command line (1, or all DP ranks local, where not given);
+    ValueError names a bad value."""
+    local = flag_value(argv, "--data-parallel-size-local", "-dpl")
     return ParallelSize(
         positive_int_flag(argv, "--tensor-parallel-size", "-tp"),
         positive_int_flag(argv, "--pipeline-parallel-size", "-pp"),
         positive_int_flag(argv, "--data-parallel-size", "-dp"),
+        None if local is None else positive_int_flag(argv, "--data-parallel-size-local", "-dpl"),
     )
 
 

@@ -1,7 +1,9 @@
 """The worker ranks of one engine run: which process is which rank (from vLLM's log prefixes and its
 rank-assignment line), whether each still lives (psutil), the first sign that one is lost (its process
-gone while the engine runs, or a line naming a rank or collective failure), and, at stop, the end of
-every process the engine's tree ever held, so no rank outlives its engine into the next start."""
+gone while the engine runs, or a line naming a rank or collective failure), whether every rank the
+command asks for has been seen and lives (`missing`: what READY and the runbook's checks require), and,
+at stop, the end of every process the engine's tree ever held, so no rank outlives its engine into the
+next start (a rank that ends once the stop began is the stop's, never a loss)."""
 
 from __future__ import annotations
 
@@ -83,10 +85,15 @@ class EngineRanks:
         self._tree: dict[int, float] = {}  # every descendant ever seen: pid -> create time
         self._loss: RankLoss | None = None
         self._changed = asyncio.Event()
+        self._stopping = False  # the engine is being stopped: its ranks end with it
 
     @property
     def loss(self) -> RankLoss | None:
         return self._loss
+
+    def stopping(self) -> None:
+        """The engine is being stopped (SIGTERM to its group): no rank that ends from here on is lost."""
+        self._stopping = True
 
     def attach(self, pid: int, create_time: float) -> None:
         """The engine's own process, whose descendants the ranks are."""
@@ -108,7 +115,7 @@ class EngineRanks:
             elif (rank := rank_of_name(prefix.name, self.size)) is not None:
                 self._seen(rank, prefix.name, prefix.pid)
         failure = rank_failure(line, self.size)
-        if failure is not None and self._loss is None:
+        if failure is not None and self._loss is None and not self._stopping:
             self.refresh(tree=False, lose=False)  # a rank already gone is the one the line is about
             self._lose(self._from_line(failure))
 
@@ -123,7 +130,7 @@ class EngineRanks:
         create_time = _create_time(proc)
         alive: bool | None = True if ours else (None if proc is not None else False)
         self._ranks[rank] = Rank(rank, name, pid, create_time, alive)
-        if alive is False and self._root_alive():  # named by its line, gone before we looked
+        if alive is False and not self._stopping and self._root_alive():  # named by its line, gone before
             self._died(self._ranks[rank])
 
     def _from_line(self, failure: RankFailure) -> RankLoss:
@@ -176,7 +183,8 @@ class EngineRanks:
             if live_process(rank.pid, rank.create_time) is None:
                 rank.alive = False
                 rank.since = time.time()
-                if lose and self._root_alive():  # a rank gone with its whole engine is its exit
+                # a rank gone with its whole engine is its exit; one gone in the stop is the stop's
+                if lose and not self._stopping and self._root_alive():
                     self._died(rank)
 
     def _died(self, rank: Rank) -> None:
@@ -206,6 +214,46 @@ class EngineRanks:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), self.poll_seconds)
         return self._loss
+
+    def missing(self) -> str | None:
+        """None when the ranks are whole: every rank this host runs (TP × PP × local DP) seen in the log
+        and none lost or gone. An engine of one rank runs it in its own engine core, whose liveness is
+        the engine's: nothing more to see. Otherwise which rank is lost, gone or not seen, in words."""
+        self.refresh(tree=False)
+        if self._loss is not None:
+            return self._loss.reason
+        gone = [r for r in self._ranks.values() if r.alive is False]
+        if gone:
+            return f"{gone[0].label()} is gone"
+        need = self.size.local
+        if need <= 1 or len(self._ranks) >= need:
+            return None
+        if self.size.data_local is None:
+            unseen = [r for r in range(need) if r not in self._ranks]
+            which = ", ".join(f"rank {r}" for r in unseen)
+        else:
+            which = f"{need - len(self._ranks)} of the {need} ranks on this host"
+        return (
+            f"{which} not seen in the engine's log ({len(self._ranks)} of {need} seen; world size "
+            f"{self.size.world} = TP {self.size.tensor} × PP {self.size.pipeline} × DP {self.size.data}); "
+            "vLLM logs each rank's assignment at INFO: is VLLM_LOGGING_LEVEL above INFO?"
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """The ranks at one moment, for a change record's before and after: the world size, the ranks
+        on this host, how many were seen and live, whether they are whole (`missing` is why not),
+        the loss if one is known, and every rank."""
+        missing = self.missing()
+        return {
+            "world_size": self.size.world,
+            "local": self.size.local,
+            "seen": len(self._ranks),
+            "alive": sum(1 for r in self._ranks.values() if r.alive is True),
+            "whole": missing is None,
+            "missing": missing,
+            "lost": self._loss.reason if self._loss is not None else None,
+            "ranks": self.ranks_json(),
+        }
 
     def final_loss(self) -> RankLoss | None:
         """After the engine exited: a rank lost before it (named by a line or found dead), if any."""

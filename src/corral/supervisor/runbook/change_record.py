@@ -1,6 +1,7 @@
 """A runbook operation's change record (`contracts.records.ChangeRecord`, the one schema): the steps as
 they ran, assembled with what `ChangeWitness` read of the engine when the operation began and when it
-ended — bundle, memory, the admission gate's counters and forced exits, sleep level, adapters.
+ended — bundle, memory, the admission gate's counters and forced exits, sleep level, adapters, and the
+worker ranks (seen, alive, lost: the seed's "rank state" of every change).
 
 `assemble` is pure (the readings in, the record out). The record travels in the operation's result as
 `change_record`, in the oplog as a `change_record` record, and `corral sleep|wake|…` writes it to a
@@ -23,6 +24,8 @@ from corral.contracts.records import (
     ChangeRecord,
     LatencyRecord,
     MemoryDelta,
+    RankChange,
+    RankState,
     RollbackPoint,
     StepRecord,
 )
@@ -68,12 +71,14 @@ class EngineReading:
     adapters: dict[str, str] = field(default_factory=dict)  # desired: name -> path
     memory: MemoryReading | None = None
     memory_unread: str = "not read"  # why `memory` is None
+    ranks: RankState | None = None  # None: no engine process (the supervisor has not started one)
 
 
 def read_engine(sup: EngineAccess) -> EngineReading:
     """The readings that cost nothing (no call to the engine); `read_memory` adds the memory."""
     gate = sup.gate
     status = sup.sleep_status
+    engine = sup.engine
     return EngineReading(
         at=time.time(),
         bundle=bundle_of(sup.running_bundle, sup.bundle),
@@ -81,6 +86,7 @@ def read_engine(sup: EngineAccess) -> EngineReading:
         forced_mark=gate.requests.mark() if gate is not None else None,
         sleep_level=status.level if status is not None else None,
         adapters=dict(sup.adapters.desired),
+        ranks=RankState.model_validate(engine.ranks.summary()) if engine is not None else None,
     )
 
 
@@ -198,6 +204,17 @@ def _delta(engine: str, source: str, pool: str, before: int | None, after: int |
     )
 
 
+def ranks_of(engine: str, before: EngineReading, after: EngineReading) -> tuple[RankChange, list[str]]:
+    """The engine's ranks when the operation began and when it ended; a side with no engine is None
+    and named in `not_measured`."""
+    missing = [
+        f"ranks {side}: no engine process"
+        for side, reading in (("before", before), ("after", after))
+        if reading.ranks is None
+    ]
+    return RankChange(engine=engine, before=before.ranks, after=after.ranks), missing
+
+
 def rollback_point(
     kind: str, supervisor: str, engine: str, before: EngineReading, after: EngineReading
 ) -> RollbackPoint:
@@ -247,6 +264,8 @@ def assemble(
     latency, missing = latency_of(op.kind, op.engine, timed)
     memory, unread = memory_of(op.engine, before, after)
     missing += unread
+    ranks, no_ranks = ranks_of(op.engine, before, after)
+    missing += no_ranks
     if op.outcome == REFUSED:
         return _refused(op, timed, before)
     failures = request_failures(before.gate, after.gate)
@@ -278,6 +297,7 @@ def assemble(
         latency=latency,
         rollback_point=rollback_point(op.kind, op.supervisor, op.engine, before, after),
         forced_exits=exits,
+        ranks=ranks,
         not_measured=missing,
     )
 

@@ -25,6 +25,7 @@ from corral.supervisor.lifecycle.memory_checks import (
 )
 from corral.supervisor.lifecycle.states import EngineState
 from corral.supervisor.runbook.prefix_reset import prefix_state_after
+from corral.supervisor.runbook.rank_guard import rank_evidence, refuse_unless_whole
 from corral.supervisor.runbook.template import Evidence, Refused, StepFailed
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ async def require_ready_and_dev(sup: EngineAccess, admin: EngineAdmin, kind: str
     if state is not S.READY:
         extra = f" ({sup.sleep_status.to_json()})" if sup.sleep_status else ""
         raise Refused(f"{kind} refused: the engine is {state}{extra}, not READY")
+    refuse_unless_whole(sup, kind)
     try:
         dev = await admin.dev_mode()
     except AdminCallFailed as exc:
@@ -212,7 +214,10 @@ async def back_to_ready(
 ) -> Evidence:
     """RECOVER for a failure before the engine slept for good: wake it fully, check it, READY again
     (on a new prefix epoch where the sleep may have emptied the prefix cache: `before` are the figures
-    read before it); when that fails too, FAILED with the cause named and a restart in place."""
+    read before it); when that fails too, or a rank was lost (no wake brings it back), FAILED with the
+    cause named and a restart in place."""
+    if sup.engine is not None and sup.engine.ranks.loss is not None:
+        return await fail_and_restart(sup, cause)
     try:
         if await admin.is_sleeping():
             await admin.wake_up()
@@ -228,8 +233,14 @@ async def back_to_ready(
 
 
 async def fail_and_restart(sup: EngineAccess, cause: str) -> Evidence:
-    """RECOVER's last resort: unready (FAILED, the failure named), then a fresh engine from disk."""
+    """RECOVER's last resort: unready (FAILED, the failure named; a rank lost is in the evidence, as
+    the rank watch saw it), then a fresh engine from disk."""
+    lost = sup.engine is not None and sup.engine.ranks.loss is not None
+    ranks = rank_evidence(sup) if lost else {}
     with contextlib.suppress(Exception):
-        sup.transition(S.FAILED, cause, None, recoverable=True)
+        sup.transition(S.FAILED, cause, None, recoverable=True, **ranks)
     await sup.restart_in_place(cause)
-    return {"outcome": "FAILED, engine restarted in place (weights from disk)", "failure": cause}
+    outcome: Evidence = {"outcome": "FAILED, engine restarted in place (weights from disk)", "failure": cause}
+    if lost:
+        outcome["rank_lost"] = ranks
+    return outcome

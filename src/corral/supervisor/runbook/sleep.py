@@ -5,9 +5,11 @@ freed, which needs the level-0 keep pause); level 1 offloads the weights to host
 KV cache; level 2 drops both. VERIFY reads `/is_sleeping`, `vllm:engine_sleep_state` and the memory
 figures (the engine's, or NVML's over its processes: `lifecycle/device_memory.py`; "not measured"
 without either); a KV release must also keep the weights resident (vLLM's sleep-state gauge names
-no offload or discard; the engine's figures or NVML show the weights held). A failure before the
-sleep holds wakes the engine and makes it READY again, on a new prefix epoch where the sleep may
-have emptied the prefix cache.
+no offload or discard; the engine's figures or NVML show the weights held), and VERIFY and POSTCHECK
+require every rank seen and alive (the API process alone says nothing of its workers). A failure
+before the sleep holds wakes the engine and makes it READY again, on a new prefix epoch where the
+sleep may have emptied the prefix cache; a rank lost at any step fails the engine (FAILED naming the
+rank) and restarts it in place, since no wake brings a rank back.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from corral.supervisor.runbook.common import (
     require_sleep_mode,
 )
 from corral.supervisor.runbook.host_ram import host_ram_for_backup
+from corral.supervisor.runbook.rank_guard import ranks_whole
 from corral.supervisor.runbook.template import Evidence, Refused, Step, StepFailed
 
 if TYPE_CHECKING:
@@ -101,6 +104,7 @@ class SleepPlan:
         return evidence
 
     async def verify(self) -> Evidence:
+        ranks = ranks_whole(self.sup, "sleep VERIFY")  # the seed: the process and every rank alive
         if not await self.admin.is_sleeping():
             raise StepFailed("/is_sleeping is false after /sleep")
         after = await self.admin.figures()
@@ -172,7 +176,7 @@ class SleepPlan:
             sleep_state=after.sleep_state,
             figures=after.to_json(),
         )
-        return {"is_sleeping": True, "sleep_state": after.sleep_state, "memory": moved}
+        return {"is_sleeping": True, "sleep_state": after.sleep_state, "memory": moved, "ranks": ranks}
 
     async def recover(self, failed_step: Step, cause: str) -> Evidence:
         return await back_to_ready(
@@ -188,4 +192,5 @@ class SleepPlan:
         engine = self.sup.engine
         if engine is None or not engine.running:
             raise StepFailed("the engine process is gone")
-        return {"state": self.sup.machine.state.value, "engine_pid": engine.pid}
+        ranks = ranks_whole(self.sup, "sleep POSTCHECK")  # asleep, every rank still there to wake
+        return {"state": self.sup.machine.state.value, "engine_pid": engine.pid, "ranks": ranks}

@@ -7,10 +7,16 @@ to the operation log as a `runbook_step` record.
 PRECHECK runs before the operation is accepted, so a refused operation (`Refused`, HTTP 409) has
 changed nothing; its evidence is recorded as the first step once the operation runs. Asked for, an
 `Observer` closes the operation with OBSERVE, a window of traffic after POSTCHECK.
+
+Given a `StepGuard` (the engine's rank watch: `runbook/rank_guard.py`), every step from REMOVE FROM
+ROUTING to OBSERVE runs against it: a rank lost while a step runs ends the step at once with
+`RankLost`, and RECOVER runs, whichever step it was (POSTCHECK and OBSERVE included: an engine that
+lost a rank is in no state to be left as it is).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from enum import StrEnum
@@ -46,6 +52,18 @@ class StepFailed(Exception):
     def __init__(self, message: str, **evidence: Any) -> None:
         super().__init__(message)
         self.evidence = evidence
+
+
+class RankLost(StepFailed):
+    """A rank of the engine was lost while a step ran (or a step found one lost): RECOVER runs, at any
+    step; the evidence is the rank watch's (`source: rank_watch`, `rank`, `kind`, every rank)."""
+
+
+class StepGuard(Protocol):
+    """Ends a running step when the engine can no longer go on: `broken()` returns that failure once
+    there is one (at once when there is one already), and never returns otherwise."""
+
+    async def broken(self) -> StepFailed: ...
 
 
 class OperationFailed(Exception):
@@ -91,8 +109,10 @@ class Runbook:
         log: Log,
         observer: Observer | None = None,
         on_step: OnStep | None = None,
+        guard: StepGuard | None = None,
     ) -> None:
         self.plan = plan
+        self.guard = guard
         self.observer = observer
         self.operation_id = operation_id
         self._record = record
@@ -121,7 +141,7 @@ class Runbook:
     async def _step(self, step: Step, body: Callable[[], Awaitable[Evidence]]) -> None:
         started = self._begin(step)
         try:
-            evidence = await body()
+            evidence = await self._guarded(body)
         except StepFailed as exc:
             self._note(step, "failed", {"error": str(exc), **exc.evidence}, started)
             raise
@@ -129,6 +149,22 @@ class Runbook:
             self._note(step, "failed", {"error": f"{type(exc).__name__}: {exc}"}, started)
             raise StepFailed(f"{type(exc).__name__}: {exc}") from exc
         self._note(step, "done", evidence, started)
+
+    async def _guarded(self, body: Callable[[], Awaitable[Evidence]]) -> Evidence:
+        """The step's body, ended by the guard's failure when that comes first (or at the same time)."""
+        if self.guard is None:
+            return await body()
+        work = asyncio.ensure_future(body())
+        watch = asyncio.ensure_future(self.guard.broken())
+        try:
+            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (work, watch):
+                task.cancel()
+            await asyncio.gather(work, watch, return_exceptions=True)
+        if watch.done() and not watch.cancelled() and watch.exception() is None:
+            raise watch.result()
+        return work.result()
 
     async def run(self, precheck_evidence: Evidence, precheck_started: float | None = None) -> dict[str, Any]:
         """Every step in order; on a failure RECOVER runs and `OperationFailed` is raised.
@@ -145,7 +181,10 @@ class Runbook:
                 await self._step(step, bodies[step])
             except StepFailed as exc:
                 await self._recover(step, str(exc))
-        await self._step(Step.POSTCHECK, self.plan.postcheck)
+        try:
+            await self._step(Step.POSTCHECK, self.plan.postcheck)
+        except RankLost as exc:
+            await self._recover(Step.POSTCHECK, str(exc))
         if self.observer is not None:
             await self._observe(self.observer)
         return {"steps": self.steps}
@@ -156,7 +195,7 @@ class Runbook:
         try:
             await self._step(Step.OBSERVE, observer.observe)
         except StepFailed as exc:
-            if observer.recovers:
+            if observer.recovers or isinstance(exc, RankLost):
                 await self._recover(Step.OBSERVE, str(exc))
             raise
 

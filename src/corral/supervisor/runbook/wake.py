@@ -32,6 +32,7 @@ from corral.supervisor.runbook.common import (
     verify_awake,
 )
 from corral.supervisor.runbook.prefix_reset import prefix_cache_wiped, prefix_state_after
+from corral.supervisor.runbook.rank_guard import refuse_unless_whole
 from corral.supervisor.runbook.template import Evidence, Refused, Step, StepFailed
 from corral.supervisor.runbook.wake_steps import (
     WakeSteps,
@@ -79,6 +80,7 @@ class WakePlan:
         sup = self.sup
         if sup.machine.state is not S.SLEEPING or sup.sleep_status is None:
             raise Refused(f"wake refused: the engine is {sup.machine.state}, not SLEEPING")
+        refuse_unless_whole(sup, "wake")  # a rank lost in its sleep: the sleeping rank watch acts
         self.sleeping = sup.sleep_status
         self.status = sup.sleep_status.to_json()
         self.steps = plan_wake(self.status.get("level"), asleep_tags(self.status), self.tags, self.reload)
