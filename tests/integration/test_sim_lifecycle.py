@@ -27,6 +27,21 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str, proc: CorralPr
     raise AssertionError(f"{what} not seen within {timeout}s:\n{proc.output()}")
 
 
+RUNNING_ONE = 'vllm:num_requests_running{engine="0",model_name="sim-model"} 1.0'
+
+
+async def until_running_one(session: aiohttp.ClientSession, url: str) -> None:
+    """Wait until the engine's own gauge shows the one request the test sent running."""
+    text = ""
+    for _ in range(200):
+        async with session.get(url + "/metrics") as r:
+            text = await r.text()
+        if RUNNING_ONE in text:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the request never ran: {text[-2000:]}")
+
+
 def refused(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) != 0
@@ -141,7 +156,7 @@ async def test_sigterm_without_timeout_aborts_and_waits_for_connections_like_vll
             pending = asyncio.create_task(
                 session.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 200})
             )
-            await asyncio.sleep(0.3)
+            await until_running_one(session, url)
             proc.signal(signal.SIGTERM)
             await asyncio.to_thread(
                 wait_for,
@@ -173,12 +188,9 @@ async def test_hang_after_accepts_requests_that_never_produce_tokens_while_healt
                 ) as r:
                     await r.read()
             hung = asyncio.create_task(session.post(url + "/v1/completions", json={"prompt": "x"}))
-            await asyncio.sleep(0.3)
+            await until_running_one(session, url)  # the hung request counts as running ...
             async with session.get(url + "/health") as r:
-                assert r.status == 200
-            async with session.get(url + "/metrics") as r:
-                text = await r.text()
-            assert 'vllm:num_requests_running{engine="0",model_name="sim-model"} 1.0' in text
+                assert r.status == 200  # ... while health says 200
             hung.cancel()
     finally:
         proc.stop()
