@@ -12,6 +12,7 @@ from corral.sim.core.kv_transfer import KvLoadFailed, KvTransfers, PullAnswer
 from corral.sim.core.requests import RequestError
 from corral.sim.core.scheduler import EngineRequest, Scheduler
 from corral.sim.http.protocol import parse_chat, parse_completion
+from tests.support.waits import eventually
 
 
 def config(role: str = "kv_both", lease: float = 30.0, **more: Any) -> dict[str, Any]:
@@ -67,7 +68,7 @@ async def test_lease_expiry_frees_and_counts_and_a_late_pull_is_told() -> None:
     prefill, decode = connector("kv_producer", lease=0.05), connector("kv_consumer")
     wire(decode, prefill)
     params = prefill.hold("req", prompt_len=20, tp_size=1)
-    await asyncio.sleep(0.1)
+    await eventually(lambda: prefill.stats.expired == 1, "the lease expired")
     assert prefill.held == {} and prefill.scheduler.reserved_blocks == 0 and prefill.stats.expired == 1
     with pytest.raises(KvLoadFailed, match="expired"):
         await decode.pull(params, 40)
@@ -84,12 +85,13 @@ async def test_failed_pull_leaves_blocks_stranded_until_the_lease() -> None:
 
 
 async def test_hung_pull_stays_in_flight_until_the_lease_ends() -> None:
-    prefill, decode = connector("kv_producer", lease=0.2, hang=True), connector("kv_consumer")
+    # a lease long against the one loop turn between the pull's start and the check below
+    prefill, decode = connector("kv_producer", lease=1.0, hang=True), connector("kv_consumer")
     wire(decode, prefill)
     params = prefill.hold("req", prompt_len=20, tp_size=1)
     pull = asyncio.create_task(decode.pull(params, 20))
-    await asyncio.sleep(0.05)
-    assert decode.pulls_in_flight == 1 and len(prefill.held) == 1
+    await eventually(lambda: decode.pulls_in_flight == 1, "the pull in flight")
+    assert len(prefill.held) == 1
     with pytest.raises(KvLoadFailed, match="expired"):
         await pull
     assert decode.pulls_in_flight == 0 and prefill.held == {} and prefill.stats.expired == 1
@@ -118,8 +120,8 @@ async def test_held_blocks_keep_waiting_requests_out_until_freed() -> None:
     sched = kv.scheduler
     kv.hold("big", prompt_len=16 * 90, tp_size=1)  # 90 of 100 blocks held
     waiting = asyncio.create_task(sched.admit(EngineRequest("r", 16 * 20, 1, 0.0)))
-    await asyncio.sleep(0.01)
-    assert not waiting.done() and sched.num_waiting == 1
+    await eventually(lambda: sched.num_waiting == 1, "the request queued")
+    assert not waiting.done()
     kv.abort_all()
     assert await waiting is True
     assert sched.reserved_blocks == sched.blocks_for(next(iter(sched.running)))
