@@ -12,6 +12,7 @@ from corral.engine_state import EngineState
 from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.load_board import LoadBoard
 from corral.router.routing.load_scraper import LoadScraper
+from tests.support.waits import eventually
 
 METRICS = b'vllm:num_requests_running{model_name="m"} 2.0\nvllm:num_requests_waiting{model_name="m"} 1.0\n'
 
@@ -40,9 +41,8 @@ async def test_scraper_fills_the_board_and_failures_age_into_staleness() -> None
         assert load is not None and (load.running, load.waiting) == (2.0, 1.0)
         assert starting.url not in board.loads  # not READY: not scraped
         answering["ok"] = False
-        await asyncio.sleep(0.6)
-        assert board.fresh(ready.url) is None
-        assert scraper.failures > 0
+        await eventually(lambda: scraper.failures > 0, "a failed scrape")
+        await eventually(lambda: board.fresh(ready.url) is None, "the load gone stale")
     finally:
         await scraper.stop()
         await server.close()
