@@ -36,29 +36,13 @@ FLOORS: dict[str, int] = {
 # The only exemptions: violations whose fix needs a file another engineer is editing right now. Each
 # names why, and is to be removed (with the violation) once that edit has landed; the tests below fail
 # when a listed violation is gone, so a stale entry cannot stay.
-_BEING_FIXED = "issue 31: fixed in the commits that follow this one, each removing its entry"
 KNOWN_FLOOR_VIOLATIONS: dict[str, str] = {}
 KNOWN_SIMULATOR_IMPORTS: dict[str, str] = {
-    "corral.router.routing.prompt_tokens -> corral.sim.core.chat": _BEING_FIXED,
-    "corral.router.routing.prompt_tokens -> corral.sim.core.tokenizer": _BEING_FIXED,
-    "corral.supervisor.precheck.identity -> corral.sim.core.config": _BEING_FIXED,
+    "corral.router.routing.prompt_tokens -> corral.sim.core.chat": "issue 31: fixed in the next commit",
+    "corral.router.routing.prompt_tokens -> corral.sim.core.tokenizer": "issue 31: fixed in the next commit",
+    "corral.supervisor.precheck.identity -> corral.sim.core.config": "issue 31: fixed in the next commit",
 }
-KNOWN_FILE_CIRCLES: dict[tuple[str, ...], str] = {
-    (
-        "corral.router.membership.endpoint",
-        "corral.router.membership.groups",
-    ): _BEING_FIXED,
-    (
-        "corral.router.serving.connection",
-        "corral.router.serving.server",
-    ): _BEING_FIXED,
-    ("corral.supervisor.cli", "corral.supervisor.start"): _BEING_FIXED,
-    (
-        "corral.supervisor.lifecycle.publication",
-        "corral.supervisor.lifecycle.startup",
-        "corral.supervisor.lifecycle.supervisor",
-    ): _BEING_FIXED,
-}
+KNOWN_FILE_CIRCLES: dict[tuple[str, ...], str] = {}
 
 
 def _house_report() -> ModuleType:

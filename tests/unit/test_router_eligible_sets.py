@@ -10,7 +10,7 @@ import pytest
 
 from corral.engine_state import EngineState
 from corral.router.membership.endpoint import Endpoint, SupervisorView
-from corral.router.membership.groups import group_tag
+from corral.router.membership.group_tag import group_tag
 from corral.router.membership.membership import Membership
 from corral.router.routing.filters import load_bound
 

@@ -28,7 +28,7 @@ from corral.router.discovery.supervisor_stream import SupervisorStreams
 from corral.router.membership.consumer import MembershipConsumer
 from corral.router.membership.endpoint import Endpoint, SupervisorView
 from corral.router.membership.events import EndpointAdded, EndpointRemoved, EndpointUpdated
-from corral.router.membership.groups import GroupTag, GroupTagError, group_tag
+from corral.router.membership.group_tag import GroupTag, GroupTagError, group_tag
 from corral.router.membership.membership import Membership
 from corral.router.telemetry.metrics import RouterCollector, RouterMetrics
 from tests.support.procs import free_port

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from corral.engine_state import EngineState
 from corral.policy_names import POLICY_NAMES
 from corral.router.membership.endpoint import Endpoint
-from corral.router.membership.groups import group_tag
+from corral.router.membership.group_tag import group_tag
 from corral.router.membership.membership import Membership
 from corral.router.routing.config import PolicyConfigError, RoutingConfig, load_routing_config
 from corral.router.routing.load_board import LoadBoard

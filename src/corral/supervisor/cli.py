@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
 from corral.engine.pd_protocol import ROLES
+from corral.supervisor.commands.bad_input import bad_input, read_token
 from corral.supervisor.commands.precheck import precheck_options
 from corral.supervisor.lifecycle.failure_strategy import CHOICES
 from corral.supervisor.lifecycle.memory_defaults import DEFAULT_SLEEP_RESIDUE_GIB, DEFAULT_WAKE_TOLERANCE
 from corral.supervisor_defaults import DEFAULT_UNANSWERED_SECONDS
-from corral.supervisor_tokens import TokenFileError, read_management_token
 
 
 class _RunByDefault(click.Group):
@@ -35,19 +35,6 @@ class _RunByDefault(click.Group):
 def supervise() -> None:
     """Supervise one engine: `corral supervise [run] [OPTIONS] -- ENGINE COMMAND...`, or
     `corral supervise prestop` to drain it from a preStop hook."""
-
-
-def bad_input(message: str) -> NoReturn:
-    click.echo(f"corral supervise: {message}", err=True)
-    sys.exit(2)
-
-
-def read_token(token_file: Path | None) -> str | None:
-    """The management token from `token_file`, else from $CORRAL_TOKEN; exits 2 if the file is unusable."""
-    try:
-        return read_management_token(token_file)
-    except TokenFileError as exc:
-        bad_input(str(exc))
 
 
 _seconds = click.FloatRange(min=0.0)

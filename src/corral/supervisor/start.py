@@ -21,7 +21,7 @@ from corral.redaction import refused_flag
 from corral.state_home import corral_state_dir, state_dir_problem
 from corral.supervisor.checks.adapters import AdapterSpecError, parse_lora
 from corral.supervisor.checks.dependencies import DependencyGate, parse_gate
-from corral.supervisor.cli import bad_input, read_token
+from corral.supervisor.commands.bad_input import bad_input, read_token
 from corral.supervisor.commands.precheck import explain_precheck, precheck_settings
 from corral.supervisor.lifecycle.config import SupervisorConfig, is_loopback
 from corral.supervisor.lifecycle.drain import DrainPolicy, DrainSettings

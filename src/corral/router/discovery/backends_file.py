@@ -27,7 +27,7 @@ from corral.engine.kv_events_address import parse_address
 from corral.engine.pd_protocol import ROLES
 from corral.router.discovery.static import StaticSource
 from corral.router.membership.events import MembershipSink
-from corral.router.membership.groups import GroupTag, GroupTagError, group_tag
+from corral.router.membership.group_tag import GroupTag, GroupTagError, group_tag
 from corral.router.telemetry.metrics import RouterMetrics
 
 log = logging.getLogger("corral.router.file_source")

@@ -47,7 +47,7 @@ from corral.pod_labels import (
 from corral.router.discovery.engine_identity import probe_pairing
 from corral.router.membership.endpoint import SupervisorView
 from corral.router.membership.events import EndpointAdded, EndpointRemoved, EndpointUpdated, MembershipSink
-from corral.router.membership.groups import GroupTag, GroupTagError, group_tag
+from corral.router.membership.group_tag import GroupTag, GroupTagError, group_tag
 from corral.router.telemetry.metrics import RouterMetrics
 
 log = logging.getLogger("corral.router.k8s.pod_source")

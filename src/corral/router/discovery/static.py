@@ -21,7 +21,7 @@ from corral.engine.page_get import PageClient
 from corral.engine_state import EngineState
 from corral.router.discovery.engine_identity import probe_pairing
 from corral.router.membership.events import EndpointAdded, EndpointRemoved, EndpointUpdated, MembershipSink
-from corral.router.membership.groups import GroupTag
+from corral.router.membership.group_tag import GroupTag
 from corral.router.telemetry.metrics import RouterMetrics
 
 log = logging.getLogger("corral.router.static_source")

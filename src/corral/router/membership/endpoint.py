@@ -16,7 +16,7 @@ from typing import Any
 
 from corral.contracts.supervisor import OperationInFlight
 from corral.engine_state import EngineState
-from corral.router.membership.groups import GroupTag
+from corral.router.membership.group_tag import GroupTag
 from corral.router.telemetry.traffic import EndpointTraffic
 
 # Repeated ejections double the ejection time, up to this many times the base.

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from corral.engine_state import EngineState
-from corral.router.membership.groups import GroupTag
+from corral.router.membership.group_tag import GroupTag
 
 
 @dataclass(frozen=True, slots=True)

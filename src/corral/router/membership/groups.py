@@ -1,52 +1,15 @@
 """Serving groups: engines that serve together and are routed to only as a whole. A group is whole
 while it has its declared number of members, every member is READY on its own, and all of them report
 one bundle fingerprint; `ServingGroups` keeps each group's members and its verdict, judged on
-membership events (never per request) and written onto each member as `Endpoint.group_out`."""
+membership events (never per request) and written onto each member as `Endpoint.group_out`. A member's
+tag (`GroupTag`: which group, of what size) is `group_tag.py`'s."""
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from corral.engine_state import EngineState
-
-if TYPE_CHECKING:
-    from corral.router.membership.endpoint import Endpoint
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-
-
-class GroupTagError(ValueError):
-    """A group marker that names no usable group: a bad name or size."""
-
-
-@dataclass(frozen=True, slots=True)
-class GroupTag:
-    """Which serving group an endpoint belongs to and how many members that group has."""
-
-    name: str
-    size: int
-
-    def __str__(self) -> str:
-        return f"{self.name}/{self.size}"
-
-
-def group_tag(name: str, size: str | int) -> GroupTag:
-    """A checked tag: a name of letters, digits, `.`, `_`, `-` (≤ 63) and a size of at least 1."""
-    if not _NAME.match(name):
-        raise GroupTagError(
-            f"serving group name {name!r} is not usable; use letters, digits, '.', '_' or '-' (at most 63)"
-        )
-    try:
-        members = int(size)
-    except (TypeError, ValueError):
-        raise GroupTagError(
-            f"serving group {name!r}: size {size!r} is not a whole number; give its member count, e.g. 2"
-        ) from None
-    if members < 1:
-        raise GroupTagError(f"serving group {name!r}: size {members} is below 1; give its member count")
-    return GroupTag(name, members)
+from corral.router.membership.endpoint import Endpoint
 
 
 def member_label(endpoint: Endpoint) -> str:
@@ -143,7 +106,3 @@ class ServingGroups:
                 }
             )
         return out
-
-    def wholeness(self) -> dict[str, bool]:
-        """Group name -> whether it is whole now (for the metrics)."""
-        return {name: self._verdicts.get(name) is None for name in self._members}

@@ -16,18 +16,25 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, cast
+from collections.abc import Callable
+from typing import Protocol, cast
 
 import httptools
 
 from corral.openai_errors import error_body
 from corral.router.datapath.exchange import Answer, Headers
-from corral.router.edge.client_connections import Phase, WatchedRequest
+from corral.router.edge.client_connections import ConnectionGuard, Phase, WatchedRequest
+from corral.router.edge.parse_errors import ParseErrorLog
 from corral.router.serving.request import LeanRequest
-from corral.router.serving.wire import CHUNKED_END, MAX_LINE, Malformed, check_head, check_header, head
-
-if TYPE_CHECKING:
-    from corral.router.serving.server import LeanServer
+from corral.router.serving.wire import (
+    CHUNKED_END,
+    MAX_LINE,
+    DateHeader,
+    Malformed,
+    check_head,
+    check_header,
+    head,
+)
 
 log = logging.getLogger("corral.router")
 
@@ -46,8 +53,27 @@ HELD_AHEAD = 1024 * 1024
 REFUSED_FOR_AIOHTTP = b"\x00 malformed request refused by the router\r\n\r\n"
 
 
+class ConnectionHost(Protocol):
+    """What a connection needs of the server that accepted it (`server.LeanServer`): its connection
+    guard and table, its clock and Date header, which requests it answers itself and how, and the
+    hand-off of the others to aiohttp."""
+
+    guard: ConnectionGuard | None
+    handoff: Callable[[], asyncio.Protocol]
+    parse_log: ParseErrorLog
+    max_body: int
+    date: DateHeader
+    connections: set[LeanConnection]
+
+    def now(self) -> float: ...
+
+    def serves(self, target: str) -> bool: ...
+
+    async def answer(self, conn: LeanConnection, request: LeanRequest) -> bool: ...
+
+
 class LeanConnection(asyncio.Protocol):
-    def __init__(self, server: LeanServer) -> None:
+    def __init__(self, server: ConnectionHost) -> None:
         self._server = server
         self._parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None

@@ -4,7 +4,7 @@ log, metrics, its own log), and the `/v1/state` body that shows the whole superv
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from corral.child_process import LineSink
 from corral.engine.evidence import kinds_of
@@ -14,14 +14,93 @@ from corral.supervisor.lifecycle.pd_role import engine_connector, engine_role, p
 from corral.supervisor.lifecycle.states import StateEvent
 
 if TYPE_CHECKING:
+    from corral.bundle_spec import BundleSpec
+    from corral.engine.evidence import EvidenceBook
+    from corral.supervisor.checks.adapters import AdapterSet
+    from corral.supervisor.checks.bundle import Bundle
+    from corral.supervisor.checks.dependencies import GateWaiter
+    from corral.supervisor.lifecycle.config import SupervisorConfig
+    from corral.supervisor.lifecycle.drain import DrainReport
+    from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartRecord
+    from corral.supervisor.lifecycle.failure_strategy import StartupFailure
+    from corral.supervisor.lifecycle.memory_checks import MemoryRecord
+    from corral.supervisor.lifecycle.metrics import SupervisorMetrics
+    from corral.supervisor.lifecycle.operation_lock import OperationLock
     from corral.supervisor.lifecycle.operations import Operation
-    from corral.supervisor.lifecycle.supervisor import EngineSupervisor
+    from corral.supervisor.lifecycle.prefix_epoch import PrefixCacheEpoch
+    from corral.supervisor.lifecycle.routers import RouterSubscriptions
+    from corral.supervisor.lifecycle.sleep_status import SleepStatus
+    from corral.supervisor.lifecycle.states import StateMachine
+    from corral.supervisor.precheck.gate import PrecheckReport
+    from corral.supervisor.state.oplog import OperationLog
+
+
+class _Shown(Protocol):
+    def to_json(self) -> dict[str, Any]: ...
+
+
+class _StableComparison(Protocol):
+    def graph_nccl_vs_stable(self) -> dict[str, Any] | None: ...
+
+
+class PublishedSupervisor(Protocol):
+    """What publication reads of the supervisor (`EngineSupervisor`): where it records (operation log,
+    metrics, evidence) and every part of it `/v1/state` shows. Read only: publication changes nothing."""
+
+    @property
+    def config(self) -> SupervisorConfig: ...
+    @property
+    def oplog(self) -> OperationLog: ...
+    @property
+    def metrics(self) -> SupervisorMetrics: ...
+    @property
+    def evidence(self) -> EvidenceBook: ...
+    @property
+    def machine(self) -> StateMachine: ...
+    @property
+    def engine(self) -> EngineProcess | None: ...
+    @property
+    def served_model(self) -> str | None: ...
+    @property
+    def bundle(self) -> Bundle | None: ...
+    @property
+    def running_bundle(self) -> BundleSpec: ...
+    @property
+    def precheck(self) -> PrecheckReport | None: ...
+    @property
+    def restarts(self) -> list[RestartRecord]: ...
+    @property
+    def gates(self) -> GateWaiter: ...
+    @property
+    def drain_report(self) -> DrainReport | None: ...
+    @property
+    def routers(self) -> RouterSubscriptions: ...
+    @property
+    def sleep_status(self) -> SleepStatus | None: ...
+    @property
+    def prefix_cache(self) -> PrefixCacheEpoch: ...
+    @property
+    def adapters(self) -> AdapterSet: ...
+    @property
+    def gate(self) -> _Shown | None: ...  # the admission gate (supervisor/http, above the lifecycle)
+    @property
+    def busy(self) -> str | None: ...
+    @property
+    def operation_lock(self) -> OperationLock: ...
+    @property
+    def startup_failure(self) -> StartupFailure | None: ...
+    @property
+    def startup(self) -> _StableComparison: ...
+    @property
+    def memory(self) -> MemoryRecord: ...
+
+    def preload_json(self) -> dict[str, Any] | None: ...
 
 
 class Publication:
     """Records and shows one supervisor's state; it changes nothing."""
 
-    def __init__(self, sup: EngineSupervisor, log: Callable[[str], None], echo: LineSink) -> None:
+    def __init__(self, sup: PublishedSupervisor, log: Callable[[str], None], echo: LineSink) -> None:
         self._sup = sup
         self._log = log
         self._echo = echo

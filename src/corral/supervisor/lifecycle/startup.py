@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
@@ -35,7 +36,20 @@ from corral.supervisor.precheck.gate import PrecheckSettings, run_precheck
 from corral.supervisor.precheck.identity import merged_env
 
 if TYPE_CHECKING:
-    from corral.supervisor.lifecycle.supervisor import EngineSupervisor
+    from corral.bundle_spec import BundleSpec
+    from corral.engine.evidence import EvidenceBook
+    from corral.supervisor.checks.adapters import AdapterSet
+    from corral.supervisor.checks.bundle import Bundle
+    from corral.supervisor.checks.dependencies import GateWaiter
+    from corral.supervisor.checks.engine_auth import EngineKey
+    from corral.supervisor.checks.readiness import ReadinessCheck
+    from corral.supervisor.lifecycle.config import SupervisorConfig
+    from corral.supervisor.lifecycle.engine_process import RestartRecord
+    from corral.supervisor.lifecycle.memory_checks import MemoryRecord, MemoryVerdict
+    from corral.supervisor.lifecycle.metrics import SupervisorMetrics
+    from corral.supervisor.lifecycle.states import StateEvent, StateMachine
+    from corral.supervisor.precheck.gate import PrecheckReport
+    from corral.supervisor.state.oplog import OperationLog
 
 S = EngineState
 _ENGINE_PHASES = frozenset(
@@ -53,10 +67,89 @@ class ModelMismatch(Exception):
     """The engine serves, but not the model it was expected to: no restart will fix that."""
 
 
+class EngineLines(Protocol):
+    """Where the engine's log lines go (`publication.Publication`): echoed, and kept as evidence."""
+
+    def engine_line(self, line: str) -> None: ...
+
+    def evidence(self, kind: str, line: str) -> None: ...
+
+
+class StartupHost(Protocol):
+    """What startup needs of the supervisor (`EngineSupervisor`): its configuration, state machine and
+    records to read and write, the checks it runs, the engine it starts (and the figures it learns of
+    it: bundle, PRECHECK, served model, smoke), the preload daemon's fate, and the supervisor's own
+    transitions, restarts and failure."""
+
+    engine: EngineProcess | None
+    bundle: Bundle | None
+    precheck: PrecheckReport | None
+    served_model: str | None
+    last_smoke: SmokeResult | None
+    log: Callable[[str], None]
+
+    @property
+    def config(self) -> SupervisorConfig: ...
+    @property
+    def machine(self) -> StateMachine: ...
+    @property
+    def oplog(self) -> OperationLog: ...
+    @property
+    def metrics(self) -> SupervisorMetrics: ...
+    @property
+    def evidence(self) -> EvidenceBook: ...
+    @property
+    def memory(self) -> MemoryRecord: ...
+    @property
+    def session(self) -> aiohttp.ClientSession: ...
+    @property
+    def running_bundle(self) -> BundleSpec: ...
+    @property
+    def readiness(self) -> ReadinessCheck: ...
+    @property
+    def gates(self) -> GateWaiter: ...
+    @property
+    def engine_key(self) -> EngineKey: ...
+    @property
+    def adapters(self) -> AdapterSet: ...
+    @property
+    def publication(self) -> EngineLines: ...
+
+    def transition(
+        self, state: EngineState, reason: str, sub_state: str | None = None, /, **evidence: Any
+    ) -> StateEvent: ...
+
+    def fail_for_good(self, reason: str, **evidence: Any) -> None: ...
+
+    async def stop_engine(self, grace: float, reason: str) -> int | None: ...
+
+    def gate_log(self, message: str) -> None: ...
+
+    def preload_lost(self) -> str | None: ...
+
+    def watch_preload(self, tasks: set[asyncio.Task[Any]]) -> None: ...
+
+    async def revive_preload(self) -> bool: ...
+
+    def record_exit(self, engine: EngineProcess) -> None: ...
+
+    def record_restart(
+        self,
+        attempt: int,
+        code: int | None,
+        reason: str,
+        backoff: float,
+        cause: str,
+        engine: EngineProcess | None = None,
+    ) -> RestartRecord: ...
+
+    def note_memory(self, operation: str, verdict: MemoryVerdict) -> None: ...
+
+
 class EngineStartup:
     """STARTING until READY for one supervisor; every transition on its state machine."""
 
-    def __init__(self, sup: EngineSupervisor) -> None:
+    def __init__(self, sup: StartupHost) -> None:
         self._sup = sup
         self._base_argv = sup.config.engine_argv  # the command as configured (bundles add to it)
         self.last_ready: EngineCommand | None = None  # the last command that earned READY here
