@@ -12,7 +12,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from corral.contracts.supervisor import AckRequest
+from corral.router.discovery import supervisor_stream
 from corral.router.discovery.supervisor_stream import SupervisorStreams
+from corral.router.membership.endpoint import Endpoint
 from corral.router.membership.membership import Membership
 from corral.router.telemetry.metrics import RouterMetrics
 from corral.supervisor.lifecycle.routers import RouterSubscriptions
@@ -39,8 +41,17 @@ async def rigs() -> AsyncIterator[list[tuple[FakeSupervisor, Membership, Supervi
 
 
 async def test_the_ack_waits_for_decode_legs_from_the_engines_transfers(
-    rigs: list[tuple[FakeSupervisor, Membership, SupervisorStreams]],
+    rigs: list[tuple[FakeSupervisor, Membership, SupervisorStreams]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    waiting, returned = asyncio.Event(), asyncio.Event()
+    real_wait = supervisor_stream._transfers_reached
+
+    async def spied(endpoints: list[Endpoint], within: float) -> None:
+        waiting.set()  # the acknowledgement has reached its wait for the transfers ...
+        await real_wait(endpoints, within)  # ... whose first look at them comes before any await
+        returned.set()
+
+    monkeypatch.setattr(supervisor_stream, "_transfers_reached", spied)
     rigs.append(await rig_with(transfer_wait=5.0))
     supervisor, membership, _ = rigs[0]
     lines = supervisor.script()
@@ -50,7 +61,8 @@ async def test_the_ack_waits_for_decode_legs_from_the_engines_transfers(
     endpoint.transfers_pending = 1  # a prefill answered here; its decode leg has no first byte yet
     lines.put_nowait(state_line(8, "DRAINING", "leaving_routing"))
     await until(lambda: membership.eligible("m") == [])
-    await asyncio.sleep(0.1)
+    await asyncio.wait_for(waiting.wait(), 10)
+    assert not returned.is_set(), "the wait ended while a decode leg was still pending"
     assert supervisor.acks == [], "acknowledged while a decode leg from its transfer had not reached decode"
     endpoint.transfers_pending = 0
     await asyncio.wait_for(supervisor.ack_seen.wait(), 1.0)
