@@ -180,7 +180,11 @@ async def test_drain_is_confirmed_by_both_routers_and_nothing_arrives_after_the_
         sampler.start()
         out, stop = Outcomes(), asyncio.Event()
         load_task = asyncio.create_task(load(router_urls, out, stop))
-        await asyncio.sleep(2.0)
+        await wait_until(
+            lambda: len({s.fingerprint for s in out.sent if s.fingerprint}) == 2,
+            60,
+            "answers from both engines",
+        )
         assert out.completed > 0 and not out.failed_before_stream, out.failed_before_stream[:3]
         fingerprints = {s.fingerprint for s in out.sent if s.fingerprint}
         assert len(fingerprints) == 2, f"load did not reach both engines: {fingerprints}"
@@ -188,7 +192,13 @@ async def test_drain_is_confirmed_by_both_routers_and_nothing_arrives_after_the_
         status, op = await asyncio.to_thread(http_json, victim.url + "/v1/drain", "POST", {})
         assert status == 202, op
         report = await asyncio.to_thread(victim.wait_for, "drained", lambda b: b.get("drain") is not None, 40)
-        await asyncio.sleep(1.0)  # load goes on against the survivor
+        drained_at = time.time()  # after the last acknowledgement (the drain waited for it)
+        # load goes on against the survivor after the drain
+        await wait_until(
+            lambda: sum(1 for s in out.sent if s.sent_at > drained_at and s.fingerprint) >= 12,
+            60,
+            "answers after the drain",
+        )
         stop.set()
         await asyncio.wait_for(load_task, 60)
         sampler.halt.set()

@@ -20,6 +20,7 @@ import aiohttp
 from tests.integration.test_supervisor_support import gone, kill_leftovers, start_supervised
 from tests.support.procs import CorralProcess, free_port
 from tests.support.streams import stream_once
+from tests.support.waits import eventually
 
 GRACE_S = 30.0
 SIM_ARGS = ("--itl-ms", "20", "--shutdown-timeout", "8")
@@ -91,7 +92,7 @@ async def test_sigterm_under_load_through_the_router_loses_nothing() -> None:
 
         out, stop = Outcomes(), asyncio.Event()
         load_task = asyncio.create_task(load(router_url, out, stop))
-        await asyncio.sleep(2.0)
+        await eventually(lambda: out.completed >= 12, "two answers per load worker", within=60)
         assert out.completed > 0 and not out.failed_before_stream, out
         before = out.completed
         victim.proc.proc.send_signal(signal.SIGTERM)  # as the kubelet does: to the supervisor only
@@ -99,7 +100,9 @@ async def test_sigterm_under_load_through_the_router_loses_nothing() -> None:
         code = await asyncio.to_thread(victim.proc.wait_exit, GRACE_S)
         exited_after = time.monotonic() - sigterm_at
         engine_gone = gone(engine_pid)
-        await asyncio.sleep(1.0)  # load goes on against the survivor
+        at_exit = out.completed
+        # load goes on against the survivor: answers completed after the victim exited
+        await eventually(lambda: out.completed >= at_exit + 12, "answers from the survivor", within=60)
         stop.set()
         await asyncio.wait_for(load_task, 60)
 
