@@ -88,7 +88,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mooncake_trace
 import prefix_sweep
 from bench_router import ROOT, Proc, find_vllm_router, free_port, spawn, wait_ready
-from corral.sim.core.tokenizer import WORDS
+from corral.engine.sim_tokenizer import WORDS
 from loadgen import Report, Sample, check_loopback, exit_on_sigterm
 
 MODEL = "bench-model"

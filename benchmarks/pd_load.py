@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from corral.sim.core.tokenizer import WORDS
+from corral.engine.sim_tokenizer import WORDS
 from stream_timing import TimedReport, stream_timed
 
 MODEL = "bench-model"

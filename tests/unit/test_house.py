@@ -37,11 +37,7 @@ FLOORS: dict[str, int] = {
 # names why, and is to be removed (with the violation) once that edit has landed; the tests below fail
 # when a listed violation is gone, so a stale entry cannot stay.
 KNOWN_FLOOR_VIOLATIONS: dict[str, str] = {}
-KNOWN_SIMULATOR_IMPORTS: dict[str, str] = {
-    "corral.router.routing.prompt_tokens -> corral.sim.core.chat": "issue 31: fixed in the next commit",
-    "corral.router.routing.prompt_tokens -> corral.sim.core.tokenizer": "issue 31: fixed in the next commit",
-    "corral.supervisor.precheck.identity -> corral.sim.core.config": "issue 31: fixed in the next commit",
-}
+KNOWN_SIMULATOR_IMPORTS: dict[str, str] = {}
 KNOWN_FILE_CIRCLES: dict[tuple[str, ...], str] = {}
 
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from corral.sim.core.tokenizer import WORDS
+from corral.engine.sim_tokenizer import WORDS
 from mooncake_trace import BlockText, CostModelReference, TraceRequest, TraceScale, cut, prefix_trees
 from prefix_sweep import DrawRatios, draw, summary
 

@@ -5,6 +5,8 @@ answered by the approximate memory; a pick held as pending until the events conf
 from __future__ import annotations
 
 from corral.engine.kv_events import block_hashes
+from corral.engine.sim_chat import render_chat
+from corral.engine.sim_tokenizer import ToyTokenizer
 from corral.engine_state import EngineState
 from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.kv_holders import KvPrefixHolders
@@ -12,8 +14,6 @@ from corral.router.routing.kv_index import KvIndex
 from corral.router.routing.prefix_memory import PrefixMemory
 from corral.router.routing.prompt_tokens import SimPromptTokens, prompt_tokens
 from corral.router.routing.request import RouteRequest
-from corral.sim.core.chat import render_chat
-from corral.sim.core.tokenizer import ToyTokenizer
 
 BS = 16
 SYSTEM = "You are a careful assistant. " * 40

@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from corral.engine.sim_tokenizer import ToyTokenizer
 from corral.sim.core.config import SimConfig
 from corral.sim.core.control import EngineControl
 from corral.sim.core.engine import Engine, Job
 from corral.sim.core.lifecycle import EngineLifecycle, LifecycleError
 from corral.sim.core.logs import EngineLog
-from corral.sim.core.tokenizer import ToyTokenizer
 from corral.sim.http.protocol import parse_completion
 
 

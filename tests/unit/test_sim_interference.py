@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
+from corral.engine.sim_tokenizer import ToyTokenizer
 from corral.sim.core.config import SimConfig
 from corral.sim.core.engine import Engine, Job
 from corral.sim.core.kv_transfer import KvTransfers, PullAnswer
 from corral.sim.core.logs import EngineLog
 from corral.sim.core.scheduler import LatencyModel, Scheduler
-from corral.sim.core.tokenizer import ToyTokenizer
 from corral.sim.http.protocol import parse_completion
 
 ITL_MS = 2.0

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corral.sim.core.chat import render_chat
-from corral.sim.core.tokenizer import MAX_TOKEN_CHARS, ToyTokenizer
+from corral.engine.sim_chat import render_chat
+from corral.engine.sim_tokenizer import MAX_TOKEN_CHARS, ToyTokenizer
 
 TOK = ToyTokenizer()
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from corral.sim.core.chat import render_chat
-from corral.sim.core.tokenizer import ToyTokenizer
+from corral.engine.sim_chat import render_chat
+from corral.engine.sim_tokenizer import ToyTokenizer
 
 SIM_TOKENIZER = "sim"
 

@@ -1,26 +1,9 @@
-"""Chat template: renders OpenAI `messages` into one prompt string, in order (a Llama-like template)."""
+"""The simulator's chat rendering is `corral.engine.sim_chat` (below the router, which renders the same
+way). Only a re-export for `sim/http/app.py`, which imports it from here while other work on it is
+uncommitted; to be removed once it imports `corral.engine.sim_chat` (issue 31)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from corral.engine.sim_chat import render_chat
 
-
-def message_text(content: Any) -> str:
-    """The text of a `content`: a string, a list of `{"type": "text", "text": ...}` parts, or null."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            str(part.get("text", "")) for part in content if isinstance(part, dict) and "text" in part
-        )
-    return str(content)
-
-
-def render_chat(messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-    parts = [f"<|{m.get('role', 'user')}|>\n{message_text(m.get('content'))}\n" for m in messages]
-    if add_generation_prompt:
-        parts.append("<|assistant|>\n")
-    return "".join(parts)
+__all__ = ["render_chat"]

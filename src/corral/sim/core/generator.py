@@ -13,7 +13,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from corral.sim.core.tokenizer import MAX_TOKEN_CHARS, WORDS
+from corral.engine.sim_tokenizer import MAX_TOKEN_CHARS, WORDS
 
 # Punctuation is over-represented so that `stop: ["."]` or `["\n"]` is reached within a few tokens.
 _PUNCTUATION: tuple[str, ...] = (".",) * 8 + (",",) * 8 + ("\n",) * 3

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from corral.sim.core.chat import render_chat
+from corral.engine.sim_chat import render_chat
 from corral.sim.core.requests import InferenceRequest, RequestError
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from corral.engine.flags import flag_value, serving_settings
 from corral.engine.revisions import floating_revisions as revision_floats
+from corral.engine.sim_version import SIM_VLLM_VERSION
 from corral.supervisor.checks.bundle import bundle_from
 from corral.supervisor.precheck.check import CheckResult, Outcome
 from corral.supervisor.precheck.explain import Step, step_lines
@@ -94,15 +95,6 @@ def _interpreter(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
     return parts[0]
 
 
-def _sim_default_version() -> str:
-    from dataclasses import fields
-
-    from corral.sim.core.config import SimConfig
-
-    default = next(f.default for f in fields(SimConfig) if f.name == "version_string")
-    return str(default)
-
-
 def image_version(image: str | None) -> str | None:
     """The version in an image tag (`vllm/vllm-openai:v0.11.0` → 0.11.0); None for `latest` and the like."""
     if not image or ":" not in image.rsplit("/", 1)[-1]:
@@ -119,7 +111,7 @@ def engine_version(
     kind = engine_kind(argv)
     if kind == EngineKind.SIM:
         given = flag_value(argv, "--version-string")
-        return (given, "--version-string") if given else (_sim_default_version(), "corral sim default")
+        return (given, "--version-string") if given else (SIM_VLLM_VERSION, "corral sim default")
     if kind == EngineKind.VLLM and (python := _interpreter(argv, env)) is not None:
         try:
             done = subprocess.run(
