@@ -17,6 +17,7 @@ from aiohttp import web
 
 from corral.engine_state import EngineState
 from corral.pod_labels import SUPERVISOR_PORT_ANNOTATION
+from corral.router.discovery import supervisor_stream
 from corral.router.discovery.k8s_pods import PodSource, PodSourceConfig, pod_view
 from corral.router.discovery.supervisor_stream import StreamSettings, SupervisorStreams
 from corral.router.membership.consumer import MembershipConsumer
@@ -169,8 +170,18 @@ async def until(check: Any, within: float = 2.0) -> None:
 
 
 async def test_a_removal_leaves_the_table_before_its_ack_which_waits_for_dispatching(
-    rig: tuple[FakeSupervisor, Membership, SupervisorStreams],
+    rig: tuple[FakeSupervisor, Membership, SupervisorStreams], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    waits: list[asyncio.Event] = []  # one per acknowledgement begun: set once its dispatch wait ended
+    real_wait = supervisor_stream._dispatched
+
+    async def spied(endpoints: list[Endpoint], within: float) -> None:
+        ended = asyncio.Event()
+        waits.append(ended)  # an acknowledgement began; the wait looks at `dispatching` before any await
+        await real_wait(endpoints, within)
+        ended.set()
+
+    monkeypatch.setattr(supervisor_stream, "_dispatched", spied)
     supervisor, membership, _ = rig
     lines = supervisor.script()
     endpoint = add_endpoint(membership, supervisor.url)
@@ -182,7 +193,8 @@ async def test_a_removal_leaves_the_table_before_its_ack_which_waits_for_dispatc
     endpoint.dispatching = 1  # a request picked before the removal, not yet answered by the engine
     lines.put_nowait(state_line(8, "DRAINING", "leaving_routing"))
     await until(lambda: membership.eligible("m") == [])
-    await asyncio.sleep(0.1)
+    await until(lambda: len(waits) == 1)
+    assert not waits[0].is_set(), "the dispatch wait ended while a picked request had not reached the engine"
     assert supervisor.acks == [], "acknowledged while a picked request had not reached the engine"
     endpoint.dispatching = 0
     await asyncio.wait_for(supervisor.ack_seen.wait(), 1.0)
@@ -194,8 +206,8 @@ async def test_a_removal_leaves_the_table_before_its_ack_which_waits_for_dispatc
     # later non-READY epochs of the same removal are not acknowledged again
     lines.put_nowait(state_line(9, "DRAINING", "waiting_in_flight"))
     await until(lambda: endpoint.supervisor is not None and endpoint.supervisor.epoch == 9)
-    await asyncio.sleep(0.05)
-    assert len(supervisor.acks) == 1
+    await asyncio.sleep(0)  # an acknowledgement is decided with the line: its task would start now
+    assert len(waits) == 1 and len(supervisor.acks) == 1
 
 
 async def test_a_silent_stream_goes_stale_unroutable_and_is_reconnected(
