@@ -120,10 +120,6 @@ class DrainRequest(OperationRequest):
         return str(value)
 
 
-class ShutdownRequest(OperationRequest):
-    route = "/v1/shutdown"
-
-
 class ObservedRequest(OperationRequest):
     """A runbook operation's request: `observe_seconds` S > 0 closes it with OBSERVE, one window of S
     seconds of the engine's traffic after POSTCHECK compared with its PRECHECK baseline; the three

@@ -102,12 +102,3 @@ class RetiredGroup(WireModel):
 
     name: str
     exit_codes: dict[str, int | None] = Field(default_factory=dict)  # member name -> exit code
-
-
-class ControlError(WireModel):
-    message: str
-    code: int
-
-
-class ControlErrorBody(WireModel):
-    error: ControlError

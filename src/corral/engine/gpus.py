@@ -105,10 +105,3 @@ def held_by(listed: dict[str, dict[int, int]], pids: Iterable[int]) -> dict[str,
     wanted = set(pids)
     held = {uuid: sum(b for pid, b in procs.items() if pid in wanted) for uuid, procs in listed.items()}
     return {uuid: b for uuid, b in held.items() if b}
-
-
-def process_gpu_memory(pids: Iterable[int]) -> dict[str, int] | None:
-    """Bytes of GPU memory the given processes hold, per GPU UUID (GPUs where they hold none are
-    left out), or None when NVML is not available."""
-    listed = gpu_processes()
-    return None if listed is None else held_by(listed, pids)

@@ -46,12 +46,6 @@ def load_bound(candidates: Sequence[Endpoint], eps: float) -> int:
     return math.ceil((1.0 + eps) * (in_flight_total(candidates) + 1) / len(candidates))
 
 
-def within_load_bound(candidates: Sequence[Endpoint], eps: float) -> list[Endpoint]:
-    """The candidates that may take one more request and stay within the bound."""
-    bound = load_bound(candidates, eps)
-    return [e for e in candidates if e.host_in_flight < bound]
-
-
 def candidates_for(
     candidates: Sequence[Endpoint],
     rng: random.Random,

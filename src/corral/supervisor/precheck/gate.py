@@ -72,10 +72,6 @@ class PrecheckReport:
     def fingerprint(self) -> str | None:
         return self.artifact.fingerprint if self.artifact is not None else None
 
-    def evidence_of(self, name: str) -> dict[str, Any] | None:
-        """One check's evidence (the memory budget's, for the KV capacity at READY), None if absent."""
-        return next((c.evidence for c in self.checks if c.name == name), None)
-
     def summary(self) -> dict[str, Any]:
         """Outcome and reasons without the evidence: what an unauthenticated probe may show."""
         return {
