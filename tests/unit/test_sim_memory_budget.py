@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from corral.engine.model_config import DTYPE_BYTES as PRECHECK_DTYPE_BYTES
 from corral.sim.core.config import SimConfig
+from corral.sim.core.model_dir import DTYPE_BYTES as SIM_DTYPE_BYTES
 from corral.sim.core.sizing import size_engine
 from corral.supervisor.precheck.budget import BudgetOverrides, compute_budget, memory_budget
 from corral.supervisor.precheck.check import Outcome
@@ -72,3 +74,10 @@ def test_precheck_and_the_simulator_agree(
         assert budget.expected_kv_tokens <= sim.plan.kv_cache_tokens  # the budget is the cautious one
     if sim.plan is None:
         assert check.outcome is Outcome.REFUSED, check.reason
+
+
+def test_precheck_sizes_every_dtype_the_simulator_sizes_and_alike() -> None:
+    # two tables on purpose (each estimate its own), but a dtype the simulator sizes must be one PRECHECK
+    # sizes too, at the same bytes per element: else PRECHECK refuses or misjudges a start the engine takes
+    shared = {name: PRECHECK_DTYPE_BYTES.get(name) for name in SIM_DTYPE_BYTES}
+    assert shared == SIM_DTYPE_BYTES

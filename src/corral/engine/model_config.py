@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 # bytes per element of the dtypes vLLM accepts for weights (`--dtype`) and the KV cache
-# (`--kv-cache-dtype`: auto, bfloat16, fp8, fp8_e4m3, fp8_e5m2, fp8_inc, fp8_ds_mla)
+# (`--kv-cache-dtype`: auto, bfloat16, fp8, fp8_e4m3, fp8_e5m2, fp8_inc, fp8_ds_mla). The simulator keeps
+# its own copy on purpose (sim/core/model_dir.py); this one is a superset of it, with the same sizes.
 DTYPE_BYTES: dict[str, int] = {
     "float32": 4,
     "float": 4,

@@ -12,7 +12,11 @@ from pathlib import Path
 
 GIB = 2**30
 
-# Bytes per element of the dtypes a config.json or `--dtype` / `--kv-cache-dtype` names.
+# Bytes per element of the dtypes a config.json or `--dtype` / `--kv-cache-dtype` names. The simulator's
+# own copy on purpose, beside its own copy of vLLM's memory arithmetic (sim/core/device.py): a shared
+# table would hide a shared mistake from the test that sets the two estimates against each other
+# (ARCHITECTURE.md §3, "Two estimates, on purpose"). PRECHECK's table (corral.engine.model_config) may
+# know more dtypes, never fewer or other sizes: tests/unit/test_sim_memory_budget.py holds that.
 DTYPE_BYTES: dict[str, int] = {
     "float32": 4,
     "float": 4,
