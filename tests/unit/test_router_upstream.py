@@ -83,18 +83,22 @@ async def test_chunked_body_arrives_in_pieces() -> None:
 
 
 async def test_a_reused_connection_the_engine_closed_is_retried_on_a_fresh_one() -> None:
+    closed = asyncio.Event()
+
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(OK)
         await writer.drain()
         writer.close()  # the engine drops the idle keep-alive connection
+        await writer.wait_closed()
+        closed.set()
 
     async with raw_server(handler) as url:
         client = UpstreamClient(connect_timeout=2, read_timeout=2)
         first = await client.request(url, "POST", "/", [], b"")
         await first.read()
         first.close()
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(closed.wait(), 10)
         second = await client.request(url, "POST", "/", [], b"")
         assert await second.read() == b"{}"
         second.close()
