@@ -16,6 +16,7 @@ from corral.sim.core.engine import Engine, Job
 from corral.sim.core.lifecycle import EngineLifecycle, LifecycleError
 from corral.sim.core.logs import EngineLog
 from corral.sim.http.protocol import parse_completion
+from tests.support.waits import eventually
 
 
 def _make(itl_ms: float = 5.0) -> tuple[Engine, EngineControl, io.StringIO]:
@@ -92,8 +93,8 @@ async def test_requests_arriving_while_asleep_queue_and_run_after_wake(
     await control.sleep(1, "abort")
     job = _job(engine, "q", max_tokens=3)
     task = asyncio.create_task(engine.complete(job))
-    await asyncio.sleep(0.05)
-    assert not task.done() and engine.scheduler.num_waiting == 1
+    await eventually(lambda: engine.scheduler.num_waiting == 1, "the request queued")
+    assert not task.done()
     assert not control.wake_up(["weights"])  # partial wake: still queued
     await asyncio.sleep(0.02)
     assert engine.scheduler.num_waiting == 1

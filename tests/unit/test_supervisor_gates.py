@@ -12,6 +12,7 @@ from aiohttp import web
 
 from corral.gate_spec import GateSpecError
 from corral.supervisor.checks.dependencies import GatesTimedOut, GateWaiter, parse_gate
+from tests.support.waits import eventually
 
 
 @pytest.mark.parametrize(
@@ -90,8 +91,10 @@ async def test_tcp_file_and_http_gates(tmp_path: Path) -> None:
     try:
         async with aiohttp.ClientSession() as session:
             task = asyncio.create_task(waiter.wait(session))
-            await asyncio.sleep(0.3)
-            assert waiter.status[f"file:{marker}"].last_error == f"{marker} does not exist"
+            await eventually(
+                lambda: waiter.status[f"file:{marker}"].last_error == f"{marker} does not exist",
+                "the file gate tried and found no file",
+            )
             marker.write_text("")
             await asyncio.wait_for(task, 10)
     finally:
