@@ -9,11 +9,11 @@ host; its supervisor's word, when it has one, wins), and/or `name=NAME`: what pe
 (`engine-0`; shown in `/v1/fleet` and the dashboard). The file is
 read again whenever its modification time, size or inode changes, and the list it names replaces the
 previous one (probing is `StaticSource`'s job). This is how a fleet that Corral runs changes the
-router's members at run time: write the new file atomically (temp file, then rename)."""
+router's members at run time: write the new file atomically (temp file, then rename). A bad edit, or the
+file gone, is logged and keeps the previous list (`corral.reloaded_file`)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from collections.abc import Mapping
@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from corral.aio import cancel_tasks
-from corral.atomic_file import file_stamp
 from corral.engine.kv_events_address import parse_address
 from corral.engine.pd_protocol import ROLES
+from corral.reloaded_file import ReloadedFile
 from corral.router.discovery.static import StaticSource
 from corral.router.membership.events import MembershipSink
 from corral.router.membership.group_tag import GroupTag, GroupTagError, group_tag
@@ -172,11 +171,17 @@ class FileSource:
         poll_seconds: float = 0.5,
         probe_headers: Mapping[str, str] | None = None,
     ) -> None:
-        self._path = path
-        self._poll_seconds = poll_seconds
-        self._stamp = self._file_stamp()
+        self._file = ReloadedFile(
+            path,
+            read_backends,
+            self._apply,
+            self._refused,
+            (BackendsFileError,),
+            poll_seconds=poll_seconds,
+            task_name="corral-router-backends-file",
+        )
         # A bad file at start is the user's to fix now; later, a bad edit keeps the last good list.
-        first = read_backends(path)
+        first = self._file.read_now()
         self._static = StaticSource(
             sink,
             first.urls,
@@ -191,38 +196,22 @@ class FileSource:
             names=first.names,
             probe_headers=probe_headers,
         )
-        self._task: asyncio.Task[None] | None = None
-
-    def _file_stamp(self) -> tuple[int, int, int] | None:
-        return file_stamp(self._path)
 
     async def start(self) -> None:
         await self._static.start()
-        self._task = asyncio.create_task(self._watch(), name="corral-router-backends-file")
+        await self._file.start()
 
     async def stop(self) -> None:
-        await cancel_tasks(self._task)
-        self._task = None
+        await self._file.stop()
         await self._static.stop()
 
-    async def _watch(self) -> None:
-        while True:
-            await asyncio.sleep(self._poll_seconds)
-            self.reload_if_changed()
+    def _refused(self, exc: Exception) -> None:
+        log.error("%s; keeping the previous %d backends", exc, len(self._static.urls))
 
-    def reload_if_changed(self) -> bool:
-        stamp = self._file_stamp()
-        if stamp is None or stamp == self._stamp:
-            return False
-        self._stamp = stamp
-        try:
-            backends = read_backends(self._path)
-        except BackendsFileError as exc:
-            log.error("%s; keeping the previous %d backends", exc, len(self._static.urls))
-            return False
+    def _apply(self, backends: Backends) -> None:
         log.info(
             "backends file %s changed: %d backends, %d supervised, %d in serving groups, %d with a role",
-            self._path,
+            self._file.path,
             len(backends.urls),
             len(backends.supervisors),
             len(backends.groups),
@@ -236,4 +225,3 @@ class FileSource:
             backends.kv_events,
             backends.names,
         )
-        return True

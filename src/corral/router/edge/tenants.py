@@ -20,10 +20,9 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from corral.aio import cancel_tasks
-from corral.atomic_file import file_stamp
 from corral.metric_families import labelled_counter
 from corral.openai_errors import error_response
+from corral.reloaded_file import ReloadedFile
 from corral.router.edge.tenants_file import (
     TenantsFileError,
     TenantSpec,
@@ -110,25 +109,34 @@ class Tenants:
     """The tenants of one API keys file: looked up by key digest, re-read when the file changes."""
 
     def __init__(
-        self, specs: Sequence[TenantSpec], path: Path | None = None, poll_seconds: float = 0.5
+        self, specs: Sequence[TenantSpec] = (), path: Path | None = None, poll_seconds: float = 0.5
     ) -> None:
-        self._path = path
-        self._poll_seconds = poll_seconds
+        self._file = (
+            ReloadedFile(
+                path,
+                read_tenants,
+                self.reread,
+                self.refused,
+                (TenantsFileError,),
+                poll_seconds=poll_seconds,
+                task_name="corral-router-api-keys-file",
+            )
+            if path is not None
+            else None
+        )
         self._by_name: dict[str, Tenant] = {}
         self._by_digest: dict[bytes, tuple[bytes, Tenant]] = {}
         self._retired: dict[str, Tenant] = {}  # removed from the file: counters stay on /metrics
         self.file_errors = 0
-        self._task: asyncio.Task[None] | None = None
-        self._stamp = self._file_stamp()
         self._install(specs)
 
     @classmethod
     def from_file(cls, path: Path, poll_seconds: float = 0.5) -> Tenants:
         """Read the file now (a bad file raises TenantsFileError: the user's to fix at start); later,
         a bad edit keeps the last good tenants."""
-        stamp = file_stamp(path)  # before reading: a change made while it is read is seen next poll
-        tenants = cls(read_tenants(path), path, poll_seconds)
-        tenants._stamp = stamp
+        tenants = cls(path=path, poll_seconds=poll_seconds)
+        assert tenants._file is not None
+        tenants._install(tenants._file.read_now())
         warn_if_readable(path)
         return tenants
 
@@ -166,43 +174,29 @@ class Tenants:
     def all(self) -> list[Tenant]:
         return [*self._by_name.values(), *self._retired.values()]
 
-    # -- watching the file ----------------------------------------------------------------------
-
-    def _file_stamp(self) -> tuple[int, int, int] | None:
-        return None if self._path is None else file_stamp(self._path)
+    # -- the file, read again when it changes (corral.reloaded_file) ---------------------------------
 
     async def start(self) -> None:
-        if self._path is None:
-            return
-        self._task = asyncio.create_task(self._watch(), name="corral-router-api-keys-file")
+        if self._file is not None:
+            await self._file.start()
 
     async def stop(self) -> None:
-        await cancel_tasks(self._task)
-        self._task = None
-
-    async def _watch(self) -> None:
-        while True:
-            await asyncio.sleep(self._poll_seconds)
-            self.reload_if_changed()
+        if self._file is not None:
+            await self._file.stop()
 
     def reload_if_changed(self) -> bool:
-        stamp = self._file_stamp()
-        if stamp == self._stamp:
-            return False
-        self._stamp = stamp
-        if self._path is None:
-            return False
-        try:
-            specs = read_tenants(self._path)
-        except TenantsFileError as exc:
-            self.file_errors += 1
-            log.error("%s; keeping the previous %d tenants", exc, len(self._by_digest))
-            return False
+        return self._file is not None and self._file.reload_if_changed()
+
+    def refused(self, exc: Exception) -> None:
+        self.file_errors += 1
+        log.error("%s; keeping the previous %d tenants", exc, len(self._by_digest))
+
+    def reread(self, specs: list[TenantSpec]) -> None:
         self._install(specs)
-        log.info("API keys file %s changed: %d tenants", self._path, len(specs))
+        path = self._file.path if self._file is not None else None
+        log.info("API keys file %s changed: %d tenants", path, len(specs))
         if not specs:
-            log.warning("the API keys file %s names no tenant: every request gets 401", self._path)
-        return True
+            log.warning("the API keys file %s names no tenant: every request gets 401", path)
 
 
 TENANT_KEY = web.RequestKey("corral_tenant", Tenant)  # the Tenant a request was admitted as
