@@ -17,6 +17,7 @@ from tests.integration.test_rollout import SIM, Load, corral, fleet_file, read_t
 from tests.integration.test_rollout_hosts import hosts
 from tests.integration.test_rollout_hosts import record as host_record
 from tests.integration.test_up import start_up
+from tests.support.waits import eventually
 
 CANARY = ("--canary-seconds", "20")  # a ceiling: a failing group is judged within a second or two
 
@@ -56,9 +57,11 @@ async def test_a_bundle_failing_a_fifth_of_its_requests_is_stopped_by_the_canary
         bundle.write_text(f"name: flaky\nengine_args: {flaky}\n")
         load = Load(url)
         load_task = asyncio.create_task(load.run())
-        await asyncio.sleep(0.5)
+        await eventually(lambda: load.outcomes["completed"] >= 20, "load flowing", within=60)
         code, output = await corral(state, "rollout", "--port", port, "--to", str(bundle), *CANARY)
-        await asyncio.sleep(0.5)  # the old groups still serve everything after the rollout stopped
+        # the old groups still serve everything after the rollout stopped
+        after = load.outcomes["completed"]
+        await eventually(lambda: load.outcomes["completed"] >= after + 20, "answers after it", within=60)
         load.stop.set()
         await load_task
 

@@ -19,7 +19,7 @@ import pytest
 from tests.integration.test_rollout import Load, corral, routable
 from tests.integration.test_supervisor_confirmed_drain import start_router
 from tests.integration.test_supervisor_support import Supervised, kill_leftovers, start_supervised
-from tests.support.waits import wait_until
+from tests.support.waits import eventually, wait_until
 
 SIM = ("--itl-ms", "5")
 SUP = ("--propagation-timeout", "5", "--quiet-period", "0.3", "--drain-timeout", "15")
@@ -78,11 +78,12 @@ async def test_hosts_are_switched_in_place_and_back_under_load(tmp_path: Path) -
         engine_pids = {s.url: s.state()["engine"]["pid"] for s in sups}
         load = Load(url)
         load_task = asyncio.create_task(load.run())
-        await asyncio.sleep(0.5)
+        await eventually(lambda: load.outcomes["completed"] >= 20, "load flowing", within=60)
         forward = await corral(state, "rollout", "--fleet", str(fleet), "--to", str(tmp_path / "v2.yaml"))
         middle = {s.url: s.state() for s in sups}
         back = await corral(state, "rollback", "--fleet", str(fleet))
-        await asyncio.sleep(0.5)
+        after = load.outcomes["completed"]
+        await eventually(lambda: load.outcomes["completed"] >= after + 20, "answers after it", within=60)
         load.stop.set()
         await load_task
 
