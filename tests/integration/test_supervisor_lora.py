@@ -19,6 +19,7 @@ from tests.integration.test_supervisor_confirmed_drain import all_routable, star
 from tests.integration.test_supervisor_support import Supervised, http_json, kill_leftovers, start_supervised
 from tests.support.procs import CorralProcess
 from tests.support.streams import stream_once
+from tests.support.waits import eventually
 
 ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
 SIM_ARGS = ("--enable-lora", "--max-loras", "2", "--itl-ms", "10")
@@ -87,11 +88,16 @@ async def test_adapter_unload_under_load_and_desired_set_after_restart(tmp_path:
         counts: dict[str, list[str]] = {}
         stop = asyncio.Event()
         load_task = asyncio.create_task(adapter_load(url, counts, stop))
-        await asyncio.sleep(1.0)
+
+        def completed() -> int:
+            return len(counts.get("completed", []))
+
+        await eventually(lambda: completed() >= 10, "adapter load flowing", within=60)
         op = await asyncio.to_thread(
             run_op, victim, "/v1/lora/unload", {"name": "adapter-a", "operation_id": "un-a"}
         )
-        await asyncio.sleep(1.0)
+        after = completed()
+        await eventually(lambda: completed() >= after + 10, "answers after the unload", within=60)
         stop.set()
         await asyncio.wait_for(load_task, 60)
 
