@@ -16,6 +16,7 @@ from tests.integration.test_supervisor_lora import ENV, SIM_ARGS, STEPS, run_op,
 from tests.integration.test_supervisor_support import kill_leftovers, start_supervised
 from tests.support.procs import CorralProcess
 from tests.support.streams import stream_once
+from tests.support.waits import eventually
 
 
 async def base_model_load(url: str, counts: dict[str, list[str]], stop: asyncio.Event) -> None:
@@ -60,7 +61,11 @@ async def test_an_adapter_loaded_under_load_fails_no_request_and_is_routed_only_
         counts: dict[str, list[str]] = {}
         stop = asyncio.Event()
         load_task = asyncio.create_task(base_model_load(url, counts, stop))
-        await asyncio.sleep(1.0)
+
+        def completed() -> int:
+            return len(counts.get("completed", []))
+
+        await eventually(lambda: completed() >= 10, "base-model load flowing", within=60)
         op = await asyncio.to_thread(
             run_op,
             target,
@@ -73,7 +78,9 @@ async def test_an_adapter_loaded_under_load_fails_no_request_and_is_routed_only_
             for _ in range(10):
                 body = {"model": "adapter-b", "prompt": "hi", "max_tokens": 4, "stream": True}
                 adapter_results.append(await stream_once(session, url + "/v1/completions", body))
-        await asyncio.sleep(0.5)
+        after = completed()
+        # the base model's load goes on after the adapter came (and is enough to mean something)
+        await eventually(lambda: completed() >= max(after + 10, 51), "answers after it", within=60)
         stop.set()
         await asyncio.wait_for(load_task, 60)
 

@@ -10,6 +10,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 from tests.integration.test_supervisor_confirmed_drain import fleet, start_router, wait_until
@@ -97,8 +98,16 @@ async def test_partial_wake_stays_unroutable_until_the_remaining_tags_complete_i
         assert status == 503 and readyz["state"] == "SLEEPING", readyz
         (endpoint,) = fleet(url)["endpoints"]
         assert not endpoint["routable"], endpoint
-        await asyncio.sleep(1.0)  # a heartbeat later, still out of routing
-        assert not routable(url)
+        seen = time.monotonic()
+
+        def heard_since() -> bool:
+            limit = time.monotonic() - seen  # the one monotonic clock of this host, the router's too
+            (e,) = fleet(url)["endpoints"]
+            ago = e["supervisor"]["heard_seconds_ago"]
+            return ago is not None and ago < limit
+
+        await wait_until(heard_since, 30, "a line from the supervisor after that")
+        assert not routable(url)  # a heartbeat later, still out of routing
 
         await asyncio.to_thread(refused, sup, {"tags": ["weights"]}, "not asleep")
 
