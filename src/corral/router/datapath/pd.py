@@ -34,6 +34,7 @@ from corral.engine.pd_protocol import (
     prefill_leg_body,
     transfer_params_of,
 )
+from corral.router.datapath.dispatch import Dispatch
 from corral.router.datapath.exchange import Answer, error_answer
 from corral.router.datapath.retry_budget import RetryBudget
 from corral.router.datapath.transfer_params import MAX_PREFILL_ANSWER_BYTES, AnswerTooLarge
@@ -201,18 +202,11 @@ class Disaggregation:
         (and, until then, in its prefill queue: `prefill` tokens, as the pick priced them)."""
         pd = self._metrics.pd
         dispatched = time.monotonic()
-        endpoint.requests_sent += 1
-        endpoint.in_flight += 1
-        if prefill:
-            endpoint.prefill_sent(prefill)
-        endpoint.dispatching += 1  # until the engine answers: a removal's ack waits for this
-        dispatching = True
-        upstream = None
+        dispatch = Dispatch(endpoint, prefill)  # in its prefill queue until the answer is read whole
         try:
             try:
                 upstream = await self._upstream.request(endpoint.url, method, raw_path, headers, body)
-                endpoint.dispatching -= 1
-                dispatching = False
+                dispatch.answered(upstream)
                 answer = await upstream.read(MAX_PREFILL_ANSWER_BYTES)
             except AnswerTooLarge as exc:
                 endpoint.traffic.ended(failed=True)
@@ -271,13 +265,7 @@ class Disaggregation:
             decode_body = orjson.dumps(decode_leg_body(payload, params))
             return PrefillLeg(endpoint, decode_body, [], time.monotonic())
         finally:
-            if prefill:
-                endpoint.prefill_done(prefill)
-            endpoint.in_flight -= 1
-            if dispatching:
-                endpoint.dispatching -= 1
-            if upstream is not None:
-                upstream.close()
+            dispatch.release()
 
     def _bad_answer(self, endpoint: Endpoint, what: str, request_id: str, attempt: int) -> Answer:
         """A prefill answer the router will not use: a 502 for this leg (a 5xx: the next prefill engine

@@ -24,6 +24,7 @@ import orjson
 
 from corral.engine.stream_ending import StreamEnding
 from corral.openai_errors import sse_error_event
+from corral.router.datapath.dispatch import Dispatch
 from corral.router.datapath.exchange import Answer, ClientReply, ClientRequest, Headers, error_answer
 from corral.router.datapath.pd import Disaggregation, PrefillLeg
 from corral.router.datapath.request_ids import RequestIds
@@ -314,13 +315,7 @@ class Proxy:
             if leg is not None:
                 pd.paired(leg, endpoint)
             dispatched = time.monotonic()  # the endpoint's own latencies count from here, not `start`
-            endpoint.requests_sent += 1
-            endpoint.in_flight += 1
-            prefill = route.prefill_tokens  # in its prefill queue until the first byte
-            if prefill:
-                endpoint.prefill_sent(prefill)
-            endpoint.dispatching += 1  # until the engine answers: a removal's ack waits for this
-            dispatching = True
+            dispatch = Dispatch(endpoint, route.prefill_tokens)  # in its prefill queue until the first byte
             upstream: UpstreamResponse | None = None
             try:
                 # Everything up to the first byte for the client may be retried elsewhere.
@@ -328,13 +323,10 @@ class Proxy:
                     upstream = await self._upstream.request(
                         endpoint.url, request.method, request.raw_path, upstream_headers, sent
                     )
-                    endpoint.dispatching -= 1
-                    dispatching = False
+                    dispatch.answered(upstream)
                     streaming = upstream.content_type == "text/event-stream"
                     first = await upstream.readany() if streaming else await upstream.read(MAX_ANSWER_BYTES)
-                    if prefill:
-                        endpoint.prefill_done(prefill)
-                        prefill = 0
+                    dispatch.first_byte()
                 except UPSTREAM_FAILURES as exc:
                     endpoint.traffic.ended(failed=True)  # against this endpoint, retried or not
                     failure = f"{endpoint.url}: {describe_failure(exc)}"
@@ -422,13 +414,7 @@ class Proxy:
                     dispatched,
                 )
             finally:
-                if prefill:
-                    endpoint.prefill_done(prefill)
-                endpoint.in_flight -= 1
-                if dispatching:
-                    endpoint.dispatching -= 1
-                if upstream is not None:
-                    upstream.close()
+                dispatch.release()
                 if leg is not None:
                     pd.release(leg)
 
