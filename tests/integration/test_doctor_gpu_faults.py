@@ -168,18 +168,26 @@ def test_a_bundle_dead_of_a_cuda_error_names_the_graph_and_nccl_settings_it_chan
         assert status == 202, op
         op_url = f"{sup.url}/v1/operations/to-main"
         wait_until(lambda: http_json(op_url)[1]["status"] != "running", 120, what="the switch finished")
-        failed = next(t for t in sup.transitions() if t["to"] == "FAILED")
-        assert "CUDA error: an illegal memory access was encountered" in failed["reason"], failed
-        compared = failed["evidence"]["graph_nccl_vs_stable"]
+        # the run of `main` that died is on record with its settings against the stable bundle's, whichever
+        # noticed first (the start's own failure, or the switch's rank watch) and whatever RECOVER did since
+        (record,) = [r for r in sup.oplog() if r["record"] == "gpu_fault"]
+        assert (record["kind"], record["bundle"]) == ("cuda_error", "main"), record
+        compared = record["graph_nccl_vs_stable"]
         assert (compared["bundle"], compared["stable_bundle"]) == ("main", "stable"), compared
         assert {c["name"]: (c["here"], c["stable"]) for c in compared["changed"]} == {
             "--enforce-eager": ("(unset)", "on"),
             "NCCL_P2P_DISABLE": ("1", "(unset)"),
         }
         # RECOVER put the stable bundle back; doctor names what it recovered from
-        sup.wait_state("READY", timeout=90)
+        body = sup.wait_state("READY", timeout=90)
+        assert body["last_gpu_fault"]["graph_nccl_vs_stable"] == compared, body["last_gpu_fault"]
         finding = doctor_json(sup.url)
         assert finding["branch"] == "gpu-fault/cuda-error", finding
+        assert "(bundle main)" in finding["evidence"], finding
+        assert (
+            "changed from stable bundle stable: --enforce-eager (unset) (stable: on)" in finding["evidence"]
+        )
+        assert "roll back to stable" in finding["next"], finding
     finally:
         sup.proc.stop()
 

@@ -315,6 +315,7 @@ class SupervisorState(OpenWireModel):
     gpu_fault: dict[str, Any] | None = None
     graph_nccl_vs_stable: dict[str, Any] | None = None
     xid_sources: dict[str, Any] | None = None
+    last_gpu_fault: dict[str, Any] | None = None  # the last run that showed one, kept across restarts
 
     @property
     def fingerprint(self) -> str:

@@ -141,9 +141,12 @@ def named_fault(e: EngineView) -> dict[str, Any] | None:
     return _from_lines(e)
 
 
-def _stable_words(state: dict[str, Any]) -> tuple[str, str]:
-    """The graph/NCCL settings that differ from the stable bundle's, for the evidence and the command."""
+def _stable_words(state: dict[str, Any], last: bool = False) -> tuple[str, str]:
+    """The graph/NCCL settings that differ from the stable bundle's, for the evidence and the command
+    (`last`: those of the last run that showed a GPU fault, for an engine serving again after it)."""
     compared = (state.get("evidence") or {}).get("graph_nccl_vs_stable") or state.get("graph_nccl_vs_stable")
+    if last:
+        compared = (state.get("last_gpu_fault") or {}).get("graph_nccl_vs_stable")
     if not isinstance(compared, dict):
         return "", ""
     stable = str(compared.get("stable_bundle"))
@@ -187,10 +190,14 @@ def recovered_fault_branch(e: EngineView) -> tuple[str, str, str] | None:
         last = str((entry.get("last") or [""])[-1])
         read = gpu_faults.xid_fault(last) if kind == gpu_faults.XID else engine_fault(last)
         fault = read.to_json() if read is not None else {"kind": kind, "detail": "", "line": last}
+        recorded = (e.state or {}).get("last_gpu_fault") or {}
+        same = recorded.get("kind") == kind  # the last run with a fault showed this one
+        stable, stable_next = _stable_words(e.state or {}, last=same)
+        where = f" (bundle {recorded['bundle']})" if same and recorded.get("bundle") else ""
         return (
             f"gpu-fault/{_SLUG[kind]}",
-            f"{kind}×{entry['count']} since the supervisor started: {last.strip()[:240]}",
-            next_command(fault, e.logs_command()),
+            f"{kind}×{entry['count']} since the supervisor started{where}: {last.strip()[:240]}{stable}",
+            next_command(fault, e.logs_command()) + stable_next,
         )
     return None
 

@@ -7,7 +7,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from corral.child_process import LineSink
+from corral.engine import gpu_faults
 from corral.engine.evidence import kinds_of
+from corral.engine.gpu_faults import GpuFault
 from corral.engine.kv_events_address import address_from_argv
 from corral.redaction import redact_argv
 from corral.supervisor.lifecycle.pd_role import engine_connector, engine_role, pairing_of
@@ -104,6 +106,10 @@ class Publication:
         self._sup = sup
         self._log = log
         self._echo = echo
+        # the GPU fault of the last engine run that showed one (the most telling kind of that run), with
+        # the graph/NCCL settings of that run against the stable bundle's as they were then: kept across
+        # restarts and bundle switches, for /v1/state and the operation log (`gpu_fault` records)
+        self.last_gpu_fault: dict[str, Any] | None = None
 
     def event(self, event: StateEvent) -> None:
         sup = self._sup
@@ -120,6 +126,33 @@ class Publication:
         self._echo(line)
         for kind in kinds_of(line):
             self.evidence(kind, line)
+        if (fault := gpu_faults.engine_fault(line)) is not None:
+            self.gpu_fault(fault)
+
+    def xid(self, fault: GpuFault) -> None:
+        """An Xid read for the running engine (kernel log, NVML): evidence, and maybe its last fault."""
+        self.evidence("xid", fault.line)
+        self.gpu_fault(fault)
+
+    def gpu_fault(self, fault: GpuFault) -> None:
+        """A GPU fault the running engine showed (a line, or an Xid read for it): kept as the last one
+        when it is the first of its run or more telling than that run's, and recorded then (at most one
+        record per kind and run)."""
+        engine = self._sup.engine
+        pid = engine.pid if engine is not None else None
+        last = self.last_gpu_fault
+        if last is not None and last.get("engine_pid") == pid:
+            kept = GpuFault(str(last["kind"]), "", "")
+            if gpu_faults.primary([kept, fault]) is kept:  # as telling as what this run showed already
+                return
+        compared = self._sup.startup.graph_nccl_vs_stable()  # that run's bundle against the stable one
+        self.last_gpu_fault = {
+            **fault.to_json(),
+            "engine_pid": pid,
+            "bundle": compared["bundle"] if compared is not None else self._sup.running_bundle.name,
+            "graph_nccl_vs_stable": compared,
+        }
+        self._sup.oplog.append("gpu_fault", **self.last_gpu_fault)
 
     def evidence(self, kind: str, line: str) -> None:
         """One line kept as evidence of `kind`: counted, kept in /v1/state and in the operation log."""
@@ -177,6 +210,8 @@ class Publication:
             "engine_evidence": sup.evidence.to_json(),
             # the GPU fault the engine's last run showed (CUDA, NCCL, an Xid), named; None when none
             "gpu_fault": engine.gpu_fault() if engine is not None else None,
+            # the last run that showed one: its fault and its graph/NCCL settings against the stable bundle's
+            "last_gpu_fault": self.last_gpu_fault,
             # where the driver's Xids are read from (kernel log, NVML), and why not from the others
             "xid_sources": engine.xid_sources() if engine is not None else None,
             # its CUDA-graph/NCCL settings against the stable bundle's (None without another bundle)

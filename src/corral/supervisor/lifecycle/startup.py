@@ -38,6 +38,7 @@ from corral.supervisor.precheck.identity import merged_env
 if TYPE_CHECKING:
     from corral.bundle_spec import BundleSpec
     from corral.engine.evidence import EvidenceBook
+    from corral.engine.gpu_faults import GpuFault
     from corral.supervisor.checks.adapters import AdapterSet
     from corral.supervisor.checks.bundle import Bundle
     from corral.supervisor.checks.dependencies import GateWaiter
@@ -73,6 +74,8 @@ class EngineLines(Protocol):
     def engine_line(self, line: str) -> None: ...
 
     def evidence(self, kind: str, line: str) -> None: ...
+
+    def xid(self, fault: GpuFault) -> None: ...
 
 
 class StartupHost(Protocol):
@@ -153,6 +156,9 @@ class EngineStartup:
         self._sup = sup
         self._base_argv = sup.config.engine_argv  # the command as configured (bundles add to it)
         self.last_ready: EngineCommand | None = None  # the last command that earned READY here
+        # the command of the run launched last: what a failure of that run is compared with the stable
+        # one on, even once a RECOVER has switched the configuration back (a failed bundle switch)
+        self.launched: EngineCommand | None = None
 
     def running_command(self) -> EngineCommand:
         config = self._sup.config
@@ -165,7 +171,7 @@ class EngineStartup:
         named = config.on_startup_failure.bundle
         spec = next((b for b in config.bundles if b.name == named), None) if named else None
         rollback = EngineCommand(spec.name, spec.argv(self._base_argv), spec.env) if spec else None
-        return compare_with_stable(self.running_command(), self.last_ready, rollback)
+        return compare_with_stable(self.launched or self.running_command(), self.last_ready, rollback)
 
     async def _reconcile_adapters(self) -> str | None:
         """Load the desired LoRA adapters the (re)started engine lacks, before it is READY; the
@@ -321,7 +327,7 @@ class EngineStartup:
                 self._sup.oplog.append("bundle", **self._sup.bundle.to_json())
                 self._identity_at_ready()
                 await self._check_ready_memory()  # the engine's memory, its KV size vs the budget
-                self.last_ready = self.running_command()
+                self.last_ready = self.launched or self.running_command()
                 self._sup.transition(
                     S.READY,
                     "health 200, model listed, smoke completion answered",
@@ -387,6 +393,7 @@ class EngineStartup:
         env = dict(self._sup.config.engine_env) or None
         if self._sup.engine is not None:
             self._sup.engine.close_xids()
+        self.launched = self.running_command()
         publication = self._sup.publication
         engine = EngineProcess(
             self._sup.config.engine_argv,
@@ -397,7 +404,7 @@ class EngineStartup:
             xids=XidWatch.open(
                 self._sup.config.kernel_log, visible=engine_visible_devices(self._sup.config.engine_env)
             ),
-            on_xid=lambda xid: publication.evidence("xid", xid.line),
+            on_xid=publication.xid,
         )
         self._sup.engine = engine
         self._sup.engine_key.key = engine.api_key
