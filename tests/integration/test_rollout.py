@@ -22,6 +22,7 @@ from tests.integration.test_rollout_record import check_complete_record
 from tests.integration.test_up import descendants, local_fleet_file_under, start_up
 from tests.support.procs import CorralProcess
 from tests.support.streams import stream_once
+from tests.support.waits import eventually
 
 LOAD_WORKERS = 8
 LOAD_MAX_REQUESTS = 20_000  # far beyond what a test sends: reaching it means the load ran away
@@ -164,13 +165,14 @@ async def test_rollout_and_rollback_under_load_lose_nothing(tmp_path: Path) -> N
         stop_watch = asyncio.Event()
         load_task = asyncio.create_task(load.run())
         watch_task = asyncio.create_task(watch.run(stop_watch))
-        await asyncio.sleep(1.0)
+        await eventually(lambda: load.outcomes["completed"] >= 20, "load flowing", within=60)
         before_forward = load.total
         forward = await corral(state, "rollout", "--port", url.rsplit(":", 1)[1], "--to", str(bundle))
         after_forward = load.total
         back = await corral(state, "rollback", "--port", url.rsplit(":", 1)[1], "--max-surge", "2")
         after_back = load.total
-        await asyncio.sleep(1.0)
+        after = load.outcomes["completed"]
+        await eventually(lambda: load.outcomes["completed"] >= after + 20, "answers after it", within=60)
         load.stop.set()
         stop_watch.set()
         await asyncio.gather(load_task, watch_task)
@@ -255,7 +257,7 @@ async def test_a_rollout_whose_bundle_fails_its_smoke_stops_with_the_old_fleet_s
         bundle.write_text('name: broken\nengine_args: ["--fail-rate", "1.0"]\n')
         load = Load(url)
         load_task = asyncio.create_task(load.run())
-        await asyncio.sleep(0.5)
+        await eventually(lambda: load.outcomes["completed"] >= 20, "load flowing", within=60)
         code, output = await corral(
             state, "rollout", "--port", port, "--to", str(bundle), "--start-timeout", "20"
         )
@@ -295,7 +297,7 @@ async def test_without_surge_a_failed_group_is_recovered_on_its_old_bundle(tmp_p
         bundle.write_text('name: broken\nengine_args: ["--fail-rate", "1.0"]\n')
         load = Load(url)
         load_task = asyncio.create_task(load.run())
-        await asyncio.sleep(0.5)
+        await eventually(lambda: load.outcomes["completed"] >= 20, "load flowing", within=60)
         args = ["--max-surge", "0", "--max-unavailable", "1", "--start-timeout", "20"]
         code, output = await corral(state, "rollout", "--port", port, "--to", str(bundle), *args)
         load.stop.set()

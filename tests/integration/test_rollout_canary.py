@@ -120,7 +120,7 @@ async def test_a_healthy_bundle_passes_the_canary(tmp_path: Path) -> None:
         bundle.write_text('name: v2\nengine_args: ["--itl-ms", "5", "--version-string", "0.33.1"]\n')
         load = Load(url)
         load_task = asyncio.create_task(load.run())
-        await asyncio.sleep(0.5)
+        await eventually(lambda: load.outcomes["completed"] >= 20, "load flowing", within=60)
         code, output = await corral(
             state, "rollout", "--port", port, "--to", str(bundle), "--canary-seconds", "2"
         )
@@ -157,7 +157,7 @@ async def test_a_host_failing_its_canary_is_switched_back_and_the_others_never_m
         pids = {s.url: s.state()["engine"]["pid"] for s in sups}
         load = Load(url)
         load_task = asyncio.create_task(load.run())
-        await asyncio.sleep(0.5)
+        await eventually(lambda: load.outcomes["completed"] >= 20, "load flowing", within=60)
         code, output = await corral(state, "rollout", "--fleet", str(fleet), "--to", str(flaky), *CANARY)
         load.stop.set()
         await load_task

@@ -194,7 +194,7 @@ async def test_a_bundle_that_fails_its_smoke_is_undone_by_the_supervisor(tmp_pat
         before = sups[0].state()["bundle"]["fingerprint"]
         load = Load(url)
         load_task = asyncio.create_task(load.run())
-        await asyncio.sleep(0.5)
+        await eventually(lambda: load.outcomes["completed"] >= 20, "load flowing", within=60)
         code, output = await corral(
             state,
             "rollout",

@@ -18,6 +18,7 @@ import orjson
 from corral.engine.metrics_text import samples
 from tests.integration.test_rollout import Load, corral, fleet_file, stop_up
 from tests.integration.test_up import start_up
+from tests.support.waits import eventually
 
 SIM = ("--sim-arg=--itl-ms=5",)
 MODEL = "sim-model"
@@ -115,12 +116,13 @@ async def test_a_pd_fleet_rolls_out_and_back_keeping_a_coherent_pair(tmp_path: P
         stop_watch = asyncio.Event()
         load_task = asyncio.create_task(load.run())
         watch_task = asyncio.create_task(watch.run(stop_watch))
-        await asyncio.sleep(1.0)
+        await eventually(lambda: load.outcomes["completed"] >= 20, "load flowing", within=60)
         forward = await corral(state, "rollout", "--port", port, "--to", str(bundle))
         after_forward = load.total
         middle = fleet_file(state, url)
         back = await corral(state, "rollback", "--port", port, "--max-surge", "2")
-        await asyncio.sleep(1.0)
+        after = load.outcomes["completed"]
+        await eventually(lambda: load.outcomes["completed"] >= after + 20, "answers after it", within=60)
         load.stop.set()
         stop_watch.set()
         await asyncio.gather(load_task, watch_task)
