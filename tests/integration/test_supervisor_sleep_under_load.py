@@ -30,6 +30,12 @@ from tests.support.sleep_load import (
 )
 
 
+async def more_answers(out: Outcomes, n: int, what: str) -> None:
+    """Wait until `n` more requests have been answered through the router."""
+    target = out.completed + n
+    await wait_until(lambda: out.completed >= target, 60, f"{n} more answers {what}")
+
+
 async def test_sleep_wake_and_reload_under_load_fail_no_request() -> None:
     sups = [
         start_supervised(sim_args=(*SIM_ARGS, "--seed", str(i)), sup_args=SUP_ARGS, env=DEV) for i in range(2)
@@ -50,16 +56,16 @@ async def test_sleep_wake_and_reload_under_load_fail_no_request() -> None:
         sampler.start()
         out, stop = Outcomes(), asyncio.Event()
         load_task = asyncio.create_task(load([url], out, stop))
-        await asyncio.sleep(1.0)
+        await more_answers(out, 12, "before the sleep")
 
         sleep_op = await asyncio.to_thread(run_op, victim, "/v1/sleep", {"level": 1, "mode": "wait"})
-        await asyncio.sleep(1.0)  # load goes on against the other engine
+        await more_answers(out, 12, "while it sleeps")  # load goes on against the other engine
         wake_op = await asyncio.to_thread(run_op, victim, "/v1/wake", {})
         await wait_until(lambda: all_routable(url), 15, "the woken engine routable again")
-        await asyncio.sleep(1.0)
+        await more_answers(out, 12, "after the wake")
         reload_op = await asyncio.to_thread(run_op, victim, "/v1/reload", {"mode": "wait"})
         await wait_until(lambda: all_routable(url), 15, "the reloaded engine routable again")
-        await asyncio.sleep(1.0)
+        await more_answers(out, 12, "after the reload")
         stop.set()
         await asyncio.wait_for(load_task, 60)
         sampler.halt.set()
