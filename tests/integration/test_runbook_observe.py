@@ -17,6 +17,7 @@ from typing import Any
 from tests.integration.test_supervisor_support import Supervised, http_json
 from tests.support.procs import free_port
 from tests.support.sleep_load import SIM_ARGS, finish_op, loaded_fleet, run_op
+from tests.support.waits import eventually
 
 WINDOW = {"observe_seconds": 2, "min_requests": 5}
 
@@ -44,7 +45,9 @@ async def test_observe_closes_sleep_wake_and_a_bundle_switch(tmp_path: Path) -> 
     bundle = bundle_file(tmp_path, "faulty", faulty)
     async with loaded_fleet(victim_sup_args=("--bundle", str(bundle)), victim_engine_port=port) as fleet:
         victim = fleet.victim
-        await asyncio.sleep(1.0)  # the victim's steady state: the baseline
+        # the victim's steady state, the baseline: twenty more answers through the router first
+        target = fleet.out.completed + 20
+        await eventually(lambda: fleet.out.completed >= target, "the baseline's traffic", within=60)
         await sleep_has_nothing_to_observe(victim)
         await wake_is_observed_and_its_warmup_kept_apart(victim, tmp_path / "state")
         await a_failing_bundle_fails_observe_and_goes_back(victim)
