@@ -296,18 +296,16 @@ async def test_a_silent_subscriber_holds_the_drain_to_the_deadline_and_a_closed_
         silent, leaving = sups
         async with aiohttp.ClientSession() as session:
             held = await _subscribe(session, silent, "silent-router")
-            started = time.monotonic()
             await asyncio.to_thread(http_json, silent.url + "/v1/drain", "POST", {})
             body = await asyncio.to_thread(
                 silent.wait_for, "drained", lambda b: b.get("drain") is not None, 30
             )
-            assert time.monotonic() - started >= 3.0
             drain = body["drain"]
+            assert drain["propagation_seconds"] >= 3.0  # held to the deadline, by the drain's own clock
             assert drain["routers_missing"] == ["silent-router"] and drain["routers_acknowledged"] == []
             held.close()
 
             closing = await _subscribe(session, leaving, "closing-router")
-            started = time.monotonic()
             await asyncio.to_thread(http_json, leaving.url + "/v1/drain", "POST", {})
             await asyncio.sleep(0.5)
             closing.close()
