@@ -18,7 +18,13 @@ memory (issue 29):
   - KV-only release: VERIFY's NVML verdict passed, which now also means no GPU freed more than the
     KV share (the weights stayed resident), vLLM's sleep-state gauge names no offload; and the wake
     after it moved the prefix epoch (`/v1/state` `prefix_cache.epoch`), with its VERIFY's prefix
-    evidence.
+    evidence;
+  - reload identity: `reload_weights` answered for every rank (vLLM's per-worker `collective_rpc`
+    results), the bundle fingerprinted again (from → to; the files unchanged here, so the same
+    fingerprint and `unchanged`, or `not_measured` for a hub id), startup's KV-capacity check repeated
+    on the same logged KV size (vLLM sizes its KV cache once, at start), and a smoke that is a real
+    completion of the served model. A rank that raises and files that change cannot be provoked on
+    a real engine here: tests/integration/test_reload_identity.py covers those on the simulator.
 
 It prints a table (GiB per step, and each step's checks) and writes one JSON result. Exit 0 when every
 operation ended as expected (succeeded, or refused where a refusal is the check) with its memory
@@ -132,7 +138,39 @@ def step_checks(
         checks["prefix epoch moved"] = prefix_epoch(after) != prefix_epoch(before) and bool(
             step_evidence(row, "verify").get("prefix_cache")
         )
+    if op.path == "/v1/reload":
+        checks.update(reload_checks(row, before, after))
     return checks
+
+
+def reload_checks(row: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> dict[str, bool]:
+    """A reload's identity on a real vLLM: every rank answered, the fingerprint read again, the KV
+    capacity checked again on the size logged at start, the smoke a completion of the served model."""
+    calls = step_evidence(row, "execute").get("calls") or []
+    rpc = next((c["reload_weights"] for c in calls if "reload_weights" in c), None) or {}
+    ranks = rpc.get("ranks") or []
+    verify = step_evidence(row, "verify")
+    identity = verify.get("identity") or {}
+    fingerprint = identity.get("fingerprint") or {}
+    files = str(identity.get("files"))
+    was = (before.get("bundle") or {}).get("fingerprint")
+    capacity = verify.get("kv_capacity") or {}
+    at_start = (before.get("memory") or {}).get("kv_capacity") or {}
+    smoke = verify.get("smoke") or {}
+    return {
+        "reload_weights answered for every rank": bool(ranks)
+        and len(ranks) == rpc.get("world_size")
+        and all(r.get("ok") for r in ranks),
+        "fingerprint read again, unchanged files said so": fingerprint.get("from") == was
+        and fingerprint.get("to") == (after.get("bundle") or {}).get("fingerprint")
+        and (files.startswith("unchanged") or files.startswith("not_measured")),
+        "KV capacity checked again on the start's logged size": capacity.get("outcome")
+        in ("passed", "failed", "not_measured")
+        and capacity.get("logged_tokens") == at_start.get("logged_tokens")
+        and capacity.get("outcome") == at_start.get("outcome"),
+        "smoke a completion of the served model": bool(smoke.get("text"))
+        and smoke.get("model") == verify.get("model"),
+    }
 
 
 def free_port() -> int:

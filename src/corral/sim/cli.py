@@ -233,6 +233,28 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
     help="Inference requests after the N-th never produce a token (/health stays 200).",
 )
 @click.option(
+    "--wrong-answer",
+    default=None,
+    type=click.Choice(["other-model", "error-body", "no-choices"]),
+    help="Inference requests after --wrong-answer-after answer 200 with a body that is no completion of "
+    "this model: other-model (a completion naming another model), error-body (an error object), "
+    "no-choices (choices: []); what a broken proxy or the wrong engine on the port gives.",
+)
+@click.option(
+    "--wrong-answer-after",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Inference requests answered properly before --wrong-answer (1: the supervisor's first smoke).",
+)
+@click.option(
+    "--fail-reload-rank",
+    default=None,
+    type=click.IntRange(min=0),
+    help="collective_rpc reload_weights raises in this worker rank (it logs 'WorkerProc hit an "
+    "exception.'; the API answers vLLM's 500 'Worker failed with error ...'); the other ranks reload.",
+)
+@click.option(
     "--fail-wake-tag",
     "fail_wake_tags",
     multiple=True,
@@ -331,6 +353,13 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
     show_default=True,
     type=click.FloatRange(min=0),
     help="Seconds after serving starts that the --fail-rank worker dies.",
+)
+@click.option(
+    "--unlogged-rank",
+    default=None,
+    type=click.IntRange(min=0),
+    help="This worker rank runs but logs nothing (no rank assignment line, no per-rank lines), as a rank "
+    "whose log never reaches the supervisor: it cannot be seen.",
 )
 @click.option(
     "--engine-dead-exit-seconds",

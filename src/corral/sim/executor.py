@@ -25,8 +25,11 @@ DeathListener = Callable[[int, int | None], None]
 
 
 class Executor:
-    def __init__(self, world_size: int, log: EngineLog, on_death: DeathListener) -> None:
+    def __init__(
+        self, world_size: int, log: EngineLog, on_death: DeathListener, unlogged: int | None = None
+    ) -> None:
         self.world_size = world_size
+        self.unlogged = unlogged  # this rank logs nothing (`--unlogged-rank`)
         self.log = log
         self._on_death = on_death
         self._procs: list[asyncio.subprocess.Process] = []
@@ -56,6 +59,7 @@ class Executor:
                     str(self.world_size),
                     "--ready-fd",
                     str(ready_write),
+                    *(("--quiet",) if rank == self.unlogged else ()),
                     stdin=asyncio.subprocess.PIPE,
                     pass_fds=(ready_write,),
                 )
@@ -90,7 +94,15 @@ class Executor:
         loading, KV memory). Written here rather than by the worker, so they keep their place among the
         engine's lines."""
         for rank, proc in enumerate(self._procs):
+            if rank == self.unlogged:
+                continue
             self.log.line(level, worker_name(rank, self.world_size), where, message, pid=proc.pid)
+
+    def log_rank(self, rank: int, level: str, where: str, message: str) -> None:
+        """Log `message` under one worker's name and pid (a line only that rank writes, such as the
+        exception of a collective RPC that failed in it)."""
+        pid = self._procs[rank].pid if rank < len(self._procs) else None
+        self.log.line(level, worker_name(rank, self.world_size), where, message, pid=pid)
 
     def fail(self, rank: int, reason: str) -> None:
         """Make one rank fail as a crashed worker does (`--fail-rank`): it logs `reason` and exits 1."""

@@ -95,6 +95,7 @@ class SimServer:
                 self.log,
                 self._reload_seconds(),
                 lambda: dataclasses.asdict(metrics.load),
+                self._rank_line,
             )
             addons.append((dev, dev_api.ROUTES))
         self._lora_api: lora_api.LoraApi | None = None
@@ -112,7 +113,9 @@ class SimServer:
             self.kv_events = KvEventPublisher(kv_events, cache_events, self.log)
         self.executor: Executor | None = None
         if config.tensor_parallel_size > 1:
-            self.executor = Executor(config.tensor_parallel_size, self.log, self._on_rank_death)
+            self.executor = Executor(
+                config.tensor_parallel_size, self.log, self._on_rank_death, unlogged=config.unlogged_rank
+            )
         self._startup = EngineStartup(
             config,
             self.log,
@@ -259,6 +262,11 @@ class SimServer:
         self.log.plain("INFO:     Application shutdown complete.")
         self.log.plain(f"INFO:     Finished server process [{os.getpid()}]")
         return 1
+
+    def _rank_line(self, rank: int, level: str, where: str, message: str) -> None:
+        """A line as worker process `rank` writes it, under its name and pid (TP ≥ 2)."""
+        if self.executor is not None:
+            self.executor.log_rank(rank, level, where, message)
 
     def _reload_seconds(self) -> float:
         """How long `reload_weights` takes: reading the checkpoint from disk again."""

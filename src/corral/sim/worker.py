@@ -1,7 +1,8 @@
 """One simulated tensor-parallel worker process (`python -m corral.sim.worker --rank i --world-size N`),
 the child vLLM's multiproc executor starts per GPU rank.
 
-It logs as vLLM's workers do (`(Worker_TP{i} pid=...)`, the rank assignment line), then lives on its
+It logs as vLLM's workers do (`(Worker_TP{i} pid=...)`, the rank assignment line; nothing with `--quiet`,
+the sim's `--unlogged-rank`), then lives on its
 stdin: the engine sends one JSON command per line (`{"log": [level, where, message]}` to log a per-rank
 line, `{"die": reason}` to fail as a crashed rank does), and EOF means the engine is gone, by shutdown or by
 its death, so the worker exits then: it can never outlive its engine.
@@ -29,25 +30,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world-size", type=int, required=True)
     parser.add_argument("--init-method", default="tcp://127.0.0.1:0")
     parser.add_argument("--ready-fd", type=int, default=None, help="a pipe to write READY to, then close")
+    parser.add_argument("--quiet", action="store_true", help="log nothing (the sim's --unlogged-rank)")
     args = parser.parse_args(argv)
     # A signal to the whole process group (Ctrl-C, a supervisor's SIGTERM) is the engine's to handle; the
     # worker leaves when the engine closes its pipe. Only SIGKILL takes a rank down on its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    log = EngineLog()
+    log = EngineLog() if not args.quiet else None
     name, rank, world = worker_name(args.rank, args.world_size), args.rank, args.world_size
-    log.info(
-        name,
-        "parallel_state.py:1906",
-        f"world_size={world} rank={rank} local_rank={rank} "
-        f"distributed_init_method={args.init_method} backend=nccl",
-    )
-    log.info(
-        name,
-        "parallel_state.py:2350",
-        f"rank {rank} in world size {world} is assigned as DP rank 0, PP rank 0, PCP rank 0, "
-        f"TP rank {rank}, ETP rank {rank}, EP rank N/A, EPLB rank N/A",
-    )
+    if log is not None:
+        _assigned(log, name, rank, world, args.init_method)
     if args.ready_fd is not None:
         os.write(args.ready_fd, b"READY")
         os.close(args.ready_fd)
@@ -57,12 +49,30 @@ def main(argv: list[str] | None = None) -> int:
         except json.JSONDecodeError:
             continue
         if isinstance(command, dict) and "die" in command:
-            log.error(name, "multiproc_executor.py:702", "WorkerProc hit an exception.")
-            log.error(name, "multiproc_executor.py:702", str(command["die"]))
+            if log is not None:
+                log.error(name, "multiproc_executor.py:702", "WorkerProc hit an exception.")
+                log.error(name, "multiproc_executor.py:702", str(command["die"]))
             os._exit(1)
-    log.info(name, "multiproc_executor.py:558", "Parent process exited, terminating worker")
-    log.info(name, "multiproc_executor.py:599", "WorkerProc shutting down.")
+    if log is not None:
+        log.info(name, "multiproc_executor.py:558", "Parent process exited, terminating worker")
+        log.info(name, "multiproc_executor.py:599", "WorkerProc shutting down.")
     return 0
+
+
+def _assigned(log: EngineLog, name: str, rank: int, world: int, init_method: str) -> None:
+    """The two lines a worker logs as it joins the process group, the second naming its rank."""
+    log.info(
+        name,
+        "parallel_state.py:1906",
+        f"world_size={world} rank={rank} local_rank={rank} "
+        f"distributed_init_method={init_method} backend=nccl",
+    )
+    log.info(
+        name,
+        "parallel_state.py:2350",
+        f"rank {rank} in world size {world} is assigned as DP rank 0, PP rank 0, PCP rank 0, "
+        f"TP rank {rank}, ETP rank {rank}, EP rank N/A, EPLB rank N/A",
+    )
 
 
 if __name__ == "__main__":

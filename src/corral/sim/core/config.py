@@ -43,6 +43,9 @@ class SimConfig:
     hang_after: int | None = None
     gpu_fault: str | None = None  # corral.sim.core.gpu_fault_lines.KINDS
     gpu_fault_after: int = 0
+    wrong_answer: str | None = None  # other-model | error-body | no-choices (200, not a completion)
+    wrong_answer_after: int = 0
+    fail_reload_rank: int | None = None  # collective_rpc reload_weights raises in this worker rank
     fail_wake_tags: tuple[str, ...] = field(default_factory=tuple)
     fail_sleep: bool = False
     requires: tuple[str, ...] = field(default_factory=tuple)
@@ -55,6 +58,7 @@ class SimConfig:
     kv_cache_dtype: str = "auto"
     fail_rank: int | None = None
     fail_rank_after_seconds: float = 0.0
+    unlogged_rank: int | None = None  # this worker logs nothing: the supervisor never sees it
     # After the engine died (a rank died), how long /health answers 503 before the API server exits 1;
     # vLLM's watchdog looks every 5 s. VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1 keeps it up.
     engine_dead_exit_seconds: float = 5.0

@@ -99,6 +99,7 @@ class Engine:
             config.seed,
             config.fail_rate_after,
             gpu_fault_after=config.gpu_fault_after if config.gpu_fault is not None else None,
+            wrong_answer_after=config.wrong_answer_after if config.wrong_answer is not None else None,
         )
         self.stats = EngineStats()
         self.inflight = 0

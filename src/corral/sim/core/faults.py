@@ -7,6 +7,8 @@
 - `--crash-after N`: the (N+1)-th request kills the process (exit 1) with the others still in flight.
 - `--gpu-fault KIND` (`--gpu-fault-after N`, default 0): the (N+1)-th request dies of a GPU fault: the
   CUDA, out-of-memory or NCCL lines vLLM and torch print (corral.sim.core.gpu_fault_lines), then exit 1.
+- `--wrong-answer KIND` (`--wrong-answer-after N`): requests after the N-th are answered 200 with a body
+  that is no completion of this model (another model's, an error object, no choices).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class Fault(enum.Enum):
     HANG = "hang"
     CRASH = "crash"
     GPU = "gpu"
+    WRONG = "wrong"
 
 
 class FaultInjector:
@@ -32,12 +35,14 @@ class FaultInjector:
         seed: int = 0,
         fail_rate_after: int = 0,
         gpu_fault_after: int | None = None,
+        wrong_answer_after: int | None = None,
     ) -> None:
         self.fail_rate = fail_rate
         self.fail_rate_after = fail_rate_after
         self.crash_after = crash_after
         self.hang_after = hang_after
         self.gpu_fault_after = gpu_fault_after
+        self.wrong_answer_after = wrong_answer_after
         self._rng = random.Random(seed * 7919 + 17)
         self.seen = 0
 
@@ -48,6 +53,8 @@ class FaultInjector:
             return Fault.CRASH
         if self.gpu_fault_after is not None and self.seen > self.gpu_fault_after:
             return Fault.GPU
+        if self.wrong_answer_after is not None and self.seen > self.wrong_answer_after:
+            return Fault.WRONG
         if self.hang_after is not None and self.seen > self.hang_after:
             return Fault.HANG
         if self.fail_rate > 0 and self.seen > self.fail_rate_after and self._rng.random() < self.fail_rate:

@@ -61,6 +61,11 @@ def _check_args(cfg: SimConfig, shape: ModelShape) -> str | None:
             f"--fail-rank {cfg.fail_rank} is not a worker rank of --tensor-parallel-size {tp} "
             f"(ranks 0..{tp - 1}); worker processes exist only with --tensor-parallel-size 2 or more."
         )
+    if cfg.unlogged_rank is not None and not 0 <= cfg.unlogged_rank < tp:
+        return (
+            f"--unlogged-rank {cfg.unlogged_rank} is not a worker rank of --tensor-parallel-size {tp} "
+            f"(ranks 0..{tp - 1}); worker processes exist only with --tensor-parallel-size 2 or more."
+        )
     return None
 
 

@@ -180,6 +180,8 @@ class SimApi:
                 None,
                 headers,
             )
+        if fault is Fault.WRONG:
+            return self._wrong_answer(chat, rid, headers)
         job.hang = fault is Fault.HANG
         resp_id = ("chatcmpl-" if chat else "cmpl-") + rid
         created = int(time.time())
@@ -211,6 +213,26 @@ class SimApi:
             return web.Response(body=payload, content_type=_JSON, headers=headers)
         finally:
             engine.inflight -= 1
+
+    def _wrong_answer(self, chat: bool, rid: str, headers: dict[str, str]) -> web.Response:
+        """`--wrong-answer`: a 200 whose body is no completion of this model."""
+        kind = self.config.wrong_answer
+        body: dict[str, Any]
+        if kind == "error-body":
+            message = "simulated (--wrong-answer error-body)"
+            body = {"error": {"message": message, "type": "Error", "code": 500}}
+        else:
+            body = {
+                "id": ("chatcmpl-" if chat else "cmpl-") + rid,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": "some-other-model" if kind == "other-model" else self.config.model_name,
+                "choices": []
+                if kind == "no-choices"
+                else [{"index": 0, "text": " hi", "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        return web.Response(body=orjson.dumps(body), content_type=_JSON, headers=headers)
 
     def _prompt_cache(self, job: Job) -> PromptCache | None:
         """`prompt_tokens_details`' figures with --enable-prompt-tokens-details (a miss included)."""

@@ -26,6 +26,7 @@ from corral.sim.core.requests import RequestError
 from corral.sim.http.protocol import validation_error
 
 _JSON = "application/json"
+RankLine = Callable[[int, str, str, str], None]  # (rank, level, where, message)
 PAUSE_MODES = ("abort", "wait", "keep")
 ROUTES: dict[str, tuple[str, ...]] = {
     "/sleep": ("POST",),
@@ -116,12 +117,14 @@ class DevApi:
         log: EngineLog,
         reload_seconds: float = 0.0,
         load_info: Callable[[], dict[str, Any]] = dict,
+        rank_line: RankLine | None = None,
     ) -> None:
         self.config = config
         self.control = control
         self.log = log
         self.reload_seconds = reload_seconds
         self._load_info = load_info
+        self._rank_line = rank_line  # logs a line as one worker rank (the executor's), if any
 
     def add_routes(self, app: web.Application) -> None:
         r = app.router
@@ -234,7 +237,31 @@ class DevApi:
             await self.control.reload_weights(self.reload_seconds)
         except LifecycleError as exc:
             return self._failed(exc)
-        return _json({"results": [None]})
+        ranks = self.config.tensor_parallel_size
+        failing = self.config.fail_reload_rank
+        if failing is not None and failing < ranks:
+            return self._reload_failed_in(failing)
+        # vLLM's executor answers one result per worker, in rank order; reload_weights returns None
+        return _json({"results": [None] * ranks})
+
+    def _reload_failed_in(self, rank: int) -> web.Response:
+        """`--fail-reload-rank`: as vLLM fails a collective RPC that raised in one rank. With worker
+        processes (TP ≥ 2) that worker logs the exception under its own name (vLLM's WorkerProc) and the
+        executor's error, which names no rank, comes back as the engine core's 500; with one rank the
+        worker runs in the engine core, which logs the failed invocation and answers the bare error."""
+        error = (
+            "RuntimeError: Error(s) in loading state_dict: size mismatch for "
+            f"model.layers.0.mlp.down_proj.weight (simulated: --fail-reload-rank {rank})"
+        )
+        if self.config.tensor_parallel_size == 1:
+            self.log.error("EngineCore_DP0", "core.py:1150", "Invocation of collective_rpc method failed")
+            self.log.error("EngineCore_DP0", "core.py:1150", error)
+            message = f"Call to collective_rpc method failed: {error}"
+            return error_response(500, message, "InternalServerError", None)
+        if self._rank_line is not None:
+            self._rank_line(rank, "ERROR", "multiproc_executor.py:816", "WorkerProc hit an exception.")
+            self._rank_line(rank, "ERROR", "multiproc_executor.py:816", error)
+        return error_response(500, worker_failure("collective_rpc", error), "InternalServerError", None)
 
     # -- pause -----------------------------------------------------------------------------------------
 

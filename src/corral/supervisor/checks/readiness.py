@@ -1,10 +1,13 @@
 """Readiness that is earned by asking the engine: `/health` 200, `/v1/models` lists the expected model,
-and a deterministic smoke completion (max_tokens ≤ 4, temperature 0) returns non-empty text.
-`/health` alone proves nothing: vLLM answers 200 while sleeping, paused or with a hung engine core.
+and a deterministic smoke completion (max_tokens ≤ 4, temperature 0) is a real completion of the model
+(`smoke_answer.py`), asked only once every worker rank the command asks for has been seen and lives
+(`ranks`, the supervisor's rank watch). `/health` alone proves nothing: vLLM answers 200 while
+sleeping, paused or with a hung engine core, and a rank never seen may not have joined at all.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -14,13 +17,15 @@ import orjson
 from corral.contracts.traffic import TrafficFigures
 from corral.engine.load_sample import MetricsUnavailable
 from corral.engine.traffic_source import fetch_traffic, first_request_ttft_s
+from corral.supervisor.checks.smoke_answer import NotACompletion, completion_of
 
 SMOKE_PROMPT = "The capital of France is"
 SMOKE_MAX_TOKENS = 4
 
 
 class NotReady(Exception):
-    """One check failed; `check` names it (health, models, smoke) and the message says what was seen."""
+    """One check failed; `check` names it (health, models, ranks, smoke) and the message says what was
+    seen."""
 
     def __init__(self, check: str, message: str) -> None:
         super().__init__(f"{check}: {message}")
@@ -53,13 +58,30 @@ class SmokeResult:
         return body
 
 
-class ReadinessCheck:
-    """The three checks against one engine URL; `model` None means the first model the engine lists."""
+RanksMissing = Callable[[], str | None]  # None: every rank seen and alive; else which is not
 
-    def __init__(self, engine_url: str, model: str | None, timeout: float = 10.0) -> None:
+
+class ReadinessCheck:
+    """The checks against one engine URL; `model` None means the first model the engine lists;
+    `ranks` says what keeps the engine's ranks from being whole (None: nothing to check)."""
+
+    def __init__(
+        self,
+        engine_url: str,
+        model: str | None,
+        timeout: float = 10.0,
+        ranks: RanksMissing | None = None,
+    ) -> None:
         self.engine_url = engine_url.rstrip("/")
         self.model = model
         self.timeout = timeout
+        self.ranks = ranks
+
+    def require_ranks(self) -> None:
+        """NotReady("ranks") while a rank the command asks for is not seen, gone or lost."""
+        missing = self.ranks() if self.ranks is not None else None
+        if missing is not None:
+            raise NotReady("ranks", missing)
 
     async def _get(self, session: aiohttp.ClientSession, path: str, check: str) -> aiohttp.ClientResponse:
         try:
@@ -117,19 +139,16 @@ class ReadinessCheck:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise NotReady("smoke", f"completion failed: {type(exc).__name__}: {exc}") from exc
         try:
-            body = orjson.loads(raw)
-            text = str(body["choices"][0]["text"])
-            usage = body.get("usage") or {}
-            tokens = usage.get("completion_tokens")
-        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
-            raise NotReady("smoke", f"completion body unexpected ({exc}): {raw[:200]!r}") from exc
-        if not text:
-            raise NotReady("smoke", f"completion returned empty text: {raw[:200]!r}")
-        return SmokeResult(model, text, int(tokens) if isinstance(tokens, int) else None)
+            text, tokens = completion_of(raw, model)
+        except NotACompletion as exc:
+            raise NotReady("smoke", str(exc)) from exc
+        return SmokeResult(model, text, tokens)
 
     async def first_smoke(self, session: aiohttp.ClientSession, model: str) -> SmokeResult:
         """The smoke as the first request since a start or a wake, with its warmup TTFT: the growth of
-        the engine's TTFT histogram sum across it (None when its /metrics cannot tell)."""
+        the engine's TTFT histogram sum across it (None when its /metrics cannot tell). Asked only of
+        an engine whose ranks are whole: READY (after a start or a wake) needs every rank."""
+        self.require_ranks()
         before = await self._traffic(session)
         smoke = await self.smoke(session, model)
         after = await self._traffic(session) if before is not None else None

@@ -142,6 +142,7 @@ class EngineProcess:
         # its key, and every secret of its command and environment (vLLM prints its non-default args)
         self._redact = Redactor([self.api_key, *secret_values(self.argv, environment)])
         self._last_lines: deque[str] = deque(maxlen=keep_lines)  # masked, as shown
+        self.lines_seen = 0  # every line this run wrote, counted: a mark for `lines_since`
         self._child = ChildProcess(
             "engine", self.argv, env=environment, sink=self._line, keep_lines=0, inherit_env=False
         )
@@ -159,6 +160,7 @@ class EngineProcess:
     def _line(self, line: str) -> None:
         shown = self._redact(line)
         self._last_lines.append(shown)
+        self.lines_seen += 1
         self._echo(shown)
         self.ranks.note_line(shown)
         self.log_figures.note(line)
@@ -218,6 +220,10 @@ class EngineProcess:
     def last_lines(self, n: int = 20) -> tuple[str, ...]:
         return tuple(list(self._last_lines)[-n:])
 
+    def lines_since(self, mark: int) -> tuple[str, ...]:
+        """The lines written after `lines_seen` was `mark` (as many as are still kept)."""
+        return self.last_lines(self.lines_seen - mark) if self.lines_seen > mark else ()
+
     async def wait_exit(self) -> int | None:
         """Blocks until the engine exits (no deadline: the callers race it against other events)."""
         code = None
@@ -229,6 +235,7 @@ class EngineProcess:
         """SIGTERM to the engine's process group; SIGKILL after `grace_seconds`; then SIGKILL to
         whatever of its tree outlived it (a rank that left the group), before anyone starts another."""
         self.ranks.refresh()  # its descendants now, while they can still be found from it
+        self.ranks.stopping()  # a rank that exits before its engine now is the stop's, not a loss
         code = await self._child.stop(grace_seconds)
         await self.ranks.reap()
         return code

@@ -17,7 +17,8 @@ from corral.aio import cancel_tasks
 from corral.bundle_spec import BundleSpec
 from corral.child_process import LineSink
 from corral.contracts.traffic import RequestCounts
-from corral.engine.evidence import EvidenceBook
+from corral.engine.evidence import KV_SHORTFALL, EvidenceBook
+from corral.engine.kv_log import EngineLogFigures, KvCapacity
 from corral.redaction import redact_argv
 from corral.supervisor.checks.adapters import AdapterSet
 from corral.supervisor.checks.bundle import Bundle
@@ -25,6 +26,7 @@ from corral.supervisor.checks.dependencies import GateWaiter
 from corral.supervisor.checks.engine_auth import EngineKey
 from corral.supervisor.checks.readiness import ReadinessCheck, SmokeResult
 from corral.supervisor.checks.stall import Stall, StallWatch
+from corral.supervisor.lifecycle.asleep_ranks import AsleepRankWatch
 from corral.supervisor.lifecycle.config import SupervisorConfig
 from corral.supervisor.lifecycle.drain import DrainPolicy, DrainReport, DrainSequence, DrainSettings
 from corral.supervisor.lifecycle.drain_record import bundle_of, drain_change_record
@@ -77,7 +79,8 @@ class EngineSupervisor:
         )
         self.machine = StateMachine()  # replaced in open(), once the log gives the next epoch
         self.gates = GateWaiter(config.gates, config.dependency_timeout, self.gate_log)
-        self.readiness = ReadinessCheck(config.engine_url, config.model)
+        # READY needs every rank too (after a start or a wake): what the running engine's ranks lack
+        self.readiness = ReadinessCheck(config.engine_url, config.model, ranks=self._ranks_missing)
         self.publication = Publication(self, log, echo)
         self.operations = OperationLedger(self.publication.operation)
         self.routers = RouterSubscriptions(self.oplog.append, log)
@@ -113,6 +116,7 @@ class EngineSupervisor:
         self._session: aiohttp.ClientSession | None = None
         self.engine_key = EngineKey(config.engine_url)  # the running engine's --api-key, on our calls to it
         self._lifecycle: asyncio.Task[None] | None = None
+        self._asleep_watch: asyncio.Task[None] | None = None  # the ranks of a SLEEPING engine
         self._drain: asyncio.Task[DrainReport] | None = None
         self.drain_sequence = DrainSequence(self, log)
         self.startup = EngineStartup(self)
@@ -152,7 +156,7 @@ class EngineSupervisor:
         )
 
     async def close(self) -> None:
-        await cancel_tasks(self._lifecycle)
+        await cancel_tasks(self._lifecycle, self._asleep_watch)
         stopping = await EngineSnapshot.take(self.engine)  # what must be gone once all is stopped
         if self.engine is not None:  # an engine that exited may still leave ranks: the stop ends them
             await self.stop_engine(self.config.drain.shutdown_timeout, "supervisor exiting")
@@ -194,6 +198,10 @@ class EngineSupervisor:
     def start(self) -> None:
         self._lifecycle = asyncio.create_task(self._run_lifecycle(), name="lifecycle")
         self._lifecycle.add_done_callback(self._lifecycle_ended)
+        if self._asleep_watch is None:  # one for the supervisor's life, whatever restarts
+            watch = AsleepRankWatch(self, self._log)
+            self._asleep_watch = asyncio.create_task(watch.run(), name="asleep-rank-watch")
+            self._asleep_watch.add_done_callback(self._lifecycle_ended)
 
     def _lifecycle_ended(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -328,6 +336,22 @@ class EngineSupervisor:
         """A memory verdict of VERIFY (passed, failed or not_measured), shown and recorded."""
         self.oplog.append("memory_verified", **self.memory.note(operation, verdict))
 
+    def note_bundle(self, bundle: Bundle) -> None:
+        """The bundle the engine serves now, read again after its weights changed in place (a reload)."""
+        self.bundle = bundle
+        self.oplog.append("bundle", **bundle.to_json())
+
+    def note_kv_capacity(self, capacity: KvCapacity) -> None:
+        """vLLM's logged KV size against the budget (at READY, and again after a reload): shown in
+        `/v1/state`, recorded, and a shortfall is engine evidence."""
+        logged = self.engine.log_figures if self.engine is not None else EngineLogFigures()
+        self.memory.note_capacity(capacity, logged)
+        self.oplog.append("kv_capacity", **capacity.to_json())
+        if capacity.shortfall:
+            self.evidence.note(KV_SHORTFALL, capacity.reason)
+            self.oplog.append("engine_evidence", kind=KV_SHORTFALL, line=capacity.reason)
+            self.metrics.count_evidence(KV_SHORTFALL)
+
     async def suspend_lifecycle(self) -> None:
         """Stop the READY watch (stall detection) while an operation has the engine out of routing."""
         await cancel_tasks(self._lifecycle)
@@ -354,6 +378,18 @@ class EngineSupervisor:
         self.sleep_status = None
         self._to(S.STARTING, f"restarting in place after: {reason}", StartingPhase.RESTARTING)
         self.start()
+
+    async def fail_asleep(self, reason: str, evidence: dict[str, Any]) -> None:
+        """A SLEEPING engine lost a rank (or exited): FAILED naming it, then a restart in place."""
+        self._to(S.FAILED, reason, None, recoverable=True, **evidence)
+        cause = "rank_lost" if evidence.get("source") == "rank_watch" else "failure"
+        code = self.engine.returncode if self.engine is not None else None
+        self.record_restart(len(self.restarts) + 1, code, reason, 0.0, cause=cause, engine=self.engine)
+        await self.restart_in_place(reason)
+
+    def _ranks_missing(self) -> str | None:
+        """What keeps the running engine's ranks from being whole (readiness asks: READY needs all)."""
+        return self.engine.ranks.missing() if self.engine is not None else None
 
     def fail_for_good(self, reason: str, **evidence: Any) -> None:
         """Nothing here will fix it. A start that fails (from STARTING) gets the --on-startup-failure

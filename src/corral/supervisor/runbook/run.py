@@ -1,5 +1,6 @@
 """Starting a runbook operation: PRECHECK first (a refusal is a 409 with nothing changed), then the
-runbook under the operation ledger, so the same operation id returns the same run. Every run ends
+runbook under the operation ledger (its steps under the engine's rank watch: `rank_guard.py`), so the
+same operation id returns the same run. Every run ends
 with its change record (`change_record.py`) in the result, next to the steps, failed or not; a
 refusal leaves one (outcome refused) in the oplog only."""
 
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from corral.supervisor.lifecycle.operation_lock import EngineHeld
 from corral.supervisor.lifecycle.operations import Operation
 from corral.supervisor.runbook.change_record import ChangeWitness
+from corral.supervisor.runbook.rank_guard import RankGuard
 from corral.supervisor.runbook.template import Observer, Refused, Runbook, RunbookPlan
 
 if TYPE_CHECKING:
@@ -52,7 +54,8 @@ async def start_operation(
         raise
 
     async def body(op: Operation) -> dict[str, Any]:
-        runbook = Runbook(plan, op.id, sup.oplog.append, sup.log, observer, on_step=lock.at_step)
+        guard = RankGuard(sup)  # a rank lost during any step ends it, and RECOVER runs
+        runbook = Runbook(plan, op.id, sup.oplog.append, sup.log, observer, on_step=lock.at_step, guard=guard)
         try:
             await witness.begin()
             try:

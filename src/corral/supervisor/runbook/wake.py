@@ -7,8 +7,10 @@ then checks that the woken memory is back and the engine still sleeps, and the s
 SLEEPING (out of routing) with the woken tags in its sleep status. The wake that wakes the last tags
 (or any wake without tags) completes it: VERIFY is the readiness check again (not sleeping, memory
 back, same model, smoke answered), and where the sleep emptied the prefix cache (level 1 or 2, or a
-KV release) the prefix epoch moves. A failed wake leaves the engine FAILED with the failed step named,
-then restarts it in place (weights from disk: a known state).
+KV release) the prefix epoch moves. A wake with reload reads `reload_weights` per rank and, when it
+completes, fingerprints the bundle again, as a weight reload does (`reload_checks.py`). A failed wake
+leaves the engine FAILED with the failed step named, then restarts it in place (weights from disk: a
+known state).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from corral.supervisor.runbook.common import (
 )
 from corral.supervisor.runbook.prefix_reset import prefix_cache_wiped, prefix_state_after
 from corral.supervisor.runbook.rank_guard import refuse_unless_whole
+from corral.supervisor.runbook.reload_checks import files_digest, identity_after, reload_every_rank
 from corral.supervisor.runbook.template import Evidence, Refused, Step, StepFailed
 from corral.supervisor.runbook.wake_steps import (
     WakeSteps,
@@ -44,6 +47,7 @@ from corral.supervisor.runbook.wake_steps import (
 )
 
 if TYPE_CHECKING:
+    from corral.supervisor.checks.bundle import Bundle
     from corral.supervisor.runbook.engine_access import EngineAccess
 
 S = EngineState
@@ -70,6 +74,9 @@ class WakePlan:
         self.status: dict[str, Any] = {}  # the same, as the evidence shows it
         self.steps: WakeSteps | None = None
         self.asleep: EngineSnapshot | None = None  # the engine's processes and RSS while asleep
+        self.bundle_before: Bundle | None = None  # with reload: the fingerprint it changes from
+        self.files_at_call: dict[str, Any] | None = None  # with reload: the files reload_weights read
+        self.reloaded = False
 
     @property
     def _steps(self) -> WakeSteps:
@@ -114,7 +121,13 @@ class WakePlan:
                 f"partial wake: {', '.join(steps.sequence)}; {steps.still_asleep} stays asleep",
                 "partial_waking",
             )
-        return {"calls": await run_calls(self.admin, steps)}
+        self.bundle_before = self.sup.bundle
+        return {"calls": await run_calls(self.admin, steps, self._reload)}
+
+    async def _reload(self) -> Evidence:
+        self.files_at_call = await files_digest(self.sup)
+        self.reloaded = True
+        return await reload_every_rank(self.sup, self.admin)
 
     async def verify(self) -> Evidence:
         steps = self._steps
@@ -126,6 +139,8 @@ class WakePlan:
             checked["memory"] = await self._partial_memory(checked, device_before)
             return self._partially_awake(checked)
         checked = await verify_awake(self.sup, self.admin, _before(self.status), device_before)
+        if self.reloaded:
+            checked["identity"] = await identity_after(self.sup, self.bundle_before, self.files_at_call)
         if prefix_cache_wiped(self.status):  # a plain level-0 pause keeps the prefix cache
             checked["prefix_cache"] = await prefix_state_after(
                 self.sup, self.admin, _before(self.status), "wake"

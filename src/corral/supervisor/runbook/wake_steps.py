@@ -10,6 +10,7 @@ final untagged `wake_up` that resumes scheduling, then the full VERIFY.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,11 +93,15 @@ def plan_wake(level: Any, asleep: list[str], tags: list[str] | None, reload: boo
     return WakeSteps(waking=waking, still_asleep=still, completes=completes, calls=calls)
 
 
-async def run_calls(admin: EngineAdmin, steps: WakeSteps) -> list[Evidence]:
+Reload = Callable[[], Awaitable[Evidence]]  # `reload_weights`, read per rank (runbook/reload_checks.py)
+
+
+async def run_calls(admin: EngineAdmin, steps: WakeSteps, reload: Reload | None = None) -> list[Evidence]:
     done: list[Evidence] = []
     for _name, call_tags in steps.calls:
         if call_tags is None:
-            done.append({"reload_weights": await admin.reload_weights()})
+            result = await (reload() if reload is not None else admin.reload_weights())
+            done.append({"reload_weights": result})
         else:
             key = f"wake_up {' '.join(call_tags)}" if call_tags else "wake_up"
             done.append({key: await admin.wake_up(call_tags or None)})
