@@ -20,6 +20,7 @@ import click
 
 from corral.engine import pd_protocol as pd
 from corral.engine.kv_events import HASH_ALGOS, parse_kv_events_config
+from corral.engine.sim_version import SIM_VLLM_VERSION
 
 
 def _check_requires(_ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -275,7 +276,7 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
     metavar="SPEC",
     help="unix:/path, tcp:host:port, file:/path or a path that must be there at engine init.",
 )
-@click.option("--version-string", default="0.33.0", show_default=True, help="What /version reports.")
+@click.option("--version-string", default=SIM_VLLM_VERSION, show_default=True, help="What /version reports.")
 @click.option(
     "--enable-sleep-mode",
     is_flag=True,
@@ -519,7 +520,7 @@ def sim(ctx: click.Context, /, **options: object) -> None:
 )
 @click.option(
     "--version-string",
-    default="0.33.0",
+    default=SIM_VLLM_VERSION,
     show_default=True,
     help="The vLLM version in the default --fingerprint: an engine whose --version-string differs gets "
     "a mismatch.",

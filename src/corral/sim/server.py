@@ -22,6 +22,7 @@ from aiohttp import web
 from prometheus_client.registry import Collector
 
 from corral.engine import pd_protocol as pd
+from corral.engine.sim_tokenizer import ToyTokenizer
 from corral.sim.core.config import SimConfig
 from corral.sim.core.control import EngineControl
 from corral.sim.core.engine import Engine
@@ -30,7 +31,6 @@ from corral.sim.core.lifecycle import EngineLifecycle
 from corral.sim.core.logs import EngineLog
 from corral.sim.core.lora import LoraRegistry
 from corral.sim.core.sizing import size_engine
-from corral.sim.core.tokenizer import ToyTokenizer
 from corral.sim.executor import Executor
 from corral.sim.http import dev_api, kv_side_channel, lora_api
 from corral.sim.http.app import RouteSet, SimApi

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from corral.engine.kv_events import KvEventsConfig, parse_kv_events_config
+from corral.engine.sim_version import SIM_VLLM_VERSION
 
 KV_BYTES_PER_TOKEN = 128 * 1024
 GIB = 2**30
@@ -49,7 +50,7 @@ class SimConfig:
     fail_wake_tags: tuple[str, ...] = field(default_factory=tuple)
     fail_sleep: bool = False
     requires: tuple[str, ...] = field(default_factory=tuple)
-    version_string: str = "0.33.0"
+    version_string: str = SIM_VLLM_VERSION
     # -- the simulated device (no memory arithmetic without --gpu-memory-gib) and its parallel ranks --
     gpu_memory_gib: float | None = None
     gpu_memory_utilization: float = 0.9

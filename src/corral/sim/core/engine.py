@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from corral.engine import pd_protocol as pd
+from corral.engine.sim_tokenizer import ToyTokenizer
 from corral.sim.core import gpu_fault_lines
 from corral.sim.core.cache_events import CachedLora, CacheEvents
 from corral.sim.core.config import SimConfig
@@ -34,7 +35,6 @@ from corral.sim.core.prefix_cache import PrefixCache
 from corral.sim.core.requests import InferenceRequest, bad_request
 from corral.sim.core.scheduler import EngineRequest, LatencyModel, Scheduler
 from corral.sim.core.stats import EngineStats
-from corral.sim.core.tokenizer import ToyTokenizer
 
 
 @dataclass(eq=False)

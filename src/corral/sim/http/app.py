@@ -19,8 +19,8 @@ from typing import Any, Protocol
 import orjson
 from aiohttp import web
 
+from corral.engine.sim_chat import render_chat
 from corral.openai_errors import error_response, sse_error_event
-from corral.sim.core.chat import render_chat
 from corral.sim.core.config import SimConfig
 from corral.sim.core.engine import Engine, Job
 from corral.sim.core.faults import Fault
