@@ -250,3 +250,29 @@ def test_a_start_that_loses_its_gpu_is_not_restarted_on_it(started: list[Supervi
     body = s.state()
     assert "GPU driver Xid 79" in body["reason"] and "not restarted" in body["reason"], body["reason"]
     assert body["restarts"] == [], body["restarts"]  # no restart spent on a GPU that is gone
+
+
+def test_an_engine_lost_with_its_gpu_is_not_restarted_on_it(
+    started: list[Supervised], tmp_path: Path
+) -> None:
+    kernel_log = tmp_path / "kern.log"
+    kernel_log.write_text("")
+    s = Supervised(
+        tmp_path,
+        ["--gpu-fault=illegal-memory-access", "--gpu-fault-after=1"],
+        sup_args=["--startup-restarts", "0", "--failure-restarts", "3"],  # restarts left, none used
+        env={"CORRAL_KERNEL_LOG": str(kernel_log)},
+    )
+    started.append(s)
+    engine_url = s.wait_for("READY")["engine"]["url"]
+    with kernel_log.open("a") as log:
+        log.write(
+            "[ 1843.308145] NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off "
+            "the bus.\n"
+        )
+    with pytest.raises(httpx.HTTPError):
+        httpx.post(engine_url + "/v1/completions", json={"model": "sim-model", "prompt": "hi"}, timeout=30)
+    wait_until(lambda: s.state().get("sub_state") == "gave_up", 90, "FAILED for good")
+    body = s.state()
+    assert "not restarted: the GPU needs a reset" in body["reason"], body["reason"]
+    assert body["restarts"] == [], body["restarts"]  # no restart in place spent on a dead GPU

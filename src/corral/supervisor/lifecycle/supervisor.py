@@ -33,7 +33,7 @@ from corral.supervisor.lifecycle.drain_record import bundle_of, drain_change_rec
 from corral.supervisor.lifecycle.drain_transfers import TransferSide
 from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPolicy, RestartRecord
 from corral.supervisor.lifecycle.failure_strategy import RollbackStarter, StartupFailure, Verdict, decide
-from corral.supervisor.lifecycle.fault_naming import with_gpu_fault
+from corral.supervisor.lifecycle.fault_naming import NOT_RESTARTED, hardware_fault, with_gpu_fault
 from corral.supervisor.lifecycle.forced_exits import RequestWatch
 from corral.supervisor.lifecycle.leftover_scene import EngineSnapshot, stopped_leftovers
 from corral.supervisor.lifecycle.memory_checks import MemoryRecord, MemoryVerdict
@@ -295,6 +295,9 @@ class EngineSupervisor:
             failure = with_gpu_fault(await self._serve(), self.engine, self.startup.graph_nccl_vs_stable)
             self._to(S.FAILED, failure.reason, None, **failure.evidence)
             await self.stop_engine(min(5.0, self.config.drain.shutdown_timeout), failure.reason)
+            if hardware_fault(failure.evidence):  # a new engine on the same GPU fails again
+                self.fail_for_good(f"{failure.reason}; {NOT_RESTARTED}")
+                return
             backoff = recovery.next_backoff()
             if backoff is None:
                 self.fail_for_good(
