@@ -100,7 +100,12 @@ async def wake_is_observed_and_its_warmup_kept_apart(victim: Supervised, state_h
 
 async def a_failing_bundle_fails_observe_and_goes_back(victim: Supervised) -> None:
     status, started = await asyncio.to_thread(
-        http_json, victim.url + "/v1/bundle", "POST", {"name": "faulty", **WINDOW}
+        # a longer window: the router routes to the new engine only once it learns it is READY, and after a
+        # switch that took up to 4 s on a loaded CI machine (a 2 s wait and window then saw no request)
+        http_json,
+        victim.url + "/v1/bundle",
+        "POST",
+        {"name": "faulty", **WINDOW, "observe_seconds": 6},
     )
     assert status == 202, started
     failed = await asyncio.to_thread(finish_op, victim, started["operation_id"], "failed")
