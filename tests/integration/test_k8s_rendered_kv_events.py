@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -149,11 +148,12 @@ def test_the_rendered_router_follows_the_rendered_pods_kv_events_at_the_pod_ip(t
                 feed = endpoint().get("kv_events") or {}
                 return int((feed.get("index") or {}).get("blocks", 0))
 
-            deadline = time.monotonic() + 20
-            while indexed() == 0 and time.monotonic() < deadline:
-                time.sleep(0.1)
+            try:
+                wait_until(lambda: indexed() > 0, 20, "the request's blocks in the router's KV index")
+            except AssertionError as exc:
+                seen = json.dumps(endpoint()["kv_events"])
+                raise AssertionError(f"{exc}: {seen}{router.output()[-3000:]}") from None
             feed = endpoint()["kv_events"]
-            assert indexed() > 0, json.dumps(feed) + router.output()[-3000:]
             # subscribed at the pod IP, where a router in another pod reaches the engine
             assert feed["endpoint"] == f"tcp://{POD_IP}:{ports['kv']}", feed
     finally:

@@ -16,6 +16,7 @@ import pytest
 from corral.engine.rank_lines import ParallelSize, parallel_size
 from corral.supervisor.lifecycle.ranks import EngineRanks
 from corral.supervisor.runbook.template import OperationFailed, RankLost, Runbook, Step, StepFailed
+from tests.support.waits import eventually
 from tests.unit.test_ranks import Tree, _pid, engine_tree
 
 
@@ -70,11 +71,11 @@ async def test_a_rank_that_ends_once_the_stop_began_is_not_a_loss() -> None:
 
 
 async def _until_gone(tree: Tree, pid: int) -> None:
-    for _ in range(200):  # SIGKILL is delivered, not awaited
-        if not any(r["pid"] == pid and r["alive"] for r in tree.ranks.to_json()["ranks"]):
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"pid {pid} still alive")
+    # SIGKILL is delivered, not awaited
+    await eventually(
+        lambda: not any(r["pid"] == pid and r["alive"] for r in tree.ranks.to_json()["ranks"]),
+        f"pid {pid} gone",
+    )
 
 
 class _Guard:
