@@ -128,6 +128,25 @@ async def until(check: Any, deadline: float, what: str, detail: Any = None) -> N
         await asyncio.sleep(0.1)
 
 
+async def routing_to(sups: list[Supervised]) -> tuple[CorralProcess, str]:
+    """The supervised engines READY, a router in front of them, and every one routable through it (the
+    router is stopped again when that does not come)."""
+    for sup in sups:
+        await asyncio.to_thread(sup.wait_state, "READY", 60)
+    proc, router_url = start_router(sups)
+    try:
+        await asyncio.to_thread(proc.wait_http, router_url + "/health", 30)
+        await until(
+            lambda: all(endpoint(router_url, s.engine_url)["routable"] for s in sups),
+            time.monotonic() + 30,
+            "every engine routable",
+        )
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, router_url
+
+
 async def test_a_frozen_engine_leaves_routing_its_requests_go_elsewhere_and_it_earns_its_way_back() -> None:
     sups = [start_supervised(sim_args=(*ENGINE_ARGS, "--seed", str(i))) for i in range(2)]
     router: tuple[CorralProcess, str] | None = None
@@ -135,16 +154,8 @@ async def test_a_frozen_engine_leaves_routing_its_requests_go_elsewhere_and_it_e
     load = Load()
     load_task: asyncio.Task[None] | None = None
     try:
-        for sup in sups:
-            await asyncio.to_thread(sup.wait_state, "READY", 60)
-        router = start_router(sups)
+        router = await routing_to(sups)
         proc, router_url = router
-        await asyncio.to_thread(proc.wait_http, router_url + "/health", 30)
-        await until(
-            lambda: all(endpoint(router_url, s.engine_url)["routable"] for s in sups),
-            time.monotonic() + 30,
-            "both engines routable",
-        )
         victim = sups[0]
         load_task = asyncio.create_task(clients(router_url, load))
         await until(

@@ -14,10 +14,9 @@ import time
 from tests.integration.test_frozen_engine_under_load import (
     Load,
     clients,
-    endpoint,
     metrics_text,
+    routing_to,
     sample,
-    start_router,
     until,
 )
 from tests.integration.test_supervisor_support import Supervised, kill_leftovers, start_supervised
@@ -36,16 +35,8 @@ async def test_a_hung_engine_answering_health_is_failed_by_the_stall_rule_and_it
     load = Load()
     load_task: asyncio.Task[None] | None = None
     try:
-        for sup in sups:
-            await asyncio.to_thread(sup.wait_state, "READY", 60)
-        router = start_router(sups)
-        proc, router_url = router
-        await asyncio.to_thread(proc.wait_http, router_url + "/health", 30)
-        await until(
-            lambda: all(endpoint(router_url, s.engine_url)["routable"] for s in sups),
-            time.monotonic() + 30,
-            "both engines routable",
-        )
+        router = await routing_to(sups)
+        router_url = router[1]
         load_task = asyncio.create_task(clients(router_url, load))
         body = await asyncio.to_thread(
             victim.wait_for,
