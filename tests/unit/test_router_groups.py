@@ -22,6 +22,7 @@ from corral.k8s.render.manifests import render
 from corral.k8s.watch.client import PodList, WatchEvent
 from corral.pod_labels import SERVING_GROUP_LABEL, SERVING_GROUP_SIZE_ANNOTATION
 from corral.router.datapath.wake_on_demand import WakeOnDemand
+from corral.router.discovery import supervisor_stream
 from corral.router.discovery.backends_file import BackendsFileError, parse_backends
 from corral.router.discovery.k8s_pods import PodSource, PodSourceConfig, pod_view
 from corral.router.discovery.supervisor_stream import SupervisorStreams
@@ -281,9 +282,21 @@ def test_an_endpoint_without_a_group_is_routed_as_before() -> None:
     assert membership.groups.to_json() == []
 
 
-async def test_an_acknowledgement_waits_for_requests_picked_for_any_member_of_the_group() -> None:
+async def test_an_acknowledgement_waits_for_requests_picked_for_any_member_of_the_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A member's removal is acknowledged only once every request picked for the rest of its group has
     reached its engine too: after the ack, nothing the router picked is still on its way to the group."""
+    waits: list[tuple[list[str], asyncio.Event]] = []  # per acknowledgement begun: whom it waits for, ended
+    real_wait = supervisor_stream._dispatched
+
+    async def spied(endpoints: list[Endpoint], within: float) -> None:
+        ended = asyncio.Event()
+        waits.append(([e.url for e in endpoints], ended))  # looks at `dispatching` before any await
+        await real_wait(endpoints, within)
+        ended.set()
+
+    monkeypatch.setattr(supervisor_stream, "_dispatched", spied)
     fakes = [FakeSupervisor(), FakeSupervisor()]
     membership = Membership()
     streams = SupervisorStreams(membership, RouterMetrics(), SETTINGS)
@@ -307,7 +320,10 @@ async def test_an_acknowledgement_waits_for_requests_picked_for_any_member_of_th
         members[1].dispatching = 1  # a request picked for the peer, not yet answered by its engine
         scripts[0].put_nowait({**state_line(4, "FAILED"), "fingerprint": "f1"})
         await until(lambda: membership.eligible("m") == [])
-        await asyncio.sleep(0.1)
+        await until(lambda: len(waits) == 1)  # the acknowledgement began: its wait saw the peer's request
+        (waited_for, ended) = waits[0]
+        assert sorted(waited_for) == [A, B], "the wait covers the whole group"
+        assert not ended.is_set(), "the wait ended while a request picked for the group had not arrived"
         assert fakes[0].acks == [], "acknowledged while a request picked for the group had not arrived"
         members[1].dispatching = 0
         await asyncio.wait_for(fakes[0].ack_seen.wait(), 1.0)
