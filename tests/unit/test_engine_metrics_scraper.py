@@ -70,7 +70,8 @@ async def test_a_large_fleet_is_scraped_within_the_budget_spread_over_time() -> 
     scraper = LoadScraper(board, lambda: fleet, interval=1.0, budget=100.0, tick=3600.0)
     await scraper.start()
     try:
-        await asyncio.sleep(0.05)
+        # the loop's first step began a round of the 1000 engines (it sets the period they need)
+        await eventually(lambda: scraper.period == 10.0, "the background loop's first step")
         assert scraper.step(0.1) == 10
         assert scraper.period == 10.0 and board.stale_after == 50.0
         fleet[10].state = EngineState.STARTING  # left routing: passed over at no cost
