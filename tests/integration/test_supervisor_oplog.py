@@ -7,7 +7,6 @@ from __future__ import annotations
 import shlex
 import signal
 import sys
-import time
 
 import psutil
 
@@ -20,6 +19,7 @@ from tests.integration.test_supervisor_support import (
     supervised,
 )
 from tests.support.procs import CorralProcess, free_port
+from tests.support.waits import wait_http_200, wait_until
 
 
 def test_leftover_engine_is_killed_and_epochs_continue() -> None:
@@ -38,7 +38,10 @@ def test_leftover_engine_is_killed_and_epochs_continue() -> None:
         assert leftover
         first.proc.proc.send_signal(signal.SIGKILL)
         first.proc.wait_exit(timeout=10)
-        time.sleep(0.5)
+        # the parent-death signal took the shell; a signal meant for the engine would have come with it,
+        # so an answer from the engine after the shell is gone shows it outlived its supervisor
+        wait_until(lambda: gone(shell_pid), 10, "the engine's shell to die with the supervisor")
+        wait_http_200(f"http://127.0.0.1:{engine_port}/health", 10)
         assert not any(gone(pid) for pid in leftover)  # the engine outlived its supervisor
 
         with supervised(state_dir=state_dir, engine_port=engine_port) as second:
