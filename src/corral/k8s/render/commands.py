@@ -264,6 +264,11 @@ def router_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
         *(["--engine-api-key-file", engine_key] if engine_key is not None else []),
         "--policy",
         config.router.policy,
+        *(
+            ["--slow-start-seconds", _num(config.router.slow_start_seconds)]
+            if config.router.slow_start_seconds
+            else []
+        ),
         *(["--tokenizer", tokenizer] if tokenizer is not None else []),
         "--request-timeout",
         _num(budgets.router_request_timeout),

@@ -352,6 +352,16 @@ class RouterSpec(_Section):
     )
     port: Port = Field(default=8000, description="the router's port, in the pod and on its Service")
     policy: str = Field(default="least_request", description=f"one of {', '.join(POLICY_NAMES)}")
+    slow_start_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        le=3600,
+        strict=True,
+        description="the router's --slow-start-seconds: an engine that becomes routable (started, woken, "
+        "restarted, a rollout's new group) takes a share of traffic rising from 10% to its full share over "
+        "this many seconds, so its first requests do not all meet a cold cache at once. 0 (the default): "
+        "off, full share at once; a production fleet sets it (docs/operations.md, production defaults)",
+    )
     cpu: str | None = Field(default=None, description="CPU request and limit")
     memory: str | None = Field(default=None, description="memory request and limit")
     admin_key: AdminKeySpec = Field(
