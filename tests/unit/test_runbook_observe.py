@@ -5,6 +5,7 @@ the PRECHECK baseline; an engine that is not READY has nothing to observe."""
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import AsyncIterator
@@ -105,6 +106,9 @@ class Engine:
     def __init__(self, errors_each: int) -> None:
         self.errors_each = errors_each
         self.readings = 0
+        self.slow_itl = 0  # ITLs of 0.25 s so far (the others are within 0.05 s)
+        self.slow_each = 0
+        self.waiting = 1.0
 
     async def metrics(self, _: web.Request) -> web.Response:
         self.readings += 1
@@ -113,10 +117,17 @@ class Engine:
             f'vllm:request_success_total{{engine="0",finished_reason="stop",model_name="m"}} {n - errors}',
             f'vllm:request_success_total{{engine="0",finished_reason="error",model_name="m"}} {errors}',
         ]
-        for name in ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"):
+        self.slow_itl += self.slow_each
+        for name, slow in (
+            ("vllm:time_to_first_token_seconds", 0),
+            ("vllm:inter_token_latency_seconds", self.slow_itl),
+        ):
             lines.append(f'{name}_bucket{{engine="0",le="0.05",model_name="m"}} {n - errors}')
-            lines.append(f'{name}_bucket{{engine="0",le="+Inf",model_name="m"}} {n - errors}')
-            lines.append(f'{name}_sum{{engine="0",model_name="m"}} {0.02 * (n - errors)}')
+            lines.append(f'{name}_bucket{{engine="0",le="0.25",model_name="m"}} {n - errors + slow}')
+            lines.append(f'{name}_bucket{{engine="0",le="+Inf",model_name="m"}} {n - errors + slow}')
+            lines.append(f'{name}_sum{{engine="0",model_name="m"}} {0.02 * (n - errors) + 0.25 * slow}')
+        lines.append(f'vllm:num_requests_waiting{{engine="0",model_name="m"}} {self.waiting}')
+        lines.append('vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.2')
         return web.Response(text="\n".join(lines) + "\n")
 
 
@@ -146,9 +157,12 @@ def supervised(url: str, session: aiohttp.ClientSession, state: EngineState) -> 
         EngineAccess,
         SimpleNamespace(
             session=session,
-            config=SimpleNamespace(engine_url=url),
+            config=SimpleNamespace(engine_url=url, engine_env=()),
             machine=SimpleNamespace(state=state),
-            engine=SimpleNamespace(identity=identity, running=True),
+            # a process that holds no GPU memory: NVML (where there is one) attributes it none
+            engine=SimpleNamespace(
+                identity=identity, running=True, pid=os.getpid(), ranks=SimpleNamespace(survivors=list)
+            ),
             log=lambda _: None,
         ),
     )
@@ -190,3 +204,36 @@ async def test_a_healthy_window_passes_and_a_sleeping_engine_is_not_applicable(s
         evidence = await asleep.observe()
         assert evidence["verdict"] is None and "SLEEPING after the sleep" in evidence["not_applicable"]
         assert engine.readings == readings  # nothing was read: there is nothing to judge
+
+
+async def test_a_window_whose_itl_grew_fails_naming_it_and_gpu_memory_is_not_measured_here(
+    serve: Any,
+) -> None:
+    """The ITL p99 from the engine's own histogram against the baseline's, and the gauges read over the
+    window; this test process holds no GPU memory, so that figure is not measured (and says why)."""
+    engine = Engine(errors_each=0)
+    async with aiohttp.ClientSession() as session:
+        sup = supervised(await serve(engine), session, EngineState.READY)
+        window = ObservedWindow(sup, "reload", 1.2, WindowThresholds(min_requests=5))
+        baseline = (await window.baseline())["baseline"]
+        assert (
+            baseline["itl_p99_ms"] <= 50 and baseline["queue_waiting"] == 1.0 and baseline["kv_usage"] == 0.2
+        )
+        engine.slow_each, engine.waiting = 20, 2.0  # two slow gaps for every request after the change
+        with pytest.raises(
+            StepFailed, match=r"ITL p99 \d+(\.\d+)? ms against \d+(\.\d+)? ms for the baseline"
+        ) as failed:
+            await window.observe()
+        evidence = failed.value.evidence
+        figures = {f["figure"]: f for f in evidence["verdict"]["figures"]}
+        assert figures["itl_p99_ms"]["outcome"] == "failed" and figures["itl_p99_ms"]["observed"] > 200
+        assert figures["queue_waiting"]["outcome"] == "passed" and figures["queue_waiting"]["observed"] == 2.0
+        assert figures["kv_usage"] == {
+            **figures["kv_usage"],
+            "outcome": "passed",
+            "observed": 0.2,
+            "baseline": 0.2,
+        }
+        assert figures["gpu_memory_gib"]["outcome"] == "not_measured", figures["gpu_memory_gib"]
+        assert "not measured" in figures["gpu_memory_gib"]["reason"]
+        assert evidence["window"]["gauge_readings"] >= 2  # read over the window, not once

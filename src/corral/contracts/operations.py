@@ -122,15 +122,16 @@ class DrainRequest(OperationRequest):
 
 class ObservedRequest(OperationRequest):
     """A runbook operation's request: `observe_seconds` S > 0 closes it with OBSERVE, one window of S
-    seconds of the engine's traffic after POSTCHECK compared with its PRECHECK baseline; the three
-    thresholds default to `WindowThresholds`'."""
+    seconds of the engine's traffic after POSTCHECK compared with its PRECHECK baseline; the
+    thresholds not given default to `WindowThresholds`'."""
 
     observe_seconds: float | None = None
     max_error_ratio: float | None = None
     max_ttft_ratio: float | None = None
+    max_itl_ratio: float | None = None
     min_requests: int | None = None
 
-    @field_validator("observe_seconds", "max_error_ratio", "max_ttft_ratio", mode="before")
+    @field_validator("observe_seconds", "max_error_ratio", "max_ttft_ratio", "max_itl_ratio", mode="before")
     @classmethod
     def _observe_figure(cls, value: Any, info: Any) -> float | None:
         if value is None:
@@ -142,6 +143,7 @@ class ObservedRequest(OperationRequest):
             "observe_seconds": (0.0, OBSERVE_SECONDS_MAX, "seconds (0: no OBSERVE)"),
             "max_error_ratio": (0.0, 1.0, "an error ratio"),
             "max_ttft_ratio": (1.0, 1000.0, "how many times the baseline's TTFT p99"),
+            "max_itl_ratio": (1.0, 1000.0, "how many times the baseline's ITL p99"),
         }[name]
         if not low <= value <= high:
             raise ValueError(f"{name} must be {what} from {low:g} to {high:g}, not {value!r}")
@@ -161,6 +163,7 @@ class ObservedRequest(OperationRequest):
         asked = {
             "max_error_ratio": self.max_error_ratio,
             "max_ttft_ratio": self.max_ttft_ratio,
+            "max_itl_ratio": self.max_itl_ratio,
             "min_requests": self.min_requests,
         }
         return WindowThresholds.model_validate({k: v for k, v in asked.items() if v is not None})

@@ -26,7 +26,20 @@ from typing import Literal
 
 from pydantic import Field
 
-from corral.contracts.window_defaults import MAX_ERROR_RATIO, MAX_TTFT_RATIO, MIN_REQUESTS, TTFT_SLACK_MS
+from corral.contracts.window_defaults import (
+    GPU_MEMORY_SLACK_GIB,
+    ITL_SLACK_MS,
+    KV_USAGE_RISE,
+    MAX_ERROR_RATIO,
+    MAX_GPU_MEMORY_RATIO,
+    MAX_ITL_RATIO,
+    MAX_QUEUE_RATIO,
+    MAX_TTFT_RATIO,
+    MIN_REQUESTS,
+    QUEUE_SLACK,
+    TTFT_SLACK_MS,
+)
+from corral.contracts.window_figures import FigureCheck, FigureRule, GaugeWindow, check_figure
 from corral.contracts.wire import WireModel
 
 # Seconds. Every bound of the router's coarse Prometheus TTFT buckets is one of these, so a
@@ -233,9 +246,23 @@ class WindowSummary(WireModel):
     ttft_p99_ms: float | None = None
     itl_p50_ms: float | None = None
     itl_p99_ms: float | None = None
+    # gauges over the window, per engine (`contracts.window_figures.GaugeWindow`): the mean
+    # `vllm:num_requests_waiting` and `vllm:kv_cache_usage_perc` (0-1), the highest GPU memory held;
+    # None: not measured, `unmeasured` says why (figure -> reason)
+    queue_waiting: float | None = None
+    kv_usage: float | None = None
+    gpu_memory_gib: float | None = None
+    gauge_readings: int = 0
+    unmeasured: dict[str, str] = Field(default_factory=dict)
 
     @classmethod
-    def of(cls, window: TrafficFigures, seconds: float, source: str) -> WindowSummary:
+    def of(
+        cls, window: TrafficFigures, seconds: float, source: str, gauges: GaugeWindow | None = None
+    ) -> WindowSummary:
+        """The window's figures; `gauges` None: its source reads no gauges (each figure says so)."""
+        unmeasured = {f: f"the {source} source reads no gauges" for f in GAUGE_FIGURES}
+        if gauges is not None:
+            unmeasured = gauges.why_unmeasured()
         ratio = None
         if window.errors is not None and window.requests:
             ratio = round(window.errors / window.requests, 6)
@@ -249,7 +276,15 @@ class WindowSummary(WireModel):
             ttft_p99_ms=_ms(window.ttft.quantile(0.99)),
             itl_p50_ms=_ms(window.itl.quantile(0.5)),
             itl_p99_ms=_ms(window.itl.quantile(0.99)),
+            queue_waiting=gauges.waiting if gauges is not None else None,
+            kv_usage=gauges.kv_usage if gauges is not None else None,
+            gpu_memory_gib=gauges.gpu_memory_gib if gauges is not None else None,
+            gauge_readings=gauges.readings if gauges is not None else 0,
+            unmeasured=unmeasured,
         )
+
+
+GAUGE_FIGURES = ("queue_waiting", "kv_usage", "gpu_memory_gib")
 
 
 class WindowThresholds(WireModel):
@@ -258,12 +293,66 @@ class WindowThresholds(WireModel):
     `max_error_ratio`: the window's error ratio may exceed the baseline's by this much (absolute:
     0.02 is two points). `max_ttft_ratio`: its TTFT p99 may be this many times the baseline's —
     unless it is within `ttft_slack_ms` of it, so a 2 ms engine becoming 5 ms does not fail.
-    `min_requests`: fewer requests than this in the window cannot be judged (inconclusive)."""
+    `min_requests`: fewer requests than this in the window cannot be judged (inconclusive).
+
+    The other figures follow one rule (`contracts.window_figures`): the window's value may reach
+    `max(baseline × ratio, baseline + slack)`. ITL p99: `max_itl_ratio`, `itl_slack_ms`; the mean
+    queue (`vllm:num_requests_waiting` per engine): `max_queue_ratio`, `queue_slack` requests; the
+    mean KV utilization (0-1): no ratio, `kv_usage_rise` points above the baseline; GPU memory held
+    (the highest per engine): `max_gpu_memory_ratio`, `gpu_memory_slack_gib`."""
 
     max_error_ratio: float = MAX_ERROR_RATIO
     max_ttft_ratio: float = MAX_TTFT_RATIO
     ttft_slack_ms: float = TTFT_SLACK_MS
     min_requests: int = MIN_REQUESTS
+    max_itl_ratio: float = MAX_ITL_RATIO
+    itl_slack_ms: float = ITL_SLACK_MS
+    max_queue_ratio: float = MAX_QUEUE_RATIO
+    queue_slack: float = QUEUE_SLACK
+    kv_usage_rise: float = KV_USAGE_RISE
+    max_gpu_memory_ratio: float = MAX_GPU_MEMORY_RATIO
+    gpu_memory_slack_gib: float = GPU_MEMORY_SLACK_GIB
+
+    def figure_rules(self) -> tuple[FigureRule, ...]:
+        """The rule of each figure judged beyond errors and TTFT, in the order a verdict names them."""
+        return (
+            FigureRule(
+                "itl_p99_ms",
+                "ITL p99",
+                "ms",
+                self.max_itl_ratio,
+                self.itl_slack_ms,
+                "max_itl_ratio",
+                "itl_slack_ms",
+            ),
+            FigureRule(
+                "queue_waiting",
+                "queue depth (vllm:num_requests_waiting, mean per engine)",
+                "requests",
+                self.max_queue_ratio,
+                self.queue_slack,
+                "max_queue_ratio",
+                "queue_slack",
+            ),
+            FigureRule(
+                "kv_usage",
+                "KV cache utilization (vllm:kv_cache_usage_perc, mean per engine)",
+                "of the cache",
+                1.0,
+                self.kv_usage_rise,
+                "no ratio",
+                "kv_usage_rise",
+            ),
+            FigureRule(
+                "gpu_memory_gib",
+                "GPU memory held (highest per engine)",
+                "GiB",
+                self.max_gpu_memory_ratio,
+                self.gpu_memory_slack_gib,
+                "max_gpu_memory_ratio",
+                "gpu_memory_slack_gib",
+            ),
+        )
 
 
 class WindowVerdict(WireModel):
@@ -271,15 +360,37 @@ class WindowVerdict(WireModel):
     reason: str
     window: WindowSummary
     baseline: WindowSummary | None = None
+    # each figure judged beyond errors and TTFT: observed, baseline, limit, rule (window_figures.py)
+    figures: list[FigureCheck] = Field(default_factory=list)
+
+
+def figure_checks(
+    window: WindowSummary, baseline: WindowSummary | None, limits: WindowThresholds
+) -> list[FigureCheck]:
+    """ITL p99, queue depth, KV utilization and GPU memory of the window against the baseline's."""
+    checks = []
+    for rule in limits.figure_rules():
+        observed = getattr(window, rule.figure)
+        before = getattr(baseline, rule.figure) if baseline is not None else None
+        unmeasured = window.unmeasured.get(rule.figure, f"the {window.source} window has no {rule.figure}")
+        if baseline is None:
+            no_baseline = "no baseline to compare with"
+        else:
+            no_baseline = baseline.unmeasured.get(rule.figure, f"the baseline has no {rule.figure}")
+            no_baseline = f"the baseline's is not measured ({no_baseline})"
+        checks.append(check_figure(rule, observed, before, unmeasured, no_baseline))
+    return checks
 
 
 def compare_windows(
     window: WindowSummary, baseline: WindowSummary | None, limits: WindowThresholds
 ) -> WindowVerdict:
-    """The window against its baseline: failed when its error ratio or its TTFT p99 is worse than the
-    thresholds allow (the reason names both figures), inconclusive when it holds too few requests to
-    judge, passed otherwise. Without a baseline (or one too small to compare) the error ratio is held
-    to `max_error_ratio` alone and TTFT is not judged."""
+    """The window against its baseline: failed when its error ratio, TTFT p99, ITL p99, queue depth,
+    KV utilization or GPU memory is worse than the thresholds allow (the reason names each such figure,
+    its baseline and its limit), inconclusive when it holds too few requests to judge, passed
+    otherwise. Without a baseline (or one too small to compare) the error ratio is held to
+    `max_error_ratio` alone and the other figures are not judged; a figure either side does not
+    measure is named not measured (`figures`), never passed."""
     if window.requests < limits.min_requests:
         return WindowVerdict(
             verdict=INCONCLUSIVE,
@@ -315,10 +426,14 @@ def compare_windows(
             notes.append(f"TTFT p99 {now:.1f} ms (baseline {before:.1f} ms, ×{ratio:.2f})")
     elif now is not None:
         notes.append(f"TTFT p99 {now:.1f} ms (no baseline to compare with)")
+    figures = figure_checks(window, usable, limits)
+    problems += [f.reason for f in figures if f.failed]
+    notes += [f.reason for f in figures]
     verdict: Verdict = FAILED if problems else PASSED
     return WindowVerdict(
         verdict=verdict,
         reason="; ".join(problems or notes),
         window=window,
         baseline=baseline,
+        figures=figures,
     )

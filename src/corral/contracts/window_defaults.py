@@ -8,3 +8,17 @@ MAX_ERROR_RATIO = 0.05
 MAX_TTFT_RATIO = 2.0
 TTFT_SLACK_MS = 50.0
 MIN_REQUESTS = 20
+# the figures judged by one rule, max(baseline × ratio, baseline + slack) (contracts/window_figures.py):
+# ITL doubles under a bad kernel or a batch that no longer fits; a 2 ms ITL becoming 5 ms is noise
+MAX_ITL_RATIO = 2.0
+ITL_SLACK_MS = 10.0
+# the queue (vllm:num_requests_waiting, mean per engine) doubling and by more than a few requests
+MAX_QUEUE_RATIO = 2.0
+QUEUE_SLACK = 4.0
+# KV cache utilization (0-1, mean per engine): 25 points above the baseline's, whatever the baseline
+KV_USAGE_RISE = 0.25
+# GPU memory held (highest per engine): vLLM takes a fixed share (--gpu-memory-utilization), so more
+# than 10% and 1 GiB above the baseline is memory the new engine should not hold (a leak, a bigger
+# graph pool, a second copy of the weights)
+MAX_GPU_MEMORY_RATIO = 1.10
+GPU_MEMORY_SLACK_GIB = 1.0

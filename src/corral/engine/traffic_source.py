@@ -18,7 +18,10 @@ from corral.engine.metrics_text import samples
 
 ENGINE_METRICS = "engine_metrics"  # the `source` of a window read from these figures
 ERROR_REASON = "error"
-_HISTOGRAMS = (TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY)
+# vLLM before `inter_token_latency_seconds` (0.10) timed the same gaps under this name; read only where
+# the new family is absent (the releases that show both show the same figures twice)
+INTER_TOKEN_LATENCY_BEFORE_RENAME = "vllm:time_per_output_token_seconds"
+_HISTOGRAMS = (TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY, INTER_TOKEN_LATENCY_BEFORE_RENAME)
 _NAMES = (FINISHED, *(h + suffix for h in _HISTOGRAMS for suffix in ("_bucket", "_sum")))
 
 
@@ -71,7 +74,11 @@ def traffic_figures(text: str) -> TrafficFigures:
         requests=round(requests),
         errors=round(errors),
         ttft=families[TIME_TO_FIRST_TOKEN].histogram(),
-        itl=families[INTER_TOKEN_LATENCY].histogram(),
+        itl=(
+            families[INTER_TOKEN_LATENCY]
+            if families[INTER_TOKEN_LATENCY].cumulative
+            else families[INTER_TOKEN_LATENCY_BEFORE_RENAME]
+        ).histogram(),
     )
 
 

@@ -1,7 +1,10 @@
 """OBSERVE, the step that closes a runbook operation when asked (`observe_seconds` > 0): one window of
 normal traffic on the engine after POSTCHECK, from its own `/metrics`, compared with the baseline read
 at PRECHECK (the engine's figures since it started: its steady state so far) by the one comparison
-every observer makes (`contracts.traffic.compare_windows`).
+every observer makes (`contracts.traffic.compare_windows`): errors, TTFT and ITL p99 from the
+engine's histograms, its queue and KV utilization from its gauges (read every `GAUGE_EVERY_S` over the
+window, one reading at PRECHECK), and the GPU memory it holds (the simulator's gauge, else NVML over
+the engine's processes; on a CPU engine or without NVML, not measured and named so).
 
 A window worse than the thresholds fails the step and with it the operation, the figures in the
 error; a bundle switch then runs RECOVER (back to the bundle it came from, drained first), the other
@@ -19,8 +22,11 @@ from typing import TYPE_CHECKING
 
 from corral.contracts.operations import ObservedRequest
 from corral.contracts.traffic import FAILED, TrafficFigures, WindowSummary, WindowThresholds, compare_windows
+from corral.contracts.window_figures import GaugeReading, GaugeWindow
+from corral.engine.gauge_source import engine_window_reading
 from corral.engine.load_sample import MetricsUnavailable
-from corral.engine.traffic_source import ENGINE_METRICS, fetch_traffic
+from corral.engine.traffic_source import ENGINE_METRICS
+from corral.supervisor.lifecycle.device_memory import engine_visible_devices, read_device
 from corral.supervisor.lifecycle.states import EngineState
 from corral.supervisor.runbook.template import Evidence, StepFailed
 
@@ -31,6 +37,8 @@ S = EngineState
 RECOVERING_KINDS = ("switch_bundle",)  # a failed window takes the engine back to the bundle it came from
 PROGRESS_EVERY_S = 10.0
 TRAFFIC_POLL_S = 0.2  # how closely the window's start follows the first request back
+GAUGE_EVERY_S = 0.5  # how often the window reads the engine's gauges (queue, KV, GPU memory)
+GPU_MEMORY = "gpu_memory_gib"
 
 
 class ObservedWindow:
@@ -52,8 +60,33 @@ class ObservedWindow:
             return None
         return cls(sup, kind, request.observe_seconds, request.thresholds())
 
-    async def _read(self) -> TrafficFigures:
-        return await fetch_traffic(self.sup.session, self.sup.config.engine_url)
+    async def _read(self, gauges: GaugeWindow | None = None) -> TrafficFigures:
+        """The engine's traffic figures now; its gauges, with the GPU memory it holds, go to `gauges`."""
+        figures, reading = await engine_window_reading(self.sup.session, self.sup.config.engine_url)
+        if gauges is not None:
+            gauges.add(await self._with_device_memory(reading, gauges))
+        return figures
+
+    async def _with_device_memory(self, reading: GaugeReading, gauges: GaugeWindow) -> GaugeReading:
+        """The reading with the GPU memory NVML sees held by the engine's processes, where the engine
+        shows none itself (vLLM never does); why not, noted in `gauges`, where NVML cannot say."""
+        if reading.gpu_memory_bytes is not None:
+            return reading
+        engine = self.sup.engine
+        if engine is None or not engine.running:
+            gauges.note(GPU_MEMORY, "no engine process runs")
+            return reading
+        visible = engine_visible_devices(self.sup.config.engine_env)
+        device = await read_device(engine.pid, visible, also=engine.ranks.survivors())
+        if device is None:
+            gauges.note(GPU_MEMORY, "the engine reports no GPU memory and NVML is not available here")
+            return reading
+        if device.total_bytes <= 0:
+            gauges.note(
+                GPU_MEMORY, f"NVML attributes no GPU memory to the engine's processes {list(device.pids)}"
+            )
+            return reading
+        return GaugeReading(reading.waiting, reading.kv_usage, float(device.total_bytes))
 
     async def baseline(self) -> Evidence:
         """PRECHECK's reading: the engine's figures since it started. Never raises: a baseline that
@@ -63,13 +96,14 @@ class ObservedWindow:
         if identity is None:
             self.baseline_note = "no engine process runs: no baseline"
             return {"baseline": None, "note": self.baseline_note}
+        gauges = GaugeWindow()  # the gauges now: the engine's only reading of them before the change
         try:
-            figures = await self._read()
+            figures = await self._read(gauges)
         except MetricsUnavailable as exc:
             self.baseline_note = f"the engine's /metrics could not be read: {exc}"
             return {"baseline": None, "note": self.baseline_note}
         uptime = max(0.0, time.time() - identity.create_time)
-        self.baseline_summary = WindowSummary.of(figures, uptime, ENGINE_METRICS)
+        self.baseline_summary = WindowSummary.of(figures, uptime, ENGINE_METRICS, gauges)
         return {"baseline": self.baseline_summary.to_wire(), "since": "the engine's start"}
 
     async def observe(self) -> Evidence:
@@ -79,16 +113,17 @@ class ObservedWindow:
         if state is not S.READY:
             why = f"the engine is {state} after the {self.kind}: no traffic reaches it to observe"
             return {"verdict": None, "not_applicable": why}
+        gauges = GaugeWindow()
         try:
             first, started, waited = await self._traffic_back()
-            await self._wait(started)
-            last = await self._read()
+            await self._wait(started, gauges)
+            last = await self._read(gauges)
         except MetricsUnavailable as exc:
             raise StepFailed(f"the observed window could not be read: {exc}") from exc
         elapsed = time.monotonic() - started
         if sup.machine.state is not S.READY:
             raise StepFailed(f"the engine left READY during the observed window: it is {sup.machine.state}")
-        window = WindowSummary.of(last.minus(first), elapsed, ENGINE_METRICS)
+        window = WindowSummary.of(last.minus(first), elapsed, ENGINE_METRICS, gauges)
         verdict = compare_windows(window, self.baseline_summary, self.limits)
         evidence: Evidence = {
             "waited_for_traffic_s": round(waited, 3),
@@ -119,11 +154,15 @@ class ObservedWindow:
             earlier, at = now, time.monotonic()
         return earlier, at, at - began
 
-    async def _wait(self, started: float) -> None:
-        """The window's seconds from `started`, with a progress line every `PROGRESS_EVERY_S`."""
+    async def _wait(self, started: float, gauges: GaugeWindow) -> None:
+        """The window's seconds from `started`, reading the gauges every `GAUGE_EVERY_S`, with a
+        progress line every `PROGRESS_EVERY_S`."""
         self.sup.log(f"{self.kind}: observing {self.seconds:g}s of traffic against the PRECHECK baseline")
+        said = started
         while (left := self.seconds - (time.monotonic() - started)) > 0:
-            await asyncio.sleep(min(left, PROGRESS_EVERY_S))
-            elapsed = time.monotonic() - started
-            if elapsed < self.seconds:
-                self.sup.log(f"{self.kind}: observing: {elapsed:.0f}s of {self.seconds:g}s")
+            await asyncio.sleep(min(left, GAUGE_EVERY_S))
+            if time.monotonic() - started < self.seconds:
+                await self._read(gauges)
+            if (now := time.monotonic()) - said >= PROGRESS_EVERY_S and now - started < self.seconds:
+                said = now
+                self.sup.log(f"{self.kind}: observing: {now - started:.0f}s of {self.seconds:g}s")

@@ -1,0 +1,61 @@
+"""The engine's gauges a traffic window is judged on (`contracts.window_figures.GaugeReading`), read
+from its `/metrics`: the queue (`vllm:num_requests_waiting`, summed over data-parallel engines and
+models), KV cache utilization (`vllm:kv_cache_usage_perc`, or `vllm:gpu_cache_usage_perc` from a vLLM
+before the rename; the highest of the engines) and, from `corral sim` only, the GPU memory it holds
+(`corral_sim_gpu_memory_bytes`). A real engine's GPU memory is the device's: the supervisor reads it
+through NVML (`supervisor.lifecycle.device_memory`); from `/metrics` alone it is not measured.
+
+`engine_window_reading` reads one `/metrics` answer into both the traffic figures and these gauges,
+so a window's two kinds of figures come from the same moment.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+
+from corral.contracts.traffic import TrafficFigures
+from corral.contracts.window_figures import GaugeReading
+from corral.engine.load_sample import MetricsUnavailable, fetch_metrics_text
+from corral.engine.metric_names import KV_USAGE, KV_USAGE_BEFORE_RENAME, SIM_GPU_MEMORY, WAITING
+from corral.engine.metrics_text import samples
+from corral.engine.traffic_source import traffic_figures
+
+_NAMES = (WAITING, KV_USAGE, KV_USAGE_BEFORE_RENAME, SIM_GPU_MEMORY)
+GPU_MEMORY_FROM_DEVICE = (
+    "a real engine shows no GPU memory in /metrics: its supervisor reads it through NVML, and this "
+    "reader has none (no driver, no nvidia-ml-py, or a CPU engine)"
+)
+
+
+def gauge_reading(text: str) -> GaugeReading:
+    """The gauges in `text`; a gauge the engine does not show reads None. Raises ValueError on text
+    that is not Prometheus exposition."""
+    waiting: float | None = None
+    kv: dict[str, float] = {}
+    memory: float | None = None
+    for sample in samples(text, _NAMES, strict=True):
+        if sample.name == WAITING:
+            waiting = (waiting or 0.0) + sample.value
+        elif sample.name == SIM_GPU_MEMORY:
+            memory = (memory or 0.0) + sample.value
+        else:
+            kv[sample.name] = max(kv.get(sample.name, 0.0), sample.value)
+    usage = kv.get(KV_USAGE, kv.get(KV_USAGE_BEFORE_RENAME))
+    return GaugeReading(waiting=waiting, kv_usage=usage, gpu_memory_bytes=memory)
+
+
+async def engine_window_reading(
+    session: aiohttp.ClientSession, engine_url: str, within: float = 5.0
+) -> tuple[TrafficFigures, GaugeReading]:
+    """The engine's cumulative traffic figures and its gauges now, from one `/metrics` answer; raises
+    MetricsUnavailable (no answer, or not Prometheus text)."""
+    text = await fetch_metrics_text(session, engine_url, within)
+    try:
+        return traffic_figures(text), gauge_reading(text)
+    except ValueError as exc:
+        raise MetricsUnavailable(f"/metrics: {exc}") from exc
+
+
+async def fetch_gauges(session: aiohttp.ClientSession, engine_url: str, within: float = 5.0) -> GaugeReading:
+    """The engine's gauges now; raises MetricsUnavailable."""
+    return (await engine_window_reading(session, engine_url, within))[1]
