@@ -20,6 +20,9 @@ SLEEP_STATE = "vllm:engine_sleep_state"  # label `sleep_state`: awake | weights_
 LORA_INFO = "vllm:lora_requests_info"  # labels running/waiting_lora_adapters, max_lora; value: a timestamp
 LORA_RUNNING_LABEL = "running_lora_adapters"
 LORA_WAITING_LABEL = "waiting_lora_adapters"
+# value 1; its labels are the engine's CacheConfig: `num_gpu_blocks` (the KV cache's size in blocks, fixed
+# at start), `block_size`, `gpu_memory_utilization`, ... (one series per engine core)
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
 
 # counters (sample names; the family is the name without `_total`)
 PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"
@@ -35,7 +38,7 @@ INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"
 E2E_LATENCY = "vllm:e2e_request_latency_seconds"
 QUEUE_TIME = "vllm:request_queue_time_seconds"
 
-GAUGES = (RUNNING, WAITING, WAITING_BY_REASON, KV_USAGE, SLEEP_STATE, LORA_INFO)
+GAUGES = (RUNNING, WAITING, WAITING_BY_REASON, KV_USAGE, SLEEP_STATE, LORA_INFO, CACHE_CONFIG_INFO)
 COUNTERS = (PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, PREEMPTIONS, PROMPT_TOKENS, GENERATION_TOKENS, FINISHED)
 HISTOGRAMS = (TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY, E2E_LATENCY, QUEUE_TIME)
 # What a current vLLM exposes and Corral relies on (the simulator exposes all of these too).

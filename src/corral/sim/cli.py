@@ -269,6 +269,14 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
     "offloading would), leaving the engine paused with every allocation resident.",
 )
 @click.option(
+    "--fail-lora-kv-blocks",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Each runtime LoRA load takes this many blocks off the KV cache (vllm:cache_config_info's "
+    "num_gpu_blocks drops), as an engine whose adapter memory was not reserved at start would.",
+)
+@click.option(
     "--requires",
     "requires",
     multiple=True,

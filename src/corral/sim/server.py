@@ -79,6 +79,7 @@ class SimServer:
             self.engine.scheduler,
             self.engine.cache,
             sleep_state=lambda: lifecycle.sleep_state_label,
+            cache_config=self._cache_config(config),
         )
         self.lifecycle_metrics = LifecycleCollector(
             config.model_name, lifecycle, LoadOutcome("disk"), memory=config.memory_metrics
@@ -100,7 +101,7 @@ class SimServer:
             addons.append((dev, dev_api.ROUTES))
         self._lora_api: lora_api.LoraApi | None = None
         if config.runtime_lora_updating and self.lora is not None:
-            self._lora_api = lora_api.LoraApi(self.lora, self.log, lambda: None)
+            self._lora_api = lora_api.LoraApi(self.lora, self.log, lambda: None, self._on_lora_load)
             addons.append((self._lora_api, lora_api.ROUTES))
         if config.kv_transfer_config is not None:
             kv = self._kv_connector(config)
@@ -149,6 +150,23 @@ class SimServer:
         )
         self.engine.kv = kv
         return kv
+
+    def _cache_config(self, config: SimConfig) -> dict[str, str]:
+        """This engine's values of `vllm:cache_config_info`'s labels (the block count is read live)."""
+        tokens = config.kv_cache_blocks * config.block_size
+        return {
+            "gpu_memory_utilization": str(config.gpu_memory_utilization),
+            "kv_cache_memory_bytes": str(self.sizing.kv_cache_bytes),
+            "kv_cache_max_concurrency": str(round(tokens / max(1, config.max_model_len), 2)),
+            "prefix_caching_hash_algo": config.prefix_caching_hash_algo,
+        }
+
+    def _on_lora_load(self) -> None:
+        """`--fail-lora-kv-blocks`: a load shrinks the KV cache (never below one block)."""
+        lost = self.config.fail_lora_kv_blocks
+        scheduler = self.engine.scheduler
+        if lost:
+            scheduler.total_blocks = max(1, scheduler.total_blocks - lost)
 
     def _on_loaded(self, outcome: LoadOutcome) -> None:
         self.lifecycle_metrics.load = outcome

@@ -49,6 +49,8 @@ class SimConfig:
     fail_reload_rank: int | None = None  # collective_rpc reload_weights raises in this worker rank
     fail_wake_tags: tuple[str, ...] = field(default_factory=tuple)
     fail_sleep: bool = False
+    # each runtime adapter load takes this many blocks off the KV cache (vllm:cache_config_info shows it)
+    fail_lora_kv_blocks: int = 0
     requires: tuple[str, ...] = field(default_factory=tuple)
     version_string: str = SIM_VLLM_VERSION
     # -- the simulated device (no memory arithmetic without --gpu-memory-gib) and its parallel ranks --

@@ -40,10 +40,17 @@ def _string(f: FieldChecker, name: str, required: bool) -> str:
 
 
 class LoraApi:
-    def __init__(self, registry: LoraRegistry, log: EngineLog, on_change: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        registry: LoraRegistry,
+        log: EngineLog,
+        on_change: Callable[[], None],
+        on_load: Callable[[], None] = lambda: None,
+    ) -> None:
         self.registry = registry
         self.log = log
         self._on_change = on_change
+        self._on_load = on_load
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/load_lora_adapter", self.load)
@@ -70,6 +77,7 @@ class LoraApi:
                 f"Reloaded LoRA adapter '{name}' in place from '{path}'.",
             )
         self.log.info("APIServer", "serving.py:226", f"Loaded new LoRA adapter: name '{name}', path '{path}'")
+        self._on_load()
         self._on_change()
         return web.Response(text=message, content_type="text/plain")
 

@@ -7,7 +7,7 @@ nothing is updated per token.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import (
     GC_COLLECTOR,
@@ -50,6 +50,44 @@ def histogram_family(name: str, doc: str, labels: dict[str, str], hist: Histogra
     return m
 
 
+# vLLM 0.33's `vllm:cache_config_info` labels (tests/data/vllm-samples/metrics.body) with its defaults;
+# the engine's own values (`SimServer.cache_config`) and the live block count replace some
+CACHE_CONFIG_LABELS = {
+    "_block_size_resolved": "True",
+    "cache_dtype": "auto",
+    "cache_hit_alignment_tokens": "None",
+    "enable_mamba_shared_prefix_checkpoint": "False",
+    "enable_prefix_caching": "True",
+    "gpu_memory_utilization": "0.9",
+    "hash_block_size": "None",
+    "is_attention_free": "False",
+    "kv_cache_dtype_skip_layers": "[]",
+    "kv_cache_layout": "None",
+    "kv_cache_max_concurrency": "None",
+    "kv_cache_memory_bytes": "None",
+    "kv_offloading_backend": "native",
+    "kv_offloading_size": "None",
+    "kv_sharing_fast_prefill": "False",
+    "mamba_block_size": "None",
+    "mamba_cache_dtype": "auto",
+    "mamba_cache_mode": "none",
+    "mamba_page_size_padded": "None",
+    "mamba_ssm_cache_dtype": "float32",
+    "num_cpu_blocks": "None",
+    "num_gpu_blocks_override": "None",
+    "prefix_cache_retention_interval": "0",
+    "prefix_caching_hash_algo": "sha256",
+    "prefix_match_unit": "None",
+    "replayssm_buffer_len": "16",
+    "skip_page_size_padded": "None",
+    "sliding_window": "None",
+    "swa_bounded_replay": "True",
+    "use_kda_recoverssm": "False",
+    "use_replayssm": "False",
+    "user_specified_block_size": "False",
+}
+
+
 class EngineCollector(Collector):
     """Yields the `vllm:` families for one engine (`engine="0"`) serving `model_name`."""
 
@@ -60,8 +98,10 @@ class EngineCollector(Collector):
         scheduler: Scheduler,
         cache: PrefixCache,
         sleep_state: Callable[[], str | None] = lambda: "awake",
+        cache_config: Mapping[str, str] | None = None,
     ) -> None:
         self._model = model_name
+        self._cache_config = dict(cache_config or {})
         self._stats = stats
         self._scheduler = scheduler
         self._cache = cache
@@ -110,6 +150,7 @@ class EngineCollector(Collector):
             sleep.add_sample(sleep.name, self._labels(sleep_state=label), 1.0 if state == label else 0.0)
         yield sleep
         yield self._gauge(vllm.KV_USAGE, "KV-cache usage. 1 means 100 percent usage.", sched.kv_usage)
+        yield self._cache_config_info(sched)
         yield self._counter(
             vllm.family(vllm.PREFIX_CACHE_QUERIES),
             "Prefix cache queries, in terms of number of queried tokens.",
@@ -164,6 +205,25 @@ class EngineCollector(Collector):
             "POST /reset_prefix_cache.",
             cache.resets,
         )
+
+    def _cache_config_info(self, sched: Scheduler) -> Metric:
+        """As vLLM: the CacheConfig as the labels of a gauge of 1, without `model_name`; the block count
+        is the live one (vLLM's is fixed at start; a `--fail-lora-kv-blocks` load takes some away)."""
+        info = Metric(vllm.CACHE_CONFIG_INFO, "Information of the LLMEngine CacheConfig", "gauge")
+        tokens = sched.total_blocks * sched.block_size
+        live = {
+            "block_size": str(sched.block_size),
+            "effective_attention_block_size": str(sched.block_size),
+            "engine": "0",
+            "kv_cache_size_tokens": str(tokens),
+            "num_gpu_blocks": str(sched.total_blocks),
+        }
+        info.add_sample(
+            vllm.CACHE_CONFIG_INFO,
+            dict(sorted({**CACHE_CONFIG_LABELS, **self._cache_config, **live}.items())),
+            1.0,
+        )
+        return info
 
 
 class MetricsEndpoint:

@@ -46,6 +46,8 @@ class AdapterSet:
     last_reconcile: dict[str, Any] | None = None
     runtime: dict[str, str] = field(default_factory=dict)
     store: RuntimeAdapterFile | None = None
+    # GPU bytes each runtime load was seen to take (lora_memory.py): what its unload must free
+    load_growth: dict[str, int] = field(default_factory=dict)
 
     def restore(self, runtime: dict[str, str], store: RuntimeAdapterFile) -> None:
         self.store = store

@@ -5,6 +5,8 @@ Loading adds to routing and takes nothing out of it: EXECUTE loads, VERIFY finds
 restart). Unloading drains that adapter only: REMOVE FROM ROUTING publishes a READY event that
 withdraws the adapter (routers stop routing `model: NAME` here and acknowledge the epoch), DRAIN
 waits until `vllm:lora_requests_info` shows no request of it running or waiting, then EXECUTE unloads.
+Both read the engine's GPU memory and KV capacity just before EXECUTE and again in VERIFY, which
+judges them (`lora_memory.py`): a load that took KV blocks, an unload that did not free memory, fail.
 """
 
 from __future__ import annotations
@@ -17,6 +19,14 @@ from corral.engine.metric_names import LORA_INFO
 from corral.supervisor.checks.adapters import EngineAdapters
 from corral.supervisor.checks.readiness import NotReady
 from corral.supervisor.lifecycle.states import EngineState
+from corral.supervisor.runbook.lora_memory import (
+    Footprint,
+    judge,
+    kv_verdict,
+    load_memory_verdict,
+    read_footprint,
+    unload_memory_verdict,
+)
 from corral.supervisor.runbook.template import Evidence, Refused, Step, StepFailed
 
 if TYPE_CHECKING:
@@ -49,6 +59,7 @@ class LoadAdapterPlan:
             raise Refused(f"adapter path must be a non-empty string, not {path!r}")
         self.path = path
         self.engine = EngineAdapters(sup.session, sup.config.engine_url)
+        self.before: Footprint | None = None
 
     async def precheck(self) -> Evidence:
         _require_ready(self.sup, "lora load")
@@ -64,6 +75,7 @@ class LoadAdapterPlan:
         return {"skipped": "no request uses an adapter that is not loaded yet"}
 
     async def execute(self) -> Evidence:
+        self.before = await read_footprint(self.sup)
         return {"load_lora_adapter": await self.engine.load(self.name, self.path)}
 
     async def verify(self) -> Evidence:
@@ -76,6 +88,13 @@ class LoadAdapterPlan:
             smoke = await self.sup.readiness.smoke(self.sup.session, self.name)
         except NotReady as exc:
             raise StepFailed(f"smoke request to adapter {self.name!r}: {exc}") from exc
+        assert self.before is not None
+        after = await read_footprint(self.sup)
+        memory = load_memory_verdict(self.before, after)
+        checked = judge(self.sup, "lora_load", memory, kv_verdict("the load", self.before, after))
+        growth = memory.evidence.get("growth_bytes")
+        if isinstance(growth, int):
+            self.sup.adapters.load_growth[self.name] = growth
         try:
             self.sup.adapters.add_runtime(self.name, self.path)
         except OSError as exc:
@@ -91,7 +110,7 @@ class LoadAdapterPlan:
             adapters=served,
             withdrawn_adapters=[],
         )
-        return {"served": served, "smoke": smoke.to_json()}
+        return {"served": served, "smoke": smoke.to_json(), **checked}
 
     async def recover(self, failed_step: Step, cause: str) -> Evidence:
         served = await self.engine.served()
@@ -113,6 +132,7 @@ class UnloadAdapterPlan:
         self.engine = EngineAdapters(sup.session, sup.config.engine_url)
         self.drain_timeout = drain_timeout if drain_timeout is not None else sup.config.drain.drain_timeout
         self.withdrawn_epoch: int | None = None
+        self.before: Footprint | None = None
 
     async def precheck(self) -> Evidence:
         _require_ready(self.sup, "lora unload")
@@ -185,6 +205,7 @@ class UnloadAdapterPlan:
             await asyncio.sleep(0.05)
 
     async def execute(self) -> Evidence:
+        self.before = await read_footprint(self.sup)
         return {"unload_lora_adapter": await self.engine.unload(self.name)}
 
     async def verify(self) -> Evidence:
@@ -193,7 +214,12 @@ class UnloadAdapterPlan:
             raise StepFailed(f"adapter {self.name!r} still listed after unloading", served=served)
         self.sup.adapters.note_served(served)
         self._forget()
-        return {"served": served}
+        assert self.before is not None
+        after = await read_footprint(self.sup)
+        growth = self.sup.adapters.load_growth.pop(self.name, None)
+        memory = unload_memory_verdict(self.before, after, growth)
+        checked = judge(self.sup, "lora_unload", memory, kv_verdict("the unload", self.before, after))
+        return {"served": served, **checked}
 
     def _forget(self) -> None:
         try:
