@@ -184,7 +184,9 @@ class AckRequest(WireModel):
     """`POST /v1/acks`: the router has taken the engine out of its routing for `epoch` and every
     request it had picked for the engine has reached it (`undispatched` counts those that had not
     when it stopped waiting); for a prefill engine, every decode leg it started from the engine's KV
-    transfers has reached its decode engine (`transfers_unconfirmed` counts those that had not)."""
+    transfers has reached its decode engine (`transfers_unconfirmed` counts those that had not).
+    With `state` READY: the engine, back to READY at `epoch` after a removal, is in the router's
+    routing table again."""
 
     router_id: str = Field(default=None, validate_default=True)
     epoch: int = Field(default=None, validate_default=True)

@@ -1,6 +1,7 @@
 """Supervisor state streams: for every endpoint that has a supervisor, one task follows its
 `GET /v1/state/watch?router_id=…` stream, applies each state to membership the moment the line is
-read, and acknowledges each removal back to the supervisor (`POST /v1/acks`).
+read, and acknowledges each removal back to the supervisor (`POST /v1/acks`), and each return to READY
+within a stream once the endpoint is back in its routing table (a wake's POSTCHECK waits for that).
 
 The order is the contract: the endpoint leaves the routing table (synchronously, in `_apply`), then
 the acknowledgement waits until every request already picked for that engine has been answered by it
@@ -270,6 +271,8 @@ class SupervisorStreams:
         self._membership.supervisor_changed(endpoint.url, cause=f"supervisor_{state.value.lower()}")
         if state is EngineState.READY:
             self._apply_withdrawn(endpoint, view, line, epoch, received)
+            if was_removed and not first and endpoint.in_routing:
+                self._readded(endpoint, view, epoch)
             return
         removal_latency = time.monotonic() - received
         if was_routable:
@@ -315,6 +318,18 @@ class SupervisorStreams:
             )
             self._acks.add(task)
             task.add_done_callback(self._acks.discard)
+
+    def _readded(self, endpoint: Endpoint, view: SupervisorView, epoch: int) -> None:
+        """READY again after a removal this stream saw (a wake, a recovered operation, a restart), and
+        the endpoint in the routing table again: acknowledged at once (nothing to wait for), so the
+        supervisor knows this router routes to it again. A stream's first line is not acknowledged: the
+        supervisor counts a router that subscribed after the return as having read READY."""
+        body = AckRequest(router_id=self.settings.router_id, epoch=epoch, state=EngineState.READY).encode()
+        task = asyncio.create_task(
+            self._send_ack(endpoint, view, epoch, body), name=f"corral-router-ack-{endpoint.url}-{epoch}"
+        )
+        self._acks.add(task)
+        task.add_done_callback(self._acks.discard)
 
     def _lost(self, endpoint: Endpoint, view: SupervisorView, link: str, why: str) -> None:
         if view.link != link or view.link_reason != why:
@@ -367,6 +382,10 @@ class SupervisorStreams:
                 undispatched,
                 s.dispatch_wait,
             )
+        await self._send_ack(endpoint, view, epoch, body)
+
+    async def _send_ack(self, endpoint: Endpoint, view: SupervisorView, epoch: int, body: bytes) -> None:
+        s = self.settings
         assert self._session is not None
         timeout = aiohttp.ClientTimeout(total=s.ack_timeout)
         # the supervisor refuses a mutating call that is not JSON

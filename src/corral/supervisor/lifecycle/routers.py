@@ -175,6 +175,11 @@ class RouterSubscriptions:
         """Subscribed routers that have not acknowledged `epoch` or a later one."""
         return [r for r in sorted(self._streams) if not self._acked(r, epoch)]
 
+    def acknowledged(self, router_id: str, epoch: int) -> Ack | None:
+        """`router_id`'s latest acknowledgement when it covers `epoch` (that epoch or a later one)."""
+        ack = self._acks.get(router_id)
+        return ack if ack is not None and ack.epoch >= epoch else None
+
     def begin_wait(self, epoch: int) -> AckWait:
         wait = AckWait(epoch)
         for router_id, ack in self._acks.items():

@@ -10,7 +10,8 @@ back, same model, smoke answered), and where the sleep emptied the prefix cache 
 KV release) the prefix epoch moves. A wake with reload reads `reload_weights` per rank and, when it
 completes, fingerprints the bundle again, as a weight reload does (`reload_checks.py`). A failed wake
 leaves the engine FAILED with the failed step named, then restarts it in place (weights from disk: a
-known state).
+known state). A completed wake's POSTCHECK waits for the routers subscribed at the return to READY to
+acknowledge the engine back in their routing (`readded.py`) and records which did.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from corral.supervisor.runbook.common import (
 )
 from corral.supervisor.runbook.prefix_reset import prefix_cache_wiped, prefix_state_after
 from corral.supervisor.runbook.rank_guard import refuse_unless_whole
+from corral.supervisor.runbook.readded import Readding, confirm_readded
 from corral.supervisor.runbook.reload_checks import files_digest, identity_after, reload_every_rank
 from corral.supervisor.runbook.template import Evidence, Refused, Step, StepFailed
 from corral.supervisor.runbook.wake_steps import (
@@ -77,6 +79,7 @@ class WakePlan:
         self.bundle_before: Bundle | None = None  # with reload: the fingerprint it changes from
         self.files_at_call: dict[str, Any] | None = None  # with reload: the files reload_weights read
         self.reloaded = False
+        self.readding: Readding | None = None  # the READY epoch and the routers then subscribed
 
     @property
     def _steps(self) -> WakeSteps:
@@ -146,9 +149,10 @@ class WakePlan:
                 self.sup, self.admin, _before(self.status), "wake"
             )
         self.sup.note_sleep(None)
-        self.sup.transition(
+        ready = self.sup.transition(
             S.READY, "awake: memory back, model listed, smoke answered", None, **checked["smoke"]
         )
+        self.readding = Readding.now(self.sup.routers, ready.epoch)
         self.sup.resume_serving()
         return checked
 
@@ -203,7 +207,16 @@ class WakePlan:
             cpu_backup_bytes=figures.cpu_backup_bytes,
             rss=await rss_proxy(self.sup, self.asleep, self.status),
         )
-        return {"state": self.sup.machine.state.value, "figures": figures.to_json(), "leftovers": leftovers}
+        routing: Evidence | None = None
+        if self.readding is not None:
+            within = self.sup.config.drain.propagation_timeout
+            routing = await confirm_readded(self.sup.routers, self.readding, within, self.sup.log)
+        return {
+            "state": self.sup.machine.state.value,
+            "figures": figures.to_json(),
+            "leftovers": leftovers,
+            "routing": routing,
+        }
 
 
 __all__ = ["WakePlan", "parse_figures"]
