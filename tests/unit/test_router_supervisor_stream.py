@@ -253,6 +253,25 @@ async def test_a_stream_that_joins_mid_drain_acknowledges_its_first_line(
     assert supervisor.acks[0]["epoch"] == 12
 
 
+async def test_a_return_to_ready_is_acknowledged_once_the_endpoint_is_back_in_routing(
+    rig: tuple[FakeSupervisor, Membership, SupervisorStreams],
+) -> None:
+    """A wake's POSTCHECK waits for this: READY again after a removal within one stream is acknowledged
+    with state READY, after the endpoint is eligible again; a stream's first READY line is not."""
+    supervisor, membership, _ = rig
+    lines = supervisor.script()
+    endpoint = add_endpoint(membership, supervisor.url)
+    lines.put_nowait(state_line(3, "SLEEPING"))
+    await asyncio.wait_for(supervisor.ack_seen.wait(), 1.0)
+    supervisor.ack_seen.clear()
+    lines.put_nowait(state_line(4, "WAKING"))
+    lines.put_nowait(state_line(5, "READY"))
+    await asyncio.wait_for(supervisor.ack_seen.wait(), 1.0)
+    assert [(a["epoch"], a["state"]) for a in supervisor.acks] == [(3, "SLEEPING"), (5, "READY")]
+    assert membership.eligible("m") == [endpoint]
+    assert endpoint.supervisor is not None and endpoint.supervisor.acked_epoch == 5
+
+
 async def test_operation_lines_show_the_runbook_step_and_never_move_routing(
     rig: tuple[FakeSupervisor, Membership, SupervisorStreams],
 ) -> None:
