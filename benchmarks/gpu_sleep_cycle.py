@@ -24,7 +24,13 @@ memory (issue 29):
     fingerprint and `unchanged`, or `not_measured` for a hub id), startup's KV-capacity check repeated
     on the same logged KV size (vLLM sizes its KV cache once, at start), and a smoke that is a real
     completion of the served model. A rank that raises and files that change cannot be provoked on
-    a real engine here: tests/integration/test_reload_identity.py covers those on the simulator.
+    a real engine here: tests/integration/test_reload_identity.py covers those on the simulator;
+  - LoRA (the engine runs with `--enable-lora`, unless `--no-lora`): a rank-8 adapter written by this script
+    from the model's config.json (zero B matrices: the base model's answers) is loaded and unloaded
+    through the supervisor. Each VERIFY read the engine's GPU memory through NVML and its KV capacity from
+    `vllm:cache_config_info` before and after: the load must keep every KV block (vLLM reserves the
+    `--max-loras` slots at start), and the unload must free what the load took. Both figures are in the
+    row (`lora`), measured (nvml) and passed.
 
 It prints a table (GiB per step, and each step's checks) and writes one JSON result. Exit 0 when every
 operation ended as expected (succeeded, or refused where a refusal is the check) with its memory
@@ -63,6 +69,8 @@ from corral.supervisor.lifecycle.device_memory import GIB, read_device_sync
 
 NO_DEVICE = 2
 HOST_RAM_SHORT = 64 << 20  # bytes the narrowed host leaves: less than any model's weights
+LORA_NAME = "gpu-check-lora"
+LORA_RANK = 8
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,57 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("wake (KV)", "/v1/wake", {}),
     Operation("reload", "/v1/reload", {"mode": "wait"}),
 )
+
+
+def lora_operations(adapter: Path) -> tuple[Operation, ...]:
+    return (
+        Operation("lora load", "/v1/lora/load", {"name": LORA_NAME, "path": str(adapter)}),
+        Operation("lora unload", "/v1/lora/unload", {"name": LORA_NAME}),
+    )
+
+
+def model_config(model: str) -> dict[str, Any]:
+    """The model's config.json: from its directory, or from the HF cache (nothing is downloaded)."""
+    if Path(model).is_dir():
+        return dict(json.loads((Path(model) / "config.json").read_text()))
+    from huggingface_hub import hf_hub_download  # type: ignore[import-not-found]  # on the GPU host
+
+    return dict(json.loads(Path(hf_hub_download(model, "config.json", local_files_only=True)).read_text()))
+
+
+def write_adapter(model: str, out: Path, rank: int = LORA_RANK) -> Path:
+    """A PEFT LoRA adapter on every layer's q_proj and v_proj, shaped from the model's config; its B
+    matrices are zero, so the adapter answers as the base model does. Needs torch and safetensors
+    (both come with vLLM)."""
+    import torch  # type: ignore[import-not-found]  # on the GPU host, with vLLM
+    from safetensors.torch import save_file  # type: ignore[import-not-found]
+
+    config = model_config(model)
+    hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    kv_out = int(config.get("num_key_value_heads") or heads) * head_dim
+    tensors: dict[str, Any] = {}
+    for layer in range(int(config["num_hidden_layers"])):
+        for module, out_features in (("q_proj", heads * head_dim), ("v_proj", kv_out)):
+            prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, hidden, dtype=torch.float16) * 0.01
+            tensors[f"{prefix}.lora_B.weight"] = torch.zeros(out_features, rank, dtype=torch.float16)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    adapter_config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": model,
+        "r": rank,
+        "lora_alpha": 2 * rank,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "target_modules": ["q_proj", "v_proj"],
+        "fan_in_fan_out": False,
+        "modules_to_save": None,
+    }
+    (out / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2))
+    return out
 
 
 def set_host_room(cgroup: Path, room: int | None) -> None:
@@ -140,7 +199,35 @@ def step_checks(
         )
     if op.path == "/v1/reload":
         checks.update(reload_checks(row, before, after))
+    if op.path.startswith("/v1/lora/"):
+        checks.update(lora_checks(row))
     return checks
+
+
+def lora_figures(row: dict[str, Any]) -> dict[str, Any]:
+    """A LoRA operation's VERIFY figures: GPU memory (NVML) and KV blocks, before and after."""
+    verify = step_evidence(row, "verify")
+    memory, kv = verify.get("memory") or {}, verify.get("kv_capacity") or {}
+    return {
+        "memory": {k: memory.get(k) for k in ("outcome", "source", "reason", "before", "after")}
+        | {k: memory[k] for k in ("growth_bytes", "freed_bytes", "load_growth_bytes") if k in memory},
+        "kv_capacity": {k: kv.get(k) for k in ("outcome", "reason", "before", "after", "bound")},
+    }
+
+
+def lora_checks(row: dict[str, Any]) -> dict[str, bool]:
+    """A LoRA load or unload on a real vLLM: memory measured through NVML and passed, KV capacity
+    read from vllm:cache_config_info before and after, every block kept."""
+    figures = row["lora"] = lora_figures(row)
+    memory, kv = figures["memory"], figures["kv_capacity"]
+    blocks = [(kv.get(k) or {}).get("num_gpu_blocks") for k in ("before", "after")]
+    return {
+        "VERIFY memory measured (nvml) and passed": memory.get("outcome") == "passed"
+        and memory.get("source") == "nvml",
+        "KV capacity read before and after, no block lost": kv.get("outcome") == "passed"
+        and None not in blocks
+        and blocks[0] == blocks[1],
+    }
 
 
 def reload_checks(row: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> dict[str, bool]:
@@ -293,6 +380,11 @@ def main() -> int:
     parser.add_argument("--gpu-memory-utilization", default="0.5")
     parser.add_argument("--max-model-len", default="4096")
     parser.add_argument("--startup-timeout", type=float, default=600)
+    parser.add_argument(
+        "--no-lora",
+        action="store_true",
+        help="Start the engine without --enable-lora and skip the LoRA load/unload memory check.",
+    )
     args = parser.parse_args()
     gpus = read_gpus()
     if not gpus:
@@ -313,11 +405,24 @@ def main() -> int:
         "--enable-sleep-mode", "--gpu-memory-utilization", args.gpu_memory_utilization,
         "--max-model-len", args.max_model_len,
     ]  # fmt: skip
+    operations = OPERATIONS
+    lora_error: str | None = None
+    if not args.no_lora:
+        try:
+            adapter = write_adapter(args.model, state_dir / "adapter")
+        except Exception as exc:  # no config.json, no torch: say so, run the rest
+            lora_error = f"no LoRA adapter could be written: {exc!r}"
+            print(lora_error, file=sys.stderr)
+        else:
+            engine += ["--enable-lora", "--max-loras", "2", "--max-lora-rank", str(LORA_RANK)]
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
+            operations = OPERATIONS + lora_operations(adapter)
     floating = [] if Path(args.model).is_dir() else ["--allow-floating-revision"]
     report: dict[str, Any] = {
         "model": args.model,
         "gpus": [g.to_json() for g in gpus],
         "engine_command": engine,
+        "lora": "skipped (--no-lora)" if args.no_lora else (lora_error or "load and unload checked"),
         "explain": explain(corral, floating, engine, env),
         "steps": [],
     }
@@ -347,12 +452,14 @@ def main() -> int:
         }
         if state.get("state") != "READY":
             return 1
-        for op in OPERATIONS:
+        for op in operations:
             report["steps"].append(run_operation(sup, op, host_room))
             wait_state(sup, ("READY", "SLEEPING", "FAILED"), 300)
         report["verify"] = verify(corral, sup, state_dir / "verify.json")
-        ok = len(report["steps"]) == len(OPERATIONS) and all(
-            all(s["checks"].values()) for s in report["steps"]
+        ok = (
+            lora_error is None
+            and len(report["steps"]) == len(operations)
+            and all(all(s["checks"].values()) for s in report["steps"])
         )
     finally:
         report["ok"] = ok
