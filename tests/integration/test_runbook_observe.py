@@ -2,7 +2,9 @@
 under bounded streamed load ends its wake with a window of the engine's own traffic (requests, p50/p99
 TTFT and ITL) judged against the PRECHECK baseline, and VERIFY carries the first request's TTFT apart
 (warmup); a sleep says OBSERVE is not applicable (never a pass); a bundle whose engine fails 30% of its
-requests fails OBSERVE, naming the error ratio, and RECOVER takes the engine back to its old bundle."""
+requests fails OBSERVE, naming the error ratio, and RECOVER takes the engine back to its old bundle; a
+bundle whose engine answers without errors but with a far slower inter-token latency fails OBSERVE
+too, naming the ITL p99, its baseline and its limit, and goes back the same way."""
 
 from __future__ import annotations
 
@@ -122,3 +124,42 @@ async def a_failing_bundle_fails_observe_and_goes_back(victim: Supervised) -> No
     assert steps["verify"]["evidence"]["warmup_ttft_ms"] > 0, steps["verify"]  # the new engine's smoke
     state = await asyncio.to_thread(victim.wait_state, "READY", 30)
     assert state["bundle_name"] == "initial", state
+
+
+async def test_observe_fails_a_bundle_whose_itl_is_far_above_the_baselines(tmp_path: Path) -> None:
+    """The engine's ITL histogram has vLLM's coarse buckets (10, 25, 50, 75, 100, 150, 200, 300 ms …)
+    and the simulator times its gaps in real time, so on a loaded machine the old bundle's p99 reaches
+    the 50-75 ms bucket: a 5x slower bundle (50 ms) may sit within 2x of it at p99 (the unit tests judge
+    5x exactly). 200 ms gaps are beyond any such noise."""
+    port = free_port()
+    slow = [sys.executable, "-m", "corral", "sim", "--host", "127.0.0.1", "--port", str(port)]
+    slow += ["--model", "sim-model", *SIM_ARGS, "--seed", "0", "--itl-ms", "200"]  # SIM_ARGS' is 10 ms
+    bundle = bundle_file(tmp_path, "slow", slow)
+    async with loaded_fleet(victim_sup_args=("--bundle", str(bundle)), victim_engine_port=port) as fleet:
+        victim = fleet.victim
+        target = fleet.out.completed + 20  # the baseline's traffic on the old bundle
+        await eventually(lambda: fleet.out.completed >= target, "the baseline's traffic", within=60)
+        # OBSERVE opens its window once traffic is back on the new engine (the router learns it is READY
+        # first; 2-4 s on a loaded machine), waiting at most the window's length for it
+        body = {"name": "slow", **WINDOW, "observe_seconds": 8}
+        status, started = await asyncio.to_thread(http_json, victim.url + "/v1/bundle", "POST", body)
+        assert status == 202, started
+        failed = await asyncio.to_thread(finish_op, victim, started["operation_id"], "failed")
+        record = operation(victim, failed["operation_id"])
+        fleet.stop.set()
+    steps = {s["step"]: s for s in record["result"]["steps"]}
+    observe, recover = steps["observe"], steps["recover"]
+    verdict = observe["evidence"]["verdict"]
+    figures = {f["figure"]: f for f in verdict["figures"]}
+    itl = figures["itl_p99_ms"]
+    print(f"switch_bundle to a slow engine: {verdict['reason']}\n  figures: {figures}")
+    assert observe["status"] == "failed" and verdict["verdict"] == "failed", observe
+    assert itl["outcome"] == "failed" and itl["observed"] > itl["limit"] >= itl["baseline"] > 0, itl
+    assert "ITL p99" in record["error"] and "for the baseline" in record["error"], record["error"]
+    assert verdict["window"]["errors"] == 0 and "error ratio" not in verdict["reason"], verdict
+    # the other figures were read from the engine (the simulator shows its memory) and held
+    assert {
+        f: figures[f]["outcome"] for f in ("queue_waiting", "kv_usage", "gpu_memory_gib")
+    } == dict.fromkeys(("queue_waiting", "kv_usage", "gpu_memory_gib"), "passed"), figures
+    assert recover["evidence"]["failed_step"] == "observe", recover
+    assert "back on initial, READY again" in recover["evidence"]["outcome"], recover

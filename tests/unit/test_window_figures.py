@@ -64,7 +64,7 @@ def test_an_itl_five_times_the_baselines_fails_naming_the_figure_baseline_value_
     itl = by_figure(verdict)["itl_p99_ms"]
     assert itl.outcome == "failed" and itl.baseline is not None and itl.observed is not None
     assert itl.observed > 4 * itl.baseline
-    assert itl.limit == pytest.approx(max(2 * itl.baseline, itl.baseline + 10))
+    assert itl.limit == pytest.approx(max(2 * itl.baseline, itl.baseline + 25))
     assert "ITL p99" in verdict.reason and "max_itl_ratio" in verdict.reason
     assert f"{itl.observed:.4g} ms against {itl.baseline:.4g} ms for the baseline" in verdict.reason
     # the other figures were judged too, and passed
@@ -102,9 +102,9 @@ def test_within_the_slack_of_a_zero_baseline_passes_and_beyond_it_fails() -> Non
     assert compare_windows(summary(0.004, small), summary(0.002, idle), LIMITS).verdict == PASSED
     big = GaugeReading(waiting=5.0, kv_usage=0.3, gpu_memory_bytes=2 * GIB)
     zero = summary(reading=idle).model_copy(update={"itl_p99_ms": 0.0})
-    verdict = compare_windows(summary(0.020, big), zero, LIMITS)
+    verdict = compare_windows(summary(0.040, big), zero, LIMITS)
     failed = {f.figure: f.limit for f in verdict.figures if f.failed}
-    assert failed == {"itl_p99_ms": 10.0, "queue_waiting": 4.0, "kv_usage": 0.25, "gpu_memory_gib": 1.0}
+    assert failed == {"itl_p99_ms": 25.0, "queue_waiting": 4.0, "kv_usage": 0.25, "gpu_memory_gib": 1.0}
 
 
 def test_a_figure_not_measured_is_named_never_passed() -> None:

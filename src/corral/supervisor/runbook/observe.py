@@ -21,7 +21,14 @@ import time
 from typing import TYPE_CHECKING
 
 from corral.contracts.operations import ObservedRequest
-from corral.contracts.traffic import FAILED, TrafficFigures, WindowSummary, WindowThresholds, compare_windows
+from corral.contracts.traffic import (
+    FAILED,
+    GAUGE_FIGURES,
+    TrafficFigures,
+    WindowSummary,
+    WindowThresholds,
+    compare_windows,
+)
 from corral.contracts.window_figures import GaugeReading, GaugeWindow
 from corral.engine.gauge_source import engine_window_reading
 from corral.engine.load_sample import MetricsUnavailable
@@ -97,8 +104,14 @@ class ObservedWindow:
             self.baseline_note = "no engine process runs: no baseline"
             return {"baseline": None, "note": self.baseline_note}
         gauges = GaugeWindow()  # the gauges now: the engine's only reading of them before the change
+        state = self.sup.machine.state
+        if state is not S.READY:  # a sleeping engine's queue, KV and memory say nothing of its serving
+            for figure in GAUGE_FIGURES:
+                gauges.note(
+                    figure, f"the engine was {state} at PRECHECK: its gauges then are no serving baseline"
+                )
         try:
-            figures = await self._read(gauges)
+            figures = await self._read(gauges if state is S.READY else None)
         except MetricsUnavailable as exc:
             self.baseline_note = f"the engine's /metrics could not be read: {exc}"
             return {"baseline": None, "note": self.baseline_note}
