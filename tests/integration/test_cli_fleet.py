@@ -30,6 +30,7 @@ def test_engines_by_name_on_the_default_fleet(tmp_path: Path) -> None:
     up, url = start_up(state_home=tmp_path)
     port = url.rsplit(":", 1)[1]
     try:
+        # the printed answer is the contract: what the person who ran the command reads
         assert f"corral sleep --port {port} --engine engine-0" in up.output()
         code, body = status_json(port, tmp_path)
         assert code == 0 and body["schema"] == "corral.status/v1" and body["verdict"] == "settled", body

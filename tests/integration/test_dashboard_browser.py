@@ -76,6 +76,7 @@ def fleet(tmp_path: Path) -> Iterator[tuple[CorralProcess, str, Path]]:
     )
     wait_until(lambda: "router: " in proc.output() or proc.proc.poll() is not None, 90, "the router URL")
     match = re.search(r"router: (http://\S+)", proc.output())
+    # the printed line is the contract: it tells the person where to connect
     assert match, proc.output()
     url = match.group(1)
     try:
@@ -121,6 +122,7 @@ def test_the_dashboard_follows_an_adapter_a_sleep_step_by_step_a_wake_and_a_roll
 
     proc, url, state = fleet
     port = url.rsplit(":", 1)[1]
+    # the printed line is the contract: it tells the person where to connect
     assert f"dashboard: {url}/dashboard" in proc.output()
     up_file = json.loads((state / "corral" / f"up-{port}.json").read_text())
     row = {e["name"]: f'tr[data-url="{e["engine"]}"]' for e in up_file["engines"]}

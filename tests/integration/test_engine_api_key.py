@@ -57,6 +57,7 @@ def test_an_engine_with_api_key_in_its_command_becomes_ready_and_sleeps_and_wake
         state = sup.state()
         assert "<redacted>" in state["engine"]["argv"] and KEY not in state["engine"]["argv"]
         # the engine printed its key among its args; the supervisor relayed the line masked
+        # the log is the contract here: no secret ever reaches it
         assert "'api_key': ['<redacted>']" in sup.proc.output()
         assert_key_never_shown(sup)
 

@@ -32,6 +32,7 @@ def start_lora_fleet(state: Path) -> tuple[CorralProcess, str]:
     )
     wait_until(lambda: "router: " in proc.output() or proc.proc.poll() is not None, 90, "the router URL")
     match = re.search(r"router: (http://\S+)", proc.output())
+    # the printed line is the contract: it tells the person where to connect
     assert match, proc.output()
     return proc, match.group(1)
 

@@ -62,6 +62,7 @@ def test_rollback_from_a_corrupt_record_names_the_file(tmp_path: Path) -> None:
     corrupt.write_text('{"kind": "rollout", "started": 1')
     proc = CorralProcess(["rollback", "--fleet", str(fleet), "--from-record", str(corrupt)])
     assert proc.wait_exit(60) == 2
+    # the refusal is the contract: one line naming the value and what to do
     assert f"{corrupt} is not JSON" in proc.output(), proc.output()
     verify = tmp_path / "verify-9.json"
     verify.write_text('{"kind": "verify", "started": 1, "finished": 2}')

@@ -138,6 +138,7 @@ def test_with_an_admin_port_the_admin_routes_live_there_only() -> None:
         assert status_of(admin + "/livez") == status_of(main + "/livez") == 200
         assert status_of(admin + "/v1/models") == 404
         assert status_of(main + "/v1/models") == 200
+        # the printed line is the contract: it tells the person where to connect
         assert "admin routes /metrics, /v1/fleet and /dashboard: on http://127.0.0.1:" in proc.output()
     finally:
         proc.stop()
@@ -148,6 +149,7 @@ def test_the_admin_port_cannot_be_the_main_port() -> None:
     proc = CorralProcess(["router", "--port", str(port), "--admin-port", str(port), "--backend", NO_ENGINE])
     try:
         assert proc.wait_exit(30) == 2
+        # the refusal is the contract: one line naming the value and what to do
         assert "--admin-port" in proc.output()
     finally:
         proc.stop()

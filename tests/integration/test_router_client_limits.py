@@ -336,6 +336,7 @@ def test_bad_limit_flag_names_the_flag_and_value() -> None:
     assert proc.wait_exit(timeout=30) == 2
     out = proc.output()
     proc.stop()
+    # the refusal is the contract: one line naming the value and what to do
     assert "--max-body-size" in out and "lots" in out and "MiB" in out
 
 

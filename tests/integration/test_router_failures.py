@@ -199,6 +199,7 @@ async def test_router_stops_cleanly_on_sigterm() -> None:
             assert status == 200
         router.signal(signal.SIGTERM)
         assert router.wait_exit(15) == 0
+        # the printed line is the contract: it tells the person where to connect
         assert "corral router ready on" in router.output()
     finally:
         router.stop()

@@ -142,6 +142,7 @@ async def test_a_prefill_engine_is_never_paired_with_another_vllm_version(procs:
         assert "vLLM version" in message and "127.0.0.1" not in message  # the engines: in the log only
         assert headers["X-Request-Id"] in message
     logged = [line for line in router.output().splitlines() if headers["X-Request-Id"] in line]
+    # the log line is the contract: the client gets the request id, the operator finds the engine by it
     assert len(logged) == 1 and p_url in logged[0] and old_url in logged[0], router.output()
     assert metric(p_url, names.GENERATION_TOKENS) == 0  # no prefill leg for a pair that cannot be
 

@@ -174,6 +174,7 @@ def test_the_peer_route_needs_the_token_and_says_nothing_without_it(tmp_path: Pa
                 timeout=2.0,
             )
         assert bad.value.code == 400
+        # the log is the contract here: no secret ever reaches it
         assert "the-right-secret" not in routers[0][0].output() + routers[1][0].output()
     finally:
         for proc, _ in routers:

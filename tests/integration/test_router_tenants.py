@@ -222,6 +222,8 @@ async def test_the_keys_file_is_read_again_on_change_and_a_bad_edit_keeps_the_te
         else:
             raise AssertionError(proc.output())
         assert (await call(router, KEY_NEW, CHAT))[0] == 200
+        # the log line is the contract: it names the bad entry and field for whoever edited the file,
+        # never a key
         assert "entry 5 (name 'broken'): field `max_in_flight`" in proc.output()
         assert KEY_NEW not in proc.output()
         # a tenant removed from the file is out at once
@@ -262,6 +264,7 @@ def test_a_bad_keys_file_stops_the_router_at_start_naming_entry_and_field(tmp_pa
     try:
         assert proc.wait_exit(30) == 2
         out = proc.output()
+        # the refusal is the contract: one line naming the value and what to do
         assert "entry 2 (name 'bad'): field `requests_per_minute` must be a positive integer" in out
         assert KEY_NEW not in out and KEY_A not in out
     finally:
@@ -316,6 +319,7 @@ def test_without_a_keys_file_the_router_is_open_and_says_so_at_start() -> None:
         router, url = start_router("--backend", sim_url)
         try:
             assert asyncio.run(call(url, None, CHAT))[0] == 200
+            # the log line is the contract: the operator is told the router is open
             assert "no --api-keys-file" in router.output()
         finally:
             router.stop()
@@ -347,6 +351,7 @@ async def test_every_discovery_probes_with_the_engine_key(tmp_path: Path, discov
             async with aiohttp.ClientSession() as s:
                 async with s.post(url + "/v1/chat/completions", data=orjson.dumps(CHAT)) as resp:
                     assert resp.status == 200, await resp.text()
+            # the log is the contract here: no secret ever reaches it
             assert ENGINE_KEY not in router.output()
         finally:
             router.stop()

@@ -201,6 +201,7 @@ async def test_an_oversized_or_malformed_prefill_answer_fails_that_leg_only(
     assert "127.0.0.1" not in message and "http" not in message
     assert answer_headers["X-Request-Id"] in message
     assert bodies(decode) == []
+    # the log line is the contract: the client gets the request id, the operator finds the engine by it
     assert f"prefill {bad} answered" in proc.output()
     pd_bad = sample(
         scrape(url + "/metrics"), "corral_router_pd_failures_total", leg="prefill", why="bad_answer"
@@ -229,6 +230,7 @@ async def test_a_whole_answer_over_the_bound_is_a_502_not_a_buffer(
     assert status == 502, answer[:200]
     message = orjson.loads(answer)["error"]["message"]
     assert "stream" in message and headers["X-Request-Id"] in message and "127.0.0.1" not in message
+    # the log line is the contract: the client gets the request id, the operator finds the engine by it
     assert "over 67108864 bytes" in proc.output()
 
 
@@ -250,6 +252,7 @@ async def test_a_long_sse_line_is_relayed_and_params_at_its_end_end_the_stream(
         and hostile_engine.LEAKED_ENGINE.encode() not in answer
     )
     assert b"BadGatewayError" in answer and b"127.0.0.1" not in answer.split(b"\n")[-3]
+    # the log line is the contract: the client gets the request id, the operator finds the engine by it
     assert "carries kv_transfer_params" in proc.output()
 
 
@@ -289,6 +292,7 @@ async def test_an_engine_dying_mid_request_is_not_named_to_the_client(
     warnings = [
         line for line in proc.output().splitlines() if request_id in line and "no engine served" in line
     ]
+    # the log line is the contract: the client gets the request id, the operator finds the engine by it
     assert len(warnings) == 1 and engine in warnings[0], proc.output()
 
 
@@ -305,4 +309,5 @@ async def test_a_stream_cut_mid_way_names_no_engine(
     assert status == 200
     assert b"BadGatewayError" in answer and headers["X-Request-Id"].encode() in answer
     assert b"127.0.0.1" not in answer and b"Error:" not in answer
+    # the log line is the contract: the client gets the request id, the operator finds the engine by it
     assert engine in proc.output()

@@ -117,6 +117,7 @@ def test_two_workers_serve_one_port_and_a_killed_worker_is_restarted() -> None:
 
         router.signal(signal.SIGTERM)
         assert router.wait_exit(30) == 1, router.output()[-3000:]  # drained, but a worker had died
+        # the log line is the contract: the operator's notice of what happened
         assert "router worker w" in router.output() and "restarting it" in router.output()
     finally:
         router.stop()

@@ -52,6 +52,7 @@ def test_port_is_refused_until_loaded_then_serves() -> None:
     proc, url = start_sim(port, "--startup-seconds", "1.5", wait=False)
     try:
         wait_for(lambda: "Starting to load model" in proc.output(), 10, "model load", proc)
+        # the log line is the contract: vLLM writes it so, and the supervisor and operators read it
         assert "Starting vLLM server" not in proc.output()
         assert refused(port)
         proc.wait_http(url + "/health", timeout=15)
@@ -79,6 +80,7 @@ def test_missing_requirement_fails_engine_init_with_exit_1(tmp_path: Path) -> No
     try:
         assert proc.wait_exit(timeout=15) == 1
         out = proc.output()
+        # the log lines are the contract: vLLM writes them so, and the supervisor and operators read them
         assert "ERROR" in out and f"unix:{missing}" in out
         assert "Engine core initialization failed" in out
         assert "Starting vLLM server" not in out
@@ -117,6 +119,7 @@ def test_sigterm_with_nothing_in_flight_exits_0() -> None:
     try:
         proc.signal(signal.SIGTERM)
         assert proc.wait_exit(timeout=10) == 0
+        # the log line is the contract: vLLM writes it so, and the supervisor and operators read it
         assert "[shutdown] API server: shutdown triggered" in proc.output()
     finally:
         proc.stop()
@@ -212,6 +215,7 @@ async def test_crash_after_kills_the_process_with_requests_in_flight() -> None:
             with pytest.raises(aiohttp.ClientError):
                 await in_flight.read()
         assert await asyncio.to_thread(proc.wait_exit, 10) == 1
+        # the log line is the contract: vLLM writes it so, and the supervisor and operators read it
         assert "EngineDeadError" in proc.output()
     finally:
         proc.stop()
@@ -221,6 +225,7 @@ def test_bad_requires_spec_is_a_usage_error() -> None:
     proc = CorralProcess(["sim", "--requires", "tcp:nohost"])
     try:
         assert proc.wait_exit(timeout=10) == 2
+        # the refusal is the contract: one line naming the value and what to do
         assert "tcp:HOST:PORT" in proc.output()
     finally:
         proc.stop()

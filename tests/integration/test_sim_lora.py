@@ -151,6 +151,7 @@ def test_a_missing_lora_module_fails_startup(tmp_path: Path) -> None:
     )
     try:
         assert proc.wait_exit(timeout=15) == 1
+        # the log line is the contract: vLLM writes it so, and the supervisor and operators read it
         assert "No adapter found for" in proc.output()
     finally:
         proc.stop()

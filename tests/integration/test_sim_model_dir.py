@@ -27,6 +27,7 @@ def test_30_gib_of_weights_on_a_24_gib_device_exit_1_with_cuda_oom(tmp_path: Pat
     try:
         assert proc.wait_exit(timeout=20) == 1
         out = proc.output()
+        # the log lines are the contract: vLLM writes them so, and the supervisor and operators read them
         assert "torch.OutOfMemoryError: CUDA out of memory." in out
         assert "GPU 0 has a total capacity of 24.00 GiB" in out
         assert out.index("Starting to load model") < out.index("CUDA out of memory")
@@ -42,6 +43,7 @@ def test_kv_cache_too_small_for_one_sequence_logs_the_memory_then_vllms_value_er
     try:
         assert proc.wait_exit(timeout=20) == 1
         out = proc.output()
+        # the log lines are the contract: vLLM writes them so, and the supervisor and operators read them
         assert "Available KV cache memory: 1.4 GiB" in out
         assert "ValueError: To serve at least one request with the models's max seq len (131072)" in out
         assert out.index("Model loading took 30.0000 GiB") < out.index("Available KV cache memory")
@@ -60,6 +62,7 @@ def test_the_same_model_on_80_gib_serves_its_name_and_kv_from_the_arithmetic(tmp
         assert card["max_model_len"] == 8192  # from config.json's max_position_embeddings
         blocks = (int(80 * GIB * 0.9) - 30 * GIB - OVERHEAD_BYTES) // (16 * KV_PER_TOKEN)
         out = proc.output()
+        # the log lines are the contract: vLLM writes them so, and the supervisor and operators read them
         assert f"GPU KV cache size: {blocks * 16:,} tokens" in out
         assert f"Maximum concurrency for 8,192 tokens per request: {blocks / 512:.2f}x" in out
         with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:

@@ -179,6 +179,7 @@ def test_bad_kv_transfer_config_is_refused() -> None:
     proc = CorralProcess(["sim", "--port", str(free_port()), "--kv-transfer-config", '{"kv_connector": "X"}'])
     code = proc.wait_exit(20)
     assert code == 2
+    # the log line is the contract: vLLM writes it so, and the supervisor and operators read it
     assert "kv_role" in proc.output()
 
 

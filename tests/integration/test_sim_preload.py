@@ -72,6 +72,7 @@ def test_daemon_health_is_503_while_loading_then_200_with_the_ready_line(tmp_pat
         assert http_status(health) == 503 and not socket.exists()
         proc.wait_http(health, timeout=20)
         assert socket.exists()
+        # the log line is the contract: vLLM writes it so, and the supervisor and operators read it
         assert READY in proc.output() and f"in {tmp_path} =====" in proc.output()
         assert proc.stop() == 0
         assert not socket.exists()
@@ -84,6 +85,7 @@ def test_engine_starts_from_the_daemon_without_the_disk_load(ready_daemon: Path)
     try:
         proc.wait_http(url + "/health", timeout=30)
         out = proc.output()
+        # the log lines are the contract: vLLM writes them so, and the supervisor and operators read them
         assert "Mapped 291 tensors from the weight cache daemon (zero_copy mode)" in out
         assert "Loading weights took" not in out and FALLBACK not in out
         assert load_source(url) == "ipc_cache"
@@ -96,6 +98,7 @@ def test_missing_daemon_falls_back_to_disk_with_the_warning(tmp_path: Path) -> N
     try:
         proc.wait_http(url + "/health", timeout=30)
         out = proc.output()
+        # the log lines are the contract: vLLM writes them so, and the supervisor and operators read them
         assert "Weight cache unusable (" in out and FALLBACK in out
         assert "Loading weights took" in out
         assert load_source(url) == "disk_fallback"
@@ -127,6 +130,7 @@ def test_fingerprint_mismatch_without_fallback_fails_the_start(tmp_path: Path) -
         try:
             assert proc.wait_exit(timeout=30) == 1
             out = proc.output()
+            # the log lines are the contract: vLLM writes them so, and the supervisor and operators read them
             assert "CacheConfigMismatch: WeightCacheKey mismatch on fields: ['fingerprint']" in out
             assert "Engine core initialization failed" in out and "Starting vLLM server" not in out
         finally:
@@ -146,6 +150,7 @@ def test_missing_daemon_without_fallback_fails_after_state_timeout(tmp_path: Pat
     try:
         assert proc.wait_exit(timeout=30) == 1
         out = proc.output()
+        # the log lines are the contract: vLLM writes them so, and the supervisor and operators read them
         assert "Waiting up to 1.0s for the weight cache daemon to start" in out
         assert "did not become ready within 1.0s" in out
     finally:
@@ -156,6 +161,7 @@ def test_zero_copy_with_sleep_mode_is_refused(tmp_path: Path) -> None:
     proc, _ = engine(tmp_path / "wc.sock", "--enable-sleep-mode", mode="zero_copy")
     try:
         assert proc.wait_exit(timeout=15) == 1
+        # the log line is the contract: vLLM writes it so, and the supervisor and operators read it
         assert "--enable-sleep-mode cannot be combined" in proc.output()
     finally:
         proc.stop()
@@ -165,6 +171,7 @@ def test_unknown_loader_keys_are_refused(tmp_path: Path) -> None:
     proc, _ = engine(tmp_path / "wc.sock", colour="blue")
     try:
         assert proc.wait_exit(timeout=15) == 1
+        # the log line is the contract: vLLM writes it so, and the supervisor and operators read it
         assert "Unexpected extra config keys for load format ipc_cache: ['colour']" in proc.output()
     finally:
         proc.stop()

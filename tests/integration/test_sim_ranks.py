@@ -56,6 +56,7 @@ def test_tp2_runs_two_worker_processes_that_stop_with_the_engine() -> None:
         workers = _workers(proc, 2)
         out = proc.output()
         for rank, w in enumerate(workers):
+            # the log lines are the contract: vLLM writes them so, and the supervisor and operators read them
             assert f"(Worker_TP{rank} pid={w.pid})" in out
             assert f"rank {rank} in world size 2 is assigned as DP rank 0, PP rank 0" in out
             assert re.search(rf"\(Worker_TP{rank} pid={w.pid}\) INFO .* Model loading took", out)
@@ -88,6 +89,7 @@ def test_killing_one_rank_kills_the_engine_naming_the_rank() -> None:
             assert "EngineCore encountered an issue" in json.loads(exc.read())["error"]["message"]
         assert proc.wait_exit(timeout=15) == 1
         out = proc.output()
+        # the log lines are the contract: vLLM writes them so, and the supervisor and operators read them
         assert "Worker proc VllmWorker-1 died unexpectedly, shutting down executor." in out
         assert "EngineDeadError" in out
         assert _gone(workers)
@@ -111,6 +113,7 @@ def test_fail_rank_makes_that_rank_fail_after_serving_starts() -> None:
         workers = _workers(proc, 2)
         assert proc.wait_exit(timeout=15) == 1
         out = proc.output()
+        # the log lines are the contract: vLLM writes them so, and the supervisor and operators read them
         assert out.index("Starting vLLM server") < out.index("NCCL error")
         assert f"(Worker_TP0 pid={workers[0].pid}) ERROR" in out
         assert "Worker proc VllmWorker-0 died unexpectedly" in out
@@ -137,6 +140,7 @@ def test_a_rank_dying_during_startup_fails_engine_init() -> None:
         workers[0].send_signal(signal.SIGKILL)
         assert proc.wait_exit(timeout=15) == 1
         out = proc.output()
+        # the log lines are the contract: vLLM writes them so, and the supervisor and operators read them
         assert "Worker proc VllmWorker-0 died unexpectedly" in out
         assert "Engine core initialization failed" in out
         assert "Starting vLLM server" not in out

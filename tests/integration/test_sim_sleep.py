@@ -159,6 +159,7 @@ async def test_level_1_cycle_offloads_weights_and_comes_back(dev_sim: tuple[Corr
         assert await c.sleep_state() == {"awake": 1, "weights_offloaded": 0, "discard_all": 0}
         assert await c.memory() == (2 * GIB, 4 * GIB, 0)
         assert "unknown-weights" not in (await c.complete())["choices"][0]["text"]
+    # the log line is the contract: vLLM writes it so, and the supervisor and operators read it
     assert "Sleep mode freed 6.00 GiB memory" in dev_sim[0].output()
 
 
@@ -194,6 +195,7 @@ async def test_level_2_wake_without_reload_serves_garbage_to_queued_requests(
         assert await c.post("/wake_up?tags=kv_cache") == (200, {"status": "awake", "tags": ["kv_cache"]})
         body = await queued
         assert body["choices"][0]["text"] == " <unknown-weights>" * 4
+    # the log line is the contract: vLLM writes it so, and the supervisor and operators read it
     assert "holds no model" in proc.output()
 
 
@@ -212,6 +214,7 @@ async def test_partial_and_unknown_tag_wakes_leave_it_sleeping(dev_sim: tuple[Co
             200,
             {"status": "awake", "tags": ["weights", "scheduling"]},
         )
+    # the log line is the contract: vLLM writes it so, and the supervisor and operators read it
     assert "Tag bogus is not in sleeping tags" in proc.output()
 
 
@@ -400,6 +403,7 @@ async def test_without_enable_sleep_mode_sleep_succeeds_but_frees_nothing() -> N
             assert await c.sleep_state() == {"awake": 0, "weights_offloaded": 1, "discard_all": 0}
             assert await c.memory() == (2 * GIB, 4 * GIB, 0)  # what a supervisor's VERIFY must catch
             await c.post("/wake_up")
+        # the log line is the contract: vLLM writes it so, and the supervisor and operators read it
         assert "Sleep mode freed 0.00 GiB memory" in proc.output()
     finally:
         proc.stop()

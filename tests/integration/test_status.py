@@ -33,6 +33,7 @@ def test_status_shows_bundle_load_kv_and_adapters_and_watches(tmp_path: Path) ->
         assert shown.wait_exit(30) == 0, shown.output()
         out = shown.output()
         for header in ("bundle", "in flight", "KV", "adapters"):
+            # the printed answer is the contract: what the person who ran the command reads
             assert header in out, out
         assert out.count("ad1") >= 2 and out.count("run /") >= 2 and "%" in out, out
         fleet = orjson.loads(local_fleet_file_under(tmp_path, int(port)).read_bytes())

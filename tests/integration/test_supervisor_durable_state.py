@@ -51,7 +51,7 @@ def test_a_full_disk_under_the_oplog_never_blocks_a_drain_or_a_shutdown() -> Non
                 error="ENOSPC",
             )
             assert errors is not None and errors >= 3  # every transition of the drain failed to write
-            # one line says it, however many writes fail
+            # the log line is the contract: one line tells the operator, however many writes fail
             said = [line for line in sup.proc.output().splitlines() if "cannot write" in line]
             assert len(said) == 1, said
 
@@ -73,6 +73,7 @@ def test_a_state_dir_that_cannot_be_used_is_one_line_and_exit_2() -> None:
     out = proc.output().strip()
     proc.stop()
     assert code == 2, out
+    # the refusal is the contract: one line naming the value and what to do
     assert out.count("\n") == 0, out
     assert out.startswith("corral supervise: ") and str(under_a_file) in out and "Not a directory" in out
 
@@ -86,6 +87,7 @@ def test_a_read_only_state_dir_is_one_line_and_exit_2() -> None:
         out = proc.output().strip()
         proc.stop()
     assert code == 2, out
+    # the refusal is the contract: one line naming the value and what to do
     assert out.count("\n") == 0 and "Read-only file system" in out, out
 
 

@@ -49,6 +49,7 @@ def test_leftover_engine_is_killed_and_epochs_continue() -> None:
             assert all(gone(pid) for pid in leftover)
             killed = [r for r in second.oplog() if r["record"] == "engine_exited" and r.get("leftover")]
             assert killed and set(leftover) <= set(killed[-1]["killed_pids"])
+            # the log line is the contract: the operator's notice of what happened
             assert "from a previous supervisor: killed" in second.proc.output()
             epochs = [t["epoch"] for t in second.transitions()]
             assert epochs == sorted(set(epochs))

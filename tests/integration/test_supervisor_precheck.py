@@ -88,6 +88,7 @@ def test_30_gib_on_a_24_gib_device_is_refused_with_the_arithmetic_and_80_reaches
         shown = CorralProcess(["status", "--supervisor", sup.url], env={"COLUMNS": "400"})
         shown.wait_exit(30)
         out = shown.output()
+        # the printed answer is the contract: what the person who ran the command reads
         assert "FAILED (gave up)" in out and "PRECHECK refused the start: memory_budget" in out, out
         assert "(PRECHECK refused)" in out, out
     with supervised_sim(str(model), ("--gpu-memory-gib", "80", *SIM_DEVICE)) as sup:

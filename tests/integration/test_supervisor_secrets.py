@@ -54,6 +54,7 @@ def test_an_hf_token_in_the_engine_command_is_refused_before_anything_starts(for
     output = proc.output()
     proc.stop()
     assert code == 2, output
+    # the refusal is the contract: it names the flag and the variable to use, never the token
     assert "--hf-token" in output and "HF_TOKEN" in output  # what, and what to do instead
     assert HF not in output
 
@@ -78,6 +79,7 @@ def test_s3_keys_in_the_loader_config_show_nowhere() -> None:
             for secret in (S3_SECRET, S3_KEY_ID, ENV_SECRET):
                 assert secret not in text, f"a secret shows in the {where}"
         # the engine did print its loader config among its args: masked as relayed
+        # the log is the contract here: no secret ever reaches it
         assert "'s3_secret_access_key': '<redacted>'" in output, output[-3000:]
         # what is not secret is still shown: the loader's URI, in the command and the bundle's parts
         assert "s3://bucket/m.tensors" in json.dumps(state["engine"]["argv"])

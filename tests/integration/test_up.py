@@ -25,6 +25,7 @@ def start_up(*extra: str, state_home: Path | None = None) -> tuple[CorralProcess
     proc = CorralProcess(["up", "--port", str(port), *extra], env=env)
     wait_until(lambda: "router: " in proc.output() or proc.proc.poll() is not None, 90, "the router URL")
     match = re.search(r"router: (http://\S+)", proc.output())
+    # the printed line is the contract: it tells the person where to connect
     assert match, proc.output()
     return proc, match.group(1)
 
@@ -41,6 +42,7 @@ def test_up_prints_a_url_that_serves_the_openai_sdk() -> None:
     proc, url = start_up("--engines", "2")
     try:
         assert url.endswith(str(proc.args[2]))
+        # the printed answer is the contract: what the person who ran the command reads
         assert "curl -s" in proc.output()
         client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
         models = [m.id for m in client.models.list()]
@@ -158,6 +160,7 @@ def test_up_reports_a_failed_start_and_cleans_up() -> None:
     code = proc.wait_exit(60)
     out = proc.output()
     assert code == 1, out
+    # the printed answer is the contract: what the person who ran the command reads
     assert re.search(r"engine-\d failed: ", out), out
     assert "/nonexistent/kv.sock" in out
 
@@ -200,6 +203,7 @@ def test_a_bundle_fingerprint_is_expected_by_every_supervisor_of_its_group(tmp_p
 def test_up_rejects_bad_options(bad: list[str]) -> None:
     proc = CorralProcess(["up", *bad])
     assert proc.wait_exit(30) == 2
+    # the refusal is the contract: one line naming the value and what to do
     assert "Invalid value" in proc.output()
 
 
@@ -211,6 +215,7 @@ def test_status_shows_every_engine_of_a_local_fleet(tmp_path: Path) -> None:
         shown = CorralProcess(["status", "--port", port], env=env)
         assert shown.wait_exit(30) == 0, shown.output()
         out = shown.output()
+        # the printed answer is the contract: what the person who ran the command reads
         assert out.count("READY") >= 2 and "engine-0" in out and "engine-1" in out, out
         assert out.count("routable") >= 2, out
     finally:

@@ -17,6 +17,7 @@ def test_the_example_fleet_file_starts(tmp_path: Path) -> None:
     port = url.rsplit(":", 1)[1]
     try:
         assert port != "8000", url  # the typed --port, not the file's
+        # the printed answer is the contract: what the person who ran the command reads
         assert "in 2 serving groups" in up.output(), up.output()
         code, body = status_json(port, tmp_path)
         assert code == 0 and [e["name"] for e in body["engines"]] == [f"engine-{i}" for i in range(4)], body
@@ -32,6 +33,7 @@ def test_a_bad_fleet_file_is_a_usage_error(tmp_path: Path) -> None:
     try:
         assert proc.wait_exit(60) == 2
         out = proc.output()
+        # the refusal is the contract: one line naming the value and what to do
         assert f"{path}: router.polcy: no such field" in out, out
     finally:
         proc.stop()

@@ -27,6 +27,7 @@ def test_a_port_in_use_is_refused_before_anything_starts(tmp_path: Path) -> None
         out = proc.output().strip()
         proc.stop()
     assert code == 2, out
+    # the refusal is the contract: one line naming the value and what to do
     assert re.fullmatch(rf"corral up: port {port} is in use by another process; try --port \d+", out), out
     assert not list((tmp_path / "corral").glob("up-*")) if (tmp_path / "corral").exists() else True
 
@@ -43,6 +44,7 @@ def test_a_second_fleet_on_the_same_port_leaves_the_running_one_alone(tmp_path: 
         out = second.output()
         second.stop()
         assert code == 2, out
+        # the refusal is the contract: one line naming the value and what to do
         assert f"port {port} is in use by another process; try --port" in out, out
         assert "fleet ready" not in out and "starting" not in out, out
         assert {f: f.read_bytes() for f in files if f.exists()} == before  # nothing deleted or rewritten
@@ -75,4 +77,5 @@ def test_a_state_home_that_cannot_be_used_is_one_line_and_exit_2(tmp_path: Path)
     out = proc.output().strip()
     proc.stop()
     assert code == 2, out
+    # the refusal is the contract: one line naming the value and what to do
     assert out.count("\n") == 0 and out.startswith("corral up: ") and str(not_a_dir) in out, out

@@ -22,6 +22,7 @@ def start_up(*extra: str, state_home: Path, env: dict[str, str] | None = None) -
     )
     wait_until(lambda: "router: " in proc.output() or proc.proc.poll() is not None, 90, "the router URL")
     match = re.search(r"router: (http://\S+)", proc.output())
+    # the printed line is the contract: it tells the person where to connect
     assert match, proc.output()
     return proc, match.group(1)
 
