@@ -1,13 +1,22 @@
 """The rollout canary's window and verdict (fleet/rollout/canary.py): per-group windows from two
-/v1/fleet listings, an early stop on a failed verdict, and inconclusive never reading as passed."""
+/v1/fleet listings, an early stop on a failed verdict, inconclusive never reading as passed, the ITL
+the router measured judged, and both groups' gauges read from the engines' own /metrics (per engine,
+so groups of any size compare; GPU memory, which a vLLM does not show there, not measured)."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
 import pytest
+from aiohttp import web
 
 from corral.contracts.router import FleetEndpoint
 from corral.contracts.traffic import LatencyHistogram, TrafficFigures, WindowThresholds
+from corral.engine.gauge_source import sample_engines
 from corral.fleet.rollout.canary import CanaryBlind, CanarySettings, failure, judge, watch, window_of
+from tests.support.procs import free_port
 
 NEW, OLD = "http://new:1", "http://old:1"
 
@@ -111,3 +120,73 @@ async def test_the_watch_runs_its_whole_window_when_nothing_fails() -> None:
 def test_settings_refuse_a_negative_window() -> None:
     with pytest.raises(ValueError, match="canary seconds"):
         CanarySettings(-1.0)
+
+
+def test_the_canary_judges_the_itl_the_router_measured() -> None:
+    def timed(itl_s: float) -> TrafficFigures:
+        return figures(50, 0).model_copy(update={"itl": LatencyHistogram.of_values([itl_s] * 50)})
+
+    verdict = judge(timed(0.100), timed(0.020), 5.0, WindowThresholds())
+    assert verdict.verdict == "failed" and "ITL p99" in verdict.reason, verdict.reason
+    why = failure(verdict, "g0'", CanarySettings(5.0))
+    assert why is not None and "ITL p99" in why and "for the baseline" in why
+    gauges = {f.figure: f.outcome for f in verdict.figures if f.figure != "itl_p99_ms"}
+    assert set(gauges.values()) == {"not_measured"}  # no sampler: said, never passed
+
+
+class Gauges:
+    """An engine's /metrics with a queue and a KV utilization, over real HTTP on loopback."""
+
+    def __init__(self, waiting: float, kv_usage: float) -> None:
+        self.text = (
+            f'vllm:num_requests_waiting{{engine="0",model_name="m"}} {waiting}\n'
+            f'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {kv_usage}\n'
+        )
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        return web.Response(text=self.text)
+
+
+@pytest.fixture
+async def engines() -> AsyncIterator[Callable[[Gauges], Awaitable[str]]]:
+    runners: list[web.AppRunner] = []
+
+    async def start(engine: Gauges) -> str:
+        app = web.Application()
+        app.router.add_get("/metrics", engine.metrics)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        runners.append(runner)
+        return f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+async def test_the_watch_reads_both_groups_gauges_and_fails_a_new_group_whose_kv_cache_fills(
+    engines: Callable[[Gauges], Awaitable[str]],
+) -> None:
+    new = await engines(Gauges(waiting=0, kv_usage=0.9))
+    old = [await engines(Gauges(waiting=0, kv_usage=0.2)), await engines(Gauges(waiting=2, kv_usage=0.3))]
+    gone = f"http://127.0.0.1:{free_port()}"  # an old engine that no longer answers
+
+    def by(requests: int) -> dict[str, FleetEndpoint]:
+        return {
+            url: FleetEndpoint(url=url, routable=True, traffic=figures(requests, 0)) for url in (new, *old)
+        }
+
+    script = Scripted([by(0), by(40)])
+    async with aiohttp.ClientSession() as session:
+        sample = functools.partial(sample_engines, session)
+        settings = CanarySettings(seconds=0.05, check_seconds=0.01)
+        verdict = await watch(script, [new], [*old, gone], settings, sample)
+    checks = {f.figure: f for f in verdict.figures}
+    kv = checks["kv_usage"]
+    assert verdict.verdict == "failed" and kv.failed and "KV cache utilization" in verdict.reason, verdict
+    assert (kv.observed, kv.baseline) == (0.9, 0.25)  # the old engines' mean: groups of any size compare
+    assert checks["queue_waiting"].outcome == "passed" and checks["queue_waiting"].baseline == 1.0
+    memory = checks["gpu_memory_gib"]
+    assert memory.outcome == "not_measured" and "NVML" in memory.reason, memory  # a vLLM shows none
+    assert verdict.baseline is not None and verdict.baseline.gauge_readings >= 1

@@ -6,21 +6,29 @@ before the rename; the highest of the engines) and, from `corral sim` only, the 
 through NVML (`supervisor.lifecycle.device_memory`); from `/metrics` alone it is not measured.
 
 `engine_window_reading` reads one `/metrics` answer into both the traffic figures and these gauges,
-so a window's two kinds of figures come from the same moment.
+so a window's two kinds of figures come from the same moment (OBSERVE); `sample_engines` reads a
+group of engines' gauges as one engine's, the readers beside a router's figures (the rollout's
+canary, `corral verify --observe-seconds`).
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable, Collection
+
 import aiohttp
 
+from corral.contracts.traffic import GAUGE_FIGURES as GAUGES
 from corral.contracts.traffic import TrafficFigures
-from corral.contracts.window_figures import GaugeReading
+from corral.contracts.window_figures import GaugeReading, GaugeWindow
 from corral.engine.load_sample import MetricsUnavailable, fetch_metrics_text
 from corral.engine.metric_names import KV_USAGE, KV_USAGE_BEFORE_RENAME, SIM_GPU_MEMORY, WAITING
 from corral.engine.metrics_text import samples
 from corral.engine.traffic_source import traffic_figures
 
 _NAMES = (WAITING, KV_USAGE, KV_USAGE_BEFORE_RENAME, SIM_GPU_MEMORY)
+# reads `engines`' gauges once into a window (`sample_engines` with its session bound)
+GaugeSampler = Callable[[Collection[str], GaugeWindow], Awaitable[None]]
 GPU_MEMORY_FROM_DEVICE = (
     "a real engine shows no GPU memory in /metrics: its supervisor reads it through NVML, and this "
     "reader has none (no driver, no nvidia-ml-py, or a CPU engine)"
@@ -59,3 +67,31 @@ async def engine_window_reading(
 async def fetch_gauges(session: aiohttp.ClientSession, engine_url: str, within: float = 5.0) -> GaugeReading:
     """The engine's gauges now; raises MetricsUnavailable."""
     return (await engine_window_reading(session, engine_url, within))[1]
+
+
+async def _one(session: aiohttp.ClientSession, url: str, within: float) -> GaugeReading | str:
+    try:
+        return await fetch_gauges(session, url, within)
+    except MetricsUnavailable as exc:
+        return str(exc)
+
+
+async def sample_engines(
+    session: aiohttp.ClientSession, engines: Collection[str], window: GaugeWindow, within: float = 2.0
+) -> None:
+    """One reading of `engines`' gauges, all at once, into `window` as one engine's
+    (`GaugeReading.per_engine`); an engine that does not answer is noted, and so is GPU memory where
+    no engine shows it (a real vLLM: its supervisor reads it through NVML, not this reader)."""
+    urls = sorted(engines)
+    answers = await asyncio.gather(*(_one(session, url, within) for url in urls))
+    readings = [a for a in answers if isinstance(a, GaugeReading)]
+    for url, answer in zip(urls, answers, strict=True):
+        if isinstance(answer, str):
+            for figure in GAUGES:
+                window.note(figure, f"{url}: {answer}")
+    if not readings:
+        return
+    reading = GaugeReading.per_engine(readings)
+    window.add(reading)
+    if reading.gpu_memory_bytes is None:
+        window.note("gpu_memory_gib", GPU_MEMORY_FROM_DEVICE)

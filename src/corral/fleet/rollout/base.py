@@ -5,6 +5,7 @@ group's confirmed drain. Subclasses say how a serving group is moved (`_move`)."
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -22,6 +23,7 @@ from corral.contracts.records import RolloutRecord
 from corral.contracts.router import FleetEndpoint
 from corral.contracts.supervisor import SupervisorState
 from corral.contracts.traffic import WindowVerdict
+from corral.engine.gauge_source import sample_engines
 from corral.engine_state import EngineState
 from corral.fleet.checks.adapters import AdapterConflict, KeptAdapters, fleet_adapter_set
 from corral.fleet.checks.probe import FleetTarget, look
@@ -294,7 +296,8 @@ class RolloutBase:
         passed fails the step with the figures."""
         settings = self.settings.canary
         try:
-            verdict = await canary.watch(self._router_endpoints, new, old, settings)
+            sample = functools.partial(sample_engines, self.session)
+            verdict = await canary.watch(self._router_endpoints, new, old, settings, sample)
         except canary.CanaryBlind as exc:
             raise StepFailed(str(exc)) from None
         self.canary.append(verdict)

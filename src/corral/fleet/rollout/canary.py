@@ -1,6 +1,8 @@
 """A rollout's CANARY: a new serving group's window of real traffic, read from the router's
-per-endpoint figures (`GET /v1/fleet`), judged against the old groups' over the same seconds with the
-one comparison in contracts/traffic.py; it stops early once the new group is judged worse."""
+per-endpoint figures (`GET /v1/fleet`: errors, TTFT, ITL) and from the engines' own gauges (queue, KV
+utilization, the simulator's GPU memory: `engine.gauge_source.sample_engines`, read at every check),
+judged against the old groups' over the same seconds with the one comparison in contracts/traffic.py;
+it stops early once the new group is judged worse."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from corral.contracts.traffic import (
     summed,
     windows_between,
 )
+from corral.contracts.window_figures import GaugeWindow
+from corral.engine.gauge_source import GaugeSampler
 
 SOURCE = "router"
 CHECK_SECONDS = 0.5  # how often the window is judged while it runs
@@ -74,11 +78,13 @@ def judge(
     old: TrafficFigures | None,
     seconds: float,
     thresholds: WindowThresholds,
+    new_gauges: GaugeWindow | None = None,
+    old_gauges: GaugeWindow | None = None,
 ) -> WindowVerdict:
     """The new group's window against the old groups' (None: no old group serves, so the new one is
-    held to the error ratio alone)."""
-    window = WindowSummary.of(new or TrafficFigures(), seconds, SOURCE)
-    baseline = WindowSummary.of(old, seconds, SOURCE) if old is not None else None
+    held to the error ratio alone); gauges None: not read (each gauge figure then not measured)."""
+    window = WindowSummary.of(new or TrafficFigures(), seconds, SOURCE, new_gauges)
+    baseline = WindowSummary.of(old, seconds, SOURCE, old_gauges) if old is not None else None
     return compare_windows(window, baseline, thresholds)
 
 
@@ -87,19 +93,29 @@ async def watch(
     new: Collection[str],
     old: Collection[str],
     settings: CanarySettings,
+    sample: GaugeSampler | None = None,
 ) -> WindowVerdict:
-    """Judge the new engines against the old over `settings.seconds`, every `check_seconds`: the
-    first failed verdict ends the window at once (fewer clients meet the bad group); otherwise the
-    verdict at the end, passed or inconclusive."""
+    """Judge the new engines against the old over `settings.seconds`, every `check_seconds` (reading
+    both groups' gauges with `sample` each time, where given): the first failed verdict ends the
+    window at once (fewer clients meet the bad group); otherwise the verdict at the end, passed or
+    inconclusive."""
     start = await listing()
     began = time.monotonic()
+    new_gauges = GaugeWindow() if sample is not None else None
+    old_gauges = GaugeWindow() if sample is not None else None
     while True:
         elapsed = time.monotonic() - began
         await asyncio.sleep(max(0.0, min(settings.check_seconds, settings.seconds - elapsed)))
         now = await listing()
+        if sample is not None and new_gauges is not None and old_gauges is not None:
+            await asyncio.gather(
+                sample(new, new_gauges), sample(old, old_gauges) if old else asyncio.sleep(0)
+            )
         elapsed = time.monotonic() - began
         baseline = window_of(start, now, old) if old else None
-        verdict = judge(window_of(start, now, new), baseline, elapsed, settings.thresholds)
+        verdict = judge(
+            window_of(start, now, new), baseline, elapsed, settings.thresholds, new_gauges, old_gauges
+        )
         if verdict.verdict == FAILED or elapsed >= settings.seconds:
             return verdict
 
