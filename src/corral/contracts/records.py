@@ -135,6 +135,10 @@ class ChangeRecord(OpenWireModel):
     outcome: str = ""
     reason: str = ""
     router: str | None = None
+    # the fleet (and run of it) the record belongs to (corral.fleet.fleet_identity): `corral up` makes
+    # both; None: a fleet that names none. A record without the field is from before issue 32.
+    fleet_id: str | None = None
+    fleet_run: str | None = None
     from_bundles: dict[str, dict[str, Any] | None] = Field(default_factory=dict)
     to_bundle: dict[str, Any] | None = None
     steps: list[StepRecord] = Field(default_factory=list)

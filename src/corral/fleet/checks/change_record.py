@@ -109,6 +109,8 @@ def new_record(view: FleetView, started: float, **sections: Any) -> VerifyRecord
         started=started,
         finished=time.time(),
         router=view.target.router,
+        fleet_id=view.target.identity.id,
+        fleet_run=view.target.identity.run,
         supervisors=[url for _, url in view.target.supervisors],
         engines=engines_section(view),
         **sections,

@@ -21,6 +21,7 @@ from corral.clients.access import ENGINE_KEY_ENV, ENGINE_KEY_FLAG, FleetAccess, 
 from corral.clients.router import RouterAdminClient
 from corral.contracts.router import FleetEndpoint, ModelPairs
 from corral.engine.metrics_text import Sample, samples
+from corral.fleet.fleet_identity import FleetIdentity, FleetIdError
 from corral.router.edge.admin_access import is_loopback_host
 from corral.state_home import local_fleet_file, read_supervisor_token
 from corral.supervisor_tokens import TokenFileError, read_management_token
@@ -39,6 +40,8 @@ class FleetTarget:
     token: str | None = field(default=None, repr=False)
     access: FleetAccess = field(default_factory=FleetAccess)
     port: int | None = None  # the router port of a local fleet (`corral up`) the file named
+    # its fleet id and run, from its fleet file: whose change records are its own
+    identity: FleetIdentity = field(default_factory=lambda: FleetIdentity(None, None, "flags"))
 
     @property
     def cli_flags(self) -> str:
@@ -72,12 +75,16 @@ class FleetTarget:
         except orjson.JSONDecodeError as exc:
             raise TargetError(f"{path} is not valid JSON ({exc}); is it a Corral fleet file?") from None
         engines = [(str(e["name"]), str(e["supervisor"])) for e in body.get("engines", [])]
+        try:
+            identity = FleetIdentity.of_fleet_file(body, str(path))
+        except FleetIdError as exc:
+            raise TargetError(str(exc)) from None
         if token is None:  # the fleet's own supervisor token, which `corral up` made for it
             try:
                 token = read_supervisor_token(body, path)
             except ValueError as exc:
                 raise TargetError(str(exc)) from None
-        return cls(body.get("router"), engines, token, access, port)
+        return cls(body.get("router"), engines, token, access, port, identity)
 
 
 @dataclass

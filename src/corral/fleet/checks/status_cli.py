@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -143,8 +143,38 @@ def status(
             pass
         return
     view = run(look(target))
+    records = _records_json(target)
     if as_json:
-        click.echo(orjson.dumps(status_json(view), option=orjson.OPT_INDENT_2).decode())
+        click.echo(orjson.dumps({**status_json(view), **records}, option=orjson.OPT_INDENT_2).decode())
     else:
         _print_once(view, _screen(view, console, layout), console)
+        _print_records(records, console)
     raise SystemExit(int(fleet_verdict(view)))
+
+
+def _records_json(target: FleetTarget) -> dict[str, Any]:
+    """The fleet's id and its last change, from its own records only (a local fleet's; else none)."""
+    from corral.fleet.checks.fleet_records import fleet_records
+    from corral.state_home import corral_state_dir
+
+    identity = target.identity
+    if target.port is None:
+        return {"fleet": None, "last_change": None, "ignored_records": []}
+    found = fleet_records(corral_state_dir(), target.port, identity)
+    return {
+        "fleet": {"id": identity.id, "run": identity.run},
+        "last_change": found.last.to_json() if found.last is not None else None,
+        "ignored_records": found.ignored,
+    }
+
+
+def _print_records(records: dict[str, Any], console: Console) -> None:
+    fleet, last = records["fleet"], records["last_change"]
+    if fleet is None:
+        return
+    when = time.strftime("%H:%M:%S", time.localtime(last["finished"])) if last else ""
+    change = f"{last['kind']} {last['id']} {last['outcome']} at {when}" if last else "none yet"
+    named = f"fleet {fleet['id']} (run {fleet['run']})" if fleet["id"] else "fleet (no fleet_id)"
+    console.print(f"{named}; last change: {change}", markup=False)
+    for line in records["ignored_records"]:
+        console.print(f"ignored: {line}", markup=False)

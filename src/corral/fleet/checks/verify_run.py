@@ -37,6 +37,7 @@ from corral.fleet.checks.observe import (
 from corral.fleet.checks.probe import FleetTarget, FleetView, TargetError, look, read_token
 from corral.fleet.checks.verify import FAIL, NOT_MEASURED, PASS, Check, Expectations, run_checks
 from corral.fleet.checks.verify_memory import memory_deltas
+from corral.fleet.fleet_identity import FleetIdentity, ForeignRecord, check_owner
 
 _COLOUR = {PASS: "green", FAIL: "red", NOT_MEASURED: "magenta"}
 
@@ -68,6 +69,23 @@ def _newest(
 ) -> dict[str, Any] | None:
     found = newest_record(records, router, lambda record: bool(record.get(section)))
     return found[1] if found is not None else None
+
+
+def _own_records(
+    records: list[tuple[str, dict[str, Any] | None]], fleet: FleetIdentity, written: str
+) -> None:
+    """Refuse to judge this fleet against a record of another fleet (or one naming no fleet)."""
+    for where, body in records:
+        if body is None:
+            continue
+        archive = Path(where).parent / "runs"
+        to_do = f"move it away (`corral up` keeps a stopped fleet's records in {archive}/FLEET_ID/)"
+        if where == written:
+            to_do += ", or pass --record PATH to judge and record this fleet elsewhere"
+        try:
+            check_owner(body, where, fleet, to_do)
+        except ForeignRecord as exc:
+            raise click.ClickException(str(exc)) from None
 
 
 def _unmeasured(
@@ -127,6 +145,7 @@ def run_verify(
     previous = read_record(path)
     operations = [default_record_path(kind, port) for kind in ("rollout", "rollback")]
     records = [(str(path), previous), *((str(p), read_record(p)) for p in operations)]
+    _own_records(records, target.identity, str(path))
     kept = last_adapters(records, removed_adapters, target.router)
     expect = Expectations(
         expect_model, expected_adapters, _explained(explain), expected_asleep, require_measured, kept

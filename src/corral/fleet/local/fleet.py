@@ -41,6 +41,7 @@ import orjson
 from corral.atomic_file import write_atomically
 from corral.bundle_spec import BundleSpec
 from corral.child_process import ChildProcess, LineSink
+from corral.fleet.fleet_identity import FleetIdentity
 from corral.fleet.local.adapters import AdapterCarryFailed, carry_adapters, desired_adapters
 from corral.fleet.local.kv_events import kv_events_args
 from corral.fleet.local.ownership import RecordedProcess
@@ -163,8 +164,11 @@ class LocalFleet:
         fleet_file: Path,
         echo: LineSink | None = None,
         supervisor_token_file: Path | None = None,
+        identity: FleetIdentity | None = None,
     ) -> None:
         self.spec = spec
+        # its fleet id and run, in its fleet file and so in every change record made against it
+        self.identity = identity or FleetIdentity.new(str(fleet_file))
         self.log_dir = log_dir
         self.fleet_file = fleet_file
         # the supervisors' management token: every supervisor wants it, the router sends it
@@ -253,6 +257,7 @@ class LocalFleet:
         """Where `corral status`, `verify`, `doctor` and `rollout` find this fleet."""
         body = {
             "router": self.router_url,
+            **self.identity.stamp(),
             "pid": os.getpid(),
             # every process of the fleet: while one runs, no other `up` deletes or rewrites this file
             "processes": [

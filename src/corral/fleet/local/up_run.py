@@ -25,11 +25,13 @@ from corral.aio import run
 from corral.bundle_spec import BundleError, load_bundle
 from corral.clients.access import RouterAdminError
 from corral.fleet.checks.status import fetch_fleet, summary_line
+from corral.fleet.fleet_identity import FleetIdentity
 from corral.fleet.local.control import FleetControl, write_token_file
 from corral.fleet.local.fleet import FleetSpec, LocalFleet
 from corral.fleet.local.fleet_config import FleetConfigError, config_bundle, load_fleet_config, up_values
 from corral.fleet.local.ownership import FleetFiles, FleetInUse
 from corral.fleet.local.ports import port_problem
+from corral.fleet.local.record_archive import archive_port_records
 from corral.fleet.local.roles import RoleCountError, role_groups
 from corral.state_home import corral_state_dir, state_dir_problem
 from corral.supervisor.lifecycle.config import is_loopback
@@ -124,13 +126,33 @@ def up_fleet(
             write_token_file(files.supervisor_token_file)
         except OSError as exc:
             _bad_input(f"cannot write {files.supervisor_token_file}: {exc.strerror or exc}")
+        _archive_records(files, console, "the earlier fleets'")
         logs = log_dir or Path(tempfile.mkdtemp(prefix="corral-up-"))
         echo = (lambda line: console.print(line, markup=False)) if verbose else None
-        fleet = LocalFleet(spec, logs, files.fleet_file, echo, files.supervisor_token_file)
+        identity = FleetIdentity.new(str(files.fleet_file))
+        fleet = LocalFleet(spec, logs, files.fleet_file, echo, files.supervisor_token_file, identity)
+        console.print(f"fleet id: {identity.id} (run {identity.run})", markup=False)
         code = run(_up(fleet, files.control_token_file, console))
     finally:
+        # before the lock goes: the next fleet on this port starts with none of this one's records
+        _archive_records(files, console, "this fleet's")
         files.release()  # ours: claimed above, so no other fleet's files
     raise SystemExit(code)
+
+
+def _archive_records(files: FleetFiles, console: Console, whose: str) -> None:
+    """Move the port's change records into the runs archive, saying where; a failure is a warning."""
+    try:
+        moved = archive_port_records(files.state_dir, files.port)
+    except OSError as exc:
+        console.print(
+            f"warning: could not archive the change records of port {files.port} "
+            f"({exc.strerror or exc}); move {files.state_dir}/*-{files.port}.json away yourself",
+            markup=False,
+        )
+        return
+    if moved:
+        console.print(f"archived {whose} change records: {', '.join(map(str, moved))}", markup=False)
 
 
 def _typed(ctx: click.Context, name: str) -> bool:

@@ -26,8 +26,10 @@ from corral.fleet.checks.change_record import (
     RecordError,
     default_record_path,
     read_change_record,
+    read_record,
     write_record,
 )
+from corral.fleet.fleet_identity import FleetIdentity, FleetIdError, ForeignRecord, check_owner
 from corral.fleet.rollout.base import RolloutBase
 from corral.fleet.rollout.canary import CanarySettings
 from corral.fleet.rollout.hosts import HostRollout
@@ -53,8 +55,11 @@ class FleetRef:
         control_token: str | None = None,
         supervisors: list[str] | None = None,
         supervisor_token: str | None = None,
+        identity: FleetIdentity | None = None,
     ) -> None:
         self.router, self.port = router, port
+        # its fleet id and run (from its fleet file): its records carry them, a rollback checks them
+        self.identity = identity or FleetIdentity(None, None, "the fleet file")
         self.control, self.control_token = control, control_token
         self.supervisors, self.supervisor_token = supervisors or [], supervisor_token
 
@@ -75,6 +80,10 @@ class FleetRef:
             )
         router = str(body["router"]).rstrip("/")
         router_port = urlparse(router).port or port
+        try:
+            identity = FleetIdentity.of_fleet_file(body, str(path))
+        except FleetIdError as exc:
+            raise click.UsageError(str(exc)) from None
         token = _read_token(body["token_file"]) if body.get("token_file") else None
         if body.get("control"):
             if token is None:
@@ -89,6 +98,7 @@ class FleetRef:
                 control=str(body["control"]),
                 control_token=token,
                 supervisor_token=supervisor_token,
+                identity=identity,
             )
         supervisors = body.get("supervisors")
         if not isinstance(supervisors, list) or not supervisors:
@@ -99,7 +109,13 @@ class FleetRef:
         bad = [u for u in supervisors if not str(u).startswith(("http://", "https://"))]
         if bad:
             raise click.UsageError(f"fleet file {path}: supervisors {bad} are not http(s) URLs")
-        return cls(router, router_port, supervisors=[str(u) for u in supervisors], supervisor_token=token)
+        return cls(
+            router,
+            router_port,
+            supervisors=[str(u) for u in supervisors],
+            supervisor_token=token,
+            identity=identity,
+        )
 
 
 def _read_token(where: object) -> str:
@@ -170,7 +186,7 @@ def _execute(
                 rollout = HostRollout(ref.supervisors, session, job, observer)
             return await rollout.run()
 
-    record = run(go())
+    record = run(go()).model_copy(update=ref.identity.stamp())  # this fleet's record, and no other's
     write_record(path, record)
     console.print(_summary(record.to_file()))
     colour = "green" if record.outcome == "succeeded" else "red"
@@ -254,6 +270,16 @@ def run_rollback(from_record: Path | None, flags: ChangeFlags) -> None:
             f"{source} is a {previous.kind} record, not a rollout's (or a rollback's); "
             "pass --from-record PATH"
         )
+    try:  # undo only a change made to this fleet: a record an earlier fleet on this port left is not
+        check_owner(
+            read_record(source) or {},
+            str(source),
+            ref.identity,
+            "a rollback undoes a change of this fleet only; to move this fleet to a bundle, run "
+            "`corral rollout --to BUNDLE.yaml`",
+        )
+    except ForeignRecord as exc:
+        raise click.UsageError(str(exc)) from None
     bundles = {str(b): b for b in previous.from_bundles.values() if b}
     if len(bundles) != 1:
         raise click.UsageError(
