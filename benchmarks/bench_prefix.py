@@ -187,15 +187,20 @@ class Workload:
     def __init__(self, args: argparse.Namespace, prompt_seed: int, engines: int = ENGINES) -> None:
         rng = random.Random(prompt_seed)
         low, high = args.system_words
+        # Each group's size comes from the run's seed, its words from the target's: every target gets
+        # fresh prompts (what an earlier target cached is junk to it) of the same sizes, so every target,
+        # the oracle included, meets the same working set against the same caches. (Sizes drawn from
+        # the prompt seed made the targets after the oracle meet other working sets: on one sweep draw
+        # the third target's was enough larger to thrash whatever routed it, 25-38x the oracle.)
+        sizes = random.Random(f"group-sizes-{args.seed}")
+        words = [sizes.randint(low, high) for _ in range(args.groups)]
         # a prefix common to every group (rag's system prompt, agentic's tool prompt), then the group's own
         self.shared = system_prompt(rng, args.shared_words) if args.shared_words else ""
-        self.systems = [
-            f"Group {g} instructions. " + system_prompt(rng, rng.randint(low, high))
-            for g in range(args.groups)
-        ]
+        self.systems = [f"Group {g} instructions. " + system_prompt(rng, n) for g, n in enumerate(words)]
         self.rag = bool(args.shared_words) and not args.multi_turn
         self.turn_words: tuple[int, int] | None = args.turn_words
         self.turn_rng_seed = prompt_seed
+        self.size_seed = args.seed
         self.users = args.users
         self.max_tokens = args.max_tokens
         self.multi_turn = args.multi_turn
@@ -243,7 +248,8 @@ class Workload:
         if self.turn_words is None:
             return f"I am user {user} of group {group}. Question {k}?"
         rng = random.Random(f"{self.turn_rng_seed}/{group}/{user}/{k}")
-        return f"Step {k} of session {group}: " + system_prompt(rng, rng.randint(*self.turn_words))
+        size = random.Random(f"{self.size_seed}/{group}/{user}/{k}").randint(*self.turn_words)  # as above
+        return f"Step {k} of session {group}: " + system_prompt(rng, size)
 
     def body(self, group: int, user: int, i: int) -> bytes:
         turn = self.turns[i] if self.multi_turn and 0 <= i < len(self.turns) else 0
