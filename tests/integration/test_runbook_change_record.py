@@ -58,6 +58,7 @@ def check_record(
     """The file the CLI wrote, the operation's result and the oplog hold one and the same record."""
     assert run.returncode == 0, run.stdout + run.stderr
     path = state_home / "corral" / f"{kind}-{sup.url.rsplit(':', 1)[1]}.json"
+    # the printed answer is the contract: what the person who ran the command reads
     assert f"change record: {path}" in run.stdout, run.stdout
     record = ChangeRecord.model_validate(orjson.loads(path.read_bytes()))
     assert record.kind == kind and record.outcome == "succeeded" and record.id is not None

@@ -75,6 +75,7 @@ async def wake_is_observed_and_its_warmup_kept_apart(victim: Supervised, state_h
         check=False,
         env={**os.environ, "XDG_STATE_HOME": str(state_home)},
     )
+    # the printed answer is the contract: what the person who ran the command reads
     assert woke.returncode == 0 and "  observe: done" in woke.stdout, woke
     assert "    passed: error ratio 0.000" in woke.stdout, woke.stdout
     op_id = woke.stdout.split()[1]  # "wake <id> started"

@@ -55,6 +55,7 @@ def test_declared_gpus_size_the_budget_and_explain_prints_the_arithmetic(tmp_pat
     model = make_model_dir(tmp_path / "m30", weights_bytes=30 * GIB, shards=3, max_position_embeddings=8192)
     small = explain(tmp_path, "--gpus", "1", "--gpu-memory-gib", "24", "--gpu-model", "L4", model=model)
     assert small.returncode == 1, small.stdout + small.stderr
+    # the printed answer is the contract: what the person who ran the command reads
     assert "memory_budget refused" in flat(small.stdout)
     assert (
         "weights 30.00 GiB/rank + KV 1 seq 1.00 GiB + headroom 2.00 GiB = 33.00 GiB > 0.90 × 24.00 GiB = "
@@ -87,6 +88,7 @@ def test_without_nvml_or_a_declaration_the_budget_is_not_measured(tmp_path: Path
     model = make_model_dir(tmp_path / "m", weights_bytes=GIB)
     result = explain(tmp_path, model=model)
     assert result.returncode == 0, result.stdout + result.stderr
+    # the printed answer is the contract: what the person who ran the command reads
     assert "parallel_identity  not_measured" in result.stdout
     assert "memory_budget      not_measured" in result.stdout
     assert (

@@ -41,6 +41,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], named
     assert result.returncode == 2, result
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and named in lines[0], result.stderr
+    # the refusal is the contract: one line naming the value and what to do
     assert result.stdout == ""
     assert not state_dir.exists()
 
@@ -57,4 +58,5 @@ def test_unreadable_token_files(tmp_path: Path) -> None:
 
 def test_prestop_with_an_unreadable_token_file() -> None:
     result = run_supervise("prestop", "--token-file", "/nonexistent/token")
+    # the refusal is the contract: one line naming the value and what to do
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "/nonexistent/token" in result.stderr

@@ -185,6 +185,7 @@ def test_a_rollback_to_an_undeclared_bundle_is_refused_at_parse_time(tmp_path: P
         timeout=30,
     )
     assert result.returncode == 2, result
+    # the refusal is the contract: one line naming the value and what to do
     assert "'prev' is not declared" in result.stderr and "good" in result.stderr
     assert not (tmp_path / "s").exists()
 

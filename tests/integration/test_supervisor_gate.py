@@ -77,6 +77,7 @@ def test_gate_needs_a_loopback_engine() -> None:
         timeout=60,
         check=False,
     )
+    # the refusal is the contract: one line naming the value and what to do
     assert result.returncode == 2 and "loopback" in result.stderr, result
 
 

@@ -132,6 +132,7 @@ async def test_adapter_unload_under_load_and_desired_set_after_restart(tmp_path:
             timeout=120,
             check=False,
         )
+        # the printed answer is the contract: what the person who ran the command reads
         assert loaded.returncode == 0 and "succeeded" in loaded.stdout, loaded
         assert sorted(keeper.state()["adapters"]["desired"]) == ["adapter-a", "adapter-b"]
 

@@ -61,6 +61,7 @@ def test_token_watch_prestop_and_idempotent_operations(tmp_path: Path) -> None:
             timeout=60,
         )
         assert prestop.returncode == 0, prestop.stdout + prestop.stderr
+        # the printed answer is the contract: what the person who ran the command reads
         assert "drain finished" in prestop.stdout
         watcher.join(timeout=30)
 
@@ -100,4 +101,5 @@ def test_prestop_when_the_supervisor_is_gone_is_not_an_error() -> None:
         text=True,
         timeout=30,
     )
+    # the printed answer is the contract: what the person who ran the command reads
     assert result.returncode == 0 and "nothing to drain" in result.stdout

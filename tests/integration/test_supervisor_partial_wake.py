@@ -120,6 +120,7 @@ async def test_partial_wake_stays_unroutable_until_the_remaining_tags_complete_i
             timeout=120,
             check=False,
         )
+        # the printed answer is the contract: what the person who ran the command reads
         assert woke.returncode == 0 and "succeeded" in woke.stdout, woke
         body = sup.state()
         assert body["state"] == "READY" and body["sleep"] is None, body

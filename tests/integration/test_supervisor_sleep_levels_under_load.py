@@ -128,6 +128,7 @@ async def test_level_0_keep_with_kv_release_then_wake_under_load() -> None:
             "kv-release",
         )
         assert slept.returncode == 0, slept
+        # the printed answer is the contract: what the person who ran the command reads
         assert "execute: done" in slept.stdout and "kv-release succeeded" in slept.stdout, slept.stdout
         sleep_op = finish_op(victim, "kv-release")
         body = victim.state()

@@ -208,6 +208,7 @@ def corral(*args: str) -> subprocess.CompletedProcess[str]:
 def test_cli_sleep_wake_and_a_refusal(sup: Supervised, token_file: str) -> None:
     common = ("--supervisor", sup.url, "--token-file", token_file)
     refused = corral("wake", *common)
+    # the printed answer is the contract: what the person who ran the command reads
     assert refused.returncode == 2 and "not SLEEPING" in refused.stdout, refused
     slept = corral("sleep", *common, "--level", "2", "--mode", "abort", "--operation-id", "cli-sleep")
     assert slept.returncode == 0, slept

@@ -35,6 +35,7 @@ def test_without_a_gpu_it_exits_2_saying_so(tmp_path: Path) -> None:
         timeout=60,
     )
     assert done.returncode == 2, done.stderr
+    # the refusal is the contract: one line naming the value and what to do
     assert "no GPU here" in done.stderr
     assert not out.exists()
 

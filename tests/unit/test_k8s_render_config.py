@@ -121,6 +121,7 @@ def test_cli_exits_2_on_a_bad_config_and_writes_nothing(tmp_path: Path) -> None:
     out = tmp_path / "rendered"
     result = _run(["--config", str(config), "--out", str(out)])
     assert result.exit_code == 2
+    # the refusal is the contract: one line naming the value and what to do
     assert "gpu.capacity: 0:" in result.stderr
     assert "greater than or equal to 1" in result.stderr
     assert not out.exists()
@@ -131,6 +132,7 @@ def test_cli_exits_2_on_yaml_it_cannot_parse(tmp_path: Path) -> None:
     config.write_text("name: [unclosed\n", encoding="utf-8")
     result = _run(["--config", str(config)])
     assert result.exit_code == 2
+    # the refusal is the contract: one line naming the value and what to do
     assert "not valid YAML" in result.stderr
     assert result.stdout == ""
 
@@ -138,4 +140,5 @@ def test_cli_exits_2_on_yaml_it_cannot_parse(tmp_path: Path) -> None:
 def test_cli_exits_2_on_a_missing_file(tmp_path: Path) -> None:
     result = _run(["--config", str(tmp_path / "nope.yaml")])
     assert result.exit_code == 2
+    # the refusal is the contract: one line naming the value and what to do
     assert "unreadable" in result.stderr

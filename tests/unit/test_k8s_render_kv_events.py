@@ -334,4 +334,5 @@ def test_prefix_routing_replicas_without_events_are_warned_of(tmp_path: Path) ->
     path = tmp_path / "corral.yaml"
     path.write_text(yaml.safe_dump(seeing))
     result = CliRunner().invoke(main, ["k8s", "render", "--config", str(path), "--out", str(tmp_path / "o2")])
+    # the printed answer is the contract: what the person who ran the command reads
     assert result.exit_code == 0 and "without KV events" not in result.stderr, result.stderr

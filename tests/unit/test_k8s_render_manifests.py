@@ -335,12 +335,14 @@ def test_cli_writes_one_file_per_object_and_removes_only_its_own_stale_files(tmp
     names = sorted(p.name for p in out.glob("*.yaml"))
     assert "router-pdb.yaml" not in names  # one router replica: no PDB any more
     assert "mine.yaml" in names
+    # the printed answer is the contract: what the person who ran the command reads
     assert "kubectl -n inference create secret generic fleet-token" in result.stderr
 
 
 def test_explain_shows_the_arithmetic(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["k8s", "render", "--config", str(SEED), "--explain"])
     assert result.exit_code == 0
+    # the printed answer is the contract: what the person who ran the command reads
     assert "terminationGracePeriodSeconds" in result.stderr
     assert "ceil(1.5 × (download 0 + (1 + 1 restarts) × 146.1) + backoffs 1)" in result.stderr
     assert result.stdout.startswith(HEADER)
@@ -361,4 +363,5 @@ def test_write_dir_output_matches_stream(tmp_path: Path) -> None:
     write_dir(tmp_path, config, manifests)
     result = CliRunner().invoke(main, ["k8s", "render", "--config", str(SEED)])
     from_files = [yaml.safe_load((tmp_path / m.filename).read_text(encoding="utf-8")) for m in manifests]
+    # the printed answer is the contract: what the person who ran the command reads
     assert list(yaml.safe_load_all(result.stdout)) == from_files

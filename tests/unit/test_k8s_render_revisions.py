@@ -185,5 +185,6 @@ def test_cli_exits_2_on_an_unpinned_hub_model_and_writes_nothing(tmp_path: Path)
     out = tmp_path / "rendered"
     result = CliRunner().invoke(main, ["k8s", "render", "--config", str(config), "--out", str(out)])
     assert result.exit_code == 2
+    # the refusal is the contract: one line naming the value and what to do
     assert "model.revision: (missing):" in result.stderr and "allow_floating_revision" in result.stderr
     assert not out.exists()

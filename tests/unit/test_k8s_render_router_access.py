@@ -157,6 +157,7 @@ def test_render_says_how_to_create_the_admin_key_secret(tmp_path: Path) -> None:
         "kubectl -n inference create secret generic qwen-72b-corral-router-admin "
         '--from-literal=key="$(openssl rand -hex 32)"'
     )
+    # the printed answer is the contract: what the person who ran the command reads
     assert hint in result.stderr
 
 

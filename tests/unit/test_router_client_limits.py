@@ -167,6 +167,7 @@ def test_a_connection_cap_beyond_the_open_file_limit_is_said_at_start(
         pytest.skip("no hard open-file limit to exceed")
     make_room_for(ClientLimits(max_connections=16, max_in_flight=16))
     assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == soft  # enough already: untouched
+    # the log line is the contract: it tells the operator to raise ulimit -n
     assert not caplog.records
     make_room_for(ClientLimits(max_connections=hard, max_in_flight=16))
     assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard  # raised as far as allowed

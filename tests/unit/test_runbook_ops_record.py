@@ -30,6 +30,7 @@ def test_the_record_is_written_where_its_kind_and_port_say(
     record = ChangeRecord(kind="sleep", id="sleep-1", started=1.0, finished=2.0, outcome="succeeded")
     keep_change_record(URL, finished({"steps": [], "change_record": record.to_file()}))
     path = tmp_path / "corral" / "sleep-9181.json"
+    # the printed answer is the contract: what the person who ran the command reads
     assert f"change record: {path}" in capsys.readouterr().out
     assert ChangeRecord.model_validate(orjson.loads(path.read_bytes())) == record
     assert change_record_file("wake", "https://sup.example") == tmp_path / "corral" / "wake-443.json"
@@ -40,6 +41,7 @@ def test_a_record_off_the_schema_or_missing_is_not_written(
 ) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     keep_change_record(URL, finished({"steps": [], "change_record": {"kind": "sleep"}}))
+    # the printed answer is the contract: what the person who ran the command reads
     assert "does not match the schema" in capsys.readouterr().out
     keep_change_record(URL, finished({"steps": []}))
     assert "no change record in the operation's result" in capsys.readouterr().out

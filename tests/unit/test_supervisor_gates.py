@@ -65,6 +65,7 @@ async def test_unix_gate_opens_when_the_socket_listens_not_when_the_file_exists(
         server = await server_task
         server.close()
     assert waiter.status[f"unix:{path}"].open
+    # the log line is the contract: the operator sees the gate open (the status above is the API)
     assert any("is up after" in line for line in log)
 
 
@@ -109,4 +110,5 @@ async def test_progress_lines_show_elapsed_and_deadline(tmp_path: Path) -> None:
     async with aiohttp.ClientSession() as session:
         with pytest.raises(GatesTimedOut):
             await waiter.wait(session)
+    # the log line is the contract: the operator sees the time waited against the deadline
     assert any(("waiting for file:" in line and "s/0s" in line) or "/1s" in line for line in log), log

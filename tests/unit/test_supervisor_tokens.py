@@ -88,6 +88,7 @@ def test_derive_token_writes_the_pods_token_0600_and_never_prints_it(tmp_path: P
     assert token not in result.output and KEY.hex() not in result.output
     # an operator's way to one pod's token: stdout
     printed = CliRunner().invoke(main, [*args, "--out", "-"])
+    # the printed answer is the contract: what the person who ran the command reads
     assert printed.exit_code == 0 and printed.stdout.strip() == token
 
 
@@ -111,6 +112,7 @@ def test_derive_token_bad_key_is_one_line_and_exit_2(tmp_path: Path) -> None:
         ],
     )
     assert result.exit_code == 2
+    # the refusal is the contract: one line naming the value and what to do
     assert "fleet key" in result.stderr and "tooshort" not in result.output
     assert not out.exists()
 
