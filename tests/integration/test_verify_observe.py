@@ -2,7 +2,8 @@
 fleet passes the `traffic` check with the steady window, the router's request counts and each engine's
 warmup TTFT in the record, and the next verify compares its steady state with that record's; behind a
 router with one `corral sim --fail-rate 0.5` among healthy ones the `traffic` check fails naming that
-engine, and only that one."""
+engine, and only that one. The steady window carries the engines' gauges (queue, KV utilization, GPU
+memory), and the next verify judges them and the ITL p99 against the record's."""
 
 from __future__ import annotations
 
@@ -101,6 +102,9 @@ def test_a_healthy_fleet_passes_and_the_next_verify_compares_steady_state(tmp_pa
             assert check(first, "traffic")["verdict"] == "pass", out
             steady = first["latency"]["steady"]
             assert steady["source"] == "router" and steady["requests"] >= 20 and steady["ttft_p99_ms"] > 0
+            # the engines' own gauges over the window (the simulator shows its GPU memory too)
+            assert steady["gauge_readings"] >= 2 and steady["unmeasured"] == {}, steady
+            assert steady["kv_usage"] is not None and steady["gpu_memory_gib"] > 0, steady
             assert first["latency"]["verdict"]["verdict"] == "passed" and first["latency"]["baseline"] is None
             assert set(first["latency"]["warmup_ttft_ms"]) == {"engine-0", "engine-1"}, first["latency"]
             assert set(first["endpoint_windows"]) == {"engine-0", "engine-1"}
@@ -122,6 +126,10 @@ def test_a_healthy_fleet_passes_and_the_next_verify_compares_steady_state(tmp_pa
         assert latency.startswith("steady TTFT p99") and f"in verify {record_path}" in latency, latency
         assert second["latency"]["baseline"] == steady  # the first record's steady window
         assert second["latency"]["steady"]["requests"] >= 20
+        judged = {f["figure"]: f["outcome"] for f in second["latency"]["verdict"]["figures"]}
+        assert judged == dict.fromkeys(
+            ("itl_p99_ms", "queue_waiting", "kv_usage", "gpu_memory_gib"), "passed"
+        )
         memory = {m["engine"]: m for m in second["memory"]}
         assert memory["engine-0"]["before_bytes"] == first["memory"][0]["after_bytes"]
         assert memory["engine-0"]["delta_bytes"] == 0  # the same engines, the same figures

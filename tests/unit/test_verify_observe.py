@@ -2,15 +2,27 @@
 endpoint's later reading less its earlier one, summed; one bad engine in a big fleet is named even when
 the fleet passes; too few requests warn; an older router's fleet (no `traffic`) is NOT MEASURED; the
 baseline is the newest record's steady window; `latency` compares steady state when there is a window
-and says it compared one probe when there is none; memory is compared with the last record's."""
+and says it compared one probe when there is none; memory is compared with the last record's; the
+engines' gauges over the window, each endpoint's against the fleet's per engine."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
+from aiohttp import web
+
 from corral.contracts.router import FleetEndpoint, RouterFleet
-from corral.contracts.traffic import LatencyHistogram, RequestCounts, TrafficFigures, WindowThresholds
+from corral.contracts.traffic import (
+    LatencyHistogram,
+    RequestCounts,
+    TrafficFigures,
+    WindowSummary,
+    WindowThresholds,
+)
 from corral.fleet.checks.observe import (
+    FleetGauges,
     ObservedWindow,
     judge,
     last_steady,
@@ -29,6 +41,7 @@ from corral.fleet.checks.verify import (
     check_latency,
 )
 from corral.fleet.checks.verify_memory import memory_deltas
+from tests.support.procs import free_port
 
 ROUTER = "http://router"
 LIMITS = WindowThresholds()
@@ -225,3 +238,53 @@ def test_memory_is_now_against_the_last_records_figure_per_engine() -> None:
     assert (by_engine["engine-2"].source, by_engine["engine-2"].after_bytes) == ("nvml", 7)
     none, why = memory_deltas([silent], previous)
     assert none == [] and "no engine reports its memory" in why
+
+
+def answering(text: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=text)
+
+    return metrics
+
+
+async def test_one_engine_whose_queue_grows_is_named_against_the_fleets_gauges() -> None:
+    """The engines' gauges read from their own /metrics over real HTTP (one stopped engine noted, not
+    fatal); each endpoint is judged against the fleet's per-engine figures, the fleet against a
+    baseline from a record written before these figures (not measured, and said)."""
+    texts = {"e0": 0.0, "e1": 0.0, "e2": 9.0}  # e2's queue
+    runners, urls = [], {}
+    for name, waiting in texts.items():
+        app = web.Application()
+        body = (
+            f'vllm:num_requests_waiting{{engine="0"}} {waiting}\nvllm:kv_cache_usage_perc{{engine="0"}} 0.1\n'
+        )
+        app.router.add_get("/metrics", answering(body))
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        runners.append(runner)
+        urls[name] = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    stopped = f"http://127.0.0.1:{free_port()}"
+    gauges = FleetGauges()
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(2):
+                await gauges.sample(session, [*urls.values(), stopped])
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+    assert gauges.fleet.waiting == 3.0 and gauges.fleet.readings == 2  # per engine: (0 + 0 + 9) / 3
+    assert stopped in gauges.endpoints[stopped].why_unmeasured()["queue_waiting"]
+    before = fleet({url: figures(0) for url in [*urls.values(), stopped]})
+    after = fleet({url: figures(100) for url in [*urls.values(), stopped]})
+    window = window_between(before, after, 5.0, ROUTER, gauges)
+    names = {url: name for name, url in urls.items()}
+    older = WindowSummary(source="router", seconds=5, requests=300, errors=0, error_ratio=0.0)
+    judged = judge(window, SteadyBaseline(older, "verify /state/verify-8000.json"), LIMITS, names)
+    assert judged.check.verdict == FAIL, judged.check
+    assert "e2: queue depth" in judged.check.detail and "e0" not in judged.check.detail, judged.check.detail
+    assert judged.verdict is not None
+    fleet_queue = next(f for f in judged.verdict.figures if f.figure == "queue_waiting")
+    assert fleet_queue.outcome == "not_measured" and "the baseline has no queue_waiting" in fleet_queue.reason
+    memory = next(f for f in judged.endpoints["e0"].figures if f.figure == "gpu_memory_gib")
+    assert memory.outcome == "not_measured" and "NVML" in memory.reason

@@ -14,7 +14,7 @@ canary, `corral verify --observe-seconds`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
 
 import aiohttp
 
@@ -76,16 +76,21 @@ async def _one(session: aiohttp.ClientSession, url: str, within: float) -> Gauge
         return str(exc)
 
 
-async def sample_engines(
-    session: aiohttp.ClientSession, engines: Collection[str], window: GaugeWindow, within: float = 2.0
-) -> None:
-    """One reading of `engines`' gauges, all at once, into `window` as one engine's
-    (`GaugeReading.per_engine`); an engine that does not answer is noted, and so is GPU memory where
-    no engine shows it (a real vLLM: its supervisor reads it through NVML, not this reader)."""
+async def read_engines(
+    session: aiohttp.ClientSession, engines: Collection[str], within: float = 2.0
+) -> dict[str, GaugeReading | str]:
+    """Each engine's gauges now, all at once; an engine that did not answer gives why, not a reading."""
     urls = sorted(engines)
     answers = await asyncio.gather(*(_one(session, url, within) for url in urls))
-    readings = [a for a in answers if isinstance(a, GaugeReading)]
-    for url, answer in zip(urls, answers, strict=True):
+    return dict(zip(urls, answers, strict=True))
+
+
+def add_group(window: GaugeWindow, answers: Mapping[str, GaugeReading | str]) -> None:
+    """One reading of a group of engines into `window`, as one engine's (`GaugeReading.per_engine`);
+    an engine that did not answer is noted, and so is GPU memory where no engine shows it (a real
+    vLLM: its supervisor reads it through NVML, not this reader)."""
+    readings = [a for a in answers.values() if isinstance(a, GaugeReading)]
+    for url, answer in answers.items():
         if isinstance(answer, str):
             for figure in GAUGES:
                 window.note(figure, f"{url}: {answer}")
@@ -95,3 +100,10 @@ async def sample_engines(
     window.add(reading)
     if reading.gpu_memory_bytes is None:
         window.note("gpu_memory_gib", GPU_MEMORY_FROM_DEVICE)
+
+
+async def sample_engines(
+    session: aiohttp.ClientSession, engines: Collection[str], window: GaugeWindow, within: float = 2.0
+) -> None:
+    """One reading of `engines`' gauges into `window` (`read_engines`, then `add_group`)."""
+    add_group(window, await read_engines(session, engines, within))

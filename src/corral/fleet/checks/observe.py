@@ -1,7 +1,8 @@
 """`corral verify --observe-seconds`: one window of the fleet's normal traffic, read from the router's
-per-endpoint figures (`/v1/fleet` `traffic`) at its start and end, judged with `compare_windows`
-against the last change record's steady window, and each endpoint against the fleet's own window, so
-one bad engine hidden in a big fleet is named."""
+per-endpoint figures (`/v1/fleet` `traffic`: errors, TTFT, ITL) at its start and end and from each
+engine's own gauges (queue, KV utilization; `engine.gauge_source`) every `GAUGE_EVERY` seconds, judged
+with `compare_windows` against the last change record's steady window, and each endpoint against the
+fleet's own window (per engine), so one bad engine hidden in a big fleet is named."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ from corral.contracts.traffic import (
     summed,
     windows_between,
 )
+from corral.contracts.window_figures import GaugeWindow
+from corral.engine.gauge_source import add_group, read_engines
 from corral.fleet.checks.change_record import newest_record
 from corral.fleet.checks.check import FAIL, NOT_MEASURED, PASS, WARN, Check
 from corral.fleet.checks.probe import FleetTarget, FleetView
@@ -36,6 +39,21 @@ from corral.fleet.checks.verify import Observation, SteadyBaseline
 
 SOURCE = "router"
 PROGRESS_EVERY = 10.0  # seconds between "observed" lines on a long window
+GAUGE_EVERY = 1.0  # seconds between readings of the engines' gauges
+
+
+@dataclass
+class FleetGauges:
+    """The engines' gauges over the window: the fleet's (per engine) and each endpoint's, by URL."""
+
+    fleet: GaugeWindow = field(default_factory=GaugeWindow)
+    endpoints: dict[str, GaugeWindow] = field(default_factory=dict)
+
+    async def sample(self, session: aiohttp.ClientSession, urls: list[str]) -> None:
+        answers = await read_engines(session, urls)
+        add_group(self.fleet, answers)
+        for url, answer in answers.items():
+            add_group(self.endpoints.setdefault(url, GaugeWindow()), {url: answer})
 
 
 @dataclass
@@ -56,9 +74,12 @@ def _figures(fleet: RouterFleet) -> dict[str, TrafficFigures]:
     return {e.url: e.traffic for e in fleet.endpoints if e.traffic is not None}
 
 
-def window_between(before: RouterFleet, after: RouterFleet, seconds: float, router: str) -> ObservedWindow:
+def window_between(
+    before: RouterFleet, after: RouterFleet, seconds: float, router: str, gauges: FleetGauges | None = None
+) -> ObservedWindow:
     """The window between two `/v1/fleet` readings: each endpoint's figures less its earlier ones (an
-    endpoint first listed inside the window counts whole), summed for the fleet."""
+    endpoint first listed inside the window counts whole), summed for the fleet; with the engines'
+    gauges over the same seconds where read (None: each gauge figure not measured)."""
     observed = ObservedWindow(seconds, last=after)
     if after.totals is not None and before.totals is not None:
         observed.request_failures = RequestFailures(
@@ -77,10 +98,14 @@ def window_between(before: RouterFleet, after: RouterFleet, seconds: float, rout
     except ValueError as exc:  # histograms on different bounds: not one series
         observed.why_not = f"the router's traffic figures cannot be added up: {exc}"
         return observed
-    observed.endpoints = {url: WindowSummary.of(w, seconds, SOURCE) for url, w in sorted(windows.items())}
+    per = gauges.endpoints if gauges is not None else {}
+    observed.endpoints = {
+        url: WindowSummary.of(w, seconds, SOURCE, per.get(url) if gauges is not None else None)
+        for url, w in sorted(windows.items())
+    }
     total = summed(windows.values())
     assert total is not None
-    observed.fleet = WindowSummary.of(total, seconds, SOURCE)
+    observed.fleet = WindowSummary.of(total, seconds, SOURCE, gauges.fleet if gauges is not None else None)
     return observed
 
 
@@ -102,17 +127,19 @@ async def observe(target: FleetTarget, seconds: float, say: Callable[[str], None
         if isinstance(first, str):
             return ObservedWindow(seconds, why_not=f"the router's traffic could not be read: {first}")
         say(f"observing {seconds:g} s of traffic through {target.router} …")
-        started = time.monotonic()
+        started = said = time.monotonic()
+        urls, gauges = [e.url for e in first.endpoints], FleetGauges()
         while (left := seconds - (time.monotonic() - started)) > 0:
-            await asyncio.sleep(min(left, PROGRESS_EVERY))
-            elapsed = time.monotonic() - started
-            if elapsed < seconds:
-                say(f"observed {elapsed:.0f}/{seconds:g} s")
+            await asyncio.sleep(min(left, GAUGE_EVERY))
+            await gauges.sample(session, urls)
+            if (now := time.monotonic()) - said >= PROGRESS_EVERY and now - started < seconds:
+                said = now
+                say(f"observed {now - started:.0f}/{seconds:g} s")
         second = await _read(admin)
         elapsed = time.monotonic() - started
     if isinstance(second, str):
         return ObservedWindow(elapsed, why_not=f"the router's traffic could not be read again: {second}")
-    return window_between(first, second, elapsed, target.router)
+    return window_between(first, second, elapsed, target.router, gauges)
 
 
 def _steady(record: dict[str, Any]) -> WindowSummary | None:
@@ -182,9 +209,14 @@ def _figures_line(window: WindowSummary) -> str:
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f}"
 
+    def gauge(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3g}"
+
     return (
         f"{window.requests} requests in {window.seconds:g}s, TTFT p50/p99 {ms(window.ttft_p50_ms)}/"
-        f"{ms(window.ttft_p99_ms)} ms, ITL p99 {ms(window.itl_p99_ms)} ms"
+        f"{ms(window.ttft_p99_ms)} ms, ITL p99 {ms(window.itl_p99_ms)} ms, "
+        f"queue {gauge(window.queue_waiting)}, KV {gauge(window.kv_usage)}, "
+        f"GPU memory {gauge(window.gpu_memory_gib)} GiB (per engine)"
     )
 
 
