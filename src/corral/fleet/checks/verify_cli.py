@@ -11,7 +11,13 @@ from typing import Any
 import click
 
 from corral.clients.access import fleet_access_options
-from corral.contracts.window_defaults import MAX_ERROR_RATIO, MAX_TTFT_RATIO, MIN_REQUESTS
+from corral.contracts.window_defaults import (
+    ITL_SLACK_MS,
+    MAX_ERROR_RATIO,
+    MAX_ITL_RATIO,
+    MAX_TTFT_RATIO,
+    MIN_REQUESTS,
+)
 from corral.engine.evidence import KINDS
 
 
@@ -86,6 +92,15 @@ from corral.engine.evidence import KINDS
     default=MAX_TTFT_RATIO,
     show_default=True,
     help="With --observe-seconds: how many times the baseline's TTFT p99 the window's may be.",
+)
+@click.option(
+    "--max-itl-ratio",
+    type=click.FloatRange(min=1),
+    default=MAX_ITL_RATIO,
+    show_default=True,
+    help=f"With --observe-seconds: how many times the baseline's ITL p99 the window's may be "
+    f"(differences under {ITL_SLACK_MS:g} ms never fail). Queue depth, KV utilization and GPU memory "
+    "are judged too, at their defaults (docs/operations.md).",
 )
 @click.option(
     "--min-requests",

@@ -126,6 +126,7 @@ def run_verify(
     observe_seconds: float,
     max_error_ratio: float,
     max_ttft_ratio: float,
+    max_itl_ratio: float,
     min_requests: int,
     token_file: Path | None,
     access: FleetAccess,
@@ -151,7 +152,10 @@ def run_verify(
         expect_model, expected_adapters, _explained(explain), expected_asleep, require_measured, kept
     )
     limits = WindowThresholds(
-        max_error_ratio=max_error_ratio, max_ttft_ratio=max_ttft_ratio, min_requests=min_requests
+        max_error_ratio=max_error_ratio,
+        max_ttft_ratio=max_ttft_ratio,
+        max_itl_ratio=max_itl_ratio,
+        min_requests=min_requests,
     )
     window = run(observe(target, observe_seconds, click.echo)) if observe_seconds > 0 else None
     looked = time.time()

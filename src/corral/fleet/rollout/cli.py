@@ -18,7 +18,14 @@ from typing import Any
 import click
 
 from corral.clients.access import fleet_access_options
-from corral.contracts.window_defaults import MAX_ERROR_RATIO, MAX_TTFT_RATIO, MIN_REQUESTS, TTFT_SLACK_MS
+from corral.contracts.window_defaults import (
+    ITL_SLACK_MS,
+    MAX_ERROR_RATIO,
+    MAX_ITL_RATIO,
+    MAX_TTFT_RATIO,
+    MIN_REQUESTS,
+    TTFT_SLACK_MS,
+)
 
 
 def _settings_options(f: Any) -> Any:
@@ -99,6 +106,7 @@ def canary_options(command: Callable[..., Any]) -> Callable[..., Any]:
         canary_seconds: float,
         canary_max_error_ratio: float,
         canary_max_ttft_ratio: float,
+        canary_max_itl_ratio: float,
         canary_min_requests: int,
         **kwargs: Any,
     ) -> Any:
@@ -108,6 +116,7 @@ def canary_options(command: Callable[..., Any]) -> Callable[..., Any]:
         limits = WindowThresholds(
             max_error_ratio=canary_max_error_ratio,
             max_ttft_ratio=canary_max_ttft_ratio,
+            max_itl_ratio=canary_max_itl_ratio,
             min_requests=canary_min_requests,
         )
         return command(*args, canary=CanarySettings(canary_seconds, limits), **kwargs)
@@ -135,6 +144,15 @@ def canary_options(command: Callable[..., Any]) -> Callable[..., Any]:
             type=click.FloatRange(min=1),
             help=f"How many times the old groups' TTFT p99 the new group's may be (differences under "
             f"{TTFT_SLACK_MS:g} ms never fail).",
+        ),
+        click.option(
+            "--canary-max-itl-ratio",
+            default=MAX_ITL_RATIO,
+            show_default=True,
+            type=click.FloatRange(min=1),
+            help=f"How many times the old groups' ITL p99 the new group's may be (differences under "
+            f"{ITL_SLACK_MS:g} ms never fail). Queue depth and KV utilization, read from the engines' "
+            "/metrics, are judged too, per engine, at their defaults (docs/operations.md).",
         ),
         click.option(
             "--canary-min-requests",

@@ -103,6 +103,14 @@ _OBSERVE_OPTIONS = (
         help="How many times the baseline's TTFT p99 the window's may be [default: 2].",
     ),
     click.option(
+        "--observe-max-itl-ratio",
+        type=click.FloatRange(1.0, 1000.0),
+        default=None,
+        help="How many times the baseline's ITL p99 the window's may be [default: 2; differences "
+        "under 25 ms never fail]. Queue depth, KV utilization and GPU memory are judged too, at "
+        "their defaults (docs/operations.md).",
+    ),
+    click.option(
         "--observe-min-requests",
         type=click.IntRange(min=1),
         default=None,
@@ -120,6 +128,7 @@ def _observed(command: Callable[..., None]) -> Callable[..., None]:
             "observe_seconds": kwargs.pop("observe_seconds"),
             "max_error_ratio": kwargs.pop("observe_max_error_ratio"),
             "max_ttft_ratio": kwargs.pop("observe_max_ttft_ratio"),
+            "max_itl_ratio": kwargs.pop("observe_max_itl_ratio"),
             "min_requests": kwargs.pop("observe_min_requests"),
         }
         command(observe=observe, **kwargs)
