@@ -34,6 +34,8 @@ from tests.unit.test_runbook import Plan
         ({"observe_seconds": True}, "observe_seconds must be a number, not True"),
         ({"max_error_ratio": 1.5}, "max_error_ratio must be an error ratio from 0 to 1, not 1.5"),
         ({"max_ttft_ratio": 0.5}, "max_ttft_ratio must be how many times the baseline's TTFT p99 from 1"),
+        ({"max_itl_ratio": 0.5}, "max_itl_ratio must be how many times the baseline's ITL p99 from 1"),
+        ({"max_itl_ratio": "2"}, "max_itl_ratio must be a number, not '2'"),
         ({"min_requests": 0}, "min_requests must be a whole number of requests, at least 1, not 0"),
     ],
 )
@@ -46,6 +48,7 @@ def test_every_runbook_request_carries_the_window_and_its_thresholds() -> None:
     asked = SwitchBundleRequest.model_validate({"name": "b", "observe_seconds": 30, "max_error_ratio": 0.1})
     assert asked.observe_seconds == 30.0
     assert asked.thresholds() == WindowThresholds(max_error_ratio=0.1)
+    assert WakeRequest(observe_seconds=5, max_itl_ratio=3).thresholds() == WindowThresholds(max_itl_ratio=3.0)
     assert ReloadRequest(observe_seconds=5, min_requests=3).body() == {
         "mode": "wait",
         "observe_seconds": 5.0,
