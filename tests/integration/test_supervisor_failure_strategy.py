@@ -93,7 +93,7 @@ def test_stay_unready_holds_the_pod_live_unready_and_restarts_nothing(tmp_path: 
         status, startupz = sup.probe("/startupz")
         assert status == 200 and startupz["held_unready"] is True and startupz["started"] is False
         epoch = body["epoch"]
-        time.sleep(3)  # watched: nothing restarts by itself, no engine runs
+        sup.quiet_for(3, epoch)  # watched, by the supervisor's own clock: nothing restarts by itself
         assert len(sup.engine_pids()) == 1 and not engine_alive(sup)
         assert psutil.Process(sup.proc.pid).children(recursive=True) == []  # no engine in the process list
         assert sup.state()["epoch"] == epoch and sup.probe("/livez")[0] == 200
@@ -164,7 +164,7 @@ def test_a_rollback_bundle_that_fails_too_ends_failed_without_ping_pong(tmp_path
         assert "rollback to also-bad failed" in body["reason"]
         assert "the start of initial had failed" in body["reason"]
         assert body["bundle_name"] == "also-bad"
-        time.sleep(3)  # watched: no second rollback, no restart
+        sup.quiet_for(3, body["epoch"])  # by the supervisor's own clock: no second rollback, no restart
         assert len(sup.engine_pids()) == 2 and not engine_alive(sup)
         assert psutil.Process(sup.proc.pid).children(recursive=True) == []
         assert sup.state()["epoch"] == body["epoch"]

@@ -88,6 +88,22 @@ class Supervised:
     def wait_state(self, state: str, timeout: float = 30.0) -> dict[str, Any]:
         return self.wait_for(state, lambda b: b.get("state") == state, timeout)
 
+    def quiet_for(self, seconds: float, epoch: int) -> None:
+        """Return once the supervisor itself says nothing happened for `seconds` since `epoch`: the
+        heartbeat line of its state watch, which it writes only after `seconds` without any other line.
+        Its own event loop measured that time, so a restart or any transition it would have made within
+        it came first, however slow the machine (and fails this); a sleep in the test measures nothing
+        of the kind. Reads no router's subscription (no router_id)."""
+        url = f"{self.url}/v1/state/watch?heartbeat={seconds:g}"
+        with urllib.request.urlopen(url, timeout=seconds + 30) as resp:
+            for raw in resp:
+                line = json.loads(raw)
+                if line.get("epoch") != epoch:
+                    raise AssertionError(f"the supervisor moved on from epoch {epoch}: {line}")
+                if line.get("type") == "heartbeat":
+                    return
+        raise AssertionError(f"the state watch ended before {seconds:g}s passed quietly")
+
 
 def sim_command(port: int, *args: str, model: str = "sim-model") -> list[str]:
     return [
