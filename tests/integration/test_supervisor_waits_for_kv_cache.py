@@ -121,5 +121,5 @@ def test_a_gate_that_never_opens_ends_failed_naming_it() -> None:
         live, livez = sup.probe("/livez")
         assert live == 503 and f"unix:{missing}" in livez["live_reason"]
         assert sup.probe("/readyz")[0] == 503 and sup.probe("/startupz")[0] == 503
-        time.sleep(1.0)  # and it stays FAILED: no loop
+        sup.quiet_for(1.0, body["epoch"])  # and it stays FAILED, by the supervisor's own clock: no loop
         assert sup.state()["epoch"] == body["epoch"]
