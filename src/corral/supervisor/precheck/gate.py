@@ -112,7 +112,7 @@ def _run_checks(
         parallel_identity(argv, gpus),
         memory_budget(argv, gpus, settings.budget, env),
         check_environment(argv, env, artifact.engine, artifact.model_kind, settings.environment_settings()),
-        check_preload_pair(argv, preload_argv),
+        check_preload_pair(argv, preload_argv, env),
     ]
     return checks, artifact
 
