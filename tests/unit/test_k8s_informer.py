@@ -124,6 +124,12 @@ async def rig(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[R
         await kube.stop()
 
 
+async def watching(rig: Rig) -> None:
+    """Until the informer's watch is open on the server: READY pods may come from its list alone, with
+    the watch that follows it not yet asked for."""
+    await rig.until(lambda: len(rig.kube.watches) == 1, "the informer's watch open")
+
+
 async def ready_pods(rig: Rig, *ips: str) -> None:
     for ip in ips:
         await rig.engines.add(ip)
@@ -199,6 +205,7 @@ async def test_watch_expired_with_410_in_stream_relists_and_catches_a_delete_mis
 
 async def test_watch_answered_http_410_after_a_cut_stream_relists(rig: Rig) -> None:
     await ready_pods(rig, "127.0.0.40", "127.0.0.41")
+    await watching(rig)
     rig.kube.expired_as_http = True
     rig.kube.unavailable = True
     rig.kube.compact()
@@ -220,6 +227,7 @@ async def test_watch_answered_http_410_after_a_cut_stream_relists(rig: Rig) -> N
 @pytest.mark.parametrize("rig", [{"watch_timeout": 1}], indirect=True)
 async def test_a_watch_the_server_ended_cleanly_resumes_from_its_version_without_a_relist(rig: Rig) -> None:
     await ready_pods(rig, "127.0.0.45", "127.0.0.46")
+    await watching(rig)  # the delete comes on a watch, and the first watch is counted below
     lists = rig.source.informer.lists
 
     def watches_so_far() -> int:
