@@ -26,6 +26,7 @@ from corral.engine.flags import engine_api_key
 from corral.engine.gpu_faults import GpuFault, GpuFaultLog
 from corral.engine.kv_log import EngineLogFigures
 from corral.engine.rank_lines import ParallelSize, parallel_size
+from corral.engine.weight_cache_log import WeightCacheLog
 from corral.redaction import Redactor, secret_values
 from corral.supervisor.lifecycle.ranks import EngineRanks
 from corral.supervisor.lifecycle.states import StartingPhase
@@ -148,6 +149,7 @@ class EngineProcess:
         )
         self.identity: EngineIdentity | None = None
         self.log_figures = EngineLogFigures()  # this run's KV size and memory shares, as logged
+        self.weight_cache = WeightCacheLog()  # this run's "Mapped N tensors …" lines and disk fallbacks
         self.gpu_faults = GpuFaultLog()  # this run's CUDA/NCCL errors as logged, and the driver's Xids
         self._xids = xids  # opened before the run starts: only what comes after it is read
         self._on_xid = on_xid
@@ -164,6 +166,7 @@ class EngineProcess:
         self._echo(shown)
         self.ranks.note_line(shown)
         self.log_figures.note(line)
+        self.weight_cache.note(shown)
         self.gpu_faults.note_line(shown)
         phase = detect_phase(line)
         if phase is not None and phase is not self.phase:

@@ -18,6 +18,7 @@ from corral.redaction import redact_argv
 from corral.supervisor.checks.adapters import AdapterCallFailed, EngineAdapters, reconcile
 from corral.supervisor.checks.bundle import read_bundle
 from corral.supervisor.checks.dependencies import GatesTimedOut
+from corral.supervisor.checks.preload_load import PreloadLoad, verify_preload_load
 from corral.supervisor.checks.readiness import EngineNotAnswering, NotReady, SmokeResult
 from corral.supervisor.lifecycle.device_memory import engine_visible_devices, read_device
 from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPolicy
@@ -316,6 +317,11 @@ class EngineStartup:
                     await self._sup.stop_engine(self._sup.config.drain.shutdown_timeout, adapters_failed)
                     self._sup.fail_for_good(adapters_failed)
                     return False
+                weights = self._weights_source(engine)
+                if weights is not None and weights.problem is not None:
+                    await self._sup.stop_engine(self._sup.config.drain.shutdown_timeout, weights.problem)
+                    self._sup.fail_for_good(weights.problem, weight_cache=weights.evidence)
+                    return False
                 artifact = self._sup.precheck.artifact if self._sup.precheck is not None else None
                 self._sup.bundle = await read_bundle(
                     self._sup.session,
@@ -335,6 +341,7 @@ class EngineStartup:
                     bundle=self._sup.bundle.fingerprint,
                     adapters=list(self._sup.adapters.served),
                     **smoke.to_json(),
+                    **({"weights_from": weights.source} if weights is not None else {}),
                 )
                 return True
             if engine.running:  # the startup deadline passed
@@ -388,6 +395,17 @@ class EngineStartup:
             await asyncio.sleep(backoff)
             if not await self.wait_gates():
                 return False
+
+    def _weights_source(self, engine: EngineProcess) -> PreloadLoad | None:
+        """With a preload daemon: where the engine's weights came from, by its log (recorded)."""
+        if not self._sup.config.preload_argv:
+            return None
+        found = verify_preload_load(self._sup.config.engine_argv, engine.weight_cache)
+        if found is not None:
+            self._sup.oplog.append(
+                "preload_verify", source=found.source, problem=found.problem, **found.evidence
+            )
+        return found
 
     async def _launch_engine(self) -> EngineProcess:
         env = dict(self._sup.config.engine_env) or None
