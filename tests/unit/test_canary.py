@@ -14,6 +14,7 @@ from aiohttp import web
 
 from corral.contracts.router import FleetEndpoint
 from corral.contracts.traffic import LatencyHistogram, TrafficFigures, WindowThresholds
+from corral.contracts.window_figures import GaugeWindow
 from corral.engine.gauge_source import sample_engines
 from corral.fleet.rollout.canary import CanaryBlind, CanarySettings, failure, judge, watch, window_of
 from tests.support.procs import free_port
@@ -190,3 +191,34 @@ async def test_the_watch_reads_both_groups_gauges_and_fails_a_new_group_whose_kv
     memory = checks["gpu_memory_gib"]
     assert memory.outcome == "not_measured" and "NVML" in memory.reason, memory  # a vLLM shows none
     assert verdict.baseline is not None and verdict.baseline.gauge_readings >= 1
+
+
+async def test_gpu_memory_a_vllm_does_not_show_comes_from_its_supervisors_reading(
+    engines: Callable[[Gauges], Awaitable[str]],
+) -> None:
+    """The rollout hands the canary each engine's memory as its supervisor measured it (NVML): a new
+    engine holding 30 GiB where the old hold 20 fails on GPU memory; an engine without a figure is
+    named, and the group is judged on the engines that have one."""
+    new = await engines(Gauges(waiting=0, kv_usage=0.2))
+    old = [await engines(Gauges(waiting=0, kv_usage=0.2)), await engines(Gauges(waiting=0, kv_usage=0.2))]
+    memory: dict[str, float | str] = {
+        new: 30.0 * 2**30,
+        old[0]: 20.0 * 2**30,
+        old[1]: "its supervisor: no memory verdict yet",
+    }
+
+    def by(requests: int) -> dict[str, FleetEndpoint]:
+        return {
+            url: FleetEndpoint(url=url, routable=True, traffic=figures(requests, 0)) for url in (new, *old)
+        }
+
+    async with aiohttp.ClientSession() as session:
+        sample = functools.partial(sample_engines, session, memory=memory)
+        settings = CanarySettings(seconds=0.05, check_seconds=0.01)
+        verdict = await watch(Scripted([by(0), by(40)]), [new], old, settings, sample)
+        alone = GaugeWindow()
+        await sample_engines(session, [old[1]], alone, memory=memory)
+    gpu = next(f for f in verdict.figures if f.figure == "gpu_memory_gib")
+    assert verdict.verdict == "failed" and gpu.failed and (gpu.observed, gpu.baseline) == (30.0, 20.0), gpu
+    assert "GPU memory held" in verdict.reason
+    assert alone.why_unmeasured()["gpu_memory_gib"] == f"{old[1]}: its supervisor: no memory verdict yet"

@@ -102,8 +102,33 @@ def add_group(window: GaugeWindow, answers: Mapping[str, GaugeReading | str]) ->
         window.note("gpu_memory_gib", GPU_MEMORY_FROM_DEVICE)
 
 
+def with_memory(
+    answers: Mapping[str, GaugeReading | str], memory: Mapping[str, float | str]
+) -> dict[str, GaugeReading | str]:
+    """The readings with the GPU memory another reader measured (`memory`: engine URL -> bytes, or why
+    not; a rollout's from each engine's supervisor, NVML) where the engine shows none itself."""
+    filled: dict[str, GaugeReading | str] = {}
+    for url, answer in answers.items():
+        held = memory.get(url)
+        if isinstance(answer, GaugeReading) and answer.gpu_memory_bytes is None and isinstance(held, float):
+            answer = GaugeReading(answer.waiting, answer.kv_usage, held)
+        filled[url] = answer
+    return filled
+
+
 async def sample_engines(
-    session: aiohttp.ClientSession, engines: Collection[str], window: GaugeWindow, within: float = 2.0
+    session: aiohttp.ClientSession,
+    engines: Collection[str],
+    window: GaugeWindow,
+    within: float = 2.0,
+    memory: Mapping[str, float | str] | None = None,
 ) -> None:
-    """One reading of `engines`' gauges into `window` (`read_engines`, then `add_group`)."""
-    add_group(window, await read_engines(session, engines, within))
+    """One reading of `engines`' gauges into `window` (`read_engines`, then `add_group`), with the GPU
+    memory in `memory` where an engine shows none (`with_memory`; why not is noted)."""
+    answers = await read_engines(session, engines, within)
+    if memory is not None:
+        answers = with_memory(answers, memory)
+        for url in sorted(engines):
+            if isinstance(why := memory.get(url, "its memory was not read"), str):
+                window.note("gpu_memory_gib", f"{url}: {why}")
+    add_group(window, answers)

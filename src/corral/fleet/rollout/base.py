@@ -29,7 +29,7 @@ from corral.fleet.checks.adapters import AdapterConflict, KeptAdapters, fleet_ad
 from corral.fleet.checks.probe import FleetTarget, look
 from corral.fleet.checks.verify import FAIL, Expectations, run_checks
 from corral.fleet.rollout import canary
-from corral.fleet.rollout.record import RecordReadings, rollout_record
+from corral.fleet.rollout.record import RecordReadings, memory_of, rollout_record
 from corral.fleet.rollout.steps import Group, RolloutJob, Step, StepFailed, StepObserver
 
 _SHORT = aiohttp.ClientTimeout(total=5)
@@ -296,7 +296,8 @@ class RolloutBase:
         passed fails the step with the figures."""
         settings = self.settings.canary
         try:
-            sample = functools.partial(sample_engines, self.session)
+            memory = await self._engine_memory(await self._router_endpoints(), [*new, *old])
+            sample = functools.partial(sample_engines, self.session, memory=memory)
             verdict = await canary.watch(self._router_endpoints, new, old, settings, sample)
         except canary.CanaryBlind as exc:
             raise StepFailed(str(exc)) from None
@@ -306,6 +307,27 @@ class RolloutBase:
         if why is not None:
             raise StepFailed(why)
         step.detail = canary.summary(verdict, step.group or "the new group")
+
+    async def _engine_memory(
+        self, listed: dict[str, FleetEndpoint], engines: list[str]
+    ) -> dict[str, float | str]:
+        """Each engine's GPU memory as its supervisor last measured it (NVML, or the simulator's
+        gauges; `/v1/state` `memory.last`), by engine URL, or why not: what the canary judges where
+        the engine's /metrics shows none (a real vLLM)."""
+
+        async def one(url: str) -> float | str:
+            endpoint = listed.get(url)
+            if endpoint is None or not endpoint.supervisor_url:
+                return "no supervisor known for it (the router lists none)"
+            try:
+                state = await self._state(endpoint.supervisor_url)
+            except (StepFailed, APIError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+                return f"its supervisor did not answer: {exc}"
+            figure, why = memory_of(state)
+            return float(figure.held_bytes) if figure is not None else f"its supervisor: {why}"
+
+        urls = sorted(set(engines))
+        return dict(zip(urls, await asyncio.gather(*(one(u) for u in urls)), strict=True))
 
     async def _drain(self, step: Step, group: Group) -> None:
         """Each member's confirmed drain, through its supervisor, concurrently; every report kept."""
