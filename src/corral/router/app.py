@@ -24,6 +24,7 @@ from corral.router.datapath.proxy import Proxy, ProxyConfig
 from corral.router.datapath.retry_budget import RetryBudgetConfig
 from corral.router.datapath.upstream import UpstreamClient
 from corral.router.datapath.wake_on_demand import WakeOnDemand
+from corral.router.discovery.adapter_carry import AdapterCarry, CarrySettings
 from corral.router.discovery.backends_file import FileSource
 from corral.router.discovery.kv_events_feed import KvEventFeeds
 from corral.router.discovery.static import StaticSource
@@ -107,6 +108,8 @@ class RouterConfig:
     probe_timeout: float = 2.0
     streams: StreamSettings = field(default_factory=lambda: StreamSettings(router_id=default_router_id()))
     wake_hold_seconds: float = 0.0  # > 0: wake a sleeping model's engine on demand (wake_on_demand)
+    # --carry-adapters-seconds: a joining engine held until the fleet's LoRA adapters are loaded there
+    carry_adapters: CarrySettings | None = None
     client_limits: ClientLimits = field(default_factory=ClientLimits)  # --header-timeout, --max-in-flight...
     api_keys_file: Path | None = None  # --api-keys-file: tenants; None leaves the router open
     admin: AdminAccessConfig = field(default_factory=AdminAccessConfig)  # who reads /metrics, /v1/fleet
@@ -175,6 +178,7 @@ async def build_source(
                 workers=k8s.probe_workers,
                 supervisor_port=k8s.supervisor_port,
                 probe_headers=config.engine_headers(),
+                models_refresh_seconds=config.models_refresh_seconds,
                 informer=InformerConfig(
                     resync_seconds=k8s.resync_seconds, watch_timeout_seconds=k8s.watch_timeout_seconds
                 ),
@@ -255,6 +259,11 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     app[MEMBERSHIP] = membership
     app[METRICS] = metrics
     streams = SupervisorStreams(membership, metrics, config.streams)
+    carry = (
+        AdapterCarry(membership, config.streams.token_for, config.carry_adapters)
+        if config.carry_adapters is not None
+        else None
+    )
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ClientLimitsCollector(limits, limit_stats))
     if gate is not None:
@@ -330,9 +339,13 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
         if config.engine_api_key:
             holder["proxy"].engine_authorization = f"Bearer {config.engine_api_key}"
         await streams.start()
+        if carry is not None:
+            await carry.start()
         try:
             source = await build_source(config, membership, metrics, pod_api)
         except BaseException:
+            if carry is not None:
+                await carry.stop()
             await streams.stop()
             session.close()
             raise
@@ -358,6 +371,8 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
                 await kv_feeds.stop()
             await routing.stop()
             await source.stop()
+            if carry is not None:
+                await carry.stop()
             await streams.stop()
             session.close()
 
@@ -418,6 +433,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
                 "ejected_until": e.ejected_until_wall(now),
                 "routable": e.routable(now),
                 "why": e.routing_verdict(now),
+                "held": e.held,
                 "supervisor": e.supervisor.to_json(now) if e.supervisor is not None else None,
                 "prefix_memory": prefix_memory.to_json(e),
                 "kv_events": kv_feeds.to_json(e.url) if kv_feeds is not None else None,
@@ -443,6 +459,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             "totals": metrics.totals().to_wire(),
             "pairs": model_pairs(membership, now),
             "peers": peers_json(),
+            "adapter_carry": carry.to_json() if carry is not None else None,
         }
 
     def peers_json() -> dict[str, Any] | None:

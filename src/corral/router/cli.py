@@ -112,6 +112,16 @@ DEFAULT_HTTP_SERVER = "lean"  # --http-server: corral.router.serving, or aiohttp
     "this long for it (0: no wake on demand; the request gets 503 with Retry-After).",
 )
 @click.option(
+    "--carry-adapters-seconds",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0.0),
+    help="Hold each engine that joins (followed through its supervisor) out of routing until the LoRA "
+    "adapters the fleet's other supervisors desire (--lora and runtime loads) are loaded there through "
+    "its supervisor, at most this long; then route it with what it has (0: off). For Kubernetes, where "
+    "a new pod knows only corral.yaml's adapters.",
+)
+@click.option(
     "--backends-file",
     type=click.Path(dir_okay=False, path_type=Path),
     help="File with one engine per line (URL, or ENGINE_URL=SUPERVISOR_URL, optionally followed by "

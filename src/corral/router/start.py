@@ -29,6 +29,7 @@ from corral.router.app import (
     build_app,
 )
 from corral.router.datapath.retry_budget import RetryBudgetConfig
+from corral.router.discovery.adapter_carry import CarrySettings
 from corral.router.discovery.backends_file import BackendsFileError, read_backends
 from corral.router.discovery.supervisor_stream import (
     StreamSettings,
@@ -113,6 +114,7 @@ def start_router(
     peer_token_file: Path | None,
     supervisor_heartbeat: float,
     wake_hold_seconds: float,
+    carry_adapters_seconds: float,
     backends_file: Path | None,
     discovery: str | None,
     namespace: str | None,
@@ -202,6 +204,7 @@ def start_router(
             heartbeat_seconds=supervisor_heartbeat,
         ),
         wake_hold_seconds=wake_hold_seconds,
+        carry_adapters=CarrySettings(hold_seconds=carry_adapters_seconds) if carry_adapters_seconds else None,
         backends_file=backends_file,
         kubernetes=kubernetes,
         probe_timeout=probe_timeout,

@@ -229,6 +229,13 @@ def router_tokenizer(config: CorralDeployment) -> str | None:
     return config.router.tokenizer if any_on(config) else None
 
 
+# How long the router holds a pod that joins (a scale-up, a replaced pod) out of routing while it
+# loads, through that pod's supervisor, the LoRA adapters the other pods were given at run time
+# (`corral lora load`): one adapter load's budget (fleet/local/adapters.LOAD_SECONDS); then the pod is
+# routed with what it has, the failure in /v1/fleet (router/discovery/adapter_carry.py).
+CARRY_ADAPTERS_SECONDS = 120
+
+
 def router_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
     """`corral router --discovery k8s` over exactly the pods `engine_selector` matches, sending the data
     path to each pod's admission gate and following its supervisor state stream (acknowledging
@@ -258,6 +265,8 @@ def router_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
         str(config.supervisor.port),
         "--supervisor-token-key-file",
         key_file(config),
+        "--carry-adapters-seconds",
+        str(CARRY_ADAPTERS_SECONDS),
         "--admin-key-file",
         admin_key_file(config),
         *(["--api-keys-file", tenants] if tenants is not None else []),

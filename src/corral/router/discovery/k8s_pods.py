@@ -171,6 +171,9 @@ class PodSourceConfig:
     supervisor_port: int | None = None  # every pod's supervisor port, unless its annotation says
     # sent with each /v1/models probe: the engine API key (--engine-api-key-file), when engines want one
     probe_headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # how often a routable pod's /v1/models is read again (0: only when the pod changes): what its
+    # engine serves moves without any pod change when a LoRA adapter is loaded or unloaded at run time
+    models_refresh_seconds: float = 0.0
 
 
 class PodSource:
@@ -219,6 +222,22 @@ class PodSource:
             for i in range(self._config.workers)
         ]
         self._tasks.append(loop.create_task(self.informer.run(), name="corral-router-k8s-informer"))
+        if self._config.models_refresh_seconds > 0:
+            self._tasks.append(loop.create_task(self._refresh(), name="corral-router-k8s-models-refresh"))
+
+    async def _refresh(self) -> None:
+        """Ask every answered pod's /v1/models again, through the same queue and workers, the pods
+        spread over the interval (a large fleet is not asked all at once)."""
+        every = self._config.models_refresh_seconds
+        while True:
+            keys = list(self._answered)
+            if not keys:
+                await asyncio.sleep(every)
+            for key in keys:
+                view = self._views.get(key)
+                if view is not None and key in self._answered:
+                    self._queue.put(key, view)
+                await asyncio.sleep(every / len(keys))
 
     async def stop(self) -> None:
         self._queue.shut_down()
@@ -391,13 +410,23 @@ class PodSource:
         if not self._current(key, view) or self._session is None or view.ip is None:
             return
         url = self.url_of(view.ip)
+        refresh = key in self._answered
         try:
             cards = await probe_models(self._session, url, self._config.probe_headers)
         except PROBE_FAILURES as exc:
+            if refresh:  # its state is the pod's and its supervisor's; the next refresh asks again
+                log.debug("pod %s: /v1/models refresh failed: %s", key, describe(exc))
+                return
             if self._current(key, view):
                 identity = self._members[key][0]
                 self._sink.emit(EndpointUpdated(identity, f"pod {key} Ready; /v1/models: {describe(exc)}"))
                 self._retry_later(key)
+            return
+        if refresh:
+            if self._current(key, view) and key in self._answered:
+                models = frozenset(c["id"] for c in cards)
+                identity, said = self._members[key][0], f"pod {key} Ready and /v1/models answered"
+                self._sink.emit(EndpointUpdated(identity, said, models=models, model_cards=cards))
             return
         pairing = None
         if self._pd_seen:

@@ -99,6 +99,7 @@ class Endpoint:
         "ejected_until",
         "group",
         "group_out",
+        "held",
         "host_in_flight",
         "host_prefill_tokens",
         "host_prefilling",
@@ -160,6 +161,9 @@ class Endpoint:
         # group). `state` stays the endpoint's own; routing also needs `group_out` None.
         self.group = group
         self.group_out: str | None = None
+        # Why the router itself keeps it out of routing while it joins (None: it does not): a new engine
+        # held until the fleet's runtime LoRA adapters are loaded there (discovery/adapter_carry.py).
+        self.held: str | None = None
         # Where membership learnt of it (static | file | k8s) and its name there (a pod's ns/name).
         self.source = source
         self.name = name
@@ -346,7 +350,7 @@ class Endpoint:
     @property
     def in_routing(self) -> bool:
         """READY on its own and, in a serving group, the group whole: what the routing index holds."""
-        return self.state is EngineState.READY and self.group_out is None
+        return self.state is EngineState.READY and self.group_out is None and self.held is None
 
     def routing_verdict(self, now: float) -> str:
         """Why the endpoint does or does not take requests now, in words for /v1/fleet."""
@@ -359,6 +363,8 @@ class Endpoint:
             return f"not routable: {self.state.value} ({self.reason})"
         if self.group_out is not None:
             return f"not routable: {self.group_out}"
+        if self.held is not None:
+            return f"not routable: {self.held}"
         if self.ejected_until > now:
             return f"not routable: ejected for {self.ejected_until - now:.1f} s more after a failure"
         return "routable: READY and not ejected"

@@ -96,6 +96,9 @@ class Membership:
         # Told once when an endpoint comes to be judged failed (`Endpoint.failure_verdict`): the
         # proxy abandons its requests out there (corral.router.datapath.proxy).
         self.failure_listeners: list[Callable[[Endpoint, str], None]] = []
+        # Asked of each endpoint as it is added: why to hold it out of routing while it joins (None:
+        # route it as soon as it is READY); the router's adapter carry (discovery/adapter_carry.py).
+        self.admit: Callable[[Endpoint], str | None] | None = None
 
     # -- changes (from sources) -------------------------------------------------------------
 
@@ -107,6 +110,8 @@ class Membership:
         endpoint.on_eject = self._eligible.clear
         endpoint.on_in_flight = self.on_in_flight
         self.note_role(endpoint.declared_role)
+        if self.admit is not None:
+            endpoint.held = self.admit(endpoint)
         log.info("endpoint %s added (%s): %s", endpoint.url, endpoint.state, reason)
         if endpoint.group is not None:
             self.groups.join(endpoint)
@@ -156,6 +161,30 @@ class Membership:
         """A source or a supervisor named a role: a prefill or decode one turns role-aware routing on."""
         if role is not None and role != "both":
             self.roles_seen = True
+
+    def hold(self, url: str, reason: str) -> Endpoint | None:
+        """Keep the endpoint out of routing for `reason` (a new reason replaces the old one)."""
+        endpoint = self._endpoints.get(url)
+        if endpoint is None or endpoint.held == reason:
+            return endpoint
+        was_in = endpoint.in_routing
+        endpoint.held = reason
+        log.info("endpoint %s held out of routing: %s", url, reason)
+        if was_in:
+            self._exit(endpoint, "unroutable", "held", reason)
+        self._reindex()
+        return endpoint
+
+    def release(self, url: str, why: str) -> Endpoint | None:
+        """End the endpoint's hold: routable again as soon as it is READY (its slow start begins)."""
+        endpoint = self._endpoints.get(url)
+        if endpoint is None or endpoint.held is None:
+            return endpoint
+        endpoint.held = None
+        endpoint.routable_from = time.monotonic()
+        log.info("endpoint %s released into routing: %s", url, why)
+        self._reindex()
+        return endpoint
 
     def withdraw_models(self, url: str, models: frozenset[str]) -> Endpoint | None:
         """The endpoint's supervisor says which of its models must not be routed to it (now)."""
@@ -254,7 +283,7 @@ class Membership:
         for endpoint in self._endpoints.values():
             models = endpoint.models - endpoint.withdrawn_models
             known.update(dict.fromkeys(models))
-            if endpoint.group_out is None:
+            if endpoint.group_out is None and endpoint.held is None:
                 for model in models:
                     serving.setdefault(model, []).append(endpoint)
         self._serving = {model: tuple(eps) for model, eps in serving.items()}
