@@ -1,6 +1,7 @@
 """A rollout's CANARY: a new serving group's window of real traffic, read from the router's
 per-endpoint figures (`GET /v1/fleet`: errors, TTFT, ITL) and from the engines' own gauges (queue, KV
-utilization, the simulator's GPU memory: `engine.gauge_source.sample_engines`, read at every check),
+utilization: `engine.gauge_source.sample_engines`, read at every check; GPU memory from the simulator's
+gauge, else as each engine's supervisor last measured it, handed in by the rollout),
 judged against the old groups' over the same seconds with the one comparison in contracts/traffic.py;
 it stops early once the new group is judged worse."""
 
