@@ -13,6 +13,7 @@ The simulator and the daemon (aiohttp, the engine model) are imported when a com
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -21,6 +22,12 @@ import click
 from corral.engine import pd_protocol as pd
 from corral.engine.kv_events import HASH_ALGOS, parse_kv_events_config
 from corral.engine.sim_version import SIM_VLLM_VERSION
+
+
+def _finite(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
+    if not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a number of milliseconds; give one from 0 to 1000")
+    return value
 
 
 def _check_requires(_ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -149,6 +156,16 @@ def _runtime_lora(environ: dict[str, str]) -> bool:
     type=click.FloatRange(min=0),
     help="Prefill time per prompt token the prefix cache does not hold (also what a prefill chunk adds "
     "to the decode step it shares).",
+)
+@click.option(
+    "--render-ms-per-token",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0, max=1000),
+    callback=_finite,
+    help="Time per prompt token the API server spends rendering and tokenizing a request before the "
+    "engine core has it: vLLM's running and waiting gauges do not count the request meanwhile (a long "
+    "prompt on a slow tokenizer).",
 )
 @click.option(
     "--enable-prompt-tokens-details",

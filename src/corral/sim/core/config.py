@@ -31,6 +31,8 @@ class SimConfig:
     kv_cache_blocks: int = 4096
     startup_seconds: float = 0.0
     prefill_ms_per_token: float = 0.05
+    # the API server's rendering and tokenizing, before the engine core counts the request
+    render_ms_per_token: float = 0.0
     # vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details = {"cached_tokens": N}
     enable_prompt_tokens_details: bool = False
     ttft_base_ms: float = 1.0

@@ -156,6 +156,8 @@ class SimApi:
             job = engine.prepare(r, rid, asyncio.get_running_loop().time(), adapter)
         except RequestError as exc:
             return error_response(exc.status, exc.message, exc.err_type, exc.param, headers)
+        if self.config.render_ms_per_token:  # in the API server: no engine gauge counts it yet
+            await asyncio.sleep(job.req.prompt_len * self.config.render_ms_per_token / 1000.0)
         if engine.dead:
             return self._engine_dead(headers)
         if engine.rejecting:

@@ -11,6 +11,11 @@ after (2) and hand the engine over (`leave` + `apply_policy`); shutdown runs all
 `DrainSequence` makes every state transition on the supervisor's state machine itself; `Drainer` only
 measures and returns what it saw.
 
+With an admission gate, `wait` also waits for the responses the gate is still relaying: the engine's
+running + waiting count drops to 0 while an answer is still on its way to the client (vLLM's API server
+renders and tokenizes a prompt before its engine core counts it, and streams the last output after the
+engine core has finished), and SIGTERM then would cut it.
+
 Without an admission gate in front of the engine, the only evidence is the engine's own metrics:
 arrivals are the increase of running + waiting + finished, and requests cut short are known by count,
 not by request id, nor whether tokens had been sent (`forced_exits` is null, with the reason). With a
@@ -91,6 +96,8 @@ class DrainReport:
     propagation_seconds: float = 0.0
     arrivals_while_leaving: float = 0.0
     in_flight_drained: bool = False
+    # responses the admission gate was still relaying when the in-flight wait ended (None: no gate)
+    gate_open_at_end: int | None = None
     drain_seconds: float = 0.0
     at_stop: dict[str, float] | None = None
     engine_exit_code: int | None = None
@@ -123,8 +130,10 @@ class Drainer:
         settings: DrainSettings,
         log: Log,
         routers: RouterSubscriptions | None = None,
+        gate: RequestWatch | None = None,
     ) -> None:
         self._session = session
+        self._gate = gate
         self._engine_url = engine_url
         self.settings = settings
         self._log = log
@@ -206,7 +215,12 @@ class Drainer:
                 "elsewhere once the engine stops accepting"
             )
 
+    def _open_at_gate(self) -> int | None:
+        return len(self._gate.open()) if self._gate is not None else None
+
     async def wait_in_flight(self, report: DrainReport) -> None:
+        """In-flight requests finish: the engine's running + waiting at 0 and, with a gate, no response
+        the gate is still relaying (an answer the engine no longer counts, or not yet)."""
         s = self.settings
         started = time.monotonic()
         deadline = started + s.drain_timeout
@@ -216,17 +230,26 @@ class Drainer:
             if sample is None:
                 report.notes.append("engine stopped answering /metrics while draining")
                 break
-            if sample.in_flight <= 0:
+            report.gate_open_at_end = self._open_at_gate()
+            if sample.in_flight <= 0 and not report.gate_open_at_end:
                 report.in_flight_drained = True
                 break
             if time.monotonic() >= next_log:
+                gate = (
+                    "" if report.gate_open_at_end is None else f", {report.gate_open_at_end} open at the gate"
+                )
                 self._log(
-                    f"drain: {sample.running:.0f} running, {sample.waiting:.0f} waiting "
+                    f"drain: {sample.running:.0f} running, {sample.waiting:.0f} waiting{gate} "
                     f"({time.monotonic() - started:.0f}s/{s.drain_timeout:g}s)"
                 )
                 next_log += 5.0
             await asyncio.sleep(s.poll_seconds)
         report.drain_seconds = time.monotonic() - started
+        if report.gate_open_at_end and not report.in_flight_drained:
+            self._log(
+                f"drain: {report.gate_open_at_end} responses still open at the admission gate at the "
+                f"drain deadline ({s.drain_timeout:g}s); the stop cuts them (forced_exits names them)"
+            )
 
     async def sample_at_stop(self, report: DrainReport) -> LoadSample | None:
         """The engine's load just before SIGTERM, kept in the report."""
@@ -353,7 +376,9 @@ class DrainSequence:
 
     async def _leave_routing(self, report: DrainReport, removal_epoch: int) -> Leaving:
         host = self._host
-        drainer = Drainer(host.session, host.engine_url, host.drain_settings, self._log, host.routers)
+        drainer = Drainer(
+            host.session, host.engine_url, host.drain_settings, self._log, host.routers, host.request_watch
+        )
         await drainer.leave_routing(report, removal_epoch)
         return Leaving(drainer, report)
 
@@ -381,6 +406,7 @@ class DrainSequence:
             return {
                 "policy": "wait",
                 "in_flight_drained": report.in_flight_drained,
+                **({"gate_open": report.gate_open_at_end} if report.gate_open_at_end is not None else {}),
                 "seconds": round(report.drain_seconds, 3),
                 **({"transfers": report.transfers} if report.transfers is not None else {}),
             }
