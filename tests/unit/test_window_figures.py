@@ -140,12 +140,12 @@ def test_a_source_without_gauges_and_a_baseline_without_them_say_so() -> None:
     assert alone.outcome == "not_measured" and "no baseline to compare with" in alone.reason
 
 
-@pytest.mark.parametrize("bad", [math.nan, math.inf])
-def test_a_value_that_is_not_a_number_is_not_measured(bad: float) -> None:
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0])
+def test_a_value_that_is_no_figure_is_not_measured(bad: float) -> None:
     rule = WindowThresholds().figure_rules()[1]
     for observed, baseline in ((bad, 1.0), (1.0, bad)):
         check = check_figure(rule, observed, baseline, "-", "-")
-        assert check.outcome == "not_measured" and "not a number" in check.reason, check
+        assert check.outcome == "not_measured" and "not a figure" in check.reason, check
 
 
 def test_a_restarted_engine_counts_its_whole_histogram_in_the_window() -> None:

@@ -6,7 +6,8 @@ One rule for every figure: the window's value may reach `max(baseline × ratio, 
 more. The ratio catches a figure that grows with the load (ITL doubling), the slack keeps a near-zero
 baseline from failing on noise (a queue of 0 becoming 2, a 2 ms ITL becoming 5 ms) and gives a zero
 baseline a limit at all. A figure the source does not measure, or with no baseline to compare with, is
-`not_measured`, named in the verdict, never a pass.
+`not_measured`, named in the verdict, never a pass; so is a value that is no figure (NaN, infinite,
+negative: what a broken exporter may send).
 
 The gauges (queue depth, KV utilization, GPU memory) are read several times over a window (`GaugeWindow`);
 the window keeps the mean of the queue and KV readings (one burst is not a trend) and the highest GPU
@@ -84,10 +85,10 @@ def check_figure(
             reason=reason,
         )
 
-    if observed is not None and not math.isfinite(observed):
-        observed, unmeasured = None, f"the source gave {observed!r}, not a number to judge"
-    if baseline is not None and not math.isfinite(baseline):
-        baseline, no_baseline = None, f"the baseline's is {baseline!r}, not a number to compare with"
+    if observed is not None and not (math.isfinite(observed) and observed >= 0):
+        observed, unmeasured = None, f"the source gave {observed!r}, not a figure to judge"
+    if baseline is not None and not (math.isfinite(baseline) and baseline >= 0):
+        baseline, no_baseline = None, f"the baseline's is {baseline!r}, not a figure to compare with"
     if observed is None:
         return made(NOT_MEASURED, None, f"{rule.label} not measured: {unmeasured}")
     shown = f"{rule.label} {observed:.4g} {rule.unit}"
