@@ -56,7 +56,11 @@ def _steps(report: DrainReport, started: float) -> list[StepRecord]:
             "drain_policy",
             report.drain_seconds,
             report.in_flight_drained or report.policy != "wait" or not left,
-            {"policy": report.policy, "in_flight_drained": report.in_flight_drained},
+            {
+                "policy": report.policy,
+                "in_flight_drained": report.in_flight_drained,
+                "gate_open_at_end": report.gate_open_at_end,
+            },
         ),
         *_transfers_step(report.transfers),
         (
