@@ -113,7 +113,7 @@ def test_a_new_fleet_on_the_port_refuses_the_records_of_the_one_before(tmp_path:
         assert orjson.loads(verify_path.read_bytes())["fleet_id"] == new_id
         code, out = _corral(tmp_path, "status", "--port", str(port))
         said = " ".join(out.split())
-        assert f"fleet {new_id} (run run-" in said and "last change: verify verify-" in said, out
+        assert f"fleet {new_id}, run run-" in said and "last change: verify verify-" in said, out
         assert "ignored:" not in out, out
     finally:
         stop(second)

@@ -169,12 +169,20 @@ def _records_json(target: FleetTarget) -> dict[str, Any]:
 
 
 def _print_records(records: dict[str, Any], console: Console) -> None:
+    """The fleet's id and its last change, and each record left out, as wide as the compact layout."""
+    import textwrap
+
     fleet, last = records["fleet"], records["last_change"]
     if fleet is None:
         return
+    width = console.width if console.is_terminal else 80
     when = time.strftime("%H:%M:%S", time.localtime(last["finished"])) if last else ""
     change = f"{last['kind']} {last['id']} {last['outcome']} at {when}" if last else "none yet"
-    named = f"fleet {fleet['id']} (run {fleet['run']})" if fleet["id"] else "fleet (no fleet_id)"
-    console.print(f"{named}; last change: {change}", markup=False)
-    for line in records["ignored_records"]:
-        console.print(f"ignored: {line}", markup=False)
+    named = f"fleet {fleet['id']}, run {fleet['run']}" if fleet["id"] else "fleet: its file names no fleet_id"
+    lines = [named, f"last change: {change}"]
+    lines += [
+        textwrap.fill(f"ignored: {line}", width, subsequent_indent="  ")
+        for line in records["ignored_records"]
+    ]
+    for line in lines:
+        console.print(line, markup=False, soft_wrap=True)
