@@ -11,8 +11,9 @@ desired set and keep a pod out of routing until it serves it.
 What it does, for each endpoint with a supervisor that membership adds (`Membership.admit`):
 1. hold it out of routing (`Endpoint.held`, named in `/v1/fleet`'s `why`);
 2. once its supervisor says READY, read the desired set (`adapters.desired`: `--lora` and runtime
-   loads) of every other READY supervisor the router follows and not held itself, and take their
-   union (`fleet_adapter_set`; one name wanted from two paths is a conflict, named);
+   loads) of every READY supervisor the router follows and routes (not held), and take their union
+   (`fleet_adapter_set`; one name wanted from two paths is a conflict, named); the union is read once
+   for the endpoints joining together and kept `retry_seconds`;
 3. load each adapter of the union its own supervisor does not desire yet through that supervisor
    (`POST /v1/lora/load`: the runbook operation, VERIFY included, and the adapter joins the pod's
    runtime set), the operation id the same for every router replica and worker, so they join one
@@ -22,8 +23,9 @@ What it does, for each endpoint with a supervisor that membership adds (`Members
 A step that fails keeps it held and is tried again every `retry_seconds`; after `hold_seconds` the
 endpoint is released anyway, serving what it has (requests for an adapter it lacks still go only to
 engines that list it), and the failure stays in `/v1/fleet` and the log. An endpoint that leaves is
-forgotten. A router that restarts sees every endpoint join again: each is held only until its peers'
-sets are read, and nothing is loaded where the sets already agree.
+forgotten. A router that restarts sees every endpoint join again: all are held, so none is a peer and
+each is released after reading its own state (nothing is carried then: a pod that joined while no
+router ran gets the fleet's adapters only from `corral rollout` or `corral lora load`).
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ class AdapterCarry:
         self._session: aiohttp.ClientSession | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self.carried: dict[str, dict[str, str]] = {}  # url -> what was loaded there (this router's word)
+        self._wanted: tuple[float, dict[str, str] | None] = (0.0, None)
+        self._wanted_lock = asyncio.Lock()
         membership.admit = self.admit
 
     def admit(self, endpoint: Endpoint) -> str | None:
@@ -171,32 +175,39 @@ class AdapterCarry:
         assert self._session is not None and endpoint.supervisor is not None
         return SupervisorClient(self._session, endpoint.supervisor.url, self._token_for(endpoint))
 
-    async def _peer_states(self, joiner: Endpoint) -> list[tuple[str, SupervisorState]]:
-        """The states of the other READY supervisors in the fleet, not held themselves."""
-        peers = [
-            e
-            for e in self._membership.endpoints()
-            if e is not joiner
-            and e.held is None
-            and e.supervisor is not None
-            and e.supervisor.link == "connected"
-            and e.supervisor.state is EngineState.READY
-        ]
+    async def _fleet_wanted(self) -> dict[str, str]:
+        """The union of the desired sets of the READY supervisors not held (the fleet as it routes
+        now), read once for all the endpoints joining together and kept `retry_seconds`: K pods
+        joining an N-pod fleet cost N reads, not K x N."""
+        async with self._wanted_lock:
+            read_at, wanted = self._wanted
+            if wanted is not None and time.monotonic() - read_at < self.settings.retry_seconds:
+                return wanted
+            peers = [
+                e
+                for e in self._membership.endpoints()
+                if e.held is None
+                and e.supervisor is not None
+                and e.supervisor.link == "connected"
+                and e.supervisor.state is EngineState.READY
+            ]
 
-        async def one(peer: Endpoint) -> tuple[str, SupervisorState]:
+            async def one(peer: Endpoint) -> tuple[str, SupervisorState]:
+                try:
+                    return peer.name or peer.url, await self._client(peer).state()
+                except APIError as exc:
+                    raise CarryFailed(f"the adapters of {peer.name or peer.url} are unknown: {exc}") from None
+
             try:
-                return peer.name or peer.url, await self._client(peer).state()
-            except APIError as exc:
-                raise CarryFailed(f"the adapters of {peer.name or peer.url} are unknown: {exc}") from None
-
-        return list(await asyncio.gather(*(one(p) for p in peers)))
+                wanted = fleet_adapter_set(await asyncio.gather(*(one(p) for p in peers)))
+            except AdapterConflict as exc:
+                raise CarryFailed(str(exc)) from None
+            self._wanted = (time.monotonic(), wanted)
+            return wanted
 
     async def carry(self, endpoint: Endpoint) -> dict[str, str]:
         """Load on `endpoint` the adapters its peers desire and it does not; what it loaded."""
-        try:
-            wanted = fleet_adapter_set(await self._peer_states(endpoint))
-        except AdapterConflict as exc:
-            raise CarryFailed(str(exc)) from None
+        wanted = await self._fleet_wanted()
         client = self._client(endpoint)
         own = await client.state()
         missing = {name: path for name, path in wanted.items() if name not in own.adapters.desired}
