@@ -149,7 +149,8 @@ class EngineSpec(_Section):
         default_factory=list,
         description="LoRA adapters every engine serves ({name, path}): the supervisor's --lora NAME=PATH, "
         "loaded after every engine start before READY (the engine gets --enable-lora and "
-        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 for it)",
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 for it); adapters loaded at run time (`corral lora load`) "
+        "are loaded by the router on a pod that joins later, before it routes the pod",
     )
     node_selector: dict[str, str] = Field(default_factory=dict, description="node labels the pods need")
     serving_group: str | None = Field(
