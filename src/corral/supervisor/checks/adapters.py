@@ -155,6 +155,7 @@ def lora_in_flight(text: str) -> set[str] | None:
 async def reconcile(adapters: EngineAdapters, wanted: AdapterSet) -> dict[str, Any]:
     """Load every desired adapter the engine does not serve; returns what was done (for the oplog).
     Raises `AdapterCallFailed` naming the adapter that could not be loaded."""
+    wanted.load_growth.clear()  # what a load took belongs to that engine's life, not this one's
     served = await adapters.served()
     loaded: list[str] = []
     for name, path in sorted(wanted.desired.items()):
