@@ -19,13 +19,12 @@ from corral.contracts.supervisor import SupervisorState
 from corral.contracts.traffic import RequestCounts, WindowSummary, WindowVerdict
 from corral.contracts.up import GroupMember
 from corral.fleet.checks.change_record import RecordError, read_change_record, write_record
+from corral.fleet.engine_memory import EngineMemory, memory_of
 from corral.fleet.rollout.record import (
-    EngineMemory,
     Reading,
     RecordReadings,
     forced_exits,
     memory_deltas,
-    memory_of,
     request_failures,
     rollout_record,
 )

@@ -21,6 +21,8 @@ from corral.contracts.traffic import (
     WindowSummary,
     WindowThresholds,
 )
+from corral.contracts.window_figures import GaugeReading, GaugeWindow
+from corral.engine.gauge_source import add_group
 from corral.fleet.checks.observe import (
     FleetGauges,
     ObservedWindow,
@@ -28,6 +30,7 @@ from corral.fleet.checks.observe import (
     last_steady,
     warmup_ttft_ms,
     window_between,
+    with_supervisor_memory,
 )
 from corral.fleet.checks.probe import EngineView
 from corral.fleet.checks.verify import (
@@ -288,3 +291,43 @@ async def test_one_engine_whose_queue_grows_is_named_against_the_fleets_gauges()
     assert fleet_queue.outcome == "not_measured" and "the baseline has no queue_waiting" in fleet_queue.reason
     memory = next(f for f in judged.endpoints["e0"].figures if f.figure == "gpu_memory_gib")
     assert memory.outcome == "not_measured" and "NVML" in memory.reason
+
+
+def nvml_state(held_gib: float) -> dict[str, Any]:
+    reading = {"source": "nvml", "total_bytes": int(held_gib * 2**30)}
+    last = {"operation": "ready", "outcome": "passed", "source": "nvml", "reading": reading}
+    return {"memory": {"last": last}}
+
+
+def test_a_real_vllms_gpu_memory_is_its_supervisors_reading_judged_with_the_window() -> None:
+    """vLLM shows no memory in /metrics: verify takes each engine's from its supervisor (NVML), the
+    fleet's their mean; one engine holding far more than the others is named; an engine whose
+    supervisor has no figure says why, never passed."""
+    urls = ["http://e0", "http://e1", "http://e2", "http://e3"]
+    gauges = FleetGauges()
+    for url in urls:  # what a vLLM's /metrics gives: a queue and a KV utilization, no memory
+        add_group(gauges.endpoints.setdefault(url, GaugeWindow()), {url: GaugeReading(0.0, 0.1)})
+    add_group(gauges.fleet, {url: GaugeReading(0.0, 0.1) for url in urls})
+    before, after = fleet(dict.fromkeys(urls, figures(0))), fleet(dict.fromkeys(urls, figures(100)))
+    window = window_between(before, after, 5.0, ROUTER, gauges)
+    assert window.fleet is not None and window.fleet.gpu_memory_gib is None
+    engines = {
+        f"http://e{i}": EngineView(f"e{i}", f"http://s{i}", f"http://e{i}", state=state)
+        for i, state in enumerate(
+            [nvml_state(20), nvml_state(20), nvml_state(32), {"memory": {"last": None}}]
+        )
+    }
+    filled = with_supervisor_memory(window, engines)
+    assert filled.fleet is not None and filled.fleet.gpu_memory_gib == 24.0  # (20 + 20 + 32) / 3
+    held = {u: s.gpu_memory_gib for u, s in filled.endpoints.items()}
+    assert held == {"http://e0": 20.0, "http://e1": 20.0, "http://e2": 32.0, "http://e3": None}
+    assert (
+        filled.endpoints["http://e3"].unmeasured["gpu_memory_gib"] == "its supervisor: no memory verdict yet"
+    )
+    baseline = filled.fleet.model_copy(update={"gpu_memory_gib": 20.0})  # the last record's steady window
+    judged = judge(filled, SteadyBaseline(baseline, "verify /state/verify-8000.json"), LIMITS, {})
+    detail = judged.check.detail
+    assert judged.check.verdict == FAIL and "fleet: GPU memory held" in detail and "24 GiB" in detail, detail
+    assert "http://e2: GPU memory held (per engine, the window's highest) 32 GiB" in detail, detail
+    e3 = next(f for f in judged.endpoints["http://e3"].figures if f.figure == "gpu_memory_gib")
+    assert e3.outcome == "not_measured" and "no memory verdict yet" in e3.reason

@@ -119,7 +119,7 @@ def test_a_figure_not_measured_is_named_never_passed() -> None:
     outcomes = {f.figure: f.outcome for f in verdict.figures}
     assert outcomes["gpu_memory_gib"] == "not_measured" and outcomes["itl_p99_ms"] == "not_measured"
     assert (
-        "GPU memory held (highest per engine) not measured: the engine reports no GPU memory"
+        "GPU memory held (per engine, the window's highest) not measured: the engine reports no GPU memory"
         in verdict.reason
     )
     assert "ITL p99 not measured" in verdict.reason  # … and what was not judged is said
@@ -167,7 +167,7 @@ def test_a_gauge_window_keeps_the_mean_queue_and_kv_and_the_highest_memory() -> 
     assert window.why_unmeasured() == {}
     assert GaugeWindow().why_unmeasured()["queue_waiting"] == "no gauge was read"
     group = GaugeReading.per_engine([GaugeReading(1.0, 0.2, GIB), GaugeReading(3.0, None, 4 * GIB)])
-    assert group == GaugeReading(2.0, 0.2, 4 * GIB)
+    assert group == GaugeReading(2.0, 0.2, 2.5 * GIB)  # the mean of each figure over the engines
 
 
 @settings(deadline=None)

@@ -248,6 +248,7 @@ class WindowSummary(WireModel):
     itl_p99_ms: float | None = None
     # gauges over the window, per engine (`contracts.window_figures.GaugeWindow`): the mean
     # `vllm:num_requests_waiting` and `vllm:kv_cache_usage_perc` (0-1), the highest GPU memory held;
+    # a group's are the mean over its engines
     # None: not measured, `unmeasured` says why (figure -> reason)
     queue_waiting: float | None = None
     kv_usage: float | None = None
@@ -299,7 +300,7 @@ class WindowThresholds(WireModel):
     `max(baseline × ratio, baseline + slack)`. ITL p99: `max_itl_ratio`, `itl_slack_ms`; the mean
     queue (`vllm:num_requests_waiting` per engine): `max_queue_ratio`, `queue_slack` requests; the
     mean KV utilization (0-1): no ratio, `kv_usage_rise` points above the baseline; GPU memory held
-    (the highest per engine): `max_gpu_memory_ratio`, `gpu_memory_slack_gib`."""
+    (per engine, the window's highest reading): `max_gpu_memory_ratio`, `gpu_memory_slack_gib`."""
 
     max_error_ratio: float = MAX_ERROR_RATIO
     max_ttft_ratio: float = MAX_TTFT_RATIO
@@ -345,7 +346,7 @@ class WindowThresholds(WireModel):
             ),
             FigureRule(
                 "gpu_memory_gib",
-                "GPU memory held (highest per engine)",
+                "GPU memory held (per engine, the window's highest)",
                 "GiB",
                 self.max_gpu_memory_ratio,
                 self.gpu_memory_slack_gib,

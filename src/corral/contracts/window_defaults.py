@@ -18,8 +18,8 @@ MAX_QUEUE_RATIO = 2.0
 QUEUE_SLACK = 4.0
 # KV cache utilization (0-1, mean per engine): 25 points above the baseline's, whatever the baseline
 KV_USAGE_RISE = 0.25
-# GPU memory held (highest per engine): vLLM takes a fixed share (--gpu-memory-utilization), so more
-# than 10% and 1 GiB above the baseline is memory the new engine should not hold (a leak, a bigger
-# graph pool, a second copy of the weights)
+# GPU memory held (per engine, the window's highest reading): vLLM takes a fixed share
+# (--gpu-memory-utilization), so more than 10% and 1 GiB above the baseline is memory the new engine
+# should not hold (a leak, a bigger graph pool, a second copy of the weights)
 MAX_GPU_MEMORY_RATIO = 1.10
 GPU_MEMORY_SLACK_GIB = 1.0

@@ -11,7 +11,7 @@ negative: what a broken exporter may send).
 
 The gauges (queue depth, KV utilization, GPU memory) are read several times over a window (`GaugeWindow`);
 the window keeps the mean of the queue and KV readings (one burst is not a trend) and the highest GPU
-memory (memory that grew once is held).
+memory (memory that grew once is held). A group's reading is one engine's: the mean over its engines.
 """
 
 from __future__ import annotations
@@ -115,13 +115,13 @@ class GaugeReading:
 
     @classmethod
     def per_engine(cls, engines: list[GaugeReading]) -> GaugeReading:
-        """Several engines' readings as one engine's, so that groups of different sizes compare (a
-        canary's one new engine against three old ones): the mean queue and KV utilization, the
-        highest GPU memory."""
+        """Several engines' readings as one engine's, the mean of each figure, so that groups of
+        different sizes compare (a canary's one new engine against three old ones) and one engine
+        stands out against its fleet."""
         return cls(
             _mean([e.waiting for e in engines]),
             _mean([e.kv_usage for e in engines]),
-            max((e.gpu_memory_bytes for e in engines if e.gpu_memory_bytes is not None), default=None),
+            _mean([e.gpu_memory_bytes for e in engines]),
         )
 
 
@@ -137,7 +137,7 @@ def _highest(a: float | None, b: float | None) -> float | None:
 @dataclass
 class GaugeWindow:
     """The gauge readings taken over one window: the mean queue and KV utilization, the highest GPU
-    memory, and why a figure is missing where no reading had it (`unmeasured`)."""
+    memory reading, and why a figure is missing where no reading had it (`unmeasured`)."""
 
     readings: int = 0
     _waiting: list[float] = field(default_factory=list)

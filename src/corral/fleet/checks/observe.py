@@ -7,6 +7,7 @@ fleet's own window (per engine), so one bad engine hidden in a big fleet is name
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -30,16 +31,18 @@ from corral.contracts.traffic import (
     summed,
     windows_between,
 )
-from corral.contracts.window_figures import GaugeWindow
+from corral.contracts.window_figures import GIB, GaugeWindow
 from corral.engine.gauge_source import add_group, read_engines
 from corral.fleet.checks.change_record import newest_record
 from corral.fleet.checks.check import FAIL, NOT_MEASURED, PASS, WARN, Check
-from corral.fleet.checks.probe import FleetTarget, FleetView
+from corral.fleet.checks.probe import EngineView, FleetTarget, FleetView
 from corral.fleet.checks.verify import Observation, SteadyBaseline
+from corral.fleet.engine_memory import memory_in
 
 SOURCE = "router"
 PROGRESS_EVERY = 10.0  # seconds between "observed" lines on a long window
 GAUGE_EVERY = 1.0  # seconds between readings of the engines' gauges
+GPU_MEMORY = "gpu_memory_gib"
 
 
 @dataclass
@@ -107,6 +110,47 @@ def window_between(
     assert total is not None
     observed.fleet = WindowSummary.of(total, seconds, SOURCE, gauges.fleet if gauges is not None else None)
     return observed
+
+
+def with_supervisor_memory(window: ObservedWindow, engines: Mapping[str, EngineView]) -> ObservedWindow:
+    """The window with each engine's GPU memory as its supervisor last measured it (`engines`: by
+    engine URL; NVML, or the simulator's gauges) where its /metrics showed none, as a real vLLM's
+    does not; the fleet's is then their mean, per engine. An engine without a figure says why."""
+    if window.fleet is None:
+        return window
+    endpoints: dict[str, WindowSummary] = {}
+    for url, summary in window.endpoints.items():
+        engine = engines.get(url)
+        if summary.gpu_memory_gib is not None or engine is None or not engine.supervisor_url:
+            endpoints[url] = summary
+            continue
+        if engine.state is None:
+            figure, why = None, f"its supervisor did not answer: {engine.state_error or 'no state'}"
+        else:
+            figure, why = memory_in(engine.state.get("memory"))
+        endpoints[url] = _with_memory(
+            summary, figure.held_bytes if figure else None, f"its supervisor: {why}"
+        )
+    fleet = window.fleet
+    if fleet.gpu_memory_gib is None:
+        held = [s.gpu_memory_gib for s in endpoints.values() if s.gpu_memory_gib is not None]
+        whys = [
+            f"{url}: {s.unmeasured['gpu_memory_gib']}"
+            for url, s in endpoints.items()
+            if s.gpu_memory_gib is None
+        ]
+        gib = sum(held) / len(held) if held else None
+        fleet = _with_memory(fleet, gib * GIB if gib is not None else None, whys[0] if whys else "")
+    return dataclasses.replace(window, endpoints=endpoints, fleet=fleet)
+
+
+def _with_memory(summary: WindowSummary, held_bytes: float | None, why: str) -> WindowSummary:
+    others = {k: v for k, v in summary.unmeasured.items() if k != GPU_MEMORY}
+    if held_bytes is None:
+        return summary.model_copy(
+            update={"unmeasured": {**others, GPU_MEMORY: why or others.get(GPU_MEMORY, "")}}
+        )
+    return summary.model_copy(update={"gpu_memory_gib": round(held_bytes / GIB, 3), "unmeasured": others})
 
 
 async def _read(admin: RouterAdminClient) -> RouterFleet | str:

@@ -33,6 +33,7 @@ from corral.fleet.checks.observe import (
     last_steady,
     observe,
     warmup_ttft_ms,
+    with_supervisor_memory,
 )
 from corral.fleet.checks.probe import FleetTarget, FleetView, TargetError, look, read_token
 from corral.fleet.checks.verify import FAIL, NOT_MEASURED, PASS, Check, Expectations, run_checks
@@ -160,6 +161,8 @@ def run_verify(
     window = run(observe(target, observe_seconds, click.echo)) if observe_seconds > 0 else None
     looked = time.time()
     view = run(look(target))
+    if window is not None:  # a real vLLM's GPU memory: as its supervisor measured it
+        window = with_supervisor_memory(window, view.by_engine_url())
     names = endpoint_names(view, view.router_endpoints or [])
     baseline = last_steady(records, target.router)
     judged = None if window is None else judge(window, baseline, limits, names, require_measured)

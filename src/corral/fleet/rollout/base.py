@@ -28,8 +28,9 @@ from corral.engine_state import EngineState
 from corral.fleet.checks.adapters import AdapterConflict, KeptAdapters, fleet_adapter_set
 from corral.fleet.checks.probe import FleetTarget, look
 from corral.fleet.checks.verify import FAIL, Expectations, run_checks
+from corral.fleet.engine_memory import memory_of
 from corral.fleet.rollout import canary
-from corral.fleet.rollout.record import RecordReadings, memory_of, rollout_record
+from corral.fleet.rollout.record import RecordReadings, rollout_record
 from corral.fleet.rollout.steps import Group, RolloutJob, Step, StepFailed, StepObserver
 
 _SHORT = aiohttp.ClientTimeout(total=5)

@@ -30,38 +30,10 @@ from corral.contracts.records import (
 from corral.contracts.supervisor import SupervisorState
 from corral.contracts.traffic import RequestCounts, WindowVerdict
 from corral.engine.graph_nccl_flags import bundle_settings, changed_settings
+from corral.fleet.engine_memory import EngineMemory, memory_of
 from corral.fleet.rollout.steps import Group, RolloutSettings, Step, StepFailed
 
 StateOf = Callable[[str], Awaitable[SupervisorState]]  # a supervisor's /v1/state, by its URL
-
-
-@dataclass(frozen=True)
-class EngineMemory:
-    """One engine's GPU memory as its supervisor last measured it, and from what."""
-
-    source: str  # engine_metrics (the engine's own gauges: corral sim) | nvml
-    held_bytes: int
-
-
-def memory_of(state: SupervisorState) -> tuple[EngineMemory | None, str]:
-    """The engine's memory from `/v1/state`'s `memory.last` (the figure `corral verify` reads: at
-    READY, or after the last sleep, wake or reload), or None and why not."""
-    memory = (state.model_extra or {}).get("memory")
-    last = memory.get("last") if isinstance(memory, dict) else None
-    if not isinstance(last, dict):
-        why = "no memory verdict yet" if isinstance(memory, dict) else "the supervisor reports no memory"
-        return None, why
-    figures, reading = last.get("figures"), last.get("after") or last.get("reading")
-    if last.get("source") == "engine_metrics" and isinstance(figures, dict):
-        weights, kv = figures.get("gpu_weights_bytes"), figures.get("gpu_kv_cache_bytes")
-        if isinstance(weights, int | float):
-            held = weights + (kv if isinstance(kv, int | float) else 0)
-            return EngineMemory("engine_metrics", int(held)), ""
-    if last.get("source") == "nvml" and isinstance(reading, dict):
-        total = reading.get("total_bytes")
-        if isinstance(total, int) and total > 0:
-            return EngineMemory("nvml", total), ""
-    return None, str(last.get("reason") or f"no figure in its last memory verdict ({last.get('operation')})")
 
 
 @dataclass
