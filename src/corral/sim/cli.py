@@ -564,6 +564,15 @@ def sim(ctx: click.Context, /, **options: object) -> None:
     type=click.FloatRange(min=0),
     help="GPU memory the cached weights take: what the daemon reports holding until they are released.",
 )
+@click.option(
+    "--tensor-parallel-size",
+    "-tp",
+    "tensor_parallel_size",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1, max=64),
+    help="Ranks (one process per GPU, as vLLM's launcher starts them); rank r > 0 serves PATH.rankR.sock.",
+)
 def preload(
     model: str,
     health_port: int | None,
@@ -574,11 +583,13 @@ def preload(
     version_string: str,
     startup_seconds: float,
     weights_gib: float,
+    tensor_parallel_size: int,
 ) -> None:
-    """Run a simulated vLLM weight-cache daemon (`vllm preload`) for one GPU."""
+    """Run a simulated vLLM weight-cache daemon (`vllm preload`): one rank process per GPU."""
     from corral import aio
     from corral.sim.core.config import GIB
-    from corral.sim.weights.preload import DaemonConfig, WeightCacheDaemon
+    from corral.sim.weights.daemon_launcher import DaemonLauncher
+    from corral.sim.weights.preload import DaemonConfig
     from corral.sim.weights.weight_cache import default_fingerprint, socket_path_in
 
     path = socket_path or socket_path_in(socket_dir)
@@ -592,4 +603,4 @@ def preload(
         startup_seconds=startup_seconds,
         weights_bytes=int(weights_gib * GIB),
     )
-    sys.exit(aio.run(WeightCacheDaemon(config).run()))
+    sys.exit(aio.run(DaemonLauncher(config, tensor_parallel_size).run()))

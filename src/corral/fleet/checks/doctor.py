@@ -74,6 +74,12 @@ _DAEMON_DIED = (
     "memory and socket path"
 )
 
+_DAEMON_RANK = (
+    "a rank of the preload daemon died while its parent ran on (vLLM's /health 503): read "
+    "`preload_rank_lost` in the operation log (the rank, its pid, its last lines) and that GPU's state "
+    "(nvidia-smi, dmesg for Xid); the supervisor stops the daemon and restarts it, then the engine from it"
+)
+
 
 def _not_running(e: EngineView) -> Diagnosis | None:
     """Process dead, or alive but not ready: read from the supervisor's lifecycle state."""
@@ -137,6 +143,8 @@ def _not_running(e: EngineView) -> Diagnosis | None:
             stalled_words(reason),
             "the supervisor restarts it in place; if it recurs, capture a stack (py-spy dump) first",
         )
+    if lifecycle in (EngineState.FAILED, EngineState.STARTING) and "preload daemon rank" in reason:
+        return Diagnosis(e.name, "preload/daemon-rank-lost", f"{lifecycle} ({sub}): {reason}", _DAEMON_RANK)
     if lifecycle in (EngineState.FAILED, EngineState.STARTING) and "preload daemon" in reason:
         return Diagnosis(e.name, "preload/daemon-died", f"{lifecycle} ({sub}): {reason}", _DAEMON_DIED)
     if (silent := silent_failure_branch(e)) is not None:

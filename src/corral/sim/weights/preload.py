@@ -1,9 +1,12 @@
-"""The simulated weight-cache daemon (`corral sim preload`), vLLM's `vllm preload` for one GPU rank.
+"""The simulated weight-cache daemon rank: one GPU's share of vLLM's `vllm preload`, serving the socket
+protocol of `weight_cache` (`corral.sim.weights.daemon_launcher` starts one per rank, as vLLM's launcher
+does, and answers `/health`).
 
-Its `/health` (on `--weight-cache-health-port`) answers 503 while the model loads and 200 once the socket
-is bound; only then does it log `===== Weight cache daemon READY: ... =====`. It loads "from disk" over
-`--startup-seconds`, serves the socket protocol of `weight_cache` until SIGTERM/SIGINT, and removes its
-socket on the way out. `--fingerprint` overrides the key it holds, to stand in for another revision.
+A rank loads "from disk" over `--startup-seconds`, logs `Weight cache target daemon rank R loaded model`
+and `… serving on PATH` once its socket is bound, serves until SIGTERM/SIGINT (or, started by a launcher,
+until the launcher is gone), and removes its socket on the way out. Run alone (`standalone`, as the unit
+tests do) it also answers `/health` and logs the READY line itself. `--fingerprint` overrides the key it
+holds, to stand in for another revision.
 """
 
 from __future__ import annotations
@@ -34,6 +37,18 @@ class DaemonConfig:
     health_port: int | None = None
     startup_seconds: float = 2.0
     weights_bytes: int = GIB
+    rank: int = 0
+    standalone: bool = True  # False: a launcher's rank (no health, no READY line, gone with the launcher)
+    ready_fd: int | None = None  # a launcher's rank writes one byte here once it serves (vLLM: a queue)
+
+
+def ready_line(ranks: int, socket_dir: str | None) -> str:
+    """vLLM's launcher line once every local rank serves (entrypoints/cli/preload.py)."""
+    where = socket_dir or "the default socket dir"
+    return (
+        f"===== Weight cache daemon READY: node 0/1 serving {ranks} local rank(s) x 1 role(s) "
+        f"in {where} ====="
+    )
 
 
 class WeightCacheDaemon:
@@ -83,7 +98,7 @@ class WeightCacheDaemon:
             self.log.info(
                 "WeightCache",
                 "daemon.py:457",
-                f"Weight cache target daemon rank 0 sent {_TENSORS} tensors to engine",
+                f"Weight cache target daemon rank {self.config.rank} sent {_TENSORS} tensors to engine",
             )
             return {"status": "ok", "entries": _TENSORS, "gpu_uuid": SIM_GPU_UUID}
         if cmd == "get_memory":
@@ -91,7 +106,9 @@ class WeightCacheDaemon:
         if cmd == "release":
             self.released = True
             self.log.info(
-                "WeightCache", "daemon.py:468", "Weight cache target daemon rank 0 released cached weights"
+                "WeightCache",
+                "daemon.py:468",
+                f"Weight cache target daemon rank {self.config.rank} released cached weights",
             )
             return {"status": "ok"}
         return {"status": "error", "message": f"Unknown command {cmd!r}"}
@@ -110,6 +127,13 @@ class WeightCacheDaemon:
 
     def stop(self) -> None:
         self._stop.set()
+
+    async def _until_stopped_or_orphaned(self, every: float = 0.2) -> None:
+        """A launcher's rank ends with it: its parent gone (SIGKILL), the rank is reparented."""
+        parent = os.getppid()
+        while not self._stop.is_set() and os.getppid() == parent:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), every)
 
     async def run(self, handle_signals: bool = True) -> int:
         cfg, log = self.config, self.log
@@ -132,7 +156,7 @@ class WeightCacheDaemon:
             log.info(
                 "WeightCache",
                 "daemon.py:296",
-                f"Weight cache target daemon rank 0 loaded model ({gib:.2f} GiB allocated, "
+                f"Weight cache target daemon rank {cfg.rank} loaded model ({gib:.2f} GiB allocated, "
                 f"{gib:.2f} GiB reserved)",
             )
             os.makedirs(os.path.dirname(cfg.socket_path) or ".", mode=0o700, exist_ok=True)
@@ -143,17 +167,17 @@ class WeightCacheDaemon:
             log.info(
                 "WeightCache",
                 "daemon.py:357",
-                f"Weight cache target daemon rank 0 serving on {cfg.socket_path}",
+                f"Weight cache target daemon rank {cfg.rank} serving on {cfg.socket_path}",
             )
             self.ready = True
-            where = cfg.socket_dir_arg or "the default socket dir"
-            log.info(
-                "WeightCache",
-                "preload.py:327",
-                "===== Weight cache daemon READY: node 0/1 serving 1 local rank(s) x 1 role(s) "
-                f"in {where} =====",
-            )
-            await self._stop.wait()
+            if cfg.ready_fd is not None:
+                os.write(cfg.ready_fd, b"r")
+                os.close(cfg.ready_fd)
+            if cfg.standalone:
+                log.info("WeightCache", "preload.py:327", ready_line(1, cfg.socket_dir_arg))
+                await self._stop.wait()
+            else:
+                await self._until_stopped_or_orphaned()
             log.info("WeightCache", "preload.py:283", "Weight cache daemon shutting down")
             return 0
         finally:

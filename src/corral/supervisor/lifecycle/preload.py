@@ -4,8 +4,10 @@ gate, checked again before every engine restart, so a restart reuses the running
 shutdown it stops only after the engine, whose weights may be mapped from its memory.
 
 A death the supervisor did not ask for is reported the moment it happens (`on_death`, then the
-`died` event); what follows it is `corral.supervisor.lifecycle.preload_recovery`'s. A disk fallback of the
-engine's weight load is recorded as `engine_evidence` (kind `fallback`, see
+`died` event); what follows it is `corral.supervisor.lifecycle.preload_recovery`'s. Its ranks are
+watched (`preload_ranks`): a rank process that dies leaves vLLM's parent running with `/health` 503,
+so the supervisor names the rank (`on_rank_lost`), stops the parent and treats it as the daemon's
+death. A disk fallback of the engine's weight load is recorded as `engine_evidence` (kind `fallback`, see
 `corral.engine.evidence`) and counted in `/v1/state` and `/metrics`; it is never silent.
 """
 
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,9 +24,11 @@ import aiohttp
 
 from corral.child_process import ChildProcess, LineSink
 from corral.supervisor.lifecycle.engine_process import engine_environment
+from corral.supervisor.lifecycle.preload_ranks import DaemonRanks, expected_ranks
 
 Record = Callable[..., Any]
 DeathListener = Callable[["PreloadDaemon"], None]
+RankListener = Callable[["PreloadDaemon", str], None]
 
 
 class PreloadDaemon:
@@ -32,8 +38,11 @@ class PreloadDaemon:
         self._echo = echo
         self._child = ChildProcess("preload", self.argv, sink=echo)
         self._watch: asyncio.Task[None] | None = None
+        self._rank_watch: asyncio.Task[None] | None = None
         self._stopping = False
+        self.ranks = DaemonRanks(expected_ranks(self.argv))
         self.on_death: DeathListener | None = None
+        self.on_rank_lost: RankListener | None = None
         self.died = asyncio.Event()  # set once this run exits without the supervisor stopping it
         self.starts = 0
 
@@ -60,8 +69,15 @@ class PreloadDaemon:
     async def start(self, record: Record) -> None:
         """A fresh run of the command (each run keeps its own last lines)."""
         # the daemon is vLLM code like the engine: no Corral secret in its environment either
+        ranks = DaemonRanks(self.ranks.expected)
+        self.ranks = ranks
+
+        def line(text: str) -> None:
+            ranks.note_line(text)
+            self._echo(text)
+
         self._child = ChildProcess(
-            "preload", self.argv, env=engine_environment({}), sink=self._echo, inherit_env=False
+            "preload", self.argv, env=engine_environment({}), sink=line, inherit_env=False
         )
         self._stopping = False
         self.died.clear()
@@ -69,9 +85,24 @@ class PreloadDaemon:
         self.starts += 1
         record("preload_started", pid=self._child.pid, argv=self.argv, start=self.starts)
         self._watch = asyncio.create_task(self._watch_exit(self._child), name="preload-exit")
+        self._rank_watch = asyncio.create_task(self._watch_ranks(self._child, ranks), name="preload-ranks")
+
+    async def _watch_ranks(self, child: ChildProcess, ranks: DaemonRanks) -> None:
+        """A lost rank: named, then the parent stopped (not by `stop`: its exit is the daemon's death)."""
+        if child.pid is None:
+            return
+        reason = await ranks.watch(child.pid)
+        if self._stopping or child is not self._child or not child.running:
+            return
+        if self.on_rank_lost is not None:
+            self.on_rank_lost(self, reason)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGTERM)  # vLLM's launcher terminates the other ranks
 
     async def _watch_exit(self, child: ChildProcess) -> None:
         await child.wait(None)
+        if self._rank_watch is not None and child is self._child:
+            self._rank_watch.cancel()
         if self._stopping or child is not self._child:
             return
         if self.on_death is not None:
@@ -103,6 +134,8 @@ class PreloadDaemon:
         """Stop this run; a death that came before the stop is still reported (before this returns)."""
         was_running = self._child.running
         self._stopping = was_running
+        if self._rank_watch is not None:
+            self._rank_watch.cancel()
         code = await self._child.stop(grace_seconds)
         if was_running:
             record("preload_stopped", pid=self._child.pid, exit_code=code)
@@ -117,4 +150,7 @@ class PreloadDaemon:
             "argv": self.argv,
             "health": self.health_url,
             "starts": self.starts,
+            "ranks": self.ranks.to_json(),
+            "ranks_expected": self.ranks.expected,
+            "rank_lost": self.ranks.lost,
         }

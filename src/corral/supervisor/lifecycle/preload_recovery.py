@@ -57,12 +57,29 @@ class PreloadKeeper:
         self._log = log
         self._state = state
         daemon.on_death = self._died
+        daemon.on_rank_lost = self._rank_lost
 
     async def start(self) -> None:
         await self.daemon.start(self._record)
 
+    def _rank_lost(self, daemon: PreloadDaemon, reason: str) -> None:
+        """A rank died under a running parent: named now; the parent is stopped next, and its exit
+        is handled as the daemon's death (`_died`), whose reason then starts with this one."""
+        self._log(f"{reason} while {self._state()}; stopping the daemon (pid {daemon.pid})")
+        self._evidence.note(PRELOAD_EXIT, reason)
+        self._record(
+            "preload_rank_lost",
+            pid=daemon.pid,
+            reason=reason,
+            ranks=daemon.ranks.to_json(),
+            state=self._state(),
+            last_lines=daemon.last_lines(),
+        )
+
     def _died(self, daemon: PreloadDaemon) -> None:
         what = f"preload daemon pid {daemon.pid} exited with code {daemon.returncode}"
+        if daemon.ranks.lost is not None:
+            what = f"{daemon.ranks.lost}; {what} (stopped by the supervisor)"
         self._log(f"{what} while {self._state()}")
         self._evidence.note(PRELOAD_EXIT, what)
         self._metrics.preload_exits.inc()
@@ -79,6 +96,8 @@ class PreloadKeeper:
         """Why the daemon is gone, while it is (it died and has not been started again)."""
         if not self.daemon.lost:
             return None
+        if self.daemon.ranks.lost is not None:
+            return f"{self.daemon.ranks.lost}; the daemon (pid {self.daemon.pid}) was stopped"
         return f"preload daemon (pid {self.daemon.pid}) exited with code {self.daemon.returncode}"
 
     def death_task(self) -> asyncio.Task[Any]:
