@@ -8,6 +8,7 @@ import contextlib
 import os
 import secrets
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -40,9 +41,9 @@ def read_supervisor_token(fleet: object, where: Path) -> str | None:
     return token
 
 
-def supervisor_token_for(supervisor_url: str, state_dir: Path) -> str | None:
-    """The token of the running local fleet (`corral up`) whose fleet file lists `supervisor_url`,
-    or None when no fleet file does (a missing or half-written file lists nothing)."""
+def fleet_listing(supervisor_url: str, state_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The fleet file (path and body) of the running local fleet (`corral up`) that lists
+    `supervisor_url`, or None when none does (a missing or half-written file lists nothing)."""
     url = supervisor_url.rstrip("/")
     for path in sorted(state_dir.glob("up-*.json")):
         with contextlib.suppress(OSError, orjson.JSONDecodeError):
@@ -50,8 +51,15 @@ def supervisor_token_for(supervisor_url: str, state_dir: Path) -> str | None:
             engines = body.get("engines") if isinstance(body, dict) else None
             listed = {str(e.get("supervisor")).rstrip("/") for e in engines or [] if isinstance(e, dict)}
             if url in listed:
-                return read_supervisor_token(body, path)
+                return path, body
     return None
+
+
+def supervisor_token_for(supervisor_url: str, state_dir: Path) -> str | None:
+    """The token of the running local fleet (`corral up`) whose fleet file lists `supervisor_url`,
+    or None when no fleet file does."""
+    found = fleet_listing(supervisor_url, state_dir)
+    return read_supervisor_token(found[1], found[0]) if found is not None else None
 
 
 def state_dir_problem(path: Path) -> str | None:

@@ -50,6 +50,15 @@ def test_a_new_fleet_on_the_port_refuses_the_records_of_the_one_before(tmp_path:
     first = _up(port, tmp_path)
     try:
         old_id = _fleet_id(state, port)
+        # a runbook operation's record, kept under its supervisor's port, names the fleet too
+        engine = orjson.loads((state / f"up-{port}.json").read_bytes())["engines"][0]
+        named = ("--port", str(port), "--engine", engine["name"])
+        code, out = _corral(tmp_path, "sleep", *named, "--level", "1")
+        assert code == 0, out
+        sleep_path = state / f"sleep-{engine['supervisor'].rsplit(':', 1)[1]}.json"
+        assert orjson.loads(sleep_path.read_bytes())["fleet_id"] == old_id
+        code, out = _corral(tmp_path, "wake", *named)
+        assert code == 0, out
         code, out = _corral(tmp_path, "rollout", "--port", str(port), "--to", str(bundle))
         assert code == 0, out
         code, out = _corral(tmp_path, "verify", "--port", str(port))
@@ -63,6 +72,8 @@ def test_a_new_fleet_on_the_port_refuses_the_records_of_the_one_before(tmp_path:
     assert not rollout_path.exists() and not verify_path.exists(), sorted(p.name for p in state.iterdir())
     assert (archived / rollout_path.name).read_bytes() == old_rollout
     assert (archived / verify_path.name).read_bytes() == old_verify
+    assert not sleep_path.exists() and (archived / sleep_path.name).exists()
+    assert (archived / sleep_path.name.replace("sleep-", "wake-")).exists()
     assert f"archived this fleet's change records: {archived / verify_path.name}" in first.output()
 
     second = _up(port, tmp_path)

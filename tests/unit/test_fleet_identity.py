@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corral.fleet.fleet_identity import FleetIdentity, FleetIdError, ForeignRecord, check_owner
-from corral.fleet.local.record_archive import archive_port_records
+from corral.fleet.local.record_archive import archive_fleet_records, archive_port_records
+from corral.fleet_identity import FleetIdentity, FleetIdError, ForeignRecord, check_owner
 
 THIS = FleetIdentity("fleet-aaaaaaaaaaaa", "run-1", "/state/up-8000.json")
 
@@ -95,3 +95,16 @@ def test_the_archive_keeps_every_record_inside_it_whatever_its_fleet_id(tmp_path
     again = archive_port_records(state, 8000)
     assert len(again) == 1 and again[0].parent == runs / "unowned" and again[0].name != "verify-8000.json"
     assert (runs / "unowned" / "verify-8000.json").read_bytes() == bodies["verify-8000.json"]
+
+
+def test_the_supervisors_records_of_this_fleet_go_and_anothers_stay(tmp_path: Path) -> None:
+    mine, other = "fleet-aaaaaaaaaaaa", "fleet-bbbbbbbbbbbb"
+    (tmp_path / "sleep-4001.json").write_bytes(orjson.dumps({"kind": "sleep", "fleet_id": mine}))
+    (tmp_path / "wake-4002.json").write_bytes(orjson.dumps({"kind": "wake", "fleet_id": other}))
+    (tmp_path / "up-4001.json").write_bytes(orjson.dumps({"fleet_id": mine}))  # a fleet file: never
+    # not one of its supervisors' ports
+    (tmp_path / "wake-4003.json").write_bytes(orjson.dumps({"kind": "wake", "fleet_id": mine}))
+    moved = archive_fleet_records(tmp_path, {4001, 4002}, mine)
+    assert moved == [tmp_path / "runs" / mine / "sleep-4001.json"]
+    left = {p.name for p in tmp_path.iterdir()}
+    assert left == {"runs", "wake-4002.json", "up-4001.json", "wake-4003.json"}

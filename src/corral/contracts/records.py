@@ -135,7 +135,7 @@ class ChangeRecord(OpenWireModel):
     outcome: str = ""
     reason: str = ""
     router: str | None = None
-    # the fleet (and run of it) the record belongs to (corral.fleet.fleet_identity): `corral up` makes
+    # the fleet (and run of it) the record belongs to (corral.fleet_identity): `corral up` makes
     # both; None: a fleet that names none. A record without the field is from before issue 32.
     fleet_id: str | None = None
     fleet_run: str | None = None

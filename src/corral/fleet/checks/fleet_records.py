@@ -1,7 +1,7 @@
 """The change records of a local fleet's port that are that fleet's own, for `corral status`: the newest
 of them (its last change) and, for every record there that is another fleet's (or names none), the line
 saying so. Status only shows: a record that is not the fleet's is left out and named, never refused
-(`corral verify` and `corral rollback` refuse one: corral.fleet.fleet_identity.check_owner)."""
+(`corral verify` and `corral rollback` refuse one: corral.fleet_identity.check_owner)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.fleet.checks.change_record import read_record
-from corral.fleet.fleet_identity import FleetIdentity, ForeignRecord, check_owner
+from corral.fleet_identity import FleetIdentity, ForeignRecord, check_owner
 
 KINDS = ("verify", "rollout", "rollback")
 

@@ -21,7 +21,7 @@ from corral.clients.access import ENGINE_KEY_ENV, ENGINE_KEY_FLAG, FleetAccess, 
 from corral.clients.router import RouterAdminClient
 from corral.contracts.router import FleetEndpoint, ModelPairs
 from corral.engine.metrics_text import Sample, samples
-from corral.fleet.fleet_identity import FleetIdentity, FleetIdError
+from corral.fleet_identity import FleetIdentity, FleetIdError
 from corral.router.edge.admin_access import is_loopback_host
 from corral.state_home import local_fleet_file, read_supervisor_token
 from corral.supervisor_tokens import TokenFileError, read_management_token

@@ -38,7 +38,7 @@ from corral.fleet.checks.observe import (
 from corral.fleet.checks.probe import FleetTarget, FleetView, TargetError, look, read_token
 from corral.fleet.checks.verify import FAIL, NOT_MEASURED, PASS, Check, Expectations, run_checks
 from corral.fleet.checks.verify_memory import memory_deltas
-from corral.fleet.fleet_identity import FleetIdentity, ForeignRecord, check_owner
+from corral.fleet_identity import FleetIdentity, ForeignRecord, check_owner
 
 _COLOUR = {PASS: "green", FAIL: "red", NOT_MEASURED: "magenta"}
 

@@ -41,7 +41,6 @@ import orjson
 from corral.atomic_file import write_atomically
 from corral.bundle_spec import BundleSpec
 from corral.child_process import ChildProcess, LineSink
-from corral.fleet.fleet_identity import FleetIdentity
 from corral.fleet.local.adapters import AdapterCarryFailed, carry_adapters, desired_adapters
 from corral.fleet.local.kv_events import kv_events_args
 from corral.fleet.local.ownership import RecordedProcess
@@ -52,6 +51,7 @@ from corral.fleet.local.roles import (
     role_marker,
     supervisor_args_for,
 )
+from corral.fleet_identity import FleetIdentity
 
 LOOPBACK = "127.0.0.1"
 SLEEP_MODE_FLAG = "--enable-sleep-mode"  # vLLM's, which the simulator takes too
@@ -184,6 +184,9 @@ class LocalFleet:
         self.control_url: str | None = None
         self.token_file: Path | None = None
         self._next_engine = 0
+        # every supervisor port the fleet ever ran (retired groups' too): where `corral sleep|wake|…`
+        # kept their records (`KIND-SUPERVISORPORT.json`), archived with the fleet's own
+        self.supervisor_ports: set[int] = set()
         self._next_group = 0
         reserve(spec.router_port)  # the router binds it after the engines start: none of them gets it
 
@@ -217,6 +220,7 @@ class LocalFleet:
         # behind a gate the engine listens on loopback only: its dev endpoints stay off the network
         engine_host = LOOPBACK if spec.gate else host
         engine_port, supervisor_port = free_port(engine_host), free_port(host)
+        self.supervisor_ports.add(supervisor_port)
         engine_url = f"http://{engine_host}:{engine_port}"
         sim = [sys.executable, "-m", "corral", "sim", "--host", engine_host, "--port", str(engine_port)]
         sim += ["--model", spec.model, "--seed", str(i), *engine_args_for(role, bundle.engine_args)]

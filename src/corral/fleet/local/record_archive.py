@@ -6,7 +6,7 @@ had no chance to).
 
 Each record goes by one rename (`os.replace`, same file system): it is at its old path or its new one,
 never half of it in either. A record's folder is its own `fleet_id` when that is a fleet name
-(`corral.fleet.fleet_identity.FLEET_ID`), else `unowned` (a record from before records named their
+(`corral.fleet_identity.FLEET_ID`), else `unowned` (a record from before records named their
 fleet, or one whose fleet_id could climb out of the archive); a name already taken there gets the
 record's modification time and a number.
 """
@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from corral.fleet.checks.change_record import read_record
-from corral.fleet.fleet_identity import FLEET_ID
+from corral.fleet_identity import FLEET_ID
 
 RECORD_KINDS = ("verify", "rollout", "rollback")
 UNOWNED = "unowned"
@@ -62,4 +62,20 @@ def archive_port_records(state_dir: Path, port: int) -> list[Path]:
         target = _free_name(folder, record)
         os.replace(record, target)
         moved.append(target)
+    return moved
+
+
+def archive_fleet_records(state_dir: Path, ports: set[int], fleet_id: str) -> list[Path]:
+    """Move the records of `fleet_id` kept under its supervisors' ports (`KIND-PORT.json`, any kind
+    but the fleet files `up-PORT.*`) into runs/<fleet_id>/; another fleet's stay. Raises OSError."""
+    moved: list[Path] = []
+    folder = runs_dir(state_dir) / fleet_id
+    for port in sorted(ports):
+        for record in sorted(state_dir.glob(f"*-{port}.json")):
+            if record.name.startswith("up-") or (read_record(record) or {}).get("fleet_id") != fleet_id:
+                continue
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            target = _free_name(folder, record)
+            os.replace(record, target)
+            moved.append(target)
     return moved

@@ -25,14 +25,14 @@ from corral.aio import run
 from corral.bundle_spec import BundleError, load_bundle
 from corral.clients.access import RouterAdminError
 from corral.fleet.checks.status import fetch_fleet, summary_line
-from corral.fleet.fleet_identity import FleetIdentity
 from corral.fleet.local.control import FleetControl, write_token_file
 from corral.fleet.local.fleet import FleetSpec, LocalFleet
 from corral.fleet.local.fleet_config import FleetConfigError, config_bundle, load_fleet_config, up_values
 from corral.fleet.local.ownership import FleetFiles, FleetInUse
 from corral.fleet.local.ports import port_problem
-from corral.fleet.local.record_archive import archive_port_records
+from corral.fleet.local.record_archive import archive_fleet_records, archive_port_records
 from corral.fleet.local.roles import RoleCountError, role_groups
+from corral.fleet_identity import FleetIdentity
 from corral.state_home import corral_state_dir, state_dir_problem
 from corral.supervisor.lifecycle.config import is_loopback
 
@@ -119,6 +119,7 @@ def up_fleet(
         note = files.claim()
     except FleetInUse as exc:
         _bad_input(str(exc))
+    fleet: LocalFleet | None = None
     try:
         if note is not None:
             console.print(note, markup=False)
@@ -135,15 +136,20 @@ def up_fleet(
         code = run(_up(fleet, files.control_token_file, console))
     finally:
         # before the lock goes: the next fleet on this port starts with none of this one's records
-        _archive_records(files, console, "this fleet's")
+        _archive_records(files, console, "this fleet's", fleet)
         files.release()  # ours: claimed above, so no other fleet's files
     raise SystemExit(code)
 
 
-def _archive_records(files: FleetFiles, console: Console, whose: str) -> None:
-    """Move the port's change records into the runs archive, saying where; a failure is a warning."""
+def _archive_records(
+    files: FleetFiles, console: Console, whose: str, fleet: LocalFleet | None = None
+) -> None:
+    """Move the port's change records (and those `fleet`'s supervisors kept) into the runs archive,
+    saying where; a failure is a warning."""
     try:
         moved = archive_port_records(files.state_dir, files.port)
+        if fleet is not None and fleet.identity.id is not None:
+            moved += archive_fleet_records(files.state_dir, fleet.supervisor_ports, fleet.identity.id)
     except OSError as exc:
         console.print(
             f"warning: could not archive the change records of port {files.port} "

@@ -29,12 +29,12 @@ from corral.fleet.checks.change_record import (
     read_record,
     write_record,
 )
-from corral.fleet.fleet_identity import FleetIdentity, FleetIdError, ForeignRecord, check_owner
 from corral.fleet.rollout.base import RolloutBase
 from corral.fleet.rollout.canary import CanarySettings
 from corral.fleet.rollout.hosts import HostRollout
 from corral.fleet.rollout.paired import PairedRollout
 from corral.fleet.rollout.steps import RolloutJob, RolloutSettings, Step
+from corral.fleet_identity import FleetIdentity, FleetIdError, ForeignRecord, check_owner
 from corral.state_home import local_fleet_file, read_supervisor_token
 
 

@@ -23,7 +23,8 @@ from corral.clients.supervisor import OperationStillRunning, SupervisorClient
 from corral.contracts.operations import OperationRecord, OperationRequest
 from corral.contracts.records import ChangeRecord
 from corral.contracts.wire import first_message
-from corral.state_home import corral_state_dir, supervisor_token_for
+from corral.fleet_identity import FleetIdentity, FleetIdError
+from corral.state_home import corral_state_dir, fleet_listing, supervisor_token_for
 from corral.supervisor_tokens import TokenFileError, read_management_token
 
 
@@ -100,6 +101,19 @@ def change_record_file(kind: str, url: str) -> Path:
     return corral_state_dir() / f"{kind}-{port}.json"
 
 
+def _fleet_stamp(url: str) -> dict[str, str | None]:
+    """The fleet id and run of the local fleet (`corral up`) that lists this supervisor, for its
+    record (`corral.fleet_identity`); nothing for a supervisor no fleet file lists."""
+    found = fleet_listing(url, corral_state_dir())
+    if found is None:
+        return {}
+    try:
+        return FleetIdentity.of_fleet_file(found[1], str(found[0])).stamp()
+    except FleetIdError as exc:
+        say(f"the record names no fleet: {exc}")
+        return {}
+
+
 def keep_change_record(url: str, record: OperationRecord) -> None:
     """The operation's change record (in its result) written to `change_record_file`, and its path
     printed; a supervisor that sent none, or a record off the schema, is said so and nothing written."""
@@ -109,7 +123,7 @@ def keep_change_record(url: str, record: OperationRecord) -> None:
         return
     path = change_record_file(record.kind, url)
     try:
-        change = ChangeRecord.model_validate(body)
+        change = ChangeRecord.model_validate({**body, **_fleet_stamp(url)})
         write_atomically(path, orjson.dumps(change.to_file(), option=orjson.OPT_INDENT_2))
     except ValidationError as exc:
         say(f"the operation's change record does not match the schema ({first_message(exc)}); not written")
