@@ -226,7 +226,9 @@ def derive(config: CorralDeployment) -> Budgets:
             f"{_g(attempt_s)}) + backoffs {_g(sum(backoffs))})",
         )
     )
-    dependency_s = config.dependencies.timeout_seconds if config.dependencies.wait_for else 0.0
+    # the preload daemon is a dependency too: the supervisor waits for its /health under the same deadline
+    waits = bool(config.dependencies.wait_for) or config.preload.enabled
+    dependency_s = config.dependencies.timeout_seconds if waits else 0.0
     max_backoff = max(backoffs, default=0.0)
     window = startup_window_seconds(
         dependency_s, startup_timeout, s.restarts, max_backoff, d.engine_shutdown_seconds
@@ -321,6 +323,14 @@ def derive(config: CorralDeployment) -> Budgets:
         )
     )
     warnings: list[str] = []
+    daemon_load = read_s + s.process_start_seconds + s.quantization_seconds
+    if config.preload.enabled and config.dependencies.timeout_seconds < daemon_load:
+        warnings.append(
+            f"preload: the daemon loads from disk in about {_g(daemon_load)} s (read {_g(read_s)} + process "
+            f"{_g(s.process_start_seconds)} + quantization {_g(s.quantization_seconds)}) but "
+            f"dependencies.timeout_seconds is {_g(config.dependencies.timeout_seconds)}: the supervisor "
+            "gives up on it first; raise dependencies.timeout_seconds"
+        )
     if rollout.max_surge == 0 and rollout.max_unavailable >= config.replicas:
         warnings.append(
             f"no spare GPUs and {config.replicas} replica(s): a rollout stops every engine before the new "

@@ -9,6 +9,7 @@ from __future__ import annotations
 from corral.k8s.render.budgets import Budgets
 from corral.k8s.render.config import CorralDeployment
 from corral.k8s.render.kv_events_plan import any_on
+from corral.k8s.render.preload_config import engine_loader_args, supervisor_preload_args
 from corral.pod_labels import DEPLOYMENT_LABEL, ROLE_LABEL
 from corral.supervisor_defaults import DEFAULT_UNANSWERED_SECONDS
 
@@ -128,7 +129,16 @@ def engine_argv(config: CorralDeployment) -> list[str]:
         str(e.pipeline_parallel_size),
         *e.args,
         *(["--enable-lora"] if e.lora and "--enable-lora" not in e.args else []),
+        *engine_loader_args(config.preload),
     ]
+
+
+def preload_args(config: CorralDeployment) -> list[str]:
+    """--preload-command and --preload-health when `preload.enabled` (k8s/render/preload_config)."""
+    e = config.engine
+    return supervisor_preload_args(
+        config.preload, config.model.path, config.model.revision, e.tensor_parallel_size, e.args
+    )
 
 
 def supervisor_argv(config: CorralDeployment, budgets: Budgets, extra: tuple[str, ...] = ()) -> list[str]:
@@ -180,6 +190,7 @@ def supervisor_argv(config: CorralDeployment, budgets: Budgets, extra: tuple[str
         *startup_failure_args(config),
         *precheck_args(config),
         *lora_args(config),
+        *preload_args(config),
         *extra,
         "--",
         *engine_argv(config),

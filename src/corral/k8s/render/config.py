@@ -15,6 +15,8 @@ from corral.k8s.render.images_config import ImagesSpec, fill_default_images
 from corral.k8s.render.kv_events_config import KvEventsSpec
 from corral.k8s.render.monitoring_config import MonitoringSpec
 from corral.k8s.render.pd_config import PdSpec
+from corral.k8s.render.preload_config import PreloadSpec
+from corral.k8s.render.preload_config import problems as preload_problems
 from corral.policy_names import POLICY_NAMES
 from corral.redaction import is_secret_name, redact_argv
 from corral.supervisor_defaults import DEFAULT_UNANSWERED_SECONDS
@@ -571,6 +573,11 @@ class CorralDeployment(_Section):
         description="the engines' KV-cache events to the routers: {enabled, port, replay_port} (on where "
         "the config allows it; render says why per engine group)",
     )
+    preload: PreloadSpec = Field(
+        default_factory=PreloadSpec,
+        description="vLLM's weight-cache daemon in every engine pod: {enabled, mode, fallback, "
+        "health_port} (off)",
+    )
     pd: PdSpec | None = Field(
         default=None,
         description="a prefill/decode fleet: {kv_transfer_config, side_channel_port, prefill: {replicas, "
@@ -586,6 +593,15 @@ class CorralDeployment(_Section):
     @classmethod
     def _label_syntax(cls, labels: dict[str, str]) -> dict[str, str]:
         return _check_labels(labels)
+
+    @model_validator(mode="after")
+    def _preload_fits(self) -> CorralDeployment:
+        found = preload_problems(self.preload, self.engine.args, self.engine.pipeline_parallel_size)
+        if self.preload.enabled and self.pd is not None:
+            found.append("preload is not rendered for a prefill/decode fleet; turn preload off or drop pd")
+        if found:
+            raise ValueError("preload: " + "; ".join(found))
+        return self
 
     @property
     def token_secret(self) -> str:
