@@ -20,8 +20,8 @@ from corral.router.routing.peer_follower import PeerFollower, PeerFollowers
 from corral.router.routing.peer_wire import MAX_PAGE_BYTES, MAX_PAGE_PICKS, PEER_PICKS_PATH
 from corral.router.routing.prompt import MAX_KEYS
 from corral.router.routing.worker_journal import WorkerJournals
-from tests.integration.test_router_passthrough import SIM_ARGS, wait_routable
-from tests.integration.test_router_workers_prefix import ask
+from tests.integration.test_router_passthrough import SIM_ARGS
+from tests.support.prefix_routers import ask, prefix_router_args, until_serving
 from tests.support.procs import CorralProcess, free_port, start_sim
 from tests.unit.test_worker_journal import Worker
 
@@ -134,13 +134,10 @@ async def test_a_router_keeps_routing_beside_a_peer_that_floods_or_stalls(
     token.write_text("secret")
     sim, engine = await asyncio.to_thread(start_sim, None, *SIM_ARGS)
     port = free_port()
-    args = ["router", "--host", "127.0.0.1", "--port", str(port), "--workers", "1", "--policy", "prefix"]
-    args += ["--backend", engine, "--peer", hostile_peer.url, "--peer-token-file", str(token)]
-    router = CorralProcess(args)
+    router = CorralProcess(prefix_router_args(port, [engine], peers=[hostile_peer.url], token=token))
     url = f"http://127.0.0.1:{port}"
     try:
-        await asyncio.to_thread(router.wait_http, url + "/livez")
-        await asyncio.to_thread(wait_routable, router, url, 1)
+        await asyncio.to_thread(until_serving, router, url, 1)
         for how in ("too-large-chunked", "slow", "garbage", "too-many-picks"):
             hostile_peer.how = how
             asked = hostile_peer.asked

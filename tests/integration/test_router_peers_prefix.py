@@ -15,34 +15,20 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_router_passthrough import SIM_ARGS, wait_routable
+from tests.integration.test_router_passthrough import SIM_ARGS
 from tests.integration.test_router_prefix import cache_counters
-from tests.integration.test_router_workers_prefix import ask, served_by_worker
+from tests.support.prefix_routers import (
+    ask,
+    prefix_router_args,
+    served_by_worker,
+    start_peered_routers,
+    until_serving,
+)
 from tests.support.procs import CorralProcess, free_port, start_sim
 from tests.support.waits import wait_until
 
 GROUPS = 7
 ROUNDS = 4
-
-
-def start_routers(
-    engines: list[str], token: Path | None, workers: tuple[int, int] = (1, 1)
-) -> list[tuple[CorralProcess, str]]:
-    """Two routers of `workers` processes each, `--peer` each other when `token` is given."""
-    ports = [free_port(), free_port()]
-    routers: list[tuple[CorralProcess, str]] = []
-    for (mine, theirs), count in zip((ports, ports[::-1]), workers, strict=True):
-        args = ["router", "--host", "127.0.0.1", "--port", str(mine), "--workers", str(count)]
-        args += ["--policy", "prefix", "--models-refresh-seconds", "0.5"]
-        for engine in engines:
-            args += ["--backend", engine]
-        if token is not None:
-            args += ["--peer", f"http://127.0.0.1:{theirs}", "--peer-token-file", str(token)]
-        routers.append((CorralProcess(args), f"http://127.0.0.1:{mine}"))
-    for proc, url in routers:
-        proc.wait_http(url + "/livez")
-        wait_routable(proc, url, len(engines))
-    return routers
 
 
 def fleet(url: str) -> dict[str, Any]:
@@ -114,7 +100,7 @@ def test_two_replicas_keep_each_prompt_group_on_one_engine_only_when_peered(
     args = (*SIM_ARGS[:-2], "--max-model-len", "2048")
     sims = [start_sim(None, *args) for _ in range(3)]
     engines = [url for _, url in sims]
-    routers = start_routers(engines, token if peered else None, workers)
+    routers = start_peered_routers(engines, token if peered else None, workers)
     urls = [url for _, url in routers]
     try:
         placed = split_between_routers(engines, urls, peered)
@@ -144,7 +130,7 @@ def test_the_peer_route_needs_the_token_and_says_nothing_without_it(tmp_path: Pa
     token = tmp_path / "peer.token"
     token.write_text("the-right-secret\n")
     sim, engine = start_sim(None, *SIM_ARGS)
-    routers = start_routers([engine], token)
+    routers = start_peered_routers([engine], token)
     url = routers[0][1]
     try:
         ask(url, 0, 0)
@@ -189,11 +175,9 @@ def test_a_router_given_its_own_url_as_a_peer_stops_asking_itself(tmp_path: Path
     sim, engine = start_sim(None, *SIM_ARGS)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    args = ["router", "--host", "127.0.0.1", "--port", str(port), "--workers", "1", "--policy", "prefix"]
-    router = CorralProcess([*args, "--backend", engine, "--peer", url, "--peer-token-file", str(token)])
+    router = CorralProcess(prefix_router_args(port, [engine], peers=[url], token=token))
     try:
-        router.wait_http(url + "/livez")
-        wait_routable(router, url, 1)
+        until_serving(router, url, 1)
         ask(url, 0, 0)
         wait_until(lambda: bool(following_of(url)["itself"]), 10.0, "the router to know itself")
         assert following_of(url)["applied"] == 0

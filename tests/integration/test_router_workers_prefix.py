@@ -5,55 +5,21 @@ from the simulators' own prefix-cache counters, not from the router."""
 
 from __future__ import annotations
 
-import json
-import urllib.request
-
-from corral.engine.metrics_text import samples
-from tests.integration.test_router_passthrough import SIM_ARGS, start_router
+from tests.integration.test_router_passthrough import SIM_ARGS
 from tests.integration.test_router_prefix import cache_counters
+from tests.support.prefix_routers import ask, served_by_worker, start_prefix_router
 from tests.support.procs import start_sim
 from tests.support.waits import wait_until
 
-SYSTEM = "You answer questions about the tides and the sea. " * 12  # ~600 characters
 GROUPS = 7
 ROUNDS = 6
-
-
-def ask(router: str, group: int, turn: int) -> None:
-    """One chat completion on a connection of its own (urllib opens one per request)."""
-    body = {
-        "model": "sim-model",
-        "messages": [
-            {"role": "system", "content": f"Group {group}. {SYSTEM}"},
-            {"role": "user", "content": f"turn {turn}: what is the tide at noon?"},
-        ],
-        "max_tokens": 2,
-    }
-    request = urllib.request.Request(
-        router + "/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"content-type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=10) as resp:
-        resp.read()
-        assert resp.status == 200
-
-
-def served_by_worker(router: str) -> dict[str, float]:
-    with urllib.request.urlopen(router + "/metrics", timeout=10) as resp:
-        page = resp.read().decode()
-    served: dict[str, float] = {}
-    for sample in samples(page, ("corral_router_requests_total",), strict=True):
-        worker = sample.labels["worker"]
-        served[worker] = served.get(worker, 0.0) + sample.value
-    return served
 
 
 def test_two_workers_keep_each_prompt_group_on_one_engine() -> None:
     args = (*SIM_ARGS[:-2], "--max-model-len", "2048")
     sims = [start_sim(None, *args) for _ in range(3)]
     engines = [url for _, url in sims]
-    router, url = start_router(*engines, extra=("--workers", "2", "--policy", "prefix"))
+    router, url = start_prefix_router(engines, workers=2)
     try:
         placed: dict[int, list[str]] = {g: [] for g in range(GROUPS)}
         before = [cache_counters(e)[0] for e in engines]
