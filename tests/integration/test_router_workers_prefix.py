@@ -42,8 +42,9 @@ def test_two_workers_keep_each_prompt_group_on_one_engine() -> None:
         assert set(served) == {"w1", "w2"} and min(served.values()) >= 5, served  # both workers took some
         split = {g: sorted(set(where)) for g, where in placed.items() if len(set(where)) > 1}
         assert not split, f"groups served by more than one engine: {split}"
-        # placed as one router places them: new groups dealt over every engine
-        assert len({where[0] for where in placed.values()}) == len(engines), placed
+        # placed as one router places them: new groups dealt over the engines, not piled on one (how
+        # evenly is the engines' load scrapes' to say, and varies from run to run, as for peered replicas)
+        assert len({where[0] for where in placed.values()}) > 1, placed
     finally:
         router.stop()
         for proc, _ in sims:
