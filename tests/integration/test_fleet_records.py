@@ -102,6 +102,14 @@ def test_a_new_fleet_on_the_port_refuses_the_records_of_the_one_before(tmp_path:
         assert "move it away" in said and "--record PATH" in said, out
         assert verify_path.read_bytes() == old_verify  # not judged by it, not overwritten
 
+        # a rollout of this fleet writes its own record; the earlier fleet's goes to the archive
+        code, out = _corral(tmp_path, "rollout", "--port", str(port), "--to", str(bundle))
+        assert code == 0, out
+        assert f"{rollout_path} was another fleet's record: archived as {archived}" in out, out
+        assert orjson.loads(rollout_path.read_bytes())["fleet_id"] == new_id
+        assert [p.read_bytes() for p in archived.glob("rollout-*.json")] == [old_rollout, old_rollout]
+        rollout_path.write_bytes(old_rollout)
+
         # status shows this fleet's last change only, and names what it left out
         code, out = _corral(tmp_path, "status", "--port", str(port), "--json")
         shown = orjson.loads(out)

@@ -55,14 +55,16 @@ def _free_name(folder: Path, record: Path) -> Path:
 def archive_port_records(state_dir: Path, port: int) -> list[Path]:
     """Move the port's change records into the runs archive; returns where they went. Raises OSError
     (the records not yet moved stay where they were)."""
-    moved: list[Path] = []
-    for record in port_records(state_dir, port):
-        folder = archive_folder(state_dir, record)
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        target = _free_name(folder, record)
-        os.replace(record, target)
-        moved.append(target)
-    return moved
+    return [archive_record(state_dir, record) for record in port_records(state_dir, port)]
+
+
+def archive_record(state_dir: Path, record: Path) -> Path:
+    """Move one record into runs/<its fleet_id or unowned>/; returns where it went. Raises OSError."""
+    folder = archive_folder(state_dir, record)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    target = _free_name(folder, record)
+    os.replace(record, target)
+    return target
 
 
 def archive_fleet_records(state_dir: Path, ports: set[int], fleet_id: str) -> list[Path]:

@@ -29,6 +29,7 @@ from corral.fleet.checks.change_record import (
     read_record,
     write_record,
 )
+from corral.fleet.local.record_archive import archive_record
 from corral.fleet.rollout.base import RolloutBase
 from corral.fleet.rollout.canary import CanarySettings
 from corral.fleet.rollout.hosts import HostRollout
@@ -187,12 +188,29 @@ def _execute(
             return await rollout.run()
 
     record = run(go()).model_copy(update=ref.identity.stamp())  # this fleet's record, and no other's
+    _keep_anothers(path, ref.identity, console)
     write_record(path, record)
     console.print(_summary(record.to_file()))
     colour = "green" if record.outcome == "succeeded" else "red"
     console.print(f"[{colour}]{record.outcome}[/{colour}]: {record.reason}", markup=True)
     console.print(f"change record: {path}")
     raise SystemExit(0 if record.outcome == "succeeded" else 1)
+
+
+def _keep_anothers(path: Path, fleet: FleetIdentity, console: Console) -> None:
+    """A record of another fleet where this one's goes is moved into the runs archive, not overwritten."""
+    body = read_record(path)
+    if body is None:
+        return
+    try:
+        check_owner(body, str(path), fleet, "")
+    except ForeignRecord:
+        try:
+            where = archive_record(path.parent, path)
+        except OSError as exc:
+            console.print(f"warning: replacing {path}, another fleet's record ({exc.strerror or exc})")
+            return
+        console.print(f"{path} was another fleet's record: archived as {where}", markup=False)
 
 
 def _fleet_options(fleet: Path | None, port: int) -> str:
