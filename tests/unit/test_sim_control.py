@@ -50,6 +50,11 @@ async def _running(engine: Engine, n: int) -> None:
     raise AssertionError(f"{n} requests never ran")
 
 
+async def _parked(*jobs: Job) -> None:
+    """Until every one of `jobs` waits on its resume future (frozen by a `keep` sleep)."""
+    await eventually(lambda: all(job.req.resumed is not None for job in jobs), "the requests to freeze")
+
+
 @pytest.fixture
 async def parts() -> AsyncIterator[tuple[Engine, EngineControl, io.StringIO]]:
     yield _make()
@@ -117,7 +122,8 @@ async def test_keep_mode_freezes_in_flight_and_resumes_them_after_wake(
     await first.wait()
     await _running(engine, 2)
     await control.sleep(0, "keep")
-    await asyncio.sleep(0.4)  # far longer than the 30 tokens x 5 ms they need
+    # both park on their resume future: from there only a wake moves them, whatever the clock does
+    await _parked(streamed, completed)
     assert not s.done() and not c.done()
     control.release_kv_cache()  # frozen requests will prefill again
     assert control.wake_up(None)
