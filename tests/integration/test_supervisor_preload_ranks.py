@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
+from pathlib import Path
 
 from tests.integration.test_sim_preload import load_source
 from tests.integration.test_supervisor_preload import daemon_command
@@ -55,6 +57,36 @@ def test_a_lost_daemon_rank_is_named_and_the_pair_restarted() -> None:
         assert f"preload daemon rank 1 (pid {rank1}) died" in failed["reason"], failed
         assert f"the daemon (pid {daemon_pid}) was stopped" in failed["reason"], failed
         assert body["engine_evidence"]["preload_exit"]["count"] >= 1, body["engine_evidence"]
+    finally:
+        pids = sup.engine_pids()
+        sup.proc.stop(grace=20)
+        kill_leftovers(pids)
+
+
+def test_a_daemon_that_exits_before_it_is_healthy_is_restarted_not_waited_out(tmp_path: Path) -> None:
+    """A rank that dies while the daemon loads makes vLLM's launcher exit (its startup loop); the
+    supervisor restarts the daemon at once instead of waiting out --dependency-timeout for its /health."""
+    socket = short_tmp_dir() / "wc.sock"
+    health_port = free_port()
+    once = tmp_path / "failed-once"
+    script = f"[ -e {once} ] || {{ touch {once}; exit 3; }}; exec {daemon_command(health_port, socket)}"
+    loader = json.dumps({"socket_path": str(socket), "mode": "zero_copy", "fallback": True})
+    sup = start_supervised(
+        sim_args=("--load-format", "ipc_cache", "--model-loader-extra-config", loader),
+        sup_args=(
+            "--preload-command",
+            shlex.join(["sh", "-c", script]),
+            "--preload-health",
+            f"http://127.0.0.1:{health_port}/health",
+            "--dependency-timeout",
+            "600",
+        ),
+    )
+    try:
+        sup.wait_state("READY", 60)  # well inside the 600 s the gate would have waited
+        records = sup.oplog()
+        assert [r["exit_code"] for r in records if r["record"] == "preload_exited"] == [3], records
+        assert [r["record"] for r in records].count("preload_started") == 2
     finally:
         pids = sup.engine_pids()
         sup.proc.stop(grace=20)

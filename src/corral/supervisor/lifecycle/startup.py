@@ -5,6 +5,7 @@ budget; anything nothing here will fix ends FAILED for good."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
@@ -202,8 +203,21 @@ class EngineStartup:
                 StartingPhase.WAITING_DEPENDENCIES,
                 gates=[g.spec for g in self._sup.config.gates],
             )
+        waiting = asyncio.create_task(self._sup.gates.wait(self._sup.session), name="dependency-gates")
+        watched: set[asyncio.Task[Any]] = {waiting}
+        self._sup.watch_preload(watched)  # a daemon that dies before it is healthy: revived, not waited out
         try:
-            await self._sup.gates.wait(self._sup.session)
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in watched - {waiting}:
+                task.cancel()
+        if not waiting.done():
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
+            return await self.wait_gates()  # bounded: revive_preload gives up after --preload-restarts
+        try:
+            waiting.result()
         except GatesTimedOut as exc:
             self._sup.gate_log(str(exc))
             self._sup.fail_for_good(str(exc), gates=self._sup.gates.to_json())
