@@ -14,16 +14,10 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from corral.contracts.fleet_adapters import AdapterConflict, fleet_adapter_set
 from corral.contracts.supervisor import SupervisorState
 from corral.contracts.up import AddGroupRequest
-from corral.fleet.checks.adapters import (
-    AdapterConflict,
-    KeptAdapters,
-    adapter_baseline,
-    fleet_adapter_set,
-    last_adapters,
-    recorded_adapters,
-)
+from corral.fleet.checks.adapters import KeptAdapters, adapter_baseline, last_adapters, recorded_adapters
 from corral.fleet.checks.probe import EngineView, FleetTarget, FleetView
 from corral.fleet.checks.verify import FAIL, PASS, Expectations, check_adapters_kept
 from corral.k8s.render.budgets import derive

@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 API_KEY_FLAG = "--api-key"
 API_KEY_ENV = "VLLM_API_KEY"
@@ -129,3 +131,16 @@ def engine_api_key(argv: Sequence[str], environ: Mapping[str, str]) -> str | Non
     values = api_key_values(argv)
     chosen = values if values is not None else [environ.get(API_KEY_ENV, "")]
     return next((key for key in chosen if key), None)
+
+
+def loader_config(engine_argv: Sequence[str]) -> dict[str, Any]:
+    """The engine's `--model-loader-extra-config` JSON object (the weight cache's mode and socket); {}
+    when absent or not a JSON object."""
+    raw = serving_settings(engine_argv).get("model_loader_extra_config")
+    if not isinstance(raw, str):
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}

@@ -13,9 +13,9 @@ import aiohttp
 
 from corral.clients.calls import APIError
 from corral.clients.supervisor import OperationStillRunning, SupervisorClient
+from corral.contracts.fleet_adapters import AdapterConflict, fleet_adapter_set
 from corral.contracts.operations import LoadAdapterRequest
 from corral.contracts.supervisor import SupervisorState
-from corral.fleet.checks.adapters import AdapterConflict, fleet_adapter_set
 
 LOAD_SECONDS = 120.0  # one adapter's load operation on one supervisor
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")  # an operation id goes into /v1/operations/{id}

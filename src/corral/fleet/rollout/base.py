@@ -18,6 +18,7 @@ from corral.clients.access import RouterAdminError
 from corral.clients.calls import APIError
 from corral.clients.router import RouterAdminClient
 from corral.clients.supervisor import OperationStillRunning, SupervisorClient
+from corral.contracts.fleet_adapters import AdapterConflict, fleet_adapter_set
 from corral.contracts.operations import DrainRequest
 from corral.contracts.records import RolloutRecord
 from corral.contracts.router import FleetEndpoint
@@ -25,7 +26,7 @@ from corral.contracts.supervisor import SupervisorState
 from corral.contracts.traffic import WindowVerdict
 from corral.engine.gauge_source import sample_engines
 from corral.engine_state import EngineState
-from corral.fleet.checks.adapters import AdapterConflict, KeptAdapters, fleet_adapter_set
+from corral.fleet.checks.adapters import KeptAdapters
 from corral.fleet.checks.probe import FleetTarget, look
 from corral.fleet.checks.verify import FAIL, Expectations, run_checks
 from corral.fleet.engine_memory import memory_of

@@ -42,10 +42,10 @@ import aiohttp
 from corral.aio import cancel_tasks
 from corral.clients.calls import APIError
 from corral.clients.supervisor import OperationStillRunning, SupervisorClient
+from corral.contracts.fleet_adapters import AdapterConflict, fleet_adapter_set
 from corral.contracts.operations import LoadAdapterRequest
 from corral.contracts.supervisor import SupervisorState
 from corral.engine_state import EngineState
-from corral.fleet.checks.adapters import AdapterConflict, fleet_adapter_set
 from corral.router.membership.endpoint import Endpoint
 from corral.router.membership.membership import Membership
 

@@ -12,9 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from corral.engine.flags import serving_settings
+from corral.engine.flags import loader_config, serving_settings
 from corral.engine.weight_cache_log import MAPPED_LINE, WeightCacheLog
-from corral.supervisor.precheck.preload_pair import loader_config
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 
 from corral.contracts.supervisor import LeftoverReport
+from corral.engine.flags import loader_config
 from corral.supervisor.checks.leftovers import (
     KnownProcess,
     RssProxy,
@@ -26,7 +27,7 @@ from corral.supervisor.checks.leftovers import (
 from corral.supervisor.lifecycle.config import SupervisorConfig
 from corral.supervisor.lifecycle.engine_process import EngineProcess
 from corral.supervisor.lifecycle.preload import PreloadDaemon
-from corral.supervisor.precheck.preload_pair import loader_config, socket_dir
+from corral.supervisor.precheck.preload_pair import socket_dir
 
 
 def engine_processes(engine: EngineProcess | None) -> tuple[KnownProcess, ...]:

@@ -8,7 +8,6 @@ not state is reported "not stated" and is not compared (`preload_identity` says 
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import stat
@@ -17,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from corral.engine.flags import flag_value, serving_settings
+from corral.engine.flags import flag_value, loader_config, serving_settings
 from corral.engine.gpus import GpuDevice, read_gpus
 from corral.supervisor.precheck.check import CheckResult, Outcome
 from corral.supervisor.precheck.explain import Step, step_lines
@@ -45,17 +44,6 @@ _PAIRED: tuple[tuple[str, str, str | bool | None], ...] = (
     ("expert_parallel", "--enable-expert-parallel", False),
 )
 InstallReader = Callable[[Sequence[str], Mapping[str, str]], Install]
-
-
-def loader_config(engine_argv: Sequence[str]) -> dict[str, Any]:
-    raw = serving_settings(engine_argv).get("model_loader_extra_config")
-    if not isinstance(raw, str):
-        return {}
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
 
 
 def socket_dir(engine_argv: Sequence[str], daemon_argv: Sequence[str]) -> tuple[Path, str]:
