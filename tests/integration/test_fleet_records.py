@@ -22,6 +22,7 @@ def _up(port: int, state_home: Path) -> CorralProcess:
         ["up", "--port", str(port), "--engines", "1"], env={"XDG_STATE_HOME": str(state_home)}
     )
     wait_until(lambda: "router: " in proc.output() or proc.proc.poll() is not None, 90, "the router URL")
+    # the printed line is the contract: it tells the person where to connect
     assert "router: " in proc.output(), proc.output()
     return proc
 
@@ -74,6 +75,7 @@ def test_a_new_fleet_on_the_port_refuses_the_records_of_the_one_before(tmp_path:
     assert (archived / verify_path.name).read_bytes() == old_verify
     assert not sleep_path.exists() and (archived / sleep_path.name).exists()
     assert (archived / sleep_path.name.replace("sleep-", "wake-")).exists()
+    # the printed line is the contract: the operator is told where the old records went
     assert f"archived this fleet's change records: {archived / verify_path.name}" in first.output()
 
     second = _up(port, tmp_path)
