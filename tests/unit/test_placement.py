@@ -184,3 +184,35 @@ def test_graded_shares_place_by_the_same_rule() -> None:
     board.loads[b.url].running = 2
     assert scored.pick(endpoints, request(1)) is c
     assert holders.taught == [b.url, c.url]
+
+
+def test_a_holder_over_the_bound_keeps_its_prefix_until_two_requests_wait_there() -> None:
+    # one request waiting on the holder is less than the copy would cost: its prefill elsewhere and, on a
+    # cache at capacity, what it evicts there (issue 28: spilling at the first waiting request set off
+    # thrash cascades); two waiting is a queue deeper than one prefill
+    endpoints = fleet(4)
+    board = board_of(endpoints)
+    scored = policy(board, PrefixMemory())
+    home = scored.pick(endpoints, request(9))
+    home.in_flight = 3  # over ceil(2 * 4 / 4) = 2 with every other engine idle
+    board.loads[home.url].waiting = 1
+    assert scored.pick(endpoints, request(9, user=1)) is home
+    board.loads[home.url].waiting = 2
+    assert scored.pick(endpoints, request(9, user=2)) is not home
+
+
+def test_a_late_scrape_does_not_send_a_prompt_off_its_holder() -> None:
+    # the holder's figures are older than the board's staleness bound: they still say it has room, and a
+    # scrape running late (a busy host) confirms nothing, so the holder keeps its prefix
+    endpoints = fleet(4)
+    board = board_of(endpoints)
+    board.stale_after = 1.0
+    scored = policy(board, PrefixMemory())
+    home = scored.pick(endpoints, request(4))
+    home.in_flight = 3
+    for e in endpoints:
+        board.loads[e.url].at = time.monotonic() - 30.0  # every scrape late
+    assert board.fresh(home.url) is None
+    assert scored.pick(endpoints, request(4, user=1)) is home
+    board.loads[home.url].waiting = 5  # its last figures say it queues: that is a confirmation
+    assert scored.pick(endpoints, request(4, user=2)) is not home

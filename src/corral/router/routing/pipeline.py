@@ -12,11 +12,13 @@ endpoint handed the last new prefixes will serve their later turns), then by rin
 Placement of prompt prefixes (`placement="headroom"`, the default): a prompt goes to an endpoint that
 holds its prefix while that endpoint is within the load bound; a prefix no endpoint holds goes to the
 endpoint with the most headroom (the load scorers: queue, in-flight, free KV, recent picks); when
-every holder is over the bound and its engine confirms it is full (requests waiting, or its KV cache
-full), the prompt goes to the endpoint with the most headroom, which then holds the prefix too, so a
-hot prefix gains one more holder at a time and its later requests spread over its holders by load.
-An engine over the bound that reports room (nothing waiting) keeps its prefixes: a batching engine
-takes another request of a cached prefix at a fraction of the cost of a full prefill elsewhere."""
+every holder is over the bound and its engine confirms it is full (by its last figures: `SPILL_WAITING`
+requests waiting, or its KV cache full), the prompt goes to the endpoint with the most headroom, which
+then holds the prefix too, so a hot prefix gains one more holder at a time and its later requests spread
+over its holders by load. An engine over the bound that reports room (fewer waiting) keeps its prefixes:
+a batching engine takes another request of a cached prefix at a fraction of the cost of a full prefill
+elsewhere, and a copy evicts what the other engine serves. An engine with no figures yet is held to the
+bound alone."""
 
 from __future__ import annotations
 
@@ -65,6 +67,13 @@ TIE_TOKENS = 0.5
 RECENT_SHARE = 0.1
 # An engine whose KV cache is this full has no room for another prompt without preempting or evicting.
 KV_FULL = 0.95
+# An engine over the load bound keeps its prefixes while fewer than this many requests wait there. A copy
+# elsewhere costs the prompt's prefill there and, that engine's cache being full of what it serves, about
+# as much again when what it evicted is asked for: it pays only when the holder's queue is deeper than one
+# prefill. Spilling at the first waiting request (issues 17-28) set off cascades on caches at capacity —
+# one copy evicts a group, its next request misses and queues, which spills another: 7-25x the oracle's
+# TTFT p90 in 5 of 20 sweep draws (RESULTS.md, issue 28).
+SPILL_WAITING = 2
 
 
 class ScoredPolicy:
@@ -148,7 +157,6 @@ class ScoredPolicy:
     def within_bound(
         self,
         candidates: Sequence[Endpoint],
-        now: float,
         among: Sequence[Endpoint] | None = None,
         bound: int | None = None,
     ) -> list[Endpoint]:
@@ -159,14 +167,16 @@ class ScoredPolicy:
         among = candidates if among is None else among
         if not self._room_counts:
             return [e for e in among if e.host_in_flight < bound]
-        board = self.board
+        loads = self.board.loads
         pool = []
         for e in among:
             if e.host_in_flight < bound:
                 pool.append(e)
                 continue
-            load = board.fresh(e.url, now)
-            if load is not None and load.waiting == 0 and load.kv_usage < KV_FULL:
+            # the engine's last figures, however old: a scrape that is late confirms nothing (on a busy
+            # host, reading only fresh figures sent prompts off their holders whenever a scrape ran late)
+            load = loads.get(e.url)
+            if load is not None and load.waiting < SPILL_WAITING and load.kv_usage < KV_FULL:
                 pool.append(e)
         return pool
 
@@ -177,9 +187,9 @@ class ScoredPolicy:
         # a large fleet: the prompt's holders and ring home and a sample, not every endpoint (filters)
         bound = load_bound(candidates, self.eps)
         sample = candidates_for(candidates, self._random, lambda: favored(self._prefix, ctx, bound))
-        pool = self.within_bound(candidates, ctx.now, sample, bound)
+        pool = self.within_bound(candidates, sample, bound)
         if not pool:  # every one of the sample is over the bound (rare): all of them, as before
-            pool = self.within_bound(candidates, ctx.now, bound=bound)
+            pool = self.within_bound(candidates, bound=bound)
         return pool, ctx
 
     def _estimates(
