@@ -8,14 +8,12 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlparse
 
 import aiohttp
 import click
 import yaml
 from rich.console import Console
-from rich.table import Table
 
 from corral.aio import run
 from corral.bundle_spec import BundleError, BundleSpec, bundle_from_json, load_bundle, unrecorded_secrets
@@ -34,7 +32,8 @@ from corral.fleet.rollout.base import RolloutBase
 from corral.fleet.rollout.canary import CanarySettings
 from corral.fleet.rollout.hosts import HostRollout
 from corral.fleet.rollout.paired import PairedRollout
-from corral.fleet.rollout.steps import RolloutJob, RolloutSettings, Step
+from corral.fleet.rollout.progress import StepPrinter, summary_line
+from corral.fleet.rollout.steps import RolloutJob, RolloutSettings
 from corral.fleet_identity import FleetIdentity, FleetIdError, ForeignRecord, check_owner
 from corral.state_home import local_fleet_file, read_supervisor_token
 
@@ -130,29 +129,6 @@ def _read_token(where: object) -> str:
     return token
 
 
-def _print_step(console: Console) -> Any:
-    def observe(step: Step, finished: bool) -> None:
-        where = f"{step.step:<9} {step.group or '':<14}"
-        if not finished:
-            console.print(f"[dim]…[/dim] {where}", markup=True, highlight=False)
-            return
-        mark = "[green]✓[/green]" if step.ok else "[red]✗[/red]"
-        console.print(f"{mark} {where} {step.seconds:7.2f}s  {step.detail}", markup=True, highlight=False)
-
-    return observe
-
-
-def _summary(record: dict[str, Any]) -> Table:
-    table = Table(title=f"{record['kind']} {record['id']}: {record['outcome']}")
-    for column in ("step", "group", "seconds", "ok"):
-        table.add_column(column)
-    for step in record["steps"]:
-        table.add_row(
-            step["step"], step["group"] or "", f"{step['seconds']:.2f}", "yes" if step["ok"] else "NO"
-        )
-    return table
-
-
 def _execute(
     kind: str,
     target: BundleSpec,
@@ -169,7 +145,7 @@ def _execute(
     path = record_path or default_record_path(kind, ref.port)
     where = f"{len(ref.supervisors)} hosts, in place" if ref.supervisors else "local fleet"
     console.print(f"{kind} of {ref.router} ({where}) to bundle [bold]{target.name}[/bold]", markup=True)
-    observer = _print_step(console)
+    observer = StepPrinter(console)
 
     # the command that undoes this change: a rollback from this very record (it reads `from_bundles`)
     command = f"corral rollback --from-record {shlex.quote(str(path))} {fleet_options}"
@@ -190,9 +166,7 @@ def _execute(
     record = run(go()).model_copy(update=ref.identity.stamp())  # this fleet's record, and no other's
     _keep_anothers(path, ref.identity, console)
     write_record(path, record)
-    console.print(_summary(record.to_file()))
-    colour = "green" if record.outcome == "succeeded" else "red"
-    console.print(f"[{colour}]{record.outcome}[/{colour}]: {record.reason}", markup=True)
+    console.print(summary_line(record), markup=True)
     console.print(f"change record: {path}")
     raise SystemExit(0 if record.outcome == "succeeded" else 1)
 
