@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from corral.k8s.watch.client import PodApi
 from corral.openai_errors import error_response
 from corral.router.dashboard.feed import DashboardFeed
-from corral.router.dashboard.page import page_handler
+from corral.router.dashboard.page import DASHBOARD_PATH, page_handler, to_dashboard, wants_page
 from corral.router.datapath.aiohttp_exchange import AiohttpReply, AiohttpRequest
 from corral.router.datapath.proxy import Proxy, ProxyConfig
 from corral.router.datapath.retry_budget import RetryBudgetConfig
@@ -513,16 +513,23 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
         return error_response(
             404,
             f"The router has no {request.method} {request.path}; it serves the OpenAI POST paths "
-            "under /v1, /tokenize, /detokenize, and GET /health, /livez, /metrics, /v1/models, /v1/fleet.",
+            "under /v1, /tokenize, /detokenize, and GET /health, /livez, /metrics, /v1/models, /v1/fleet, "
+            f"and a browser's {DASHBOARD_PATH}.",
             "NotFoundError",
         )
+
+    async def root(request: web.Request) -> web.Response:
+        # a browser that opens the router's address gets the dashboard; `/` is an admin path
+        # (edge/admin_access.py), so it is refused exactly where the dashboard would be
+        return to_dashboard() if wants_page(request) else await not_found(request)
 
     app.router.add_get("/health", health)
     app.router.add_get("/livez", livez)
     app.router.add_get("/metrics", prometheus)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/fleet", fleet)
-    app.router.add_get("/dashboard", page_handler())
+    app.router.add_get("/", root)
+    app.router.add_get(DASHBOARD_PATH, page_handler())
     app.router.add_get("/dashboard/events", dashboard_feed.serve)
     if pick_log is not None:
         app.router.add_get(PEER_PICKS_PATH, peer_picks)

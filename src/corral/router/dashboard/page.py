@@ -1,4 +1,5 @@
-"""GET /dashboard and its static files, read once from the package's data."""
+"""GET /dashboard and its static files, read once from the package's data; and what a browser that
+opens the router's root (`/`) is sent to: the dashboard."""
 
 from __future__ import annotations
 
@@ -12,6 +13,22 @@ _TYPES = {"html": "text/html", "css": "text/css", "js": "text/javascript"}
 
 def _read(name: str) -> bytes:
     return files("corral.router.dashboard").joinpath("static", name).read_bytes()
+
+
+DASHBOARD_PATH = "/dashboard"
+
+
+def wants_page(request: web.Request) -> bool:
+    """Whether a GET is a browser's, which asks for HTML by name (`Accept: text/html,...`); curl's
+    `*/*` and API clients' `application/json` are not, and keep the router's JSON answers."""
+    accept = request.headers.get("Accept", "")
+    return any(part.split(";", 1)[0].strip().lower() == "text/html" for part in accept.split(","))
+
+
+def to_dashboard() -> web.Response:
+    """The root's answer to a browser: a redirect to the dashboard on the same listener (a relative
+    Location: the browser keeps the host and port it used, so it names nothing the page does not)."""
+    return web.Response(status=302, headers={"Location": DASHBOARD_PATH, "Cache-Control": "no-store"})
 
 
 def page_handler() -> Callable[[web.Request], Awaitable[web.Response]]:

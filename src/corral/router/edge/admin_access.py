@@ -1,4 +1,5 @@
-"""Who may read the router's admin routes (`/metrics`, `/v1/fleet`, and any control route added later).
+"""Who may read the router's admin routes (`/metrics`, `/v1/fleet`, `/dashboard` and its feed, `/`,
+which sends a browser to the dashboard, and any control route added later).
 
 The rule, per listener: a request is trusted when it carries `Authorization: Bearer <admin key>`
 (`--admin-key-file`), or when its peer is a loopback address, the listener it arrived on is bound to
@@ -28,7 +29,9 @@ from aiohttp import web
 from corral.http_host import foreign_origin, loopback_host
 from corral.openai_errors import error_response
 
-ADMIN_PATHS = frozenset({"/metrics", "/v1/fleet", "/dashboard", "/dashboard/events"})
+# "/" sends a browser to /dashboard, so it is guarded as the dashboard is: a visitor refused the page
+# is refused its address too, and with --admin-port both are on that port only
+ADMIN_PATHS = frozenset({"/", "/metrics", "/v1/fleet", "/dashboard", "/dashboard/events"})
 OPEN_PATHS = frozenset({"/health", "/livez"})  # probes: counts only, never a URL
 _SHOWN = 100  # characters of a refused header value shown back
 
