@@ -60,6 +60,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "rollback": Subcommand(
         "corral.fleet.rollout.cli:rollback", "Move a fleet back to the bundle its last rollout started from."
     ),
+    "load": Subcommand(
+        "corral.fleet.load.cli:load", "Send a bounded demo load to a router and count what failed."
+    ),
     "supervise": Subcommand(
         "corral.supervisor.cli:supervise", "Supervise one engine (the engine container's entrypoint)."
     ),
