@@ -32,7 +32,7 @@ from corral.fleet.rollout.base import RolloutBase
 from corral.fleet.rollout.canary import CanarySettings
 from corral.fleet.rollout.hosts import HostRollout
 from corral.fleet.rollout.paired import PairedRollout
-from corral.fleet.rollout.progress import StepPrinter, summary_line
+from corral.fleet.rollout.progress import StepPrinter, requests_line, summary_line
 from corral.fleet.rollout.steps import RolloutJob, RolloutSettings
 from corral.fleet_identity import FleetIdentity, FleetIdError, ForeignRecord, check_owner
 from corral.state_home import local_fleet_file, read_supervisor_token
@@ -167,6 +167,7 @@ def _execute(
     _keep_anothers(path, ref.identity, console)
     write_record(path, record)
     console.print(summary_line(record), markup=True)
+    console.print(requests_line(record), markup=True)
     console.print(f"change record: {path}")
     raise SystemExit(0 if record.outcome == "succeeded" else 1)
 

@@ -67,3 +67,19 @@ def summary_line(record: RolloutRecord) -> str:
         f"[{colour}]{record.kind} {record.id} {record.outcome}[/{colour}] in {seconds:.1f}s "
         f"({len(record.steps)} steps, {groups}): {escape(record.reason)}"
     )
+
+
+def requests_line(record: RolloutRecord) -> str:
+    """The requests the router answered during the change and how many failed, by its own counters
+    read at PRECHECK and at the end (rich markup); or why they were not counted."""
+    failures = record.request_failures
+    if failures is None:
+        why = next((line for line in record.not_measured if line.startswith("request failures:")), "")
+        return escape(f"requests during the {record.kind}: not counted ({why or 'no router totals'})")
+    during = failures.during
+    colour = "red" if during.errors else "green"
+    return (
+        f"requests during the {record.kind}: {during.requests} answered by the router, "
+        f"[{colour}]{during.errors} failed[/{colour}] ({during.stream_failures} streams cut; "
+        f"{during.abandoned} taken off a failed engine)"
+    )
