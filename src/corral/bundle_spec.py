@@ -6,11 +6,20 @@ one; `corral supervise --bundle FILE` declares one a host may be switched to.
                                                                        # command (hosts only)
     engine_args: ["--max-model-len", "8192"]      # added to the engine command
     env: {CORRAL_IMAGE: "registry.local/vllm:0.33.1"}
+    preload_command: ["/opt/vllm-0.33.1/bin/vllm", "preload", "--model", "/models/llama",
+                      "--weight-cache-health-port", "8100"]   # optional: this bundle's weight-cache
+                                                               # daemon (hosts run with --preload-command)
     fingerprint: 3f2a9c0d1e4b5a67     # optional: PRECHECK refuses a start of this bundle with another one
 
 The supervisor's bundle fingerprint (corral.supervisor.checks.bundle) is what identifies a running bundle;
 this file only says how to start one. Two bundles that start the same engine get the same fingerprint,
-whatever their names.
+whatever their names; a bundle's preload daemon is part of it (its command is one of the fingerprint's
+parts), so two bundles whose daemons differ differ too.
+
+`preload_command` is the daemon of that bundle, on the same vLLM as its engine: a switch to the bundle
+stops the engine, then the old daemon, starts this one and waits for its health (its cache rebuilt
+under the new version) before the engine starts from it (`corral.supervisor.lifecycle.preload_swap`).
+It answers on the host's `--preload-health` URL; without it the host's `--preload-command` runs.
 """
 
 from __future__ import annotations
@@ -50,6 +59,11 @@ class BundleSpec(BaseModel):
     command: tuple[str, ...] = Field(default=(), description="Replaces the engine command (hosts only).")
     engine_args: tuple[str, ...] = Field(default=(), description="Added to every engine's command.")
     env: dict[str, str] = Field(default_factory=dict, description="Set in every engine's environment.")
+    preload_command: tuple[str, ...] = Field(
+        default=(),
+        description="This bundle's weight-cache daemon (hosts started with --preload-command); it must "
+        "answer on the host's --preload-health URL.",
+    )
     fingerprint: str | None = Field(
         default=None,
         description="The fingerprint a start of this bundle must have (what `corral status` showed); "
@@ -83,6 +97,26 @@ class BundleSpec(BaseModel):
     def _command(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         return _no_secret_flag(value)
 
+    @field_validator("preload_command")
+    @classmethod
+    def _preload_command(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if value and not value[0].strip():
+            raise ValueError(f"{value[0]!r}: the first word is the daemon's program, e.g. vllm")
+        for word in value:
+            if "\0" in word:
+                raise ValueError(f"{word!r}: a NUL byte cannot be part of a command word")
+        pairs = zip(value, (*value[1:], ""), strict=True)
+        if any(w == "--load-format=ipc_cache" or (w, n) == ("--load-format", "ipc_cache") for w, n in pairs):
+            raise ValueError(
+                "--load-format ipc_cache: the daemon loads the weights from disk; only its engine "
+                "takes them from the cache"
+            )
+        return _no_secret_flag(value)
+
+    def preload_argv(self, base: tuple[str, ...]) -> tuple[str, ...]:
+        """The daemon of this bundle, given the host's --preload-command."""
+        return self.preload_command or base
+
     def argv(self, base: tuple[str, ...]) -> tuple[str, ...]:
         """The engine command of this bundle, given the command the engine was configured with."""
         return (*(self.command or base), *self.engine_args)
@@ -95,6 +129,8 @@ class BundleSpec(BaseModel):
         }
         if self.command:
             body["command"] = list(self.command)
+        if self.preload_command:
+            body["preload_command"] = list(self.preload_command)
         if self.fingerprint is not None:
             body["fingerprint"] = self.fingerprint
         return body
@@ -110,6 +146,8 @@ def bundle_record(bundle: BundleSpec) -> dict[str, Any]:
     body["env"] = redact_env(bundle.env)
     if bundle.command:
         body["command"] = redact_argv(bundle.command)
+    if bundle.preload_command:
+        body["preload_command"] = redact_argv(bundle.preload_command)
     return body
 
 
@@ -117,7 +155,7 @@ def unrecorded_secrets(bundle: BundleSpec) -> list[str]:
     """What a record masked in a bundle read back from it (`bundle_record`): the environment names, and
     `engine_args` or `command` when a secret in them was; such a bundle cannot start an engine."""
     masked = sorted(name for name, value in bundle.env.items() if value == MASK)
-    for part in ("engine_args", "command"):
+    for part in ("engine_args", "command", "preload_command"):
         if any(MASK in arg for arg in getattr(bundle, part)):
             masked.append(part)
     return masked

@@ -125,6 +125,11 @@ def start_supervisor(
     if (kv_problem := kv_transfer_problem(engine_command)) is not None:
         bad_input(f"the engine command's {kv_problem}")
     bundles = _read_bundles(bundle_files, bundle_name)
+    if not preload_argv and (daemon_bundle := next((b for b in bundles if b.preload_command), None)):
+        bad_input(
+            f"--bundle {daemon_bundle.name}: its preload_command needs a host that runs a daemon: pass "
+            "--preload-command (the daemon of the bundle the engine starts with) and --preload-health"
+        )
     strategy = _startup_failure_strategy(on_startup_failure, bundles, bundle_name)
     explain = precheck_flags.pop("explain")
     precheck = precheck_settings(precheck_flags)

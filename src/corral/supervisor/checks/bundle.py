@@ -23,7 +23,7 @@ import aiohttp
 import orjson
 
 from corral.engine.flags import serving_settings
-from corral.redaction import redact_json_text
+from corral.redaction import redact_argv, redact_json_text
 
 WHOLE_FILE_LIMIT = 16 * 1024 * 1024
 SAMPLE_BYTES = 1024 * 1024
@@ -93,9 +93,12 @@ def bundle_from(
     models: list[dict[str, Any]],
     image: str | None = None,
     hardware: dict[str, Any] | None = None,
+    preload: Sequence[str] = (),
 ) -> Bundle:
     """`hardware` (GPU model and count, from PRECHECK's parallel identity) is a part only when known,
-    so an engine whose GPUs nobody declared keeps the fingerprint it had."""
+    so an engine whose GPUs nobody declared keeps the fingerprint it had; `preload` (the weight-cache
+    daemon's command, secrets masked) likewise only when a daemon runs: a bundle is its engine and its
+    daemon."""
     command = command_parts(argv)
     base = sorted(str(m.get("id")) for m in models if not m.get("parent"))
     adapters = sorted(str(m.get("id")) for m in models if m.get("parent"))
@@ -108,6 +111,8 @@ def bundle_from(
     }
     if hardware is not None:
         parts["hardware"] = hardware
+    if preload:
+        parts["preload"] = redact_argv(preload)
     model = command.get("model")
     if isinstance(model, str) and Path(model).is_dir():
         parts["model_files"] = model_files_digest(Path(model))
@@ -121,6 +126,7 @@ async def read_bundle(
     request_seconds: float = 5.0,
     image: str | None = None,
     hardware: dict[str, Any] | None = None,
+    preload: Sequence[str] = (),
 ) -> Bundle:
     """Ask the engine for its version and models, then fingerprint; the image is `image` (the engine
     environment's $CORRAL_IMAGE) else our $CORRAL_IMAGE (set it in the pod spec to the image reference)."""
@@ -144,4 +150,4 @@ async def read_bundle(
         models = []
     # hashing model files reads the disk: off the event loop, which keeps serving probes meanwhile
     image = image if image is not None else os.environ.get("CORRAL_IMAGE")
-    return await asyncio.to_thread(bundle_from, argv, version, models, image, hardware)
+    return await asyncio.to_thread(bundle_from, argv, version, models, image, hardware, preload)

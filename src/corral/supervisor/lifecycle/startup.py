@@ -343,6 +343,7 @@ class EngineStartup:
                     self._sup.config.engine_argv,
                     image=artifact.image if artifact is not None else None,
                     hardware=artifact.hardware if artifact is not None else None,
+                    preload=self._sup.config.preload_argv,
                 )
                 self._sup.oplog.append("bundle", **self._sup.bundle.to_json())
                 self._identity_at_ready()

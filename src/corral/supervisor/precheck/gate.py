@@ -106,7 +106,7 @@ def _run_checks(
     settings: PrecheckSettings,
 ) -> tuple[list[CheckResult], Artifact | None]:
     gpus = read_inventory(argv, env, settings.declared_gpus)
-    artifact = read_artifact(argv, env, hardware_part(gpus))
+    artifact = read_artifact(argv, env, hardware_part(gpus), preload_argv)
     checks = [
         check_identity(artifact, settings.identity),
         parallel_identity(argv, gpus),

@@ -171,7 +171,10 @@ class Artifact:
 
 
 def read_artifact(
-    argv: Sequence[str], env: Mapping[str, str], hardware: dict[str, Any] | None = None
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    hardware: dict[str, Any] | None = None,
+    preload: Sequence[str] = (),
 ) -> Artifact:
     """The artifact of an engine command (blocking: may ask an interpreter and read model files).
     A bare simulated model costs nothing: no subprocess, no file read."""
@@ -179,7 +182,7 @@ def read_artifact(
     version, source = engine_version(argv, env)
     image = env.get("CORRAL_IMAGE")
     settings = serving_settings(argv)
-    bundle = bundle_from(argv, version, predicted_models(settings), image, hardware)
+    bundle = bundle_from(argv, version, predicted_models(settings), image, hardware, preload)
     model = settings.get("model")
     return Artifact(
         engine=kind,

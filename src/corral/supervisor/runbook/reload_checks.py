@@ -122,6 +122,7 @@ async def identity_after(
         sup.config.engine_argv,
         image=artifact.image if artifact is not None else None,
         hardware=artifact.hardware if artifact is not None else None,
+        preload=sup.config.preload_argv,
     )
     at_call = files_at_call.get("digest") if files_at_call is not None else None
     now = _digest(after)
