@@ -149,6 +149,8 @@ class ChangeRecord(OpenWireModel):
     forced_exits: list[ForcedExit] | None = None  # None: nothing could observe them
     # a runbook operation's: its engine's ranks before and after (None: a fleet record, or refused)
     ranks: RankChange | None = None
+    # a bundle switch's preload daemon, {before, after: {argv, version, pid}, replaced, why} (None: no daemon)
+    preload: dict[str, Any] | None = None
     not_measured: list[str] = Field(default_factory=list)  # sections nothing could measure, and why
 
     def to_file(self) -> dict[str, Any]:

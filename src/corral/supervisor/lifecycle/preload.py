@@ -7,7 +7,9 @@ A death the supervisor did not ask for is reported the moment it happens (`on_de
 `died` event); what follows it is `corral.supervisor.lifecycle.preload_recovery`'s. Its ranks are
 watched (`preload_ranks`): a rank process that dies leaves vLLM's parent running with `/health` 503,
 so the supervisor names the rank (`on_rank_lost`), stops the parent and treats it as the daemon's
-death. A disk fallback of the engine's weight load is recorded as `engine_evidence` (kind `fallback`, see
+death. A bundle switch may run another daemon in its place (`retarget`, then `start`:
+`corral.supervisor.lifecycle.preload_swap`); each run keeps the vLLM version it was started on. A disk
+fallback of the engine's weight load is recorded as `engine_evidence` (kind `fallback`, see
 `corral.engine.evidence`) and counted in `/v1/state` and `/metrics`; it is never silent.
 """
 
@@ -25,6 +27,7 @@ import aiohttp
 from corral.child_process import ChildProcess, LineSink
 from corral.supervisor.lifecycle.engine_process import engine_environment
 from corral.supervisor.lifecycle.preload_ranks import DaemonRanks, expected_ranks
+from corral.supervisor.precheck.preload_pair import daemon_install
 
 Record = Callable[..., Any]
 DeathListener = Callable[["PreloadDaemon"], None]
@@ -45,6 +48,7 @@ class PreloadDaemon:
         self.on_rank_lost: RankListener | None = None
         self.died = asyncio.Event()  # set once this run exits without the supervisor stopping it
         self.starts = 0
+        self.version: str | None = None  # the vLLM this run was started on (None: not stated)
 
     @property
     def pid(self) -> int | None:
@@ -62,6 +66,13 @@ class PreloadDaemon:
     def lost(self) -> bool:
         """Started, then gone without the supervisor stopping it."""
         return self.died.is_set()
+
+    def retarget(self, argv: Sequence[str]) -> None:
+        """The next `start` runs `argv` (another bundle's daemon); only while this one is stopped."""
+        assert not self.running, "stop the running daemon first"
+        self.argv = list(argv)
+        self.ranks = DaemonRanks(expected_ranks(self.argv))
+        self.version = None
 
     def last_lines(self, n: int = 10) -> list[str]:
         return list(self._child.last_lines)[-n:]
@@ -81,9 +92,13 @@ class PreloadDaemon:
         )
         self._stopping = False
         self.died.clear()
+        # the installation this run starts on, read as PRECHECK reads it: what a switch compares
+        self.version = (await asyncio.to_thread(daemon_install, self.argv)).version
         await self._child.start()
         self.starts += 1
-        record("preload_started", pid=self._child.pid, argv=self.argv, start=self.starts)
+        record(
+            "preload_started", pid=self._child.pid, argv=self.argv, start=self.starts, version=self.version
+        )
         self._watch = asyncio.create_task(self._watch_exit(self._child), name="preload-exit")
         self._rank_watch = asyncio.create_task(self._watch_ranks(self._child, ranks), name="preload-ranks")
 
@@ -150,6 +165,7 @@ class PreloadDaemon:
             "argv": self.argv,
             "health": self.health_url,
             "starts": self.starts,
+            "version": self.version,
             "ranks": self.ranks.to_json(),
             "ranks_expected": self.ranks.expected,
             "rank_lost": self.ranks.lost,

@@ -44,6 +44,7 @@ from corral.supervisor.lifecycle.operations import Operation, OperationLedger
 from corral.supervisor.lifecycle.prefix_epoch import PrefixCacheEpoch
 from corral.supervisor.lifecycle.preload import PreloadDaemon
 from corral.supervisor.lifecycle.preload_recovery import PreloadKeeper
+from corral.supervisor.lifecycle.preload_swap import PreloadMove, move_daemon
 from corral.supervisor.lifecycle.publication import Publication
 from corral.supervisor.lifecycle.routers import RouterSubscriptions
 from corral.supervisor.lifecycle.sleep_status import SleepStatus
@@ -99,6 +100,7 @@ class EngineSupervisor:
         self.start_rollback: RollbackStarter | None = None
         self.rolled_back = False
         self._base_argv = config.engine_argv  # the command as configured; a bundle adds to or replaces it
+        self._base_preload = config.preload_argv  # the daemon as configured; a bundle may name its own
         self.running_bundle = BundleSpec(name=config.bundle_name)
         self.drain_report: DrainReport | None = None
         # what the engine's sleep is (set through note_sleep), and which runbook operation holds the
@@ -368,11 +370,49 @@ class EngineSupervisor:
     def use_bundle(self, bundle: BundleSpec) -> tuple[str, ...]:
         """The engine's next start runs `bundle`: its command and environment (the switch_bundle op)."""
         argv = bundle.argv(self._base_argv)
-        self.config = dataclasses.replace(self.config, engine_argv=argv, engine_env=tuple(bundle.env.items()))
+        self.config = dataclasses.replace(
+            self.config,
+            engine_argv=argv,
+            engine_env=tuple(bundle.env.items()),
+            preload_argv=bundle.preload_argv(self._base_preload),
+        )
         self.running_bundle = bundle
         self.unrecoverable = None  # a failure of the previous command says nothing of this one
         self.oplog.append("bundle_selected", name=bundle.name, argv=redact_argv(argv), env=sorted(bundle.env))
         return argv
+
+    async def move_preload(self, reason: str) -> PreloadMove | None:
+        """After `use_bundle`: the selected bundle's daemon runs before its engine starts. The running
+        daemon is kept when its command and vLLM version are the bundle's; else the engine stops, then
+        the daemon, and the bundle's daemon must answer its health (lifecycle/preload_swap.py). None
+        without a daemon."""
+        if self.preload is None:
+            return None
+        await self.suspend_lifecycle()
+        grace = min(5.0, self.config.drain.shutdown_timeout)
+
+        async def stop_engine() -> None:
+            await self.stop_engine(grace, f"{reason}: the preload daemon is replaced")
+            self._to(
+                S.STARTING,
+                f"{reason}: starting the bundle's preload daemon (its cache rebuilt from disk)",
+                StartingPhase.WAITING_DEPENDENCIES,
+            )
+
+        move = await move_daemon(
+            self.preload,
+            self.config.preload_argv,
+            stop_engine=stop_engine,
+            session=self.session,
+            within=self.config.dependency_timeout,
+            grace=self.config.drain.shutdown_timeout,
+            record=self.oplog.append,
+        )
+        self._log(
+            f"preload daemon {'replaced' if move.replaced else 'kept'} ({move.why})"
+            + (f": {move.problem}" if move.problem else "")
+        )
+        return move
 
     async def restart_in_place(self, reason: str) -> None:
         """RECOVER's last resort: stop the engine and start it afresh (weights from disk, a known state)."""

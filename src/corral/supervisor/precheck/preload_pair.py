@@ -92,6 +92,16 @@ def daemon_words(daemon_argv: Sequence[str]) -> list[str]:
     return list(daemon_argv)
 
 
+def daemon_install(
+    daemon_argv: Sequence[str], env: Mapping[str, str] | None = None, install: InstallReader = read_install
+) -> Install:
+    """The vLLM the daemon's command runs, read as the pair check reads it (its `VAR=value` words over
+    `env`, default this process's); blocking (asks its interpreter)."""
+    words = daemon_words(daemon_argv)
+    command = command_of(words)
+    return install(command.argv or words, {**(os.environ if env is None else env), **command.assignments})
+
+
 def _flags(
     engine: Mapping[str, str | bool], daemon: Mapping[str, str | bool]
 ) -> tuple[dict[str, dict[str, object]], list[str]]:

@@ -138,6 +138,18 @@ def _evidence(steps: Sequence[StepRecord], name: str) -> dict[str, Any] | None:
     return found[-1] if found else None
 
 
+def preload_of(steps: Sequence[StepRecord]) -> dict[str, Any] | None:
+    """A bundle switch's daemon (lifecycle/preload_swap.py): EXECUTE's move, ended where RECOVER's took
+    it back (the old pair); None when no daemon ran."""
+    moved = (_evidence(steps, "execute") or {}).get("preload")
+    if not isinstance(moved, dict):
+        return None
+    back = (_evidence(steps, "recover") or {}).get("preload")
+    if isinstance(back, dict):
+        return {**moved, "after": back.get("after"), "recovered": back}
+    return moved
+
+
 def latency_of(kind: str, engine: str, steps: Sequence[StepRecord]) -> tuple[LatencyRecord, list[str]]:
     """Warmup (VERIFY's `warmup_ttft_ms`) apart from steady state (OBSERVE's `window`, `baseline`
     and `verdict`), and the parts not measured."""
@@ -298,6 +310,7 @@ def assemble(
         rollback_point=rollback_point(op.kind, op.supervisor, op.engine, before, after),
         forced_exits=exits,
         ranks=ranks,
+        preload=preload_of(timed),
         not_measured=missing,
     )
 

@@ -8,9 +8,13 @@ make the host run a program of the caller's choosing.
 PRECHECK (READY, the bundle declared and not the one running) → REMOVE FROM ROUTING (confirmed by
 every subscribed router) → DRAIN (in-flight requests finish) → EXECUTE (the engine stopped, then
 started with the bundle's command and environment) → VERIFY (READY again through the full startup:
-health, model, smoke; the new fingerprint recorded) → POSTCHECK. RECOVER: before EXECUTE, the engine
+health, model, smoke; the new fingerprint recorded) → POSTCHECK. With a preload daemon, EXECUTE moves
+it first: a bundle whose daemon command or vLLM version differs gets its own daemon (engine stopped, old
+daemon stopped, new one started and healthy) before the engine starts from it; an unchanged daemon is
+kept (`corral.supervisor.lifecycle.preload_swap`). RECOVER: before EXECUTE, the engine
 still runs the old bundle and is checked and put back in routing; after it, the old command is started
-again and must reach READY, or the engine is FAILED with both failures named.
+again (after the old daemon, when it was replaced) and must reach READY, or the engine is FAILED with
+both failures named.
 
 From a start that failed for good (FAILED/`gave_up` or `stay_unready`: nothing restarts by itself) an
 operator may switch to any declared bundle, the failed one included (a restart once the cause is fixed);
@@ -117,9 +121,20 @@ class SwitchBundlePlan:
     async def execute(self) -> Evidence:
         self._executed = True
         argv = self.sup.use_bundle(self.target)
-        what = "rollback" if self.rollback_of is not None else "bundle switch"
-        await self.sup.restart_in_place(f"{what} to {self.target.name}")
-        return {"argv": redact_argv(argv), "env": sorted(self.target.env)}
+        what = f"{'rollback' if self.rollback_of is not None else 'bundle switch'} to {self.target.name}"
+        evidence: Evidence = {"argv": redact_argv(argv), "env": sorted(self.target.env)}
+        # the bundle's daemon before its engine: replaced (engine, then daemon stopped; the new one
+        # healthy) when its command or vLLM differs, else kept
+        move = await self.sup.move_preload(what)
+        if move is not None:
+            evidence["preload"] = move.to_json()
+            if move.problem is not None:
+                raise StepFailed(
+                    f"the preload daemon of bundle {self.target.name} is not healthy: {move.problem}",
+                    **evidence,
+                )
+        await self.sup.restart_in_place(what)
+        return evidence
 
     async def verify(self) -> Evidence:
         # after a failed start the new start's own deadlines bound the wait (its verdict is awaited)
@@ -182,12 +197,15 @@ class SwitchBundlePlan:
                 leaving, _ = await leave_routing(sup, reason, "wait")
                 await apply_policy(sup, leaving, "wait")
         sup.use_bundle(self.previous)
-        await sup.restart_in_place(f"bundle switch to {self.target.name} failed: {cause}")
+        reason = f"bundle switch to {self.target.name} failed: {cause}"
+        move = await sup.move_preload(reason)  # the old pair: its daemon back before its engine
+        moved: Evidence = {"preload": move.to_json()} if move is not None else {}
+        await sup.restart_in_place(reason)
         try:
             await self._ready_again(self.ready_timeout)
         except StepFailed as exc:
-            return {"outcome": f"back on {self.previous.name} failed too: {exc}"}
-        return {"outcome": f"back on {self.previous.name}, READY again"}
+            return {"outcome": f"back on {self.previous.name} failed too: {exc}", **moved}
+        return {"outcome": f"back on {self.previous.name}, READY again", **moved}
 
     async def postcheck(self) -> Evidence:
         if self.sup.machine.state is not S.READY:

@@ -1,0 +1,170 @@
+"""A bundle switch moves the preload daemon with its engine (issue 29 item 5; the runbook: "when the daemon
+and the engine's vLLM differ, replace the daemon and rebuild its cache first, then start the engine").
+Real processes: `corral sim preload` daemons whose `--version-string` differs (the simulator keys its
+cache by it, as vLLM's WeightCacheKey holds the version), `corral sim --load-format ipc_cache` engines,
+and `corral supervise --bundle FILE` switched through `POST /v1/bundle`."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tests.integration.test_supervisor_preload import daemon_command, preload_supervised
+from tests.integration.test_supervisor_support import (
+    Supervised,
+    http_json,
+    kill_leftovers,
+    short_tmp_dir,
+    sim_command,
+)
+from tests.support.procs import free_port
+
+NEW = "0.99.0"  # the upgrade's vLLM: a version no default simulator runs
+
+
+class Pair:
+    """The host: its daemon's health port and socket, and the bundle files declared on it."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.health_port = free_port()
+        self.socket = short_tmp_dir() / "wc.sock"
+        self.dir = tmp_path
+
+    def daemon(self, *extra: str) -> str:
+        return daemon_command(self.health_port, self.socket, "--startup-seconds", "0.3", *extra)
+
+    def bundle(self, name: str, engine_args: list[str], daemon: str | None) -> Path:
+        body: dict[str, Any] = {"name": name, "engine_args": engine_args}
+        if daemon is not None:
+            body["preload_command"] = shlex.split(daemon)
+        path = self.dir / f"{name}.yaml"
+        path.write_text(json.dumps(body))  # JSON is YAML
+        return path
+
+
+@contextmanager
+def host(pair: Pair, *bundles: Path) -> Iterator[Supervised]:
+    args: list[str] = []
+    for path in bundles:
+        args += ["--bundle", str(path)]
+    sup = preload_supervised(pair.daemon(), pair.health_port, pair.socket, "zero_copy", *args)
+    try:
+        sup.wait_state("READY", 60)
+        yield sup
+    finally:
+        pids = sup.engine_pids()
+        sup.proc.stop(grace=20)
+        kill_leftovers(pids)
+
+
+def switch(sup: Supervised, name: str) -> None:
+    status, op = http_json(sup.url + "/v1/bundle", "POST", {"name": name})
+    assert status == 202, op
+
+
+def settled(sup: Supervised, bundle: str) -> dict[str, Any]:
+    """READY on `bundle` with no operation holding the engine, and the operation's change record."""
+    sup.wait_for(
+        f"READY on {bundle}",
+        lambda b: b.get("state") == "READY" and b.get("bundle_name") == bundle and not b.get("busy"),
+        90,
+    )
+    records = [r for r in sup.oplog() if r["record"] == "change_record" and r["kind"] == "switch_bundle"]
+    assert records, "no change record of the switch"
+    return records[-1]
+
+
+def index(records: list[dict[str, Any]], record: str, after: int = -1, **fields: Any) -> int:
+    """The first oplog record of this kind (and fields) after position `after`."""
+    for i, r in enumerate(records):
+        if i > after and r["record"] == record and all(r.get(k) == v for k, v in fields.items()):
+            return i
+    raise AssertionError(f"no {record} {fields} after record {after}: {[r['record'] for r in records]}")
+
+
+def test_an_upgrade_replaces_the_daemon_before_the_engine_starts(tmp_path: Path) -> None:
+    pair = Pair(tmp_path)
+    upgrade = pair.bundle("upgrade", ["--version-string", NEW], pair.daemon("--version-string", NEW))
+    with host(pair, upgrade) as sup:
+        old = sup.state()["preload"]
+        switch(sup, "upgrade")
+        record = settled(sup, "upgrade")
+        log = sup.oplog()
+        switched = index(log, "bundle_selected", name="upgrade")
+        # the runbook's order: engine, then daemon, stopped; the new daemon healthy; then the engine
+        engine_gone = index(log, "engine_exited", switched)
+        old_gone = index(log, "preload_stopped", engine_gone, pid=old["pid"])
+        new_started = index(log, "preload_started", old_gone, version=NEW)
+        healthy = index(log, "preload_healthy", new_started)
+        prechecked = index(log, "precheck", healthy, outcome="authorized")
+        engine_back = index(log, "engine_started", prechecked)
+        verified = index(log, "preload_verify", engine_back)
+        assert log[verified]["source"] == "daemon", log[verified]  # the Mapped line: from the new cache
+        state = sup.state()
+        assert state["preload"]["version"] == NEW and state["preload"]["pid"] != old["pid"], state["preload"]
+        moved = record["preload"]
+        assert moved["replaced"] is True and moved["before"]["version"] == old["version"], moved
+        assert moved["after"]["version"] == NEW and moved["after"]["pid"] == state["preload"]["pid"], moved
+
+
+def test_a_failed_switch_restores_the_old_pair(tmp_path: Path) -> None:
+    pair = Pair(tmp_path)
+    # the daemon is upgraded but the engine is not: PRECHECK refuses the pair (their vLLM differs)
+    half = pair.bundle("half", [], pair.daemon("--version-string", NEW))
+    with host(pair, half) as sup:
+        old = sup.state()["preload"]
+        switch(sup, "half")
+        record = settled(sup, "initial")
+        log = sup.oplog()
+        refused = index(log, "precheck", outcome="refused")
+        assert "vllm_version" in log[refused]["reason"] or "version" in log[refused]["reason"], log[refused]
+        # RECOVER: the old daemon back (its command and version), healthy, before the old engine
+        back = index(log, "preload_started", refused, argv=old["argv"])
+        healthy = index(log, "preload_healthy", back)
+        engine_back = index(log, "engine_started", healthy)
+        assert log[index(log, "preload_verify", engine_back)]["source"] == "daemon"
+        state = sup.state()
+        assert state["preload"]["argv"] == old["argv"] and state["preload"]["version"] == old["version"]
+        assert record["outcome"] == "failed", record
+        moved = record["preload"]
+        assert moved["before"]["version"] == moved["after"]["version"] == old["version"], moved
+        assert moved["recovered"]["replaced"] is True, moved
+
+
+def test_an_unchanged_daemon_is_kept(tmp_path: Path) -> None:
+    pair = Pair(tmp_path)
+    tuned = pair.bundle("tuned", ["--max-num-seqs", "64"], None)  # the host's daemon: same command
+    with host(pair, tuned) as sup:
+        old = sup.state()["preload"]
+        switch(sup, "tuned")
+        record = settled(sup, "tuned")
+        log = sup.oplog()
+        switched = index(log, "bundle_selected", name="tuned")
+        index(log, "preload_kept", switched, pid=old["pid"])
+        assert not [r for r in log[switched:] if r["record"] in ("preload_stopped", "preload_started")]
+        started = index(log, "engine_started", switched)
+        assert log[index(log, "preload_verify", started)]["source"] == "daemon"
+        assert sup.state()["preload"]["pid"] == old["pid"]
+        assert record["preload"]["replaced"] is False, record["preload"]
+
+
+def test_a_bundle_daemon_on_a_host_without_one_is_refused_at_start(tmp_path: Path) -> None:
+    pair = Pair(tmp_path)
+    upgrade = pair.bundle("upgrade", [], pair.daemon())
+    supervise = [sys.executable, "-m", "corral", "supervise", "--port", str(free_port())]
+    done = subprocess.run(
+        [*supervise, "--bundle", str(upgrade), "--", *sim_command(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done
+    assert "--bundle upgrade: its preload_command needs a host that runs a daemon" in done.stderr, done.stderr
+    assert "pass --preload-command" in done.stderr
