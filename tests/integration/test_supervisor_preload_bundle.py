@@ -168,3 +168,36 @@ def test_a_bundle_daemon_on_a_host_without_one_is_refused_at_start(tmp_path: Pat
     assert done.returncode == 2, done
     assert "--bundle upgrade: its preload_command needs a host that runs a daemon" in done.stderr, done.stderr
     assert "pass --preload-command" in done.stderr
+
+
+def test_a_rollback_after_a_failed_start_moves_the_daemon_back_first(tmp_path: Path) -> None:
+    """`--on-startup-failure rollback=B` is the same move: a host whose daemon was upgraded but whose
+    engine was not fails PRECHECK (their vLLM differs); the rollback bundle's daemon replaces the upgraded
+    one before the rolled-back engine starts from it."""
+    pair = Pair(tmp_path)
+    old = pair.bundle("old", [], pair.daemon())
+    sup = preload_supervised(
+        pair.daemon("--version-string", NEW),
+        pair.health_port,
+        pair.socket,
+        "zero_copy",
+        *("--startup-restarts", "0", "--bundle", str(old), "--on-startup-failure", "rollback=old"),
+    )
+    try:
+        sup.wait_for("READY on old", lambda b: (b.get("state"), b.get("bundle_name")) == ("READY", "old"), 90)
+        log = sup.oplog()
+        upgraded = index(log, "preload_started", version=NEW)
+        refused = index(log, "precheck", upgraded, outcome="refused")
+        gone = index(log, "preload_stopped", refused, pid=log[upgraded]["pid"])
+        back = index(log, "preload_started", gone)
+        assert log[back]["version"] != NEW, log[back]
+        started = index(log, "engine_started", index(log, "preload_healthy", back))
+        assert log[index(log, "preload_verify", started)]["source"] == "daemon"
+        sup.wait_for("the rollback recorded", lambda b: not b.get("busy"), 30)
+        (record,) = [r for r in sup.oplog() if r["record"] == "change_record" and r["kind"] == "rollback"]
+        moved = record["preload"]
+        assert moved["before"]["version"] == NEW and moved["after"]["version"] == log[back]["version"], moved
+    finally:
+        pids = sup.engine_pids()
+        sup.proc.stop(grace=20)
+        kill_leftovers(pids)
