@@ -201,3 +201,25 @@ def test_a_rollback_after_a_failed_start_moves_the_daemon_back_first(tmp_path: P
         pids = sup.engine_pids()
         sup.proc.stop(grace=20)
         kill_leftovers(pids)
+
+
+def test_a_new_daemon_that_never_gets_healthy_fails_execute_and_the_old_pair_returns(tmp_path: Path) -> None:
+    pair = Pair(tmp_path)
+    broken = pair.bundle("broken", ["--version-string", NEW], pair.daemon("--no-such-flag"))
+    with host(pair, broken) as sup:
+        old = sup.state()["preload"]
+        switch(sup, "broken")
+        record = settled(sup, "initial")
+        assert record["outcome"] == "failed", record
+        (execute,) = [s for s in record["steps"] if s["step"] == "execute"]
+        assert "the preload daemon of bundle broken is not healthy" in execute["data"]["error"], execute
+        assert "exited with code 2 before it was healthy" in execute["data"]["error"], execute
+        log = sup.oplog()
+        tried = index(log, "preload_started", index(log, "bundle_selected", name="broken"))
+        assert "--no-such-flag" in log[tried]["argv"]
+        # no engine of the broken bundle: the old daemon back, healthy, then the old engine
+        back = index(log, "preload_started", tried, argv=old["argv"])
+        assert not [r for r in log[tried:back] if r["record"] == "engine_started"]
+        started = index(log, "engine_started", index(log, "preload_healthy", back))
+        assert log[index(log, "preload_verify", started)]["source"] == "daemon"
+        assert record["preload"]["after"]["argv"] == old["argv"], record["preload"]
