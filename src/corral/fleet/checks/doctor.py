@@ -16,6 +16,7 @@ from corral.engine_state import EngineState
 from corral.fleet.checks.doctor_answering import not_answering_branch, silent_failure_branch, stalled_words
 from corral.fleet.checks.doctor_gpu import gpu_fault_branch, recovered_fault_branch, with_stable_settings
 from corral.fleet.checks.doctor_pd import pd_branch
+from corral.fleet.checks.doctor_routing import not_routing_ready, router_healthy_evidence
 from corral.fleet.checks.doctor_sleep import memory_not_released, memory_note, partial_wake
 from corral.fleet.checks.doctor_streams import aborted_streams
 from corral.fleet.checks.operation_words import operation_in_flight, operation_words
@@ -333,6 +334,11 @@ def diagnose_router(view: FleetView) -> list[Diagnosis]:
                     f"discovery; check: corral status {view.target.cli_flags}".rstrip(),
                 )
             )
+    missed = not_routing_ready(view)
+    if missed is not None:
+        found.append(Diagnosis(*missed))
+    if not found:  # the router has its row whether or not anything is wrong with it
+        found.append(Diagnosis("router", HEALTHY, router_healthy_evidence(view), "-"))
     return found
 
 
