@@ -5,12 +5,15 @@ of the bundle fingerprint."""
 from __future__ import annotations
 
 import string
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral.bundle_spec import BundleError, BundleSpec, bundle_from_json, bundle_record, unrecorded_secrets
+from corral.fleet.local.up import up
 from corral.supervisor.checks.bundle import bundle_from
 
 DAEMON = ["vllm", "preload", "--model", "m", "--weight-cache-health-port", "8100"]
@@ -76,3 +79,12 @@ def test_any_words_are_a_bundle_or_a_refusal_naming_preload_command(words: list[
     assert not any("\0" in w for w in words) and (not words or words[0].strip())
     # what a record keeps reads back as a bundle (secrets masked, then named)
     bundle_from_json(bundle_record(bundle), "record")
+
+
+def test_corral_up_refuses_a_bundle_daemon_it_would_not_start(tmp_path: Path) -> None:
+    """A local fleet runs `corral sim` engines without a daemon: the field is refused, not ignored."""
+    bundle = tmp_path / "b.yaml"
+    bundle.write_text('name: b\npreload_command: ["vllm", "preload", "--model", "m"]\n')
+    done = CliRunner().invoke(up, ["--bundle", str(bundle)])
+    assert done.exit_code == 2, done.output
+    assert "a local fleet starts no preload daemon" in done.output

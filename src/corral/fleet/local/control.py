@@ -29,7 +29,7 @@ from corral.bundle_spec import BundleError, bundle_from_json
 from corral.contracts.up import AddGroupRequest
 from corral.contracts.wire import first_message
 from corral.engine.pd_protocol import ROLES
-from corral.fleet.local.fleet import FleetStartError, LocalFleet
+from corral.fleet.local.fleet import NO_LOCAL_DAEMON, FleetStartError, LocalFleet
 
 
 def write_token_file(path: Path) -> str:
@@ -117,6 +117,8 @@ class FleetControl:
             return _error(400, str(exc))
         if bundle.command:
             return _error(400, "bundle.command: a local fleet runs `corral sim`; give engine_args only")
+        if bundle.preload_command:
+            return _error(400, NO_LOCAL_DAEMON)
         try:
             group = await self.fleet.add_group(bundle, size, within, asked.adapters, asked.role)
         except FleetStartError as exc:

@@ -58,6 +58,14 @@ SLEEP_MODE_FLAG = "--enable-sleep-mode"  # vLLM's, which the simulator takes too
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"  # vLLM's switch for /sleep, /wake_up, /is_sleeping, /reset_prefix_cache
 
 
+# `corral up` starts `corral sim` engines under supervisors without a weight-cache daemon: a bundle's
+# preload_command would be ignored, so it is refused (hosts run it: `corral supervise --preload-command`)
+NO_LOCAL_DAEMON = (
+    "bundle.preload_command: a local fleet starts no preload daemon; give engine_args only, or declare "
+    "the bundle on hosts run with `corral supervise --preload-command` and roll out across them"
+)
+
+
 class FleetStartError(RuntimeError):
     """A fleet member did not come up; the message names it and says why."""
 

@@ -26,7 +26,7 @@ from corral.bundle_spec import BundleError, load_bundle
 from corral.clients.access import RouterAdminError
 from corral.fleet.checks.status import fetch_fleet, summary_line
 from corral.fleet.local.control import FleetControl, write_token_file
-from corral.fleet.local.fleet import FleetSpec, LocalFleet
+from corral.fleet.local.fleet import NO_LOCAL_DAEMON, FleetSpec, LocalFleet
 from corral.fleet.local.fleet_config import FleetConfigError, config_bundle, load_fleet_config, up_values
 from corral.fleet.local.ownership import FleetFiles, FleetInUse
 from corral.fleet.local.ports import port_problem
@@ -95,6 +95,8 @@ def up_fleet(
             bundle = load_bundle(bundle_file)
         except BundleError as exc:
             raise click.UsageError(str(exc)) from None
+    if bundle is not None and bundle.preload_command:
+        raise click.UsageError(NO_LOCAL_DAEMON)
     spec = FleetSpec(
         engines=engines,
         host=host,
