@@ -4,21 +4,29 @@ summary, and bad options or an unreachable router are a one-line error (exit 2).
 
 from __future__ import annotations
 
+import asyncio
 import re
 import signal
 import subprocess
 import sys
+from collections import Counter
 
+import aiohttp
 import pytest
+from aiohttp import web
 
 from corral.engine.metric_names import FINISHED
+from corral.fleet.load.driver import MAX_IN_FLIGHT, LoadPlan, run_load
 from tests.integration.test_router_passthrough import SIM_ARGS, start_router
+from tests.support import hostile_engine
 from tests.support.procs import CorralProcess, free_port, start_sim
 from tests.support.prom import sample, scrape
 from tests.support.waits import wait_until
 
 SUMMARY = re.compile(
-    r"^load (done|stopped by Ctrl-C): sent (\d+) .* ok (\d+), failed (\d+)(?: \((.*?)\))?", re.M
+    r"^load (done|stopped by Ctrl-C): sent (\d+) .* ok (\d+), failed (\d+)(?: \((.*)\))?"
+    r"(?:, \d+ unfinished at Ctrl-C)?; latency",
+    re.M,
 )
 PROGRESS_OK = re.compile(r"^\s+\d+s  sent \d+  ok [1-9]\d*  ", re.M)
 KINDS = re.compile(
@@ -116,7 +124,7 @@ def test_ctrl_c_stops_the_load_and_prints_the_summary() -> None:
         (("--stream-share", "1.5"), "--stream-share 1.5 must be between 0 and 1"),
         (("--stream-share", "-0.1"), "--stream-share -0.1 must be between 0 and 1"),
         (("--stream-share", "nan"), "--stream-share nan must be between 0 and 1"),
-        (("--concurrency", "0"), "--concurrency 0 must be 1 to 1024"),
+        (("--concurrency", "0"), "--concurrency 0 must be 1 to 512"),
         (("--concurrency", "4", "--rate", "5"), "--rate and --concurrency both given"),
         (("--max-requests", "0"), "--max-requests 0 must be 1 or more"),
         (("--router", "ftp://127.0.0.1:1"), "is not an http(s) URL"),
@@ -151,3 +159,69 @@ def test_a_model_the_router_does_not_serve_is_refused_before_any_load() -> None:
     finally:
         router.stop()
         sim.stop()
+
+
+@pytest.mark.parametrize(
+    ("mode", "share", "kind"),
+    [
+        ("not-json", "0", "bad answer (not JSON)"),
+        ("not-json", "1", "stream cut"),
+        ("cut", "0", "answer cut"),
+        ("cut", "1", "stream cut"),
+        ("close", "0", "connection closed"),
+        ("close", "1", "connection closed"),
+        ("long-line", "1", "stream cut"),  # a 3 MiB event line, read in constant memory, then no [DONE]
+        ("huge", "1", "stream cut"),  # a 70 MiB JSON answer to a streamed request
+    ],
+)
+def test_every_broken_answer_is_counted_as_a_failure_of_its_kind(mode: str, share: str, kind: str) -> None:
+    engine, url = hostile_engine.start(mode)  # speaks OpenAI on loopback, as a router would
+    try:
+        done = corral_load("--router", url, "--rate", "10", "--seconds", "1", "--stream-share", share)
+    finally:
+        hostile_engine.stop(engine)
+    assert done.returncode == 1, done.stdout + done.stderr
+    found = SUMMARY.search(done.stdout)
+    assert found is not None, done.stdout
+    assert found[3] == "0" and found[4] == found[2] and found[5] == f"{kind} ×{found[2]}", found[0]
+
+
+async def test_a_router_that_never_answers_holds_at_most_the_ceiling_in_flight() -> None:
+    """At 2,000 req/s against a server that holds every POST unanswered, the load stops starting
+    requests at MAX_IN_FLIGHT instead of opening a connection for each one due; each ends a timeout."""
+    held: list[int] = [0, 0]  # now, most at once
+    release = asyncio.Event()
+
+    async def hold(request: web.Request) -> web.Response:
+        held[0] += 1
+        held[1] = max(held)
+        try:
+            await release.wait()
+        finally:
+            held[0] -= 1
+        return web.Response(status=503)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", hold)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    plan = LoadPlan(
+        url=f"http://127.0.0.1:{port}/v1/chat/completions",
+        model="m",
+        seconds=1.0,
+        max_requests=5_000,
+        stream_share=0.5,
+        rate=2_000.0,
+        request_timeout=3.0,
+    )
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            tally, _ = await run_load(plan, session, asyncio.Event(), lambda *_: None)
+    finally:
+        release.set()
+        await runner.cleanup()
+    assert tally.sent == MAX_IN_FLIGHT and held[1] <= MAX_IN_FLIGHT
+    assert tally.failures == Counter({"timeout": MAX_IN_FLIGHT})

@@ -22,7 +22,7 @@ EXIT_CODES = """Exit code: 0 when every request the load sent succeeded (a Ctrl-
 any failed (the summary counts them by kind: HTTP status, connection error or closed, stream cut,
 stream error event, timeout); 2 for a bad option or a router that cannot be reached or asked."""
 
-MAX_CONCURRENCY = 1024
+MAX_CONCURRENCY = 512  # as driver.MAX_IN_FLIGHT (imported when the command runs)
 
 
 def _fail(message: str) -> NoReturn:
@@ -137,8 +137,7 @@ async def _load(
     loop.add_signal_handler(signal.SIGINT, stop.set)
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     try:
-        limit = plan.concurrency or 0  # a rate's requests each get a connection
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit)) as session:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             chosen = await served_model(session, router, headers, model)
             plan = dataclasses.replace(plan, model=chosen)
             how = f"{plan.rate:g} req/s" if plan.rate is not None else f"{plan.concurrency} clients"

@@ -15,7 +15,11 @@ from typing import Any
 import aiohttp
 
 from corral.fleet.load.request import chat_body, send_chat
-from corral.fleet.load.tally import LoadTally
+from corral.fleet.load.tally import LoadTally, RequestOutcome
+
+# a rate's requests in flight at most: a router that stops answering slows the load down instead of
+# opening a connection for every request due
+MAX_IN_FLIGHT = 512  # well under the usual 1024 open files a process may hold
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,7 @@ async def run_load(
     tally and the seconds it took."""
     tally = LoadTally()
     inflight: set[asyncio.Task[None]] = set()
-    slots = asyncio.Semaphore(plan.concurrency or 1)
+    slots = asyncio.Semaphore(plan.concurrency or MAX_IN_FLIGHT)
     timeout = aiohttp.ClientTimeout(total=plan.request_timeout)
     headers = {"Content-Type": "application/json", **(plan.headers or {})}
     start = time.monotonic()
@@ -68,17 +72,22 @@ async def run_load(
     async def one(number: int, streamed: bool) -> None:
         try:
             body = chat_body(plan.model, number, streamed, plan.max_tokens)
-            tally.ended(await send_chat(session, plan.url, body, streamed, headers, timeout))
+            begun = time.monotonic()
+            try:
+                outcome = await send_chat(session, plan.url, body, streamed, headers, timeout)
+            except Exception as exc:  # every request sent is counted, however it ended
+                outcome = RequestOutcome(
+                    time.monotonic() - begun, streamed, f"client error ({type(exc).__name__})"
+                )
+            tally.ended(outcome)
         finally:
-            if plan.concurrency:
-                slots.release()
+            slots.release()
 
     async def next_turn(number: int) -> bool:
-        """Wait until request `number` is due (rate) or a client is free (concurrency); False when the
-        load is over instead: stopped, out of time."""
+        """Wait until request `number` is due (rate) and a client is free (concurrency, or the ceiling
+        on a rate's requests in flight); False when the load is over instead: stopped, out of time."""
         if plan.rate is not None:
             await _first(stop, None, min(start + number / plan.rate, deadline) - time.monotonic())
-            return not stop.is_set() and time.monotonic() < deadline
         acquire = asyncio.ensure_future(slots.acquire())
         await _first(stop, acquire, deadline - time.monotonic())
         if not acquire.done():

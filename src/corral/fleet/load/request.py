@@ -25,14 +25,24 @@ def chat_body(model: str, number: int, streamed: bool, max_tokens: int) -> bytes
     return orjson.dumps(body)
 
 
+HEAD = 32  # bytes of a line kept: enough to tell `data: [DONE]` and an error event from the rest
+
+
 async def _streamed_failure(resp: aiohttp.ClientResponse) -> str | None:
-    last = b""
-    async for raw in resp.content:
-        line = raw.strip()
-        if line.startswith(b"data: {") and b'"error"' in line[:16]:
-            return "stream error event"
-        if line:
-            last = line
+    """How a 200's event stream ended: None after `data: [DONE]`, else why not. Lines are read in
+    chunks, keeping only each one's start, so a line of any length is read in constant memory."""
+    head, last = b"", b""
+    async for chunk in resp.content.iter_any():
+        *ended, rest = chunk.split(b"\n")
+        for part in ended:
+            line = (head + part[: HEAD - len(head)]).strip()
+            if line.startswith(b"data: {") and b'"error"' in line[:16]:
+                return "stream error event"
+            if line:
+                last = line
+            head = b""
+        head += rest[: HEAD - len(head)]
+    last = head.strip() or last
     return None if last == b"data: [DONE]" else "stream cut"
 
 
