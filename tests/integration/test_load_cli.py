@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -225,3 +226,35 @@ async def test_a_router_that_never_answers_holds_at_most_the_ceiling_in_flight()
         await runner.cleanup()
     assert tally.sent == MAX_IN_FLIGHT and held[1] <= MAX_IN_FLIGHT
     assert tally.failures == Counter({"timeout": MAX_IN_FLIGHT})
+
+
+def test_a_router_with_tenants_takes_the_key_file_and_refuses_the_load_without_it(tmp_path: Path) -> None:
+    key = "tenant-load-key-0123456789"
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"- name: demo\n  key: {key}\n")
+    keys.chmod(0o600)
+    key_file = tmp_path / "demo.key"
+    key_file.write_text(key + "\n")
+    wrong = tmp_path / "wrong.key"
+    wrong.write_text("not-a-tenant-key-000000\n")
+    sim, sim_url = start_sim(None, *SIM_ARGS)
+    router, url = start_router(sim_url, extra=("--api-keys-file", str(keys)))
+    try:
+        for refused, said in (
+            ((), "wants an API key (401): pass --api-key-file FILE"),
+            (("--api-key-file", str(wrong)), "refused the key in --api-key-file (401)"),
+        ):
+            done = corral_load("--router", url, "--seconds", "1", *refused)
+            assert done.returncode == 2, done.stdout + done.stderr
+            assert said in done.stderr and done.stderr.count("\n") == 1, done.stderr
+            assert key not in done.stderr + done.stdout
+        served = corral_load(
+            "--router", url, "--rate", "20", "--seconds", "1", "--api-key-file", str(key_file)
+        )
+        assert served.returncode == 0, served.stdout + served.stderr
+        found = SUMMARY.search(served.stdout)
+        assert found is not None and found[4] == "0" and int(found[3]) > 0, served.stdout
+        assert key not in served.stdout + served.stderr
+    finally:
+        router.stop()
+        sim.stop()

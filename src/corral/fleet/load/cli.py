@@ -99,6 +99,11 @@ async def served_model(
             f"cannot reach the router at {router} ({type(exc).__name__}): is the fleet up "
             "(`corral status`)? pass --router URL of a running router"
         )
+    if status == 401 and "Authorization" in headers:
+        _fail(
+            f"the router at {router} refused the key in --api-key-file (401): it must be a key from "
+            "the router's --api-keys-file"
+        )
     if status == 401:
         _fail(f"the router at {router} wants an API key (401): pass --api-key-file FILE")
     if status != 200:
