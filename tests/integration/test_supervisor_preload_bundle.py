@@ -15,6 +15,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tests.integration.test_rollout import corral
+from tests.integration.test_rollout_hosts import all_routable
+from tests.integration.test_supervisor_confirmed_drain import start_router
 from tests.integration.test_supervisor_preload import daemon_command, preload_supervised
 from tests.integration.test_supervisor_support import (
     Supervised,
@@ -24,6 +27,7 @@ from tests.integration.test_supervisor_support import (
     sim_command,
 )
 from tests.support.procs import free_port
+from tests.support.waits import wait_until
 
 NEW = "0.99.0"  # the upgrade's vLLM: a version no default simulator runs
 
@@ -223,3 +227,37 @@ def test_a_new_daemon_that_never_gets_healthy_fails_execute_and_the_old_pair_ret
         started = index(log, "engine_started", index(log, "preload_healthy", back))
         assert log[index(log, "preload_verify", started)]["source"] == "daemon"
         assert record["preload"]["after"]["argv"] == old["argv"], record["preload"]
+
+
+async def test_a_host_rollout_and_its_rollback_move_the_daemon_each_way(tmp_path: Path) -> None:
+    """`corral rollout --to` across hosts and `corral rollback` are the supervisor's switch by name: the
+    host's declared bundle, with its daemon, is what each moves to."""
+    pair = Pair(tmp_path)
+    upgrade = pair.bundle("upgrade", ["--version-string", NEW], pair.daemon("--version-string", NEW))
+    with host(pair, upgrade) as sup:
+        router, url = start_router("router-preload", [sup])
+        try:
+            router.wait_http(url + "/health")
+            wait_until(lambda: all_routable(url, 1), 30, "the router routing the engine")
+            fleet = tmp_path / "hosts.yaml"
+            fleet.write_text(f"router: {url}\nsupervisors:\n  - {sup.url}\n")
+            old = sup.state()["preload"]
+            state = tmp_path / "state"
+            forward = await corral(state, "rollout", "--fleet", str(fleet), "--to", str(upgrade))
+            assert forward[0] == 0, forward[1]
+            middle = sup.state()
+            assert middle["bundle_name"] == "upgrade", middle["bundle_name"]
+            assert middle["preload"]["version"] == NEW, middle["preload"]
+            back = await corral(state, "rollback", "--fleet", str(fleet))
+            assert back[0] == 0, back[1]
+            now = sup.state()
+            assert now["bundle_name"] == "initial", now["bundle_name"]
+            assert now["preload"]["argv"] == old["argv"] and now["preload"]["version"] == old["version"]
+            assert now["preload"]["pid"] not in (old["pid"], middle["preload"]["pid"])
+            moves = [r["preload"] for r in sup.oplog() if r["record"] == "change_record" and r.get("preload")]
+            assert [(m["before"]["version"], m["after"]["version"]) for m in moves] == [
+                (old["version"], NEW),
+                (NEW, old["version"]),
+            ], moves
+        finally:
+            router.stop()
