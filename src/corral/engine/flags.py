@@ -5,7 +5,9 @@
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 API_KEY_FLAG = "--api-key"
@@ -144,3 +146,17 @@ def loader_config(engine_argv: Sequence[str]) -> dict[str, Any]:
     except ValueError:
         return {}
     return body if isinstance(body, dict) else {}
+
+
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh"})
+
+
+def daemon_words(daemon_argv: Sequence[str]) -> list[str]:
+    """A preload daemon's command, with a `sh -c SCRIPT` wrapper read through (its words, as the shell
+    would split them), so that a wrapped `exec vllm preload --model M …` is still compared."""
+    if len(daemon_argv) >= 3 and Path(daemon_argv[0]).name in _SHELLS and daemon_argv[1] == "-c":
+        try:
+            return shlex.split(daemon_argv[2])
+        except ValueError:
+            return list(daemon_argv)
+    return list(daemon_argv)

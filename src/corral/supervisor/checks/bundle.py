@@ -22,8 +22,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from corral.engine.flags import serving_settings
-from corral.redaction import redact_argv, redact_json_text
+from corral.engine.flags import daemon_words, serving_settings
+from corral.redaction import redact_json_text
 
 WHOLE_FILE_LIMIT = 16 * 1024 * 1024
 SAMPLE_BYTES = 1024 * 1024
@@ -33,17 +33,38 @@ FILE_DIGEST_METHOD = "files <=16MiB: sha256 of content; larger: name+size+sha256
 def command_parts(argv: Sequence[str]) -> dict[str, Any]:
     """The bundle-relevant settings of an engine command line (ports, hosts and seeds are not). A
     JSON-valued setting's secret keys (S3 keys in --model-loader-extra-config) are masked: the parts
-    are shown in `/v1/state` and records, and a rotated credential is the same bundle."""
+    are shown in `/v1/state` and records, and a rotated credential is the same bundle. The weight
+    cache's socket location is left out of the loader config: where a daemon listens is not what the
+    engine serves."""
     parts: dict[str, Any] = {
         name: redact_json_text(value) if isinstance(value, str) else value
         for name, value in serving_settings(argv).items()
     }
+    cache = parts.get("model_loader_extra_config")
+    if isinstance(cache, str):  # where the weight cache's socket is: not what the engine serves
+        parts["model_loader_extra_config"] = _without_socket(cache)
     template = parts.get("chat_template")
     if isinstance(template, str):
         path = Path(template)
         content = path.read_bytes() if path.is_file() else template.encode()
         parts["chat_template"] = "sha256:" + hashlib.sha256(content).hexdigest()[:16]
     return parts
+
+
+_SOCKET_KEYS = ("socket_path", "socket_dir")
+
+
+def _without_socket(text: str) -> str:
+    """The loader config without its socket location: two engines of one bundle on one host load from
+    two daemons, each on its own socket (`corral up --preload`), and serve the same thing."""
+    try:
+        body = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
+    if not isinstance(body, dict) or not any(k in body for k in _SOCKET_KEYS):
+        return text
+    kept = {k: v for k, v in body.items() if k not in _SOCKET_KEYS}
+    return orjson.dumps(kept, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def _file_digest(path: Path) -> str:
@@ -96,9 +117,9 @@ def bundle_from(
     preload: Sequence[str] = (),
 ) -> Bundle:
     """`hardware` (GPU model and count, from PRECHECK's parallel identity) is a part only when known,
-    so an engine whose GPUs nobody declared keeps the fingerprint it had; `preload` (the weight-cache
-    daemon's command, secrets masked) likewise only when a daemon runs: a bundle is its engine and its
-    daemon."""
+    so an engine whose GPUs nobody declared keeps the fingerprint it had; `preload` (the bundle-relevant
+    settings of the weight-cache daemon's command, `sh -c` read through) likewise only when a daemon
+    runs: a bundle is its engine and its daemon."""
     command = command_parts(argv)
     base = sorted(str(m.get("id")) for m in models if not m.get("parent"))
     adapters = sorted(str(m.get("id")) for m in models if m.get("parent"))
@@ -111,8 +132,8 @@ def bundle_from(
     }
     if hardware is not None:
         parts["hardware"] = hardware
-    if preload:
-        parts["preload"] = redact_argv(preload)
+    if preload:  # what the daemon serves, as for the engine: not its health port nor its socket
+        parts["preload"] = command_parts(daemon_words(preload))
     model = command.get("model")
     if isinstance(model, str) and Path(model).is_dir():
         parts["model_files"] = model_files_digest(Path(model))

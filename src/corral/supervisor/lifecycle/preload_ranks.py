@@ -20,9 +20,9 @@ from typing import Any
 
 import psutil
 
+from corral.engine.flags import daemon_words
 from corral.engine.rank_lines import parallel_size
 from corral.supervisor.precheck.preload_identity import command_of
-from corral.supervisor.precheck.preload_pair import daemon_words
 
 _SERVING = re.compile(
     r"Weight cache (?P<role>target|draft) daemon rank (?P<rank>\d+) serving on (?P<path>\S+)"

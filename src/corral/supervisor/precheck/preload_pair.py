@@ -9,14 +9,13 @@ not state is reported "not stated" and is not compared (`preload_identity` says 
 from __future__ import annotations
 
 import os
-import shlex
 import stat
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from corral.engine.flags import flag_value, loader_config, serving_settings
+from corral.engine.flags import daemon_words, flag_value, loader_config, serving_settings
 from corral.engine.gpus import GpuDevice, read_gpus
 from corral.supervisor.precheck.check import CheckResult, Outcome
 from corral.supervisor.precheck.explain import Step, step_lines
@@ -32,7 +31,6 @@ from corral.supervisor.precheck.preload_identity import (
 )
 
 NAME = "preload"
-_SHELLS = frozenset({"sh", "bash", "dash", "zsh"})
 # what the engine and the daemon must agree on, with vLLM's default when the flag is absent
 _PAIRED: tuple[tuple[str, str, str | bool | None], ...] = (
     ("model", "--model", None),
@@ -79,17 +77,6 @@ def socket_dir_problem(path: Path) -> tuple[str | None, dict[str, Any]]:
             seen,
         )
     return None, seen
-
-
-def daemon_words(daemon_argv: Sequence[str]) -> list[str]:
-    """The daemon's command, with a `sh -c SCRIPT` wrapper read through (its words, as the shell
-    would split them), so that a wrapped `exec vllm preload --model M …` is still compared."""
-    if len(daemon_argv) >= 3 and Path(daemon_argv[0]).name in _SHELLS and daemon_argv[1] == "-c":
-        try:
-            return shlex.split(daemon_argv[2])
-        except ValueError:
-            return list(daemon_argv)
-    return list(daemon_argv)
 
 
 def daemon_install(
