@@ -60,6 +60,12 @@ def test_the_daemon_is_part_of_the_fingerprint() -> None:
     with_daemon = bundle_from(ENGINE, "0.31.0", [], preload=DAEMON)
     other_daemon = bundle_from(ENGINE, "0.31.0", [], preload=[*DAEMON, "--dtype", "float16"])
     assert len({alone.fingerprint, with_daemon.fingerprint, other_daemon.fingerprint}) == 3
+    # what the daemon serves, not where it listens: engines of one group, each with its own daemon
+    # (`corral up --preload`), share a fingerprint; a `sh -c` wrapper is read through
+    elsewhere = [*DAEMON[:4], "--weight-cache-health-port", "8200", "--socket-path", "/s"]
+    assert bundle_from(ENGINE, "0.31.0", [], preload=elsewhere).fingerprint == with_daemon.fingerprint
+    wrapped = ["sh", "-c", "exec vllm preload --model m --dtype float16"]
+    assert bundle_from(ENGINE, "0.31.0", [], preload=wrapped).fingerprint == other_daemon.fingerprint
     # an engine without a daemon keeps the fingerprint it had
     assert "preload" not in alone.parts and alone.fingerprint == bundle_from(ENGINE, "0.31.0", []).fingerprint
 
@@ -82,9 +88,23 @@ def test_any_words_are_a_bundle_or_a_refusal_naming_preload_command(words: list[
 
 
 def test_corral_up_refuses_a_bundle_daemon_it_would_not_start(tmp_path: Path) -> None:
-    """A local fleet runs `corral sim` engines without a daemon: the field is refused, not ignored."""
+    """A local fleet gives each engine its own daemon (`--preload`) or none: the field is refused."""
     bundle = tmp_path / "b.yaml"
     bundle.write_text('name: b\npreload_command: ["vllm", "preload", "--model", "m"]\n')
     done = CliRunner().invoke(up, ["--bundle", str(bundle)])
     assert done.exit_code == 2, done.output
-    assert "a local fleet starts no preload daemon" in done.output
+    assert "a local fleet runs no bundle's daemon" in done.output
+
+
+def test_the_engines_socket_location_is_not_part_of_its_fingerprint() -> None:
+    """Two engines of one bundle on one host load from two daemons on two sockets and serve the same."""
+
+    def engine(config: str) -> str:
+        argv = ["vllm", "serve", "m", "--model-loader-extra-config", config]
+        return bundle_from(argv, "0.31.0", []).fingerprint
+
+    here = engine('{"socket_path": "/a/wc.sock", "mode": "zero_copy"}')
+    assert engine('{"mode": "zero_copy", "socket_path": "/b/wc.sock"}') == here
+    assert engine('{"socket_dir": "/c", "mode": "zero_copy"}') == here
+    assert engine('{"socket_path": "/a/wc.sock", "mode": "copy"}') != here  # how it loads is
+    assert engine("not json") != here

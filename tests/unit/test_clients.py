@@ -44,7 +44,7 @@ async def test_up_control_client_reads_groups_and_carries_refusals(tmp_path: Pat
             with pytest.raises(APIError) as refused:  # `corral up` starts no daemon: not silently ignored
                 await UpControlClient(session, base, "s3cret").add_group(daemon, 1, 5.0)
             assert refused.value.status == 400
-            assert "a local fleet starts no preload daemon" in refused.value.message
+            assert "a local fleet runs no bundle's daemon" in refused.value.message
             with pytest.raises(APIError) as refused:
                 await UpControlClient(session, base, "s3cret").retire_group("g9", 5.0)
             assert refused.value.status == 404 and "no serving group 'g9'" in refused.value.message

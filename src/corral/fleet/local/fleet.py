@@ -45,6 +45,7 @@ from corral.fleet.local.adapters import AdapterCarryFailed, carry_adapters, desi
 from corral.fleet.local.kv_events import kv_events_args
 from corral.fleet.local.ownership import RecordedProcess
 from corral.fleet.local.ports import free_port, reserve
+from corral.fleet.local.preload import engine_daemon
 from corral.fleet.local.roles import (
     engine_args_for,
     role_groups,
@@ -58,11 +59,12 @@ SLEEP_MODE_FLAG = "--enable-sleep-mode"  # vLLM's, which the simulator takes too
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"  # vLLM's switch for /sleep, /wake_up, /is_sleeping, /reset_prefix_cache
 
 
-# `corral up` starts `corral sim` engines under supervisors without a weight-cache daemon: a bundle's
-# preload_command would be ignored, so it is refused (hosts run it: `corral supervise --preload-command`)
+# a local fleet's daemons are its own (`corral up --preload`: one per engine, on its own port and socket,
+# local/preload.py); a bundle's preload_command, one fixed command, would be ignored, so it is refused
 NO_LOCAL_DAEMON = (
-    "bundle.preload_command: a local fleet starts no preload daemon; give engine_args only, or declare "
-    "the bundle on hosts run with `corral supervise --preload-command` and roll out across them"
+    "bundle.preload_command: a local fleet runs no bundle's daemon (with `corral up --preload` it gives "
+    "each engine its own, on the bundle's --version-string); give engine_args only, or declare the "
+    "bundle on hosts run with `corral supervise --preload-command` and roll out across them"
 )
 
 
@@ -92,6 +94,7 @@ class FleetSpec:
     # a disaggregated fleet (`corral up --prefill N --decode M`): engines of each role, 0: none
     prefill: int = 0
     decode: int = 0
+    preload: bool = False  # `corral up --preload`: each engine loads from its own daemon (local/preload.py)
 
     # the default bundle is runbook-ready: the simulator with sleep mode and its development endpoints
     # (which the supervisor's sleep, wake and reload call), reachable only on loopback behind the gate
@@ -105,7 +108,7 @@ class FleetSpec:
             return BundleSpec(name="initial", engine_args=self.sim_args)
         args = self.sim_args
         # vLLM refuses sleep mode for weights loaded from a preload daemon (--load-format ipc_cache)
-        if SLEEP_MODE_FLAG not in args and "ipc_cache" not in " ".join(args):
+        if SLEEP_MODE_FLAG not in args and "ipc_cache" not in " ".join(args) and not self.preload:
             args = (SLEEP_MODE_FLAG, *args)
         return BundleSpec(name="initial", engine_args=args, env={DEV_MODE_ENV: "1"})
 
@@ -235,6 +238,10 @@ class LocalFleet:
         if spec.policy == "prefix":  # the router places requests by what each engine's cache holds
             sim += kv_events_args(self.log_dir, f"engine-{i}", bundle.engine_args)
         args = ["supervise", "--host", host, "--port", str(supervisor_port), "--engine-url", engine_url]
+        if spec.preload:  # its own daemon, on the bundle's vLLM, before the engine
+            daemon = engine_daemon(bundle, spec.model)
+            sim += daemon.engine_args
+            args += daemon.supervisor_args
         if spec.gate:
             gate_port = free_port(host)
             args += ["--gate-port", str(gate_port), "--gate-host", host]

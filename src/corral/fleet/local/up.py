@@ -108,6 +108,13 @@ from corral.policy_names import POLICY_NAMES
     "`wake` and `reload` refuse). By default they have both, the endpoints reachable only through "
     "each supervisor (behind its gate, or on a loopback --host).",
 )
+@click.option(
+    "--preload",
+    is_flag=True,
+    help="Give each engine its own weight-cache daemon (`corral sim preload` on the bundle's "
+    "--version-string, under its supervisor) and load its weights from it (ipc_cache, zero_copy; no "
+    "sleep mode). A rollout's new groups start new daemons; retired groups stop theirs.",
+)
 @click.option("--verbose", "-v", is_flag=True, help="Also print every member's log lines.")
 @click.option(
     "--sim-arg",

@@ -57,6 +57,7 @@ def up_fleet(
     no_gate: bool,
     no_sleep_mode: bool,
     config_file: Path | None,
+    preload: bool = False,
 ) -> None:
     """Start the fleet the flags (and --config) describe and watch it until Ctrl-C."""
     console = Console(highlight=False, soft_wrap=True)
@@ -115,6 +116,7 @@ def up_fleet(
         runbook_ready=not no_sleep_mode and (not no_gate or is_loopback(host)),
         prefill=prefill,
         decode=decode,
+        preload=preload,
     )
     files = _preflight(host, port)
     try:
