@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -198,6 +200,7 @@ class LocalFleet:
         # every supervisor port the fleet ever ran (retired groups' too): where `corral sleep|wake|…`
         # kept their records (`KIND-SUPERVISORPORT.json`), archived with the fleet's own
         self.supervisor_ports: set[int] = set()
+        self._sockets: Path | None = None  # `--preload`: the daemons' socket dirs, removed at stop
         self._next_group = 0
         reserve(spec.router_port)  # the router binds it after the engines start: none of them gets it
 
@@ -239,7 +242,8 @@ class LocalFleet:
             sim += kv_events_args(self.log_dir, f"engine-{i}", bundle.engine_args)
         args = ["supervise", "--host", host, "--port", str(supervisor_port), "--engine-url", engine_url]
         if spec.preload:  # its own daemon, on the bundle's vLLM, before the engine
-            daemon = engine_daemon(bundle, spec.model)
+            self._sockets = self._sockets or Path(tempfile.mkdtemp(prefix="corral-wc-"))
+            daemon = engine_daemon(bundle, spec.model, self._sockets)
             sim += daemon.engine_args
             args += daemon.supervisor_args
         if spec.gate:
@@ -464,4 +468,6 @@ class LocalFleet:
         results = await asyncio.gather(*(m.process.stop(self.spec.stop_grace) for m in engines))
         for member, code in zip(engines, results, strict=True):
             codes[member.name] = code
+        if self._sockets is not None:  # every daemon has stopped with its supervisor
+            shutil.rmtree(self._sockets, ignore_errors=True)
         return codes

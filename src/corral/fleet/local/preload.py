@@ -33,11 +33,12 @@ class EngineDaemon:
     supervisor_args: tuple[str, ...]
 
 
-def engine_daemon(bundle: BundleSpec, model: str) -> EngineDaemon:
-    """A daemon for one engine of `bundle` serving `model`."""
+def engine_daemon(bundle: BundleSpec, model: str, sockets: Path) -> EngineDaemon:
+    """A daemon for one engine of `bundle` serving `model`, its socket in a new directory under
+    `sockets` (short: a unix socket path has 107 bytes; the fleet removes it when it stops)."""
     health = free_port(LOOPBACK)
-    # its own 0700 directory (PRECHECK refuses a shared one), short: a unix socket path has 107 bytes
-    socket = Path(tempfile.mkdtemp(prefix="corral-wc-")) / "wc.sock"
+    # its own 0700 directory: PRECHECK refuses a socket directory others can reach
+    socket = Path(tempfile.mkdtemp(prefix="e", dir=sockets)) / "wc.sock"
     daemon = [sys.executable, "-m", "corral", "sim", "preload", "--model", model]
     daemon += ["--weight-cache-health-port", str(health), "--weight-cache-health-host", LOOPBACK]
     daemon += ["--socket-path", str(socket)]
