@@ -1,6 +1,7 @@
 """What a stranger types on a fresh clone, without editing anything: `scripts/up --port P` (the real
 script with the repo's .venv), a chat request to the router URL it prints, then `corral status`, `sleep`,
-`wake` and `doctor` from another shell with `.venv/bin` on PATH as the README says, and Ctrl-C."""
+`wake` and `doctor` from another shell with `.venv/bin` on PATH as the README says, the tour's rollout and
+rollback with `corral load` running in a third shell (no request fails), and Ctrl-C."""
 
 from __future__ import annotations
 
@@ -92,6 +93,38 @@ def test_a_new_user_starts_the_default_fleet_and_runs_the_runbook(tmp_path: Path
         code, out = typed("corral", "doctor", "--port", port, "--json", env=env)
         assert code == 0, out
         orjson.loads(out)
+
+        # the tour's section 5: a bundle written as the README writes it, rolled out and back while
+        # `corral load` runs in a third shell; the load's own summary and the rollout's say none failed
+        bundle = tmp_path / "v2.yaml"
+        bundle.write_text('name: v2\nengine_args: ["--itl-ms", "5", "--version-string", "0.33.1"]\n')
+        load_log = tmp_path / "load.log"
+        with load_log.open("wb") as load_out:
+            load = subprocess.Popen(
+                ["corral", "load", "--port", port, "--rate", "20", "--seconds", "120"],
+                env=env,
+                stdout=load_out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        try:
+            first_line = lambda: " ok " in read(load_log) or load.poll() is not None  # noqa: E731
+            wait_until(first_line, 30, "the load's first line")
+            code, out = typed("corral", "rollout", "--port", port, "--to", str(bundle), env=env)
+            assert code == 0 and "succeeded" in out, out  # the command's printed answer is the contract
+            during = r"requests during the rollout: [1-9]\d* answered by the router, 0 failed"
+            assert re.search(during, out), out
+            code, out = typed("corral", "rollback", "--port", port, env=env)
+            assert code == 0 and "succeeded" in out, out  # the command's printed answer is the contract
+        finally:
+            if load.poll() is None:
+                os.killpg(load.pid, signal.SIGINT)  # Ctrl-C in the load's shell
+            load.wait(timeout=30)
+        # the load's summary line is the contract: what it sent and that none failed
+        summary = read(load_log)
+        assert load.returncode == 0, summary
+        assert re.search(r"load stopped by Ctrl-C: sent [1-9]\d* .*failed 0", summary), summary
 
         os.killpg(up.pid, signal.SIGINT)
         assert up.wait(timeout=60) == 0, read(log)
