@@ -55,6 +55,7 @@ def test_load_reports_no_failure_and_the_count_the_engines_served() -> None:
     try:
         done = corral_load("--router", url, "--rate", "40", "--seconds", "2", "--stream-share", "0.5")
         assert done.returncode == 0, done.stdout + done.stderr
+        # the printed answer is the contract: what the person who ran the command reads
         found = SUMMARY.search(done.stdout)
         assert found is not None, done.stdout
         sent, ok, failed = int(found[2]), int(found[3]), int(found[4])
@@ -84,6 +85,7 @@ def test_load_counts_the_failures_by_kind_when_the_only_engine_is_killed() -> No
         wait_until(lambda: PROGRESS_OK.search(load.output()) is not None, 30, "the load's first ok requests")
         sim.signal(signal.SIGKILL)
         assert load.wait_exit(120) == 1, load.output()
+        # the printed answer is the contract: what the person who ran the command reads
         found = SUMMARY.search(load.output())
         assert found is not None, load.output()
         assert int(found[4]) > 0 and int(found[3]) > 0
@@ -104,6 +106,7 @@ def test_ctrl_c_stops_the_load_and_prints_the_summary() -> None:
         wait_until(lambda: PROGRESS_OK.search(load.output()) is not None, 30, "the load's first ok requests")
         load.signal(signal.SIGINT)
         assert load.wait_exit(60) == 0, load.output()
+        # the printed answer is the contract: what the person who ran the command reads
         found = SUMMARY.search(load.output())
         assert found is not None and found[1] == "stopped by Ctrl-C" and found[4] == "0", load.output()
         assert "Traceback" not in load.output()
@@ -137,6 +140,7 @@ def test_bad_options_are_one_line_errors_with_exit_2(args: tuple[str, ...], said
     router = ("--router", "http://127.0.0.1:9") if "--router" not in args else ()
     done = corral_load(*router, *args)
     assert done.returncode == 2, done.stdout + done.stderr
+    # the refusal is the contract: one line naming the value and what to do
     assert done.stderr.count("\n") == 1 and said in done.stderr, done.stderr
     assert done.stdout == ""
 
@@ -145,6 +149,7 @@ def test_an_unreachable_router_is_a_one_line_error_with_exit_2() -> None:
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     done = corral_load("--router", url, "--seconds", "1")
     assert done.returncode == 2, done.stdout + done.stderr
+    # the refusal is the contract: one line naming the value and what to do
     assert done.stderr.startswith(f"Error: cannot reach the router at {url}"), done.stderr
     assert done.stderr.count("\n") == 1 and "--router" in done.stderr
 
@@ -155,6 +160,7 @@ def test_a_model_the_router_does_not_serve_is_refused_before_any_load() -> None:
     try:
         done = corral_load("--router", url, "--model", "no-such-model", "--seconds", "1")
         assert done.returncode == 2, done.stdout + done.stderr
+        # the refusal is the contract: one line naming the value and what to do
         assert "--model 'no-such-model' is not served" in done.stderr and "sim-model" in done.stderr
         assert finished_on(sim_url) == 0
     finally:
@@ -182,6 +188,7 @@ def test_every_broken_answer_is_counted_as_a_failure_of_its_kind(mode: str, shar
     finally:
         hostile_engine.stop(engine)
     assert done.returncode == 1, done.stdout + done.stderr
+    # the printed answer is the contract: what the person who ran the command reads
     found = SUMMARY.search(done.stdout)
     assert found is not None, done.stdout
     assert found[3] == "0" and found[4] == found[2] and found[5] == f"{kind} ×{found[2]}", found[0]
@@ -246,6 +253,7 @@ def test_a_router_with_tenants_takes_the_key_file_and_refuses_the_load_without_i
         ):
             done = corral_load("--router", url, "--seconds", "1", *refused)
             assert done.returncode == 2, done.stdout + done.stderr
+            # the refusal is the contract: one line saying what to do, never the key
             assert said in done.stderr and done.stderr.count("\n") == 1, done.stderr
             assert key not in done.stderr + done.stdout
         served = corral_load(

@@ -31,6 +31,8 @@ def test_a_rollout_under_corral_load_prints_its_requests_and_the_load_counts_non
         bundle.write_text('name: v2\nengine_args: ["--itl-ms", "5", "--version-string", "0.33.1"]\n')
         rollout = CorralProcess(["rollout", "--port", port, "--to", str(bundle)], env=env)
         assert rollout.wait_exit(300) == 0, rollout.output()
+        # the printed lines are the contract: the rollout's requests line and the load's summary are what
+        # the person in each terminal reads (the claim of the tour)
         found = REQUESTS_LINE.search(rollout.output())
         assert found is not None, rollout.output()
         assert int(found[1]) > 0 and found[2] == "0", found[0]
