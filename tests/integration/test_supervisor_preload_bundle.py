@@ -99,17 +99,17 @@ def test_an_upgrade_replaces_the_daemon_before_the_engine_starts(tmp_path: Path)
         old = sup.state()["preload"]
         switch(sup, "upgrade")
         record = settled(sup, "upgrade")
-        log = sup.oplog()
-        switched = index(log, "bundle_selected", name="upgrade")
+        oplog = sup.oplog()
+        switched = index(oplog, "bundle_selected", name="upgrade")
         # the runbook's order: engine, then daemon, stopped; the new daemon healthy; then the engine
-        engine_gone = index(log, "engine_exited", switched)
-        old_gone = index(log, "preload_stopped", engine_gone, pid=old["pid"])
-        new_started = index(log, "preload_started", old_gone, version=NEW)
-        healthy = index(log, "preload_healthy", new_started)
-        prechecked = index(log, "precheck", healthy, outcome="authorized")
-        engine_back = index(log, "engine_started", prechecked)
-        verified = index(log, "preload_verify", engine_back)
-        assert log[verified]["source"] == "daemon", log[verified]  # the Mapped line: from the new cache
+        engine_gone = index(oplog, "engine_exited", switched)
+        old_gone = index(oplog, "preload_stopped", engine_gone, pid=old["pid"])
+        new_started = index(oplog, "preload_started", old_gone, version=NEW)
+        healthy = index(oplog, "preload_healthy", new_started)
+        prechecked = index(oplog, "precheck", healthy, outcome="authorized")
+        engine_back = index(oplog, "engine_started", prechecked)
+        verified = index(oplog, "preload_verify", engine_back)
+        assert oplog[verified]["source"] == "daemon", oplog[verified]  # the Mapped line: from the new cache
         state = sup.state()
         assert state["preload"]["version"] == NEW and state["preload"]["pid"] != old["pid"], state["preload"]
         moved = record["preload"]
@@ -125,14 +125,15 @@ def test_a_failed_switch_restores_the_old_pair(tmp_path: Path) -> None:
         old = sup.state()["preload"]
         switch(sup, "half")
         record = settled(sup, "initial")
-        log = sup.oplog()
-        refused = index(log, "precheck", outcome="refused")
-        assert "vllm_version" in log[refused]["reason"] or "version" in log[refused]["reason"], log[refused]
+        oplog = sup.oplog()
+        refused = index(oplog, "precheck", outcome="refused")
+        reason = oplog[refused]["reason"]
+        assert "vllm_version" in reason or "version" in reason, oplog[refused]
         # RECOVER: the old daemon back (its command and version), healthy, before the old engine
-        back = index(log, "preload_started", refused, argv=old["argv"])
-        healthy = index(log, "preload_healthy", back)
-        engine_back = index(log, "engine_started", healthy)
-        assert log[index(log, "preload_verify", engine_back)]["source"] == "daemon"
+        back = index(oplog, "preload_started", refused, argv=old["argv"])
+        healthy = index(oplog, "preload_healthy", back)
+        engine_back = index(oplog, "engine_started", healthy)
+        assert oplog[index(oplog, "preload_verify", engine_back)]["source"] == "daemon"
         state = sup.state()
         assert state["preload"]["argv"] == old["argv"] and state["preload"]["version"] == old["version"]
         assert record["outcome"] == "failed", record
@@ -148,12 +149,12 @@ def test_an_unchanged_daemon_is_kept(tmp_path: Path) -> None:
         old = sup.state()["preload"]
         switch(sup, "tuned")
         record = settled(sup, "tuned")
-        log = sup.oplog()
-        switched = index(log, "bundle_selected", name="tuned")
-        index(log, "preload_kept", switched, pid=old["pid"])
-        assert not [r for r in log[switched:] if r["record"] in ("preload_stopped", "preload_started")]
-        started = index(log, "engine_started", switched)
-        assert log[index(log, "preload_verify", started)]["source"] == "daemon"
+        oplog = sup.oplog()
+        switched = index(oplog, "bundle_selected", name="tuned")
+        index(oplog, "preload_kept", switched, pid=old["pid"])
+        assert not [r for r in oplog[switched:] if r["record"] in ("preload_stopped", "preload_started")]
+        started = index(oplog, "engine_started", switched)
+        assert oplog[index(oplog, "preload_verify", started)]["source"] == "daemon"
         assert sup.state()["preload"]["pid"] == old["pid"]
         assert record["preload"]["replaced"] is False, record["preload"]
 
@@ -170,6 +171,7 @@ def test_a_bundle_daemon_on_a_host_without_one_is_refused_at_start(tmp_path: Pat
         check=False,
     )
     assert done.returncode == 2, done
+    # the refusal is the contract: one line naming the value and what to do
     assert "--bundle upgrade: its preload_command needs a host that runs a daemon" in done.stderr, done.stderr
     assert "pass --preload-command" in done.stderr
 
@@ -189,18 +191,19 @@ def test_a_rollback_after_a_failed_start_moves_the_daemon_back_first(tmp_path: P
     )
     try:
         sup.wait_for("READY on old", lambda b: (b.get("state"), b.get("bundle_name")) == ("READY", "old"), 90)
-        log = sup.oplog()
-        upgraded = index(log, "preload_started", version=NEW)
-        refused = index(log, "precheck", upgraded, outcome="refused")
-        gone = index(log, "preload_stopped", refused, pid=log[upgraded]["pid"])
-        back = index(log, "preload_started", gone)
-        assert log[back]["version"] != NEW, log[back]
-        started = index(log, "engine_started", index(log, "preload_healthy", back))
-        assert log[index(log, "preload_verify", started)]["source"] == "daemon"
+        oplog = sup.oplog()
+        upgraded = index(oplog, "preload_started", version=NEW)
+        refused = index(oplog, "precheck", upgraded, outcome="refused")
+        gone = index(oplog, "preload_stopped", refused, pid=oplog[upgraded]["pid"])
+        back = index(oplog, "preload_started", gone)
+        assert oplog[back]["version"] != NEW, oplog[back]
+        started = index(oplog, "engine_started", index(oplog, "preload_healthy", back))
+        assert oplog[index(oplog, "preload_verify", started)]["source"] == "daemon"
         sup.wait_for("the rollback recorded", lambda b: not b.get("busy"), 30)
         (record,) = [r for r in sup.oplog() if r["record"] == "change_record" and r["kind"] == "rollback"]
         moved = record["preload"]
-        assert moved["before"]["version"] == NEW and moved["after"]["version"] == log[back]["version"], moved
+        assert moved["before"]["version"] == NEW, moved
+        assert moved["after"]["version"] == oplog[back]["version"], moved
     finally:
         pids = sup.engine_pids()
         sup.proc.stop(grace=20)
@@ -218,14 +221,14 @@ def test_a_new_daemon_that_never_gets_healthy_fails_execute_and_the_old_pair_ret
         (execute,) = [s for s in record["steps"] if s["step"] == "execute"]
         assert "the preload daemon of bundle broken is not healthy" in execute["data"]["error"], execute
         assert "exited with code 2 before it was healthy" in execute["data"]["error"], execute
-        log = sup.oplog()
-        tried = index(log, "preload_started", index(log, "bundle_selected", name="broken"))
-        assert "--no-such-flag" in log[tried]["argv"]
+        oplog = sup.oplog()
+        tried = index(oplog, "preload_started", index(oplog, "bundle_selected", name="broken"))
+        assert "--no-such-flag" in oplog[tried]["argv"]
         # no engine of the broken bundle: the old daemon back, healthy, then the old engine
-        back = index(log, "preload_started", tried, argv=old["argv"])
-        assert not [r for r in log[tried:back] if r["record"] == "engine_started"]
-        started = index(log, "engine_started", index(log, "preload_healthy", back))
-        assert log[index(log, "preload_verify", started)]["source"] == "daemon"
+        back = index(oplog, "preload_started", tried, argv=old["argv"])
+        assert not [r for r in oplog[tried:back] if r["record"] == "engine_started"]
+        started = index(oplog, "engine_started", index(oplog, "preload_healthy", back))
+        assert oplog[index(oplog, "preload_verify", started)]["source"] == "daemon"
         assert record["preload"]["after"]["argv"] == old["argv"], record["preload"]
 
 
