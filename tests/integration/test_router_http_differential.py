@@ -62,7 +62,9 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
         yield s
 
 
-async def engine_log(session: aiohttp.ClientSession, wire: Wire) -> list[dict[str, Any]]:
+async def engine_seen(session: aiohttp.ClientSession, wire: Wire) -> list[dict[str, Any]]:
+    """The requests the fake engine received since the last call (its `/_seen` record, then reset),
+    less the router's `/v1/models` probes."""
     async with session.get(wire.engine + "/_seen?reset=1") as resp:
         seen: list[dict[str, Any]] = orjson.loads(await resp.read())
     return [s for s in seen if s.get("path") != "/v1/models"]
@@ -179,8 +181,8 @@ async def test_a_slow_expect_request_never_hands_its_answer_to_the_requests_behi
     )
     assert not wrong, wrong[:3]
     assert {got.status for got in seen} == {200}
-    log = await engine_log(session, wire)
-    assert [entry["expect"] for entry in log] == [None] * len(asks)  # Expect is not forwarded
+    received = await engine_seen(session, wire)
+    assert [entry["expect"] for entry in received] == [None] * len(asks)  # Expect is not forwarded
 
 
 async def test_a_large_body_sent_the_way_curl_sends_it(wire: Wire, session: aiohttp.ClientSession) -> None:
@@ -216,7 +218,7 @@ async def test_a_large_body_sent_the_way_curl_sends_it(wire: Wire, session: aioh
 async def test_a_header_value_outside_latin1_is_a_400_naming_the_header(
     wire: Wire, session: aiohttp.ClientSession
 ) -> None:
-    await engine_log(session, wire)
+    await engine_seen(session, wire)
     body = Ask(new_nonce(), 100).body()
     answer = await raw_http.exchange(
         wire.router,
@@ -230,13 +232,13 @@ async def test_a_header_value_outside_latin1_is_a_400_naming_the_header(
     assert error["param"] == "x-request-id" and "`x-request-id`" in error["message"], error
     echoed = next(line for line in head.split(b"\r\n") if line.lower().startswith(b"x-request-id:"))
     assert echoed.isascii() and "résumé".encode() not in echoed
-    assert await engine_log(session, wire) == []  # nothing went upstream
+    assert await engine_seen(session, wire) == []  # nothing went upstream
 
 
 async def test_hop_by_hop_headers_and_those_the_connection_header_names_stay_at_the_router(
     wire: Wire, session: aiohttp.ClientSession
 ) -> None:
-    await engine_log(session, wire)
+    await engine_seen(session, wire)
     ask = Ask(
         new_nonce(),
         100,
@@ -251,7 +253,7 @@ async def test_hop_by_hop_headers_and_those_the_connection_header_names_stay_at_
     )
     got = await send(session, wire.router, ask)
     assert got.delivered_to(ask), got
-    [entry] = await engine_log(session, wire)
+    [entry] = await engine_seen(session, wire)
     forwarded = set(entry["headers"])
     assert "x-kept" in forwarded and "x-nonce" in forwarded
     assert not forwarded & {"x-hop-secret", "keep-alive", "te", "proxy-authorization", "expect"}, forwarded
@@ -369,9 +371,9 @@ def test_the_router_answers_exactly_what_the_engine_answers_and_to_the_client_th
         loop.run_until_complete(run_batch(connector_session[0], wire, batch))
 
     try:
-        loop.run_until_complete(engine_log(connector_session[0], wire))
+        loop.run_until_complete(engine_seen(connector_session[0], wire))
         check()
-        seen = loop.run_until_complete(engine_log(connector_session[0], wire))
+        seen = loop.run_until_complete(engine_seen(connector_session[0], wire))
     finally:
         loop.run_until_complete(connector_session[0].close())
         loop.close()

@@ -61,9 +61,9 @@ def test_the_bundle_is_shown_recorded_and_follows_the_model_files(tmp_path: Path
         assert bundle["model_files"]["files"] == 3
         assert bundle["command"]["max_model_len"] == "1024" and bundle["engine_version"]
         fingerprint = bundle["fingerprint"]
-        log = records(state_dir)
-        assert [r["fingerprint"] for r in log if r["record"] == "bundle"] == [fingerprint]
-        ready = [r for r in log if r["record"] == "transition" and r["state"] == "READY"]
+        oplog = records(state_dir)
+        assert [r["fingerprint"] for r in oplog if r["record"] == "bundle"] == [fingerprint]
+        ready = [r for r in oplog if r["record"] == "transition" and r["state"] == "READY"]
         assert ready[-1]["evidence"]["bundle"] == fingerprint
         assert httpx.post(url + "/v1/drain", json={}).status_code == 202
         wait_until(

@@ -29,12 +29,12 @@ from tests.support.waits import eventually
 
 
 def test_records_survive_and_a_torn_line_is_skipped(tmp_path: Path) -> None:
-    log = OperationLog(tmp_path)
-    assert log.open() == []
-    log.append("transition", epoch=1, to="STARTING")
-    log.append("engine_started", pid=4242, create_time=12.5, argv=["vllm", "serve"])
-    log.append("transition", epoch=2, to="READY")
-    log.close()
+    oplog = OperationLog(tmp_path)
+    assert oplog.open() == []
+    oplog.append("transition", epoch=1, to="STARTING")
+    oplog.append("engine_started", pid=4242, create_time=12.5, argv=["vllm", "serve"])
+    oplog.append("transition", epoch=2, to="READY")
+    oplog.close()
     with (tmp_path / "oplog.jsonl").open("ab") as fh:
         fh.write(b'{"record": "transition", "epo')  # a crash mid-write
     records = read_records(tmp_path / "oplog.jsonl")
@@ -82,18 +82,18 @@ def test_a_full_disk_is_reported_never_raised_and_the_loss_is_recorded_after() -
     said: list[str] = []
     failures = StateWriteFailures(None, said.append)
     with tiny_tmpfs("64k") as disk:
-        log = OperationLog(disk / "state", failures)
-        log.open()
-        log.append("transition", epoch=1, to="STARTING", padding="x" * 200)
+        oplog = OperationLog(disk / "state", failures)
+        oplog.open()
+        oplog.append("transition", epoch=1, to="STARTING", padding="x" * 200)
         fill(disk)
         for epoch in range(2, 40):  # far more than the disk has room for
-            log.append("transition", epoch=epoch, to="DRAINING", padding="x" * 200)
+            oplog.append("transition", epoch=epoch, to="DRAINING", padding="x" * 200)
         assert failures.problem is not None and "No space left on device" in failures.problem
         assert len(said) == 1 and "cannot write" in said[0]  # one line, not one per write
         (disk / "filler").unlink()
-        log.append("transition", epoch=40, to="STOPPING")
+        oplog.append("transition", epoch=40, to="STOPPING")
         assert failures.problem is None
-        log.close()
+        oplog.close()
         records = read_records(disk / "state" / "oplog.jsonl")
     assert records[-1]["epoch"] == 40
     lost = [r for r in records if r["record"] == "oplog_records_lost"]
@@ -105,10 +105,10 @@ def test_a_quiet_log_recovers_by_itself_once_the_disk_has_room() -> None:
     failures = StateWriteFailures(None, lambda message: None)
 
     async def scenario(disk: Path) -> None:
-        log = OperationLog(disk / "state", failures, retry_seconds=0.05)
-        log.open()
+        oplog = OperationLog(disk / "state", failures, retry_seconds=0.05)
+        oplog.open()
         fill(disk)
-        log.append("transition", epoch=1, to="DRAINING", padding="x" * 8192)
+        oplog.append("transition", epoch=1, to="DRAINING", padding="x" * 8192)
         assert failures.problem is not None
         (disk / "filler").unlink()
         for _ in range(100):  # no append from here on: the retry alone must clear it
@@ -116,7 +116,7 @@ def test_a_quiet_log_recovers_by_itself_once_the_disk_has_room() -> None:
                 break
             await asyncio.sleep(0.05)
         assert failures.problem is None
-        log.close()
+        oplog.close()
 
     with tiny_tmpfs("64k") as disk:
         asyncio.run(scenario(disk))
@@ -127,12 +127,12 @@ def test_a_quiet_log_recovers_by_itself_once_the_disk_has_room() -> None:
 
 
 def test_the_log_is_0600_and_rotates_by_size_keeping_epoch_and_engine(tmp_path: Path) -> None:
-    log = OperationLog(tmp_path, max_bytes=2048, keep=2)
-    log.open()
-    log.append("engine_started", pid=4242, create_time=12.5, argv=["vllm"])
+    oplog = OperationLog(tmp_path, max_bytes=2048, keep=2)
+    oplog.open()
+    oplog.append("engine_started", pid=4242, create_time=12.5, argv=["vllm"])
     for epoch in range(1, 200):
-        log.append("transition", epoch=epoch, to="READY", padding="x" * 50)
-    log.close()
+        oplog.append("transition", epoch=epoch, to="READY", padding="x" * 50)
+    oplog.close()
     names = sorted(p.name for p in tmp_path.glob("oplog.jsonl*"))
     assert names == ["oplog.jsonl", "oplog.jsonl.1", "oplog.jsonl.2"]
     for name in names:
@@ -156,16 +156,16 @@ def test_fsync_runs_off_the_event_loop_and_lines_stay_in_order(
     monkeypatch.setattr(os, "fsync", spy)
 
     async def appends() -> None:
-        log = OperationLog(tmp_path)
-        log.open()
+        oplog = OperationLog(tmp_path)
+        oplog.open()
         for epoch in range(1, 101):
-            log.append("transition", epoch=epoch)
+            oplog.append("transition", epoch=epoch)
             if epoch % 10 == 0:
                 await asyncio.sleep(0.01)
         await eventually(lambda: synced_in, "an fsync of the appended lines")
         on_loop = [name for name in synced_in if name == threading.current_thread().name]
         assert synced_in and not on_loop, synced_in
-        log.close()
+        oplog.close()
 
     asyncio.run(appends())
     assert [r["epoch"] for r in _lines(tmp_path / "oplog.jsonl")] == list(range(1, 101))
@@ -174,7 +174,7 @@ def test_fsync_runs_off_the_event_loop_and_lines_stay_in_order(
 def test_an_old_world_readable_log_becomes_0600(tmp_path: Path) -> None:
     (tmp_path / "oplog.jsonl").write_bytes(b'{"record": "transition", "epoch": 3}\n')
     (tmp_path / "oplog.jsonl").chmod(0o644)
-    log = OperationLog(tmp_path)
-    assert last_epoch(log.open()) == 3
-    log.close()
+    oplog = OperationLog(tmp_path)
+    assert last_epoch(oplog.open()) == 3
+    oplog.close()
     assert stat.S_IMODE((tmp_path / "oplog.jsonl").stat().st_mode) == 0o600
