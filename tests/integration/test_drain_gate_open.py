@@ -15,6 +15,7 @@ from corral.engine.load_sample import fetch_load
 from tests.integration.test_forced_exits import read_stream, wait_operation
 from tests.integration.test_supervisor_support import http_json, supervised
 from tests.support.procs import free_port
+from tests.support.waits import wait_until
 
 # 600 prompt tokens at 20 ms each: 12 s in the API server before the engine counts the request, far
 # longer than the drain takes to leave routing (no routers, a 0.2 s quiet period) and reach its stop
@@ -43,9 +44,9 @@ async def test_the_drain_waits_for_a_response_open_at_the_gate_that_the_engine_d
             first = asyncio.Event()
             stream = asyncio.create_task(read_stream(session, url, body, "rendering-1", first))
             # the premise: open at the gate while the engine's own gauges count nothing
-            while (await asyncio.to_thread(sup.state))["gate"]["in_flight"] != {"sim-model": 1}:
-                assert not stream.done(), stream.result()
-                await asyncio.sleep(0.05)
+            opened = lambda: stream.done() or sup.state()["gate"]["in_flight"] == {"sim-model": 1}  # noqa: E731
+            await asyncio.to_thread(wait_until, opened, 30, "the request open at the gate")
+            assert not stream.done(), stream.result()
             load = await fetch_load(session, sup.engine_url, within=5.0)
             assert load.in_flight == 0 and not first.is_set(), load
 
