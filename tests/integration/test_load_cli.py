@@ -131,6 +131,8 @@ def test_ctrl_c_stops_the_load_and_prints_the_summary() -> None:
         (("--concurrency", "0"), "--concurrency 0 must be 1 to 512"),
         (("--concurrency", "4", "--rate", "5"), "--rate and --concurrency both given"),
         (("--max-requests", "0"), "--max-requests 0 must be 1 or more"),
+        (("--timeout", "0"), "--timeout 0.0 must be a number above 0"),
+        (("--timeout", "nan"), "--timeout nan must be a number above 0"),
         (("--router", "ftp://127.0.0.1:1"), "is not an http(s) URL"),
         (("--router", "127.0.0.1:8000"), "is not an http(s) URL"),
         (("--api-key-file", "/nonexistent/key"), "--api-key-file '/nonexistent/key' is unreadable"),
