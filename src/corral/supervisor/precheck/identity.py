@@ -103,6 +103,18 @@ def image_version(image: str | None) -> str | None:
     return match.group(1) if match else None
 
 
+def ask_interpreter(python: str, script: str, env: Mapping[str, str], timeout: float) -> bytes | None:
+    """What `python -c script` prints, or None when it cannot run, fails or outlives `timeout` (the
+    engine's own interpreter, asked about its installation). Blocking."""
+    try:
+        done = subprocess.run(
+            [python, "-c", script], env=dict(env), capture_output=True, timeout=timeout, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
 def engine_version(
     argv: Sequence[str], env: Mapping[str, str], timeout: float = VERSION_TIMEOUT_S
 ) -> tuple[str | None, str]:
@@ -113,18 +125,9 @@ def engine_version(
         given = flag_value(argv, "--version-string")
         return (given, "--version-string") if given else (SIM_VLLM_VERSION, "corral sim default")
     if kind == EngineKind.VLLM and (python := _interpreter(argv, env)) is not None:
-        try:
-            done = subprocess.run(
-                [python, "-c", _ASK_VLLM_VERSION],
-                env=dict(env),
-                capture_output=True,
-                timeout=timeout,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            done = None
-        if done is not None and done.returncode == 0 and done.stdout.strip():
-            return done.stdout.decode().strip(), f"importlib.metadata in {python}"
+        answer = ask_interpreter(python, _ASK_VLLM_VERSION, env, timeout)
+        if answer is not None and answer.strip():
+            return answer.decode().strip(), f"importlib.metadata in {python}"
     tagged = image_version(env.get("CORRAL_IMAGE"))
     if tagged is not None:
         return tagged, "image tag ($CORRAL_IMAGE)"

@@ -20,7 +20,6 @@ supervisor's environment), as UUIDs through NVML where the host has it, else as 
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -30,6 +29,7 @@ from corral.supervisor.precheck.identity import (
     VERSION_TIMEOUT_S,
     EngineKind,
     _interpreter,
+    ask_interpreter,
     engine_kind,
     engine_version,
     image_version,
@@ -103,16 +103,10 @@ def read_install(argv: Sequence[str], env: Mapping[str, str], timeout: float = V
         version, where = engine_version(argv, env)
         return Install(version, where, None, "the simulator runs on no GPU platform")
     if kind == EngineKind.VLLM and (python := _interpreter(argv, env)) is not None:
+        answer = ask_interpreter(python, _ASK_INSTALL, env, timeout)
         try:
-            done = subprocess.run(
-                [python, "-c", _ASK_INSTALL],
-                env=dict(env),
-                capture_output=True,
-                timeout=timeout,
-                check=False,
-            )
-            body = json.loads(done.stdout) if done.returncode == 0 else None
-        except (OSError, subprocess.TimeoutExpired, ValueError):
+            body = json.loads(answer) if answer is not None else None
+        except ValueError:
             body = None
         if isinstance(body, dict) and isinstance(body.get("version"), str):
             name, version = str(body.get("name") or "vllm"), body["version"]
