@@ -18,6 +18,7 @@ import pytest
 from tests.integration.test_supervisor_support import http_json, short_tmp_dir
 from tests.integration.test_supervisor_tokens_per_pod import derive
 from tests.support.fake_kube import FakeKubeThread
+from tests.support.k8s_router import k8s_router
 from tests.support.procs import CorralProcess, free_port
 from tests.support.waits import wait_until
 
@@ -63,18 +64,11 @@ def test_a_pod_that_joins_later_gets_the_runtime_adapters_before_it_is_routed(
     sups = {pod: f"http://{ip}:{supervisor_port}" for pod, ip in PODS.items()}
     with FakeKubeThread() as api:
         kubeconfig = api.kube.write_kubeconfig(tmp_path / "kubeconfig", NS)
-        router_port = free_port()
-        router_url = f"http://127.0.0.1:{router_port}"
-        router = CorralProcess(
-            ["router", "--port", str(router_port), "--router-id", "r1", "--discovery", "k8s",
-             "--namespace", NS, "--selector", "app=vllm", "--kubeconfig", str(kubeconfig),
-             "--engine-port", str(engine_port), "--supervisor-port", str(supervisor_port),
-             "--supervisor-token-key-file", str(key), "--supervisor-heartbeat", "0.5",
-             "--carry-adapters-seconds", "120", "--models-refresh-seconds", "0.5"],
-            env={"CORRAL_TOKEN": ""},
+        router, router_url = k8s_router(
+            kubeconfig, NS, engine_port, supervisor_port, key,
+            "--carry-adapters-seconds", "120", "--models-refresh-seconds", "0.5",
         )  # fmt: skip
         procs.append(router)
-        router.wait_http(router_url + "/metrics")
 
         def start_pod(pod: str) -> None:
             ip = PODS[pod]

@@ -19,6 +19,7 @@ import pytest
 
 from tests.integration.test_supervisor_support import http_json, short_tmp_dir
 from tests.support.fake_kube import FakeKubeThread
+from tests.support.k8s_router import k8s_router
 from tests.support.procs import CorralProcess, free_port
 from tests.support.waits import wait_until
 
@@ -67,17 +68,8 @@ def test_a_pods_token_opens_only_its_own_supervisor_and_the_router_derives_each(
     sup_urls = {pod: f"http://{ip}:{supervisor_port}" for pod, ip in PODS.items()}
     with FakeKubeThread() as api:
         kubeconfig = api.kube.write_kubeconfig(tmp_path / "kubeconfig", NS)
-        router_port = free_port()
-        router_url = f"http://127.0.0.1:{router_port}"
-        router = CorralProcess(
-            ["router", "--port", str(router_port), "--router-id", "r1", "--discovery", "k8s",
-             "--namespace", NS, "--selector", "app=vllm", "--kubeconfig", str(kubeconfig),
-             "--engine-port", str(engine_port), "--supervisor-port", str(supervisor_port),
-             "--supervisor-token-key-file", str(fleet_key), "--supervisor-heartbeat", "0.5"],
-            env={"CORRAL_TOKEN": ""},
-        )  # fmt: skip
+        router, router_url = k8s_router(kubeconfig, NS, engine_port, supervisor_port, fleet_key)
         procs.append(router)
-        router.wait_http(router_url + "/metrics")
         # the engines wait for this file: until then each supervisor says STARTING, which the router
         # acknowledges with that pod's token
         go = tmp_path / "go"
