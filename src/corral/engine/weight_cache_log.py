@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAPPED_LINE = "Mapped N tensors from the weight cache daemon (MODE mode)"
-_MAPPED = re.compile(r"Mapped (?P<tensors>\d+) tensors from the weight cache daemon \((?P<mode>\w+) mode\)")
+# bounded: a count of at most 12 digits (int() of a 5,000-digit run raises), a mode of at most 32 letters
+_MAPPED = re.compile(
+    r"Mapped (?P<tensors>\d{1,12}) tensors from the weight cache daemon \((?P<mode>\w{1,32}) mode\)"
+)
+# A run keeps this many Mapped lines (one per rank: TP x PP x local DP) and fallback warnings; more are
+# only counted, so an engine that repeats a line cannot grow the supervisor's state.
+KEPT_LINES = 256
 _FALLBACK = "falling back to disk loading"
 
 
@@ -36,16 +42,21 @@ class WeightCacheLog:
 
     mapped: list[Mapped] = field(default_factory=list)
     fallbacks: list[str] = field(default_factory=list)
+    dropped: int = 0  # lines past KEPT_LINES, counted only
 
     def note(self, line: str) -> None:
         found = mapped_in(line)
-        if found is not None:
+        kept = found is not None or _FALLBACK in line.lower()
+        if kept and len(self.mapped) + len(self.fallbacks) >= KEPT_LINES:
+            self.dropped += 1
+        elif found is not None:
             self.mapped.append(found)
-        elif _FALLBACK in line.lower():
+        elif kept:
             self.fallbacks.append(line[:500])
 
     def to_json(self) -> dict[str, Any]:
         return {
             "mapped": [{"tensors": m.tensors, "mode": m.mode, "line": m.line} for m in self.mapped],
             "fallbacks": list(self.fallbacks),
+            "dropped": self.dropped,
         }
