@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.supervisor.lifecycle.preload_ranks import DaemonRanks, expected_ranks
+from corral.supervisor.lifecycle.preload_ranks import MAX_SERVING, DaemonRanks, expected_ranks
 from tests.unit.test_doctor_tree import branch, engine
 
 
@@ -54,3 +54,13 @@ def test_any_daemon_line_is_read_without_an_exception(line: str) -> None:
     ranks.note_line(line)
     ranks.note_line(f"{line} Weight cache target daemon rank {len(line)} serving on /tmp/s.sock")
     assert ranks.serving.get(len(line)) == "/tmp/s.sock" and ranks.to_json()
+
+
+def test_a_daemons_rank_lines_are_bounded_input() -> None:
+    ranks = DaemonRanks(expected=2)
+    # a rank number too long to be one (int() of 5,000 digits raises) is not a serving line
+    ranks.note_line("Weight cache target daemon rank " + "7" * 5000 + " serving on /tmp/x.sock")
+    assert ranks.serving == {}
+    for rank in range(5 * MAX_SERVING):
+        ranks.note_line(f"Weight cache target daemon rank {rank} serving on /tmp/s{rank}.sock")
+    assert len(ranks.serving) == MAX_SERVING

@@ -24,9 +24,13 @@ from corral.engine.flags import daemon_words
 from corral.engine.rank_lines import parallel_size
 from corral.supervisor.precheck.preload_identity import command_of
 
+# bounded: a rank of at most 6 digits, a socket path of at most 4,096 characters (a daemon's log line is
+# untrusted input: int() of a 5,000-digit run raises)
 _SERVING = re.compile(
-    r"Weight cache (?P<role>target|draft) daemon rank (?P<rank>\d+) serving on (?P<path>\S+)"
+    r"Weight cache (?P<role>target|draft) daemon rank (?P<rank>\d{1,6}) serving on (?P<path>\S{1,4096})"
 )
+# ranks remembered per run: far more than any daemon's TP x PP x local DP
+MAX_SERVING = 1024
 _LAUNCHER = ("preload",)  # `vllm preload`, `corral sim preload`: the process whose children are the ranks
 _NOT_A_RANK = ("resource_tracker", "semaphore_tracker")
 
@@ -95,7 +99,9 @@ class DaemonRanks:
     def note_line(self, line: str) -> None:
         found = _SERVING.search(line)
         if found is not None and found["role"] == "target":
-            self.serving[int(found["rank"])] = found["path"]
+            rank = int(found["rank"])
+            if rank in self.serving or len(self.serving) < MAX_SERVING:
+                self.serving[rank] = found["path"]
 
     @property
     def all_serving(self) -> bool:
