@@ -9,26 +9,23 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
-from corral.k8s.watch.client import PodApi
 from corral.openai_errors import error_response
+from corral.router.core import PodApiFactory, RouterCore, connect_pod_api, source_name
 from corral.router.dashboard.feed import DashboardFeed
 from corral.router.dashboard.page import DASHBOARD_PATH, page_handler, to_dashboard, wants_page
 from corral.router.datapath.aiohttp_exchange import AiohttpReply, AiohttpRequest
 from corral.router.datapath.proxy import Proxy, ProxyConfig
 from corral.router.datapath.retry_budget import RetryBudgetConfig
 from corral.router.datapath.upstream import UpstreamClient
-from corral.router.datapath.wake_on_demand import WakeOnDemand
-from corral.router.discovery.adapter_carry import AdapterCarry, CarrySettings
-from corral.router.discovery.backends_file import FileSource
-from corral.router.discovery.kv_events_feed import KvEventFeeds
-from corral.router.discovery.static import StaticSource
-from corral.router.discovery.supervisor_stream import StreamSettings, SupervisorStreams, default_router_id
+from corral.router.datapath.wake_on_demand import DEFAULT_MAX_HELD, HOLD, WakeOnDemand, WakeSettings
+from corral.router.discovery.adapter_carry import CarrySettings
+from corral.router.discovery.supervisor_stream import StreamSettings, default_router_id
 from corral.router.edge.admin_access import ADMIN_PATHS, OPEN_PATHS, AdminAccess, AdminAccessConfig
 from corral.router.edge.client_connections import ConnectionGuard
 from corral.router.edge.client_limit_flags import ClientLimits
@@ -37,18 +34,12 @@ from corral.router.edge.expect_continue import expect_handler
 from corral.router.edge.peer_access import PeerAccess, PeerSettings
 from corral.router.edge.refused_framing import refuse_framing
 from corral.router.edge.tenants import TenantCollector, TenantGate, Tenants, tenant_of
-from corral.router.membership.consumer import MembershipConsumer
-from corral.router.membership.membership import Membership, RoutingExit
+from corral.router.membership.membership import Membership
 from corral.router.membership.pairs import model_pairs
 from corral.router.routing.config import RoutingConfig
-from corral.router.routing.kv_holders import KvPrefixHolders
-from corral.router.routing.kv_index import KvIndex
 from corral.router.routing.peer_follower import PeerFollower, PeerFollowers
 from corral.router.routing.peer_wire import PEER_PICKS_PATH, PeerWireError, encode_page, parse_cursor
 from corral.router.routing.pick_log import PickLog
-from corral.router.routing.prefix_memory import PrefixMemory
-from corral.router.routing.prompt_tokens import prompt_tokens
-from corral.router.routing.selector import Routing
 from corral.router.routing.worker_journal import WorkerJournals, WorkerSync, route_as_one
 from corral.router.serving.server import HotPath
 from corral.router.telemetry.endpoint_series import endpoint_series
@@ -107,7 +98,9 @@ class RouterConfig:
     connect_timeout: float = 5.0
     probe_timeout: float = 2.0
     streams: StreamSettings = field(default_factory=lambda: StreamSettings(router_id=default_router_id()))
-    wake_hold_seconds: float = 0.0  # > 0: wake a sleeping model's engine on demand (wake_on_demand)
+    wake_hold_seconds: float = 0.0  # > 0: scale from zero, a model's engine asked for on demand (wake_on_demand)
+    wake_mode: str = HOLD  # --wake-mode: hold the requests, or answer 503 + Retry-After at once
+    wake_hold_max: int = DEFAULT_MAX_HELD  # --wake-hold-max: requests held per model
     # --carry-adapters-seconds: a joining engine held until the fleet's LoRA adapters are loaded there
     carry_adapters: CarrySettings | None = None
     client_limits: ClientLimits = field(default_factory=ClientLimits)  # --header-timeout, --max-in-flight...
@@ -125,14 +118,6 @@ class RouterConfig:
         return {"Authorization": f"Bearer {self.engine_api_key}"} if self.engine_api_key else {}
 
 
-class MembershipSource(Protocol):
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-
-PodApiFactory = Callable[[KubernetesDiscovery], Awaitable[PodApi]]
-
 MEMBERSHIP = web.AppKey("membership", Membership)
 METRICS = web.AppKey("metrics", RouterMetrics)
 # Listens for the router (cli.serve): each client connection held to config.client_limits.
@@ -144,65 +129,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ADMIN_AND_OPEN_PATHS = ADMIN_PATHS | OPEN_PATHS
 # The router's own endpoints: cheap, engine-free, and what an operator needs during overload.
 OWN_ENDPOINTS = ("/health", "/livez", "/metrics", "/v1/models", "/v1/fleet")
-
-
-async def connect_pod_api(discovery: KubernetesDiscovery) -> PodApi:
-    from corral.k8s.watch.client import KubePodApi
-
-    return await KubePodApi.connect(discovery.namespace, discovery.selector, discovery.kubeconfig)
-
-
-def _source_name(config: RouterConfig) -> str:
-    if config.kubernetes is not None:
-        return "k8s"
-    return "file" if config.backends_file is not None else "static"
-
-
-async def build_source(
-    config: RouterConfig, membership: Membership, metrics: RouterMetrics, pod_api: PodApiFactory
-) -> MembershipSource:
-    # every source's events go through this one writer of membership
-    consumer = MembershipConsumer(membership, metrics.removal_latency.observe)
-    if config.kubernetes is not None:
-        from corral.k8s.watch.informer import InformerConfig
-        from corral.router.discovery.k8s_pods import PodSource, PodSourceConfig
-
-        k8s = config.kubernetes
-        return PodSource(
-            consumer,
-            metrics,
-            await pod_api(k8s),
-            PodSourceConfig(
-                engine_port=k8s.engine_port,
-                probe_timeout=config.probe_timeout,
-                workers=k8s.probe_workers,
-                supervisor_port=k8s.supervisor_port,
-                probe_headers=config.engine_headers(),
-                models_refresh_seconds=config.models_refresh_seconds,
-                informer=InformerConfig(
-                    resync_seconds=k8s.resync_seconds, watch_timeout_seconds=k8s.watch_timeout_seconds
-                ),
-            ),
-        )
-    if config.backends_file is not None:
-        return FileSource(
-            consumer,
-            config.backends_file,
-            config.models_refresh_seconds,
-            config.probe_timeout,
-            metrics,
-            probe_headers=config.engine_headers(),
-        )
-    return StaticSource(
-        consumer,
-        config.backends,
-        config.models_refresh_seconds,
-        config.probe_timeout,
-        metrics=metrics,
-        supervisors=config.supervisors,
-        probe_headers=config.engine_headers(),
-        roles=config.roles,
-    )
 
 
 def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) -> web.Application:
@@ -238,53 +164,16 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
         else [refuse_framing, edge],
     )
     app[CONNECTION_GUARD] = guard
-    metrics = RouterMetrics()
-    prefix_memory = PrefixMemory(block_chars=config.routing.block_chars, key_blocks=config.routing.key_blocks)
-
-    def left_routing(record: RoutingExit) -> None:
-        metrics.count_removal(record.cause)
-        if record.kind == "removed":
-            prefix_memory.forget(record.url, f"left membership ({record.cause})")
-            if kv_feeds is not None:
-                kv_feeds.forget(record.url, f"left membership ({record.cause})")
-
-    membership = Membership(on_exit=left_routing)
-    # The engines' KV events, when the router can tokenize as they do (issue 17)
-    kv_tokens = prompt_tokens(config.tokenizer)
-    kv_feeds = (
-        KvEventFeeds(KvIndex(), membership.endpoints, refusals=metrics.engine_input)
-        if kv_tokens is not None
-        else None
-    )
+    core = RouterCore(config)
+    membership, metrics, prefix_memory = core.membership, core.metrics, core.prefix_memory
+    kv_feeds, carry, routing = core.kv_feeds, core.carry, core.routing
     app[MEMBERSHIP] = membership
     app[METRICS] = metrics
-    streams = SupervisorStreams(membership, metrics, config.streams)
-    carry = (
-        AdapterCarry(membership, config.streams.token_for, config.carry_adapters)
-        if config.carry_adapters is not None
-        else None
-    )
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ClientLimitsCollector(limits, limit_stats))
     if gate is not None:
         registry.register(TenantCollector(gate))
     holder: dict[str, Proxy] = {}
-    routing = Routing(
-        config.policy,
-        config.routing,
-        config.session_header,
-        membership.endpoints,
-        prefix_memory=prefix_memory,
-        slow_start_seconds=config.slow_start_seconds,
-        prefix_holders=(
-            KvPrefixHolders(
-                kv_feeds.index, kv_tokens, kv_feeds.publishing, prefix_memory, metrics.engine_input
-            )
-            if kv_feeds is not None and kv_tokens is not None
-            else None
-        ),
-        refusals=metrics.engine_input,
-    )
     sync: WorkerSync | None = None
     journals = config.worker.journals if config.worker is not None else None
     if journals is None and config.peers is not None:  # one process: its own journal is the peers' log
@@ -331,30 +220,19 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             ),
             decode_policy=routing.selector.policies["load"],  # P/D decode legs: load-aware
         )
-        if config.wake_hold_seconds > 0:
-            holder["proxy"].wake_on_demand = WakeOnDemand(
-                membership, config.streams.token_for, config.wake_hold_seconds, metrics
-            )
+        if wake is not None:
+            holder["proxy"].wake_on_demand = wake
         holder["proxy"].drop_client_authorization = tenants is not None
         if config.engine_api_key:
             holder["proxy"].engine_authorization = f"Bearer {config.engine_api_key}"
-        await streams.start()
-        if carry is not None:
-            await carry.start()
         try:
-            source = await build_source(config, membership, metrics, pod_api)
+            await core.start_streams(pod_api)
         except BaseException:
-            if carry is not None:
-                await carry.stop()
-            await streams.stop()
             session.close()
             raise
         if pages is not None:
             await pages.start()
-        await source.start()
-        await routing.start()
-        if kv_feeds is not None:
-            await kv_feeds.start()
+        await core.start_routing()
         if tenants is not None:
             await tenants.start()
         await followers.start()
@@ -367,13 +245,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             await dashboard_feed.stop()
             if pages is not None:
                 await pages.stop()
-            if kv_feeds is not None:
-                await kv_feeds.stop()
-            await routing.stop()
-            await source.stop()
-            if carry is not None:
-                await carry.stop()
-            await streams.stop()
+            await core.stop()
             session.close()
 
     app.cleanup_ctx.append(lifecycle)
@@ -451,7 +323,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             "router_id": config.streams.router_id,
             # with --workers N: the worker that answered (its membership; counters of all, WorkerPages)
             "worker": {"name": worker.name, "of": worker.count} if worker is not None else None,
-            "source": _source_name(config),
+            "source": source_name(config),
             "endpoints": endpoints,
             "groups": membership.groups.to_json(),
             "left_routing": exits,
