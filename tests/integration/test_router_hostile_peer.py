@@ -124,7 +124,7 @@ async def test_a_hostile_page_is_refused_and_nothing_applied(hostile_peer: Hosti
         await followers.stop()
     assert follower.applied == 0 and not follower.up and follower.last_error
     assert "t" not in (follower.last_error or "").split()
-    assert sum(worker.memory.keys_of(e) for e in worker.membership.endpoints()) == 0
+    assert sum(worker.memory.placed(e) for e in worker.membership.endpoints()) == 0
 
 
 async def test_a_router_keeps_routing_beside_a_peer_that_floods_or_stalls(

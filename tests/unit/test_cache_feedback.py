@@ -68,7 +68,7 @@ def test_silence_is_a_miss_only_from_an_engine_that_reports_cached_tokens() -> N
     request.expected_hit.answered(answer(530, 500))  # now it reports
     assert e.url in feedback.reporting and memory.held(prompt(2), [e]) == [1.0]
     request.expected_hit.answered(answer(530, None))  # vLLM: no details when nothing was cached
-    assert memory.held(prompt(2), [e]) == [0.0] and memory.keys_of(e) == 0
+    assert memory.held(prompt(2), [e]) == [0.0] and memory.placed(e) == 0
 
 
 @settings(deadline=None, max_examples=100)

@@ -216,6 +216,9 @@ class _Memory:
     def sent(self, request: RouteRequest, endpoint: Any) -> None:
         pass
 
+    def placed(self, endpoint: Any) -> int:
+        return 0
+
 
 def test_an_index_that_raises_makes_the_pick_ask_the_prefix_memory_counted() -> None:
     from corral.engine_state import EngineState

@@ -97,7 +97,7 @@ def test_a_prefix_one_replica_placed_is_held_by_its_peer() -> None:
     assert len(set().union(*placed.values())) == ENGINES  # the groups still spread over every engine
     for replica in replicas:
         worker = replica.workers[0]
-        assert sum(worker.memory.keys_of(e) for e in worker.membership.endpoints()) == 11
+        assert sum(worker.memory.placed(e) for e in worker.membership.endpoints()) == 11
 
 
 def test_without_peers_two_replicas_split_prefixes() -> None:
@@ -116,7 +116,7 @@ def test_with_workers_the_peers_picks_reach_every_worker_and_are_not_served_back
     for replica in replicas:
         for worker in replica.workers:
             worker.pick(0, 99)  # reads the siblings' journals (the relayed picks among them)
-            assert sum(worker.memory.keys_of(e) for e in worker.membership.endpoints()) == 9
+            assert sum(worker.memory.placed(e) for e in worker.membership.endpoints()) == 9
 
 
 def test_picks_of_endpoints_this_router_lacks_are_ignored() -> None:
@@ -267,7 +267,7 @@ def test_a_page_of_unknown_urls_and_policies_changes_nothing() -> None:
     asyncio.run(b.follower.take(page))
     worker = b.workers[0]
     assert b.follower.ignored == MAX_PAGE_PICKS and b.follower.applied == 0
-    assert sum(worker.memory.keys_of(e) for e in worker.membership.endpoints()) == 0
+    assert sum(worker.memory.placed(e) for e in worker.membership.endpoints()) == 0
     # a known url with an unknown policy: the keys are learnt, no recent pick is counted
     known: Endpoint = worker.membership.endpoints()[0]
     epoch = hash_epoch("1:0")  # the test endpoints' prefix epoch
@@ -317,7 +317,7 @@ def test_a_peers_backlog_teaches_keys_but_counts_no_recent_picks() -> None:
     mine = b.workers[0]
     recent = mine.routing.selector.policies["prefix"]._recent  # type: ignore[attr-defined]
     held = mine.membership.get(engine.url)
-    assert held is not None and mine.memory.keys_of(held) == 5
+    assert held is not None and mine.memory.placed(held) == 5
     assert recent.count(engine.url, time.monotonic()) == 0.0
     sync.picked(prefix, request(0, 99), engine, True)  # a pick made now, read live
     b.poll(a)

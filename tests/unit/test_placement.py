@@ -57,9 +57,46 @@ def test_a_new_prefix_goes_to_the_endpoint_with_the_most_headroom() -> None:
         e2=EngineLoad(running=1, kv_usage=0.2),
         e3=EngineLoad(running=3),
     )
-    memory = PrefixMemory()
     for group in range(5):  # whatever the prompt's hash, the quietest engine
-        assert policy(board, memory).pick(endpoints, request(group)) is endpoints[2]
+        assert policy(board, PrefixMemory()).pick(endpoints, request(group)) is endpoints[2]
+
+
+def test_a_new_prefix_goes_where_the_router_placed_fewest_prefixes() -> None:
+    """Live loads alike and no recent picks (a router that just started, or a `--workers` sibling whose
+    picks it learnt through the journal): a new group goes to an engine that was placed fewest prefixes,
+    whatever its hash. Issue 28's sweep draws 14 and 17 ended with [4, 4, 6, 8] keys per engine for 20
+    groups; the fuller caches thrashed. Without the footprint scorer, ring order decides."""
+    endpoints = fleet(4)
+    without = {name: w for name, w in PREFIX_WEIGHTS.items() if name != "footprint"}
+
+    def placements(weights: dict[str, float]) -> set[str]:
+        chosen = set()
+        for group in range(12):
+            memory = PrefixMemory()
+            for i, count in enumerate((8, 6, 4, 4)):
+                for n in range(count):
+                    memory.sent(request(1000 + 100 * i + n), endpoints[i])
+            scored = ScoredPolicy("prefix", weights, board_of(endpoints), eps=1.0, seed=group, holders=memory)
+            chosen.add(scored.pick(endpoints, request(group)).url)
+        return chosen
+
+    assert placements(dict(PREFIX_WEIGHTS)) == {endpoints[2].url, endpoints[3].url}
+    assert placements(without) - {endpoints[2].url, endpoints[3].url}
+
+
+def test_a_prefix_with_holders_is_not_placed_by_footprint() -> None:
+    """A held prompt goes to its holder, however many prefixes that engine was placed."""
+    endpoints = fleet(2)
+    a, b = endpoints
+    memory = PrefixMemory()
+    board = board_of(endpoints)
+    scored = policy(board, memory)
+    for group in range(6):
+        memory.sent(request(100 + group), a)
+    memory.sent(request(1), a)
+    assert memory.placed(a) == 7 and memory.placed(b) == 0
+    assert scored.pick(endpoints, request(1, user=5)) is a
+    assert scored.pick(endpoints, request(2)) is b  # a new one: the emptier engine
 
 
 def test_new_prefixes_on_an_idle_fleet_spread_evenly_not_by_hash() -> None:
@@ -169,6 +206,9 @@ class FixedShares:
 
     def holders(self, request: RouteRequest) -> list[str]:
         return [url for url, share in self.shares.items() if share > 0]
+
+    def placed(self, endpoint: Endpoint) -> int:
+        return self.taught.count(endpoint.url)
 
 
 def test_graded_shares_place_by_the_same_rule() -> None:

@@ -53,7 +53,7 @@ def test_each_endpoint_keeps_at_most_its_capacity_least_recent_first() -> None:
         memory.remember(key, a)
     memory.remember(1, a)  # 1 is the most recent now
     memory.remember(4, a)  # evicts 2
-    assert memory.keys_of(a) == 3
+    assert memory.placed(a) == 3
     assert [k for k in (1, 2, 3, 4) if memory.holding(k, [a])] == [1, 3, 4]
     with pytest.raises(ValueError, match="at least 1"):
         PrefixMemory(keys_per_endpoint=0)
@@ -65,7 +65,7 @@ def test_the_engine_that_holds_a_prefix_wins_over_the_ring_home() -> None:
     memory = PrefixMemory()
     policy = scored(memory)
     assert policy.pick([a], request(g)) is a  # alone, a cached the group's prefix
-    assert memory.keys_of(a) == 1
+    assert memory.placed(a) == 1
     assert policy.pick([a, b], request(g)) is a  # b joined and is the ring home; a still holds it
     assert scored(None).pick([a, b], request(g)) is b  # without memory: the ring home
 
@@ -100,7 +100,7 @@ def test_a_new_prefix_epoch_forgets_the_engine_and_the_ring_decides_again() -> N
     assert policy.pick([a, b], request(g)) is a
     assert a.supervisor is not None
     a.supervisor.prefix_epoch = "101:1"  # the supervisor reset a's prefix cache (sleep, reload)
-    assert memory.keys_of(a) == 0
+    assert memory.placed(a) == 0
     assert memory.to_json(a) == {"keys": 0, "capacity": memory.keys_per_endpoint, "prefix_epoch": None}
     assert policy.pick([a, b], request(g)) is b
     assert memory.forgotten == 1
@@ -113,7 +113,7 @@ def test_a_new_endpoint_at_the_same_address_starts_empty_and_forget_drops_one() 
     memory.remember(7, other)
     assert memory.holding(7, [endpoint(1)]) == []  # a new object: another engine
     memory.forget(other.url, "left membership")
-    assert memory.keys_of(other) == 0
+    assert memory.placed(other) == 0
 
 
 def test_replicas_agree_on_keys_no_engine_holds() -> None:
@@ -136,7 +136,7 @@ def test_memory_stays_bounded_and_answers_within_the_pool(
     memory = PrefixMemory(keys_per_endpoint=capacity)
     for i, key in sends:
         memory.remember(key, endpoints[i])
-        assert memory.keys_of(endpoints[i]) <= capacity
+        assert memory.placed(endpoints[i]) <= capacity
     for key in range(21):
         held = memory.holding(key, endpoints[:2])
         assert all(e in endpoints[:2] for e in held)
@@ -146,7 +146,7 @@ def test_routing_shares_one_memory_across_its_scored_policies() -> None:
     routing = Routing("prefix", RoutingConfig(), "x-session-id", list)
     a = endpoint(1)
     routing.policy.pick([a], request(3))
-    assert routing.prefix_memory.keys_of(a) == 1
+    assert routing.prefix_memory.placed(a) == 1
     assert isinstance(build_policy("prefix"), ScoredPolicy)
 
 

@@ -231,12 +231,12 @@ def test_a_warming_prefix_home_takes_new_prefixes_gradually(seconds: float) -> N
     for i in range(PICKS // 5):
         clock.now = 1000.0 + i * SECONDS / PICKS
         gate.pick(endpoints, make(i))
-    peers = sum(memory.keys_of(e) for e in endpoints[:-1]) / 3
-    print(f"slow start {seconds} s: keys held by the new engine {memory.keys_of(new)}, a peer {peers:.0f}")
+    peers = sum(memory.placed(e) for e in endpoints[:-1]) / 3
+    print(f"slow start {seconds} s: keys held by the new engine {memory.placed(new)}, a peer {peers:.0f}")
     if seconds:
-        assert memory.keys_of(new) < 0.35 * peers
+        assert memory.placed(new) < 0.35 * peers
     else:
-        assert memory.keys_of(new) > 0.6 * peers
+        assert memory.placed(new) > 0.6 * peers
 
 
 @pytest.mark.parametrize("name", POLICY_NAMES)

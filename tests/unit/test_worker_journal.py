@@ -90,7 +90,7 @@ def test_a_prefix_one_worker_placed_is_held_for_its_sibling() -> None:
     assert len(set().union(*placed.values())) == 4  # the groups still spread over every engine
     # every worker knows every group's engine, whichever worker placed it
     for w in workers:
-        assert sum(w.memory.keys_of(e) for e in w.membership.endpoints()) == 11
+        assert sum(w.memory.placed(e) for e in w.membership.endpoints()) == 11
 
 
 def test_without_the_journals_two_workers_split_prefixes() -> None:
@@ -198,7 +198,7 @@ def test_a_siblings_keys_from_another_prefix_epoch_are_not_learnt() -> None:
     view.prefix_epoch = "1:1"  # w2 already saw the engine's cache reset; w1's pick was before it
     assert w2.sync is not None
     w2.sync.drain()
-    assert w2.memory.keys_of(w2.endpoint(url)) == 0
+    assert w2.memory.placed(w2.endpoint(url)) == 0
 
 
 @settings(max_examples=40, deadline=None)

@@ -108,6 +108,11 @@ class KvPrefixHolders:
         yield from (url for url, _ in deepest)
         yield from self.fallback.holders(request)
 
+    def placed(self, endpoint: Endpoint) -> int:
+        # the memory learns every pick (`sent`): it counts the prefixes placed on each endpoint; the
+        # index counts blocks, which a cache at capacity always has
+        return self.fallback.placed(endpoint)
+
     def sent(self, request: RouteRequest, endpoint: Endpoint) -> None:
         url = endpoint.url
         try:

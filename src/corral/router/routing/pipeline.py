@@ -45,14 +45,17 @@ from corral.router.routing.scorers import (
     placed_by_holders,
 )
 
-# A holder scores 1 and an endpoint without the prefix 0; the load scorers sum to less than 1/2, so a
-# holder within the bound always wins (and, by ring, the home wins over the next endpoint clockwise,
-# whose prefix score is 1/2), and the load scorers choose among holders and for new prefixes.
+# A holder scores 1 and an endpoint without the prefix 0; the scorers that rate a held prompt (queue,
+# in-flight, KV usage) sum to less than 1/2, so a holder within the bound always wins (and, by ring, the
+# home wins over the next endpoint clockwise, whose prefix score is 1/2), and they choose among holders.
+# A new prefix (no holder) is placed by all but the prefix scorer: the live loads, the recent picks and
+# the prefixes already placed on each endpoint (footprint).
 PREFIX_WEIGHTS: Mapping[str, float] = {
     "prefix": 1.0,
     "queue": 0.15,
     "recent": 0.15,
     "in_flight": 0.1,
+    "footprint": 0.1,
     "kv_usage": 0.05,
 }
 # The placement before issue 17 (ring homes, the strict in-flight bound), for comparisons.

@@ -22,6 +22,11 @@ class PrefixHolders(Protocol):
         """The pick is made: `endpoint` will cache the prompt's prefix."""
         ...
 
+    def placed(self, endpoint: Endpoint) -> int:
+        """How many prompt prefixes this router has placed on `endpoint` and still counts there (its
+        share of the router's placements, for spreading new ones: `scorers.FootprintScorer`)."""
+        ...
+
     def holders(self, request: RouteRequest) -> Iterable[str]:
         """The urls of the endpoints that likely hold some of the request's prefix, the deepest holders
         first, each once, without a pool: what a pick on a large fleet scores besides a sample

@@ -200,7 +200,7 @@ class PrefixMemory:
         """Drop an endpoint's keys now (it left membership)."""
         self._drop(url, why)
 
-    def keys_of(self, endpoint: Endpoint) -> int:
+    def placed(self, endpoint: Endpoint) -> int:
         """How many prefixes (first keys) the router holds for `endpoint` (0 once they no longer apply)."""
         entry = self._current(endpoint)
         return 0 if entry is None else entry.prefixes

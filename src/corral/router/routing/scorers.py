@@ -18,7 +18,7 @@ from corral.router.routing.prompt import request_prefix_key
 from corral.router.routing.request import RouteRequest
 from corral.router.routing.rings import RingCache, stable_hash
 
-SCORER_NAMES = ("prefix", "queue", "kv_usage", "in_flight", "recent", "lora", "session")
+SCORER_NAMES = ("prefix", "queue", "kv_usage", "in_flight", "recent", "footprint", "lora", "session")
 PLACEMENTS = ("cost", "headroom", "ring")
 # A prompt is a new placement unless some endpoint holds at least this share more than another of what
 # the least holder lacks: a document or a session behind a system prompt that some engines hold is new,
@@ -185,6 +185,29 @@ class RecentScorer:
         return [1.0 - c / worst for c in counts]
 
 
+class FootprintScorer:
+    """Fewer prompt prefixes this router has placed on the endpoint (and still counts there: its memory,
+    bounded per endpoint, emptied with the engine's prefix cache) is better, for a new placement only.
+    The recent picks fade in seconds and the live loads read a moment late; the placed prefixes are what
+    the caches will have to hold. Without it, a burst of new prefixes (a warm-up, or two `--workers`
+    reading each other's picks late) left one engine with twice another's prefixes, whose cache then
+    thrashed: up to 28x the oracle's TTFT p90 in 2 of 20 sweep draws (RESULTS.md, issue 28). A prompt
+    that holders place (`PickContext.held`) is not scored."""
+
+    name = "footprint"
+
+    def __init__(self, holders: PrefixHolders | None) -> None:
+        self.holders = holders
+
+    def score(self, pool: Sequence[Endpoint], ctx: PickContext) -> list[float]:
+        holders = self.holders
+        if holders is None or ctx.held:
+            return [0.0] * len(pool)
+        counts = [holders.placed(e) for e in pool]
+        most = max(counts, default=0) + 1
+        return [1.0 - c / most for c in counts]
+
+
 class QueueScorer:
     """Fewer requests running plus waiting on the engine (its own `/metrics`) is better; an engine
     whose metrics are stale or missing scores as the most loaded."""
@@ -280,6 +303,8 @@ def build_scorer(
         return PrefixScorer(block_chars, key_blocks, holders, placement)
     if name == "recent":
         return RecentScorer()
+    if name == "footprint":
+        return FootprintScorer(holders)
     if name == "queue":
         return QueueScorer()
     if name == "kv_usage":
