@@ -1,8 +1,10 @@
-"""Wake on demand: with every engine of the model SLEEPING, requests through a router with
-`--wake-hold-seconds` trigger one wake at the supervisor (however many requests and routers ask) and
-are held until the engine is READY again; a router whose hold is too short answers 503 with
-Retry-After; each router's /metrics counts its wakes, held requests and how each hold ended. Real
-processes: a supervised `corral sim` in dev mode and two routers."""
+"""Scale from zero by wake on demand: with every engine of the model SLEEPING, a burst of 50 concurrent
+requests through a router with `--wake-hold-seconds` triggers one wake at the supervisor (however many
+requests and routers ask), and every request is held until the engine is READY again and then
+answered; a router whose hold is too short answers 503 with Retry-After; one with `--wake-mode reject`
+answers 503 with Retry-After at once and still asks for the wake; each router's /metrics counts its
+wakes, held requests and how each hold ended. Real processes: a supervised `corral sim` in dev mode
+and three routers."""
 
 from __future__ import annotations
 
@@ -20,9 +22,10 @@ from tests.support.streams import stream_once
 DEV = {"VLLM_SERVER_DEV_MODE": "1"}
 SIM_ARGS = ("--enable-sleep-mode", "--itl-ms", "5")
 BODY = {"model": "sim-model", "prompt": "wake up", "max_tokens": 6, "stream": True}
+BURST = 50
 
 
-def start_router(name: str, sup: Supervised, hold: str) -> tuple[CorralProcess, str]:
+def start_router(name: str, sup: Supervised, hold: str, *extra: str) -> tuple[CorralProcess, str]:
     port = free_port()
     proc = CorralProcess(
         [
@@ -37,6 +40,7 @@ def start_router(name: str, sup: Supervised, hold: str) -> tuple[CorralProcess, 
             hold,
             "--supervised",
             f"{sup.engine_url}={sup.url}",
+            *extra,
         ]
     )
     url = f"http://127.0.0.1:{port}"
@@ -75,10 +79,11 @@ async def test_requests_for_a_sleeping_model_wake_it_once_and_are_held() -> None
     routers: list[CorralProcess] = []
     try:
         await asyncio.to_thread(sup.wait_state, "READY", 30)
-        holding, holding_url = start_router("holding", sup, "20")
+        holding, holding_url = start_router("holding", sup, "20", "--wake-hold-max", str(BURST))
         impatient, impatient_url = start_router("impatient", sup, "0.01")
-        routers = [holding, impatient]
-        for url in (holding_url, impatient_url):
+        rejecting, rejecting_url = start_router("rejecting", sup, "20", "--wake-mode", "reject")
+        routers = [holding, impatient, rejecting]
+        for url in (holding_url, impatient_url, rejecting_url):
             await wait_until(lambda url=url: routable(url), 15, f"endpoint routable via {url}")
 
         await asyncio.to_thread(sleep, sup)
@@ -86,10 +91,10 @@ async def test_requests_for_a_sleeping_model_wake_it_once_and_are_held() -> None
             await wait_until(lambda url=url: not routable(url), 10, f"endpoint out of routing via {url}")
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
             outcomes = await asyncio.gather(
-                *(stream_once(session, holding_url + "/v1/completions", BODY) for _ in range(6))
+                *(stream_once(session, holding_url + "/v1/completions", BODY) for _ in range(BURST))
             )
-        assert [o.kind for o in outcomes] == ["completed"] * 6, [o.detail for o in outcomes]
-        # six held requests, one wake; it serves once routable again and finishes with its POSTCHECK,
+        assert [o.kind for o in outcomes] == ["completed"] * BURST, [o.detail for o in outcomes]
+        # fifty held requests, one wake; it serves once routable again and finishes with its POSTCHECK,
         # which may still be running when the held requests have been answered
         await wait_until(
             lambda: [w["status"] for w in wakes(sup)] != ["running"], 15, "the wake finished its POSTCHECK"
@@ -97,7 +102,8 @@ async def test_requests_for_a_sleeping_model_wake_it_once_and_are_held() -> None
         (wake,) = wakes(sup)
         assert wake["operation_id"].startswith("wake-on-demand-") and wake["status"] == "succeeded", wake
         assert sup.state()["state"] == "READY"
-        assert wake_counts(holding_url) == {"wakes": 1, "held": 6, "served": 6, "timed_out": None}
+        assert wake_counts(holding_url) == {"wakes": 1, "held": BURST, "served": BURST, "timed_out": None}
+        assert sample(scrape(holding_url + "/metrics"), "corral_router_errors_total") == 0
 
         await wait_until(
             lambda: routable(impatient_url), 10, "endpoint routable again via the impatient router"
@@ -114,6 +120,30 @@ async def test_requests_for_a_sleeping_model_wake_it_once_and_are_held() -> None
         await asyncio.to_thread(sup.wait_state, "READY", 30)
         assert len(wakes(sup)) == 2
         assert wake_counts(impatient_url) == {"wakes": 1, "held": 1, "served": None, "timed_out": 1}
+
+        # --wake-mode reject: 503 with Retry-After at once, the wake still asked for
+        await wait_until(
+            lambda: routable(rejecting_url), 10, "endpoint routable again via the rejecting router"
+        )
+        await asyncio.to_thread(sleep, sup)
+        await wait_until(
+            lambda: not routable(rejecting_url), 10, "endpoint out of routing for the rejecting router"
+        )
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(rejecting_url + "/v1/completions", json={**BODY, "stream": False}) as resp,
+        ):
+            assert resp.status == 503, await resp.text()
+            assert int(resp.headers["Retry-After"]) >= 1
+        await asyncio.to_thread(sup.wait_state, "READY", 30)
+        assert len(wakes(sup)) == 3
+        rejected = scrape(rejecting_url + "/metrics")
+        assert sample(rejected, "corral_router_wakes_total", model="sim-model") == 1
+        assert (
+            sample(rejected, "corral_router_no_engine_answers_total", model="sim-model", why="mode_reject")
+            == 1
+        )
+        assert sample(rejected, "corral_router_wake_held_requests_total", model="sim-model") is None
     finally:
         for proc in routers:
             proc.stop()

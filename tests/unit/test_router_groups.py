@@ -21,7 +21,7 @@ from corral.k8s.render.config_reading import parse_config
 from corral.k8s.render.manifests import render
 from corral.k8s.watch.client import PodList, WatchEvent
 from corral.pod_labels import SERVING_GROUP_LABEL, SERVING_GROUP_SIZE_ANNOTATION
-from corral.router.datapath.wake_on_demand import WakeOnDemand
+from corral.router.datapath.wake_on_demand import WakeOnDemand, WakeSettings
 from corral.router.discovery import supervisor_stream
 from corral.router.discovery.backends_file import BackendsFileError, parse_backends
 from corral.router.discovery.k8s_pods import PodSource, PodSourceConfig, pod_view
@@ -395,7 +395,7 @@ async def test_wake_on_demand_wakes_every_sleeping_member_of_a_group() -> None:
             )
             endpoint = Endpoint(url, frozenset({"m"}), EngineState.READY, "ok", supervisor=view, group=G)
             membership.add(endpoint, "test")
-        await WakeOnDemand(membership, lambda e: None, 0.05, RouterMetrics()).hold("m")
+        await WakeOnDemand(membership, lambda e: None, WakeSettings(0.05), RouterMetrics()).hold("m")
         await until(lambda: len(woken) == 2, 5.0)
         assert sorted(woken) == ["wake-on-demand-2", "wake-on-demand-3"]
     finally:

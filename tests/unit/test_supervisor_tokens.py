@@ -210,7 +210,7 @@ def state_line(epoch: int, state: str) -> dict[str, Any]:
 
 
 async def test_streams_acks_and_wakes_carry_each_endpoints_own_token() -> None:
-    from corral.router.datapath.wake_on_demand import WakeOnDemand
+    from corral.router.datapath.wake_on_demand import WakeOnDemand, WakeSettings
     from corral.router.discovery.supervisor_stream import per_pod_tokens
 
     key = KEY.hex().encode()
@@ -248,7 +248,7 @@ async def test_streams_acks_and_wakes_carry_each_endpoints_own_token() -> None:
             ),
             "both SLEEPING",
         )
-        wake = WakeOnDemand(membership, settings.token_for, 0.05, metrics)
+        wake = WakeOnDemand(membership, settings.token_for, WakeSettings(0.05), metrics)
         await wake.hold("m")
         await eventually(lambda: any(p.wakes for p in pods.values()), "a wake asked for")
         assert [p.refused for p in pods.values()] == [[], []]

@@ -44,6 +44,7 @@ from corral.router.routing.worker_journal import WorkerJournals, WorkerSync, rou
 from corral.router.serving.server import HotPath
 from corral.router.telemetry.endpoint_series import endpoint_series
 from corral.router.telemetry.metrics import RouterCollector, RouterMetrics
+from corral.router.telemetry.scaling import ScalingCollector, ScalingTargets
 from corral.router.telemetry.worker_pages import WorkerPages
 from corral.router.workers import WorkerSlot
 
@@ -98,9 +99,10 @@ class RouterConfig:
     connect_timeout: float = 5.0
     probe_timeout: float = 2.0
     streams: StreamSettings = field(default_factory=lambda: StreamSettings(router_id=default_router_id()))
-    wake_hold_seconds: float = 0.0  # > 0: scale from zero, a model's engine asked for on demand (wake_on_demand)
+    wake_hold_seconds: float = 0.0  # > 0: scale from zero (datapath/wake_on_demand.py)
     wake_mode: str = HOLD  # --wake-mode: hold the requests, or answer 503 + Retry-After at once
     wake_hold_max: int = DEFAULT_MAX_HELD  # --wake-hold-max: requests held per model
+    scaling_targets: ScalingTargets = field(default_factory=ScalingTargets)  # desired replicas' rule
     # --carry-adapters-seconds: a joining engine held until the fleet's LoRA adapters are loaded there
     carry_adapters: CarrySettings | None = None
     client_limits: ClientLimits = field(default_factory=ClientLimits)  # --header-timeout, --max-in-flight...
@@ -199,6 +201,26 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     slow_start = routing.slow_start
     registry.register(
         RouterCollector(metrics, membership.endpoints, slow_start.weights if slow_start.enabled else None)
+    )
+    wake = (
+        WakeOnDemand(
+            membership,
+            config.streams.token_for,
+            WakeSettings(config.wake_hold_seconds, config.wake_mode, config.wake_hold_max),
+            metrics,
+        )
+        if config.wake_hold_seconds > 0
+        else None
+    )
+    registry.register(
+        ScalingCollector(
+            membership.endpoints,
+            lambda model: len(membership.eligible(model)),
+            routing.board,
+            wake.held_now if wake is not None else dict,
+            wake.oldest_held_seconds if wake is not None else dict,
+            config.scaling_targets,
+        )
     )
 
     def own_page() -> bytes:

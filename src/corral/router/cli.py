@@ -108,8 +108,25 @@ DEFAULT_HTTP_SERVER = "lean"  # --http-server: corral.router.serving, or aiohttp
     default=0.0,
     show_default=True,
     type=click.FloatRange(min=0.0),
-    help="When every engine of a model is SLEEPING, ask a supervisor to wake one and hold the request "
-    "this long for it (0: no wake on demand; the request gets 503 with Retry-After).",
+    help="Scale from zero: when a model has no routable engine, ask for one (a supervisor's wake of a "
+    "SLEEPING engine, else a scale-up signal on /metrics) and hold the request this long for it (0: none "
+    "of this; the request gets 503 with Retry-After).",
+)
+@click.option(
+    "--wake-mode",
+    type=click.Choice(["hold", "reject"]),
+    default="hold",
+    show_default=True,
+    help="With --wake-hold-seconds: hold each request until an engine is READY (hold), or answer 503 with "
+    "Retry-After at once while the engine is still asked for (reject).",
+)
+@click.option(
+    "--wake-hold-max",
+    default=1024,
+    show_default=True,
+    type=click.IntRange(min=1, max=100_000),
+    help="With --wake-hold-seconds and --wake-mode hold: requests held per model at most; the next is "
+    "answered 503 with Retry-After at once.",
 )
 @click.option(
     "--carry-adapters-seconds",

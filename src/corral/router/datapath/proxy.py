@@ -99,7 +99,7 @@ class ProxyConfig:
 
 
 class Proxy:
-    wake_on_demand: WakeOnDemand | None = None  # set by the app with --wake-hold-seconds
+    wake_on_demand: WakeOnDemand | None = None  # set by the app with --wake-hold-seconds (scale from zero)
     # The client's Authorization goes upstream only on an open router with no engine key: a tenant's
     # key (--api-keys-file) is the router's, and --engine-api-key-file sends the engine's own instead.
     # Set exactly when the router has tenants.
@@ -170,7 +170,11 @@ class Proxy:
         if payload is not None and strip_request(payload):
             body = orjson.dumps(payload)  # only the router's own P/D legs set kv_transfer_params
         if self.wake_on_demand is not None:
-            await self.wake_on_demand.hold(model)
+            waited = await self.wake_on_demand.hold(model)
+            if waited is not None:  # scale from zero's 503 at once (--wake-mode reject, or the hold full)
+                return await self._reject(
+                    reply, self._unavailable(model, waited, request_id), model, request_id, start
+                )
 
         if not own_id:
             upstream_headers.append(("X-Request-Id", request_id))

@@ -57,6 +57,10 @@ class RouterMetrics:
         self.wakes: dict[str, int] = {}
         self.held: dict[str, int] = {}
         self.hold_outcomes: dict[tuple[str, str], int] = {}
+        # Scale from zero: scale-up signals raised (no engine, none asleep, none on its way) and
+        # requests answered 503 at once (why: mode_reject, hold_full), by model.
+        self.scale_up_signals: dict[str, int] = {}
+        self.no_engine_answers: dict[tuple[str, str], int] = {}
         # Streams that did not end normally, by model and how (corral.engine.stream_ending).
         self.stream_failures: dict[tuple[str, str], int] = {}
         # The same, split by whether generated tokens had reached the client (a sibling series, so
@@ -92,6 +96,13 @@ class RouterMetrics:
 
     def count_held(self, model: str) -> None:
         self.held[model] = self.held.get(model, 0) + 1
+
+    def count_scale_up(self, model: str) -> None:
+        self.scale_up_signals[model] = self.scale_up_signals.get(model, 0) + 1
+
+    def count_no_engine_answer(self, model: str, why: str) -> None:
+        key = (model, why)
+        self.no_engine_answers[key] = self.no_engine_answers.get(key, 0) + 1
 
     def count_stream_failure(self, model: str, how: str, tokens_emitted: bool) -> None:
         key = (model, how)
@@ -234,6 +245,20 @@ class RouterCollector:
             "(--wake-hold-seconds passed; the request was answered 503).",
             ["model", "outcome"],
             {(model, outcome): n for (model, outcome), n in m.hold_outcomes.items()},
+        )
+        yield labelled_counter(
+            "corral_router_scale_up_signals",
+            "Scale-up signals raised: a request found no routable engine of its model, none asleep and none "
+            "starting or waking (once per such episode), by model.",
+            ["model"],
+            {(model,): n for model, n in m.scale_up_signals.items()},
+        )
+        yield labelled_counter(
+            "corral_router_no_engine_answers",
+            "Requests for a model without a routable engine answered 503 at once, by model and why: "
+            "mode_reject (--wake-mode reject) or hold_full (--wake-hold-max requests already held).",
+            ["model", "why"],
+            {key: n for key, n in m.no_engine_answers.items()},
         )
         streams = GaugeMetricFamily(
             "corral_router_supervisor_stream_up",
