@@ -43,13 +43,17 @@ class Tenant:
     __slots__ = (
         "_tokens",
         "_updated",
+        "deadline_ms",
         "in_flight",
         "max_in_flight",
+        "max_priority",
         "models",
         "name",
+        "priority",
         "rejected",
         "requests",
         "requests_per_minute",
+        "weight",
     )
 
     def __init__(self, spec: TenantSpec) -> None:
@@ -62,6 +66,10 @@ class Tenant:
         self.max_in_flight: int | None = None
         self.requests_per_minute: int | None = None
         self.models: frozenset[str] | None = None
+        self.priority = 0
+        self.max_priority: int | None = None
+        self.weight = 1
+        self.deadline_ms: int | None = None
         self.apply(spec)
 
     def apply(self, spec: TenantSpec) -> None:
@@ -73,6 +81,10 @@ class Tenant:
         self.max_in_flight = spec.max_in_flight
         self.requests_per_minute = spec.requests_per_minute
         self.models = spec.models
+        self.priority = spec.priority
+        self.max_priority = spec.max_priority
+        self.weight = spec.weight
+        self.deadline_ms = spec.deadline_ms
 
     def serves(self, model: str) -> bool:
         return self.models is None or model in self.models

@@ -1,5 +1,6 @@
 """The API keys file (`--api-keys-file`): a YAML list of `{name, key | key_sha256, max_in_flight?,
-requests_per_minute?, models?}`, read into `TenantSpec`s. A plaintext `key` is hashed as it is read,
+requests_per_minute?, models?, priority?, max_priority?, weight?, deadline_ms?}`, read into `TenantSpec`s
+(the last four are flow control's: corral.router.flow). A plaintext `key` is hashed as it is read,
 so only SHA-256 digests are held; every problem names the entry and the field, never the key.
 """
 
@@ -16,10 +17,25 @@ from typing import Any
 
 import yaml
 
+from corral.router.flow.config import MAX_DEADLINE_MS, MAX_PRIORITY, MAX_WEIGHT, MIN_PRIORITY
+
 log = logging.getLogger("corral.router.tenants")
 
 
-FIELDS = frozenset({"name", "key", "key_sha256", "max_in_flight", "requests_per_minute", "models"})
+FIELDS = frozenset(
+    {
+        "name",
+        "key",
+        "key_sha256",
+        "max_in_flight",
+        "requests_per_minute",
+        "models",
+        "priority",
+        "max_priority",
+        "weight",
+        "deadline_ms",
+    }
+)
 
 
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
@@ -39,6 +55,10 @@ class TenantSpec:
     max_in_flight: int | None = None
     requests_per_minute: int | None = None
     models: frozenset[str] | None = None  # None: every model
+    priority: int = 0  # its requests' band in the flow queue; negative: sheddable
+    max_priority: int | None = None  # the highest x-corral-priority it may send; None: it may not
+    weight: int = 1  # its share of its band against the other tenants waiting there
+    deadline_ms: int | None = None  # its requests' deadline when they send none (order `edf`)
 
     def __repr__(self) -> str:  # the digest is not the key, but it has no business in logs either
         return f"TenantSpec(name={self.name!r})"
@@ -55,6 +75,10 @@ def parse_tenants(text: str, path: Path | str) -> list[TenantSpec]:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise TenantsFileError(f"{path}: not valid YAML{where}; write a list of tenants") from None
+    except ValueError:  # YAML reads a number with int(): past 4,300 digits Python refuses it
+        raise TenantsFileError(
+            f"{path}: a number in the file has thousands of digits; every field's bound is far below that"
+        ) from None
     if document is None:
         document = []
     if not isinstance(document, list):
@@ -119,7 +143,23 @@ def _parse_entry(entry: object, number: int, path: Path | str) -> TenantSpec:
         max_in_flight=_positive(entry, "max_in_flight", where),
         requests_per_minute=_positive(entry, "requests_per_minute", where),
         models=_models(entry.get("models"), where),
+        priority=_bounded(entry, "priority", where, MIN_PRIORITY, MAX_PRIORITY) or 0,
+        max_priority=_bounded(entry, "max_priority", where, MIN_PRIORITY, MAX_PRIORITY),
+        weight=_bounded(entry, "weight", where, 1, MAX_WEIGHT) or 1,
+        deadline_ms=_bounded(entry, "deadline_ms", where, 1, MAX_DEADLINE_MS),
     )
+
+
+def _bounded(entry: dict[Any, Any], field: str, where: str, low: int, high: int) -> int | None:
+    value = entry.get(field)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+        raise TenantsFileError(
+            f"{where}: field `{field}` must be a whole number from {low} to {high}, got {shown}"
+        )
+    return value
 
 
 def _positive(entry: dict[Any, Any], field: str, where: str) -> int | None:

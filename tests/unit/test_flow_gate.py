@@ -1,0 +1,268 @@
+"""Flow control's gate (corral.router.flow.gate) over real endpoints and tenants: a request goes on while an
+engine has room, else waits; waiting requests go out by band, by weighted share, as room frees; the
+bounds (sheddable while saturated, queue and tenant bounds, displacement, TTL) answer 429 + Retry-After;
+a client that hangs up leaves the queue at once; every request is accounted for."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import orjson
+import pytest
+
+from corral.engine_state import EngineState
+from corral.router.datapath.exchange import Answer
+from corral.router.edge.tenants import Tenant
+from corral.router.edge.tenants_file import TenantSpec
+from corral.router.flow.config import FlowConfig
+from corral.router.flow.gate import AT_ONCE, LET_OUT, Admission, FlowGate
+from corral.router.flow.saturation import Saturation
+from corral.router.membership.endpoint import Endpoint
+from corral.router.routing.load_board import EngineLoad, LoadBoard
+
+
+def tenant(name: str, **fields: object) -> Tenant:
+    return Tenant(TenantSpec(name=name, **fields))  # type: ignore[arg-type]
+
+
+class Fleet:
+    """Engines of one model, each taking `slots` requests before it is saturated."""
+
+    def __init__(
+        self, engines: int = 1, slots: int = 1, board: LoadBoard | None = None, **config: object
+    ) -> None:
+        self.endpoints = [
+            Endpoint(f"http://10.0.0.{i}:8000", frozenset({"m"}), EngineState.READY) for i in range(engines)
+        ]
+        self.config = FlowConfig(engine_max_in_flight=slots, **config)  # type: ignore[arg-type]
+        self.gate = FlowGate(self.config, Saturation(self.config, board), lambda model: self.endpoints)
+        self.order: list[str] = []
+
+    async def request(
+        self, who: Tenant | None, headers: dict[str, str] | None = None, label: str = ""
+    ) -> Admission | Answer:
+        """Ask the gate; once let on, hold a slot (as the proxy's Dispatch does) until `end`."""
+        got = await self.gate.admit("m", headers or {}, who)
+        if isinstance(got, Admission):
+            engine = min(self.endpoints, key=lambda e: e.in_flight)
+            engine.in_flight += 1
+            self.order.append(label or (who.name if who else "-"))
+        return got
+
+    def end(self) -> None:
+        engine = max(self.endpoints, key=lambda e: e.in_flight)
+        engine.in_flight -= 1
+        self.gate.finished("m")
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def status(answer: object) -> int:
+    assert isinstance(answer, Answer), answer
+    return answer.status
+
+
+async def test_goes_on_at_once_while_an_engine_has_room() -> None:
+    fleet = Fleet(engines=2, slots=1)
+    assert await fleet.request(None) is AT_ONCE
+    assert await fleet.request(None) is AT_ONCE
+    assert fleet.gate.stats.passed == 2 and fleet.gate.to_json()["depth"] == 0
+
+
+async def test_waits_while_saturated_and_goes_when_a_request_ends() -> None:
+    fleet = Fleet()
+    await fleet.request(None)
+    waiting = asyncio.create_task(fleet.request(None))
+    await settle()
+    assert not waiting.done() and fleet.gate.to_json()["depth"] == 1
+    fleet.end()
+    assert await waiting is LET_OUT
+    assert fleet.gate.stats.dispatched == {(0, ""): 1}
+
+
+async def test_light_tenant_goes_ahead_of_a_flood_and_weights_set_shares() -> None:
+    fleet = Fleet()
+    heavy, light, big = tenant("heavy"), tenant("light"), tenant("big", weight=3)
+    await fleet.request(heavy)
+    tasks = [asyncio.create_task(fleet.request(heavy)) for _ in range(20)]
+    tasks += [asyncio.create_task(fleet.request(big)) for _ in range(20)]
+    await settle()
+    tasks.append(asyncio.create_task(fleet.request(light)))
+    await settle()
+    for _ in range(17):
+        fleet.end()
+        await settle()
+    served = fleet.order[1:]
+    assert "light" in served[:3]  # not behind the 40 already waiting
+    shares = Counter(served[:16])
+    assert shares["big"] >= 2.5 * shares["heavy"] - 1  # weight 3 against 1 while both wait
+    for t in tasks:
+        t.cancel()
+
+
+async def test_higher_priority_overtakes_and_sheddable_is_refused_first() -> None:
+    fleet = Fleet()
+    low, high, batch = tenant("low"), tenant("high", priority=10), tenant("batch", priority=-1)
+    await fleet.request(low)
+    queued_low = asyncio.create_task(fleet.request(low))
+    await settle()
+    queued_high = asyncio.create_task(fleet.request(high))
+    await settle()
+    shed = await fleet.request(batch)
+    assert status(shed) == 429
+    assert isinstance(shed, Answer) and ("Retry-After", "2") in shed.headers
+    assert orjson.loads(shed.body)["error"]["type"] == "rate_limit_error"
+    fleet.end()
+    assert await queued_high is LET_OUT and not queued_low.done()
+    fleet.end()
+    assert await queued_low is LET_OUT
+    assert fleet.gate.stats.shed == {(-1, "batch", "saturated"): 1}
+
+
+async def test_priority_header_only_up_to_the_tenants_max() -> None:
+    fleet = Fleet(slots=100)
+    plain, trusted = tenant("plain"), tenant("trusted", max_priority=5)
+    assert status(await fleet.request(plain, {"x-corral-priority": "1"})) == 400
+    assert await fleet.request(trusted, {"x-corral-priority": "5"}) is AT_ONCE
+    assert await fleet.request(trusted, {"x-corral-priority": "-3"}) is AT_ONCE
+    too_high = await fleet.request(trusted, {"x-corral-priority": "6"})
+    assert status(too_high) == 400 and b"max_priority 5" in too_high.body  # type: ignore[union-attr]
+    assert status(await fleet.request(None, {"x-corral-priority": "1"})) == 400  # an open router
+
+
+@pytest.mark.parametrize(
+    "header,value",
+    [
+        ("x-corral-priority", "9" * 5000),
+        ("x-corral-priority", "1e3"),
+        ("x-corral-priority", "1001"),
+        ("x-corral-priority", ""),
+        ("x-corral-deadline-ms", "9" * 5000),
+        ("x-corral-deadline-ms", "0"),
+        ("x-corral-deadline-ms", "-5"),
+        ("x-corral-deadline-ms", "1.5"),
+        ("x-corral-fairness-id", "a" * 65),
+        ("x-corral-fairness-id", "a b"),
+    ],
+)
+async def test_hostile_flow_headers_are_400_naming_the_header(header: str, value: str) -> None:
+    fleet = Fleet(slots=100)
+    who = tenant("t", max_priority=1000) if header != "x-corral-fairness-id" else None
+    answer = await fleet.request(who, {header: value})
+    assert status(answer) == 400
+    body = orjson.loads(answer.body)  # type: ignore[union-attr]
+    assert body["error"]["param"] == header
+    assert len(value) < 10 or value[:20] not in body["error"]["message"]  # never echoed at length
+
+
+async def test_earliest_deadline_first_within_a_tenant() -> None:
+    fleet = Fleet(order="edf")
+    t = tenant("t")
+    await fleet.request(t)
+    late = asyncio.create_task(fleet.request(t, {"x-corral-deadline-ms": "9000"}, "late"))
+    await settle()
+    soon = asyncio.create_task(fleet.request(t, {"x-corral-deadline-ms": "100"}, "soon"))
+    await settle()
+    fleet.end()
+    await settle()
+    fleet.end()
+    await asyncio.gather(late, soon)
+    assert fleet.order[1:] == ["soon", "late"]
+
+
+async def test_ttl_expiry_is_429_with_retry_after() -> None:
+    fleet = Fleet(ttl_seconds=0.05, tick_seconds=0.01)
+    await fleet.request(None)
+    answer = await fleet.request(None)
+    assert status(answer) == 429 and b"queue TTL" in answer.body  # type: ignore[union-attr]
+    assert fleet.gate.stats.shed == {(0, "", "ttl"): 1} and fleet.gate.to_json()["depth"] == 0
+
+
+async def test_band_ttl_overrides_the_default() -> None:
+    fleet = Fleet(ttl_seconds=60.0, band_ttl_seconds={-0: 0.02}, tick_seconds=0.01)
+    await fleet.request(None)
+    assert status(await fleet.request(None)) == 429
+
+
+async def test_a_client_that_hangs_up_leaves_the_queue_at_once() -> None:
+    fleet = Fleet()
+    await fleet.request(None)
+    waiting = asyncio.create_task(fleet.request(None))
+    behind = asyncio.create_task(fleet.request(None, label="behind"))
+    await settle()
+    waiting.cancel()
+    await settle()
+    assert fleet.gate.to_json()["depth"] == 1 and fleet.gate.stats.gone == {(0, ""): 1}
+    fleet.end()
+    assert await behind is LET_OUT  # the room went to the one still there
+
+
+async def test_let_out_then_gone_passes_its_room_on() -> None:
+    fleet = Fleet()
+    await fleet.request(None)
+    first = asyncio.create_task(fleet.request(None))
+    second = asyncio.create_task(fleet.request(None))
+    await settle()
+    fleet.end()  # lets `first` out; it hangs up before it resumes
+    first.cancel()
+    assert await second is LET_OUT
+
+
+async def test_bounds_total_per_tenant_and_displacement() -> None:
+    fleet = Fleet(max_queue=3, max_queue_per_flow=2)
+    a, b, vip = tenant("a"), tenant("b"), tenant("vip", priority=5)
+    await fleet.request(a)
+    waiting = [asyncio.create_task(fleet.request(a)) for _ in range(2)]
+    await settle()
+    assert status(await fleet.request(a)) == 429  # a's own bound
+    waiting.append(asyncio.create_task(fleet.request(b)))
+    await settle()
+    full = await fleet.request(b)
+    assert status(full) == 429 and b"full" in full.body  # type: ignore[union-attr]
+    vip_task = asyncio.create_task(fleet.request(vip))
+    await settle()
+    # the newest of the lowest band made room for it
+    displaced = waiting[-1]
+    assert displaced.done() and status(displaced.result()) == 429
+    reasons = Counter(r for (_, _, r) in fleet.gate.stats.shed)
+    assert reasons == {"flow_full": 1, "queue_full": 1, "displaced": 1}
+    fleet.end()
+    assert await vip_task is LET_OUT
+    for t in waiting:
+        t.cancel()
+
+
+async def test_engine_figures_saturate_until_a_request_ends_or_fresher_figures() -> None:
+    board = LoadBoard(stale_after=60.0)
+    fleet = Fleet(slots=0, board=board, max_waiting=1)
+    engine = fleet.endpoints[0]
+    engine.in_flight = 3
+    loop = asyncio.get_running_loop()
+    board.loads[engine.url] = EngineLoad(running=3, waiting=2, at=loop.time())
+    waiting = asyncio.create_task(fleet.request(None))
+    await settle()
+    assert not waiting.done()
+    engine.in_flight -= 1  # one of the three it had when scraped ended: one goes on
+    fleet.gate.finished("m")
+    assert await waiting is LET_OUT
+    held = asyncio.create_task(fleet.request(None))
+    await settle()
+    assert not held.done()
+    board.loads[engine.url] = EngineLoad(running=3, waiting=0, at=loop.time() + 1)  # fresher: room
+    fleet.gate.tick(loop.time())
+    assert await held is LET_OUT
+
+
+async def test_no_eligible_engine_is_not_held() -> None:
+    fleet = Fleet()
+    await fleet.request(None)
+    waiting = asyncio.create_task(fleet.gate.admit("m", {}, None))
+    await settle()
+    fleet.endpoints.clear()  # the engine left: what waited goes on to the proxy's 503 (or a wake)
+    fleet.gate.tick(asyncio.get_running_loop().time())
+    assert await waiting is LET_OUT
+    assert await fleet.gate.admit("m", {}, None) is AT_ONCE
