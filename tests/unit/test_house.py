@@ -24,6 +24,7 @@ FLOORS: dict[str, int] = {
     "corral.contracts": 0,
     "corral.engine": 0,
     "corral.clients": 1,
+    "corral.tracing": 1,  # OpenTelemetry export, shared by the router, supervisor and rollout
     "corral.sim": 2,
     "corral.k8s": 2,
     "corral.router": 3,
