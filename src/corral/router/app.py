@@ -5,6 +5,7 @@ the app."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,9 +45,12 @@ from corral.router.routing.worker_journal import WorkerJournals, WorkerSync, rou
 from corral.router.serving.server import HotPath
 from corral.router.telemetry.endpoint_series import endpoint_series
 from corral.router.telemetry.metrics import RouterCollector, RouterMetrics
+from corral.router.telemetry.request_trace import RequestTracer
 from corral.router.telemetry.scaling import ScalingCollector, ScalingTargets
 from corral.router.telemetry.worker_pages import WorkerPages
 from corral.router.workers import WorkerSlot
+from corral.tracing.provider import start_tracing
+from corral.tracing.settings import TracingSettings
 
 # POST paths served by vLLM outside /v1 that are per-request inference, hence routable.
 ROOT_INFERENCE_PATHS = (
@@ -114,6 +118,7 @@ class RouterConfig:
     tokenizer: str | None = None
     http_server: str = "lean"  # --http-server: lean | aiohttp (corral.router.serving)
     peers: PeerSettings | None = None  # --peer, --peer-token-file: replicas that share their picks
+    tracing: TracingSettings | None = None  # --otlp-traces-endpoint, OTEL_*: a span per request
 
     def engine_headers(self) -> dict[str, str]:
         """What every request to an engine carries: its API key, when it wants one."""
@@ -271,6 +276,19 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             session.close()
 
     app.cleanup_ctx.append(lifecycle)
+
+    async def traces(app: web.Application) -> AsyncIterator[None]:
+        """Each process (each of `--workers N`) exports its own spans, through its own exporter thread."""
+        assert config.tracing is not None
+        tracing = start_tracing(config.tracing)
+        holder["proxy"].tracer = RequestTracer(tracing.tracer("corral.router"))
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(tracing.close)
+
+    if config.tracing is not None:
+        app.cleanup_ctx.append(traces)
     app[HOT_PATH] = HotPath(
         exact_paths=frozenset(ROOT_INFERENCE_PATHS + HOT_INFERENCE_PATHS),
         prefix="/v1/",

@@ -48,6 +48,7 @@ from corral.router.routing.worker_journal import WorkerJournals
 from corral.router.serving.server import LeanServer
 from corral.router.workers import WorkerPool, WorkerSlot, cpu_limit, reserve_port
 from corral.supervisor_tokens import FleetKeyError, TokenFileError, read_fleet_key, read_management_token
+from corral.tracing.flag import settings_from_flag
 
 log = logging.getLogger("corral.router")
 
@@ -140,6 +141,7 @@ def start_router(
     http_server: str,
     shutdown_timeout: float,
     log_level: str,
+    otlp_traces_endpoint: str | None,
     client_limits: ClientLimits,
     access: EdgeAccess,
 ) -> None:
@@ -229,6 +231,7 @@ def start_router(
         http_server=http_server,
     )
     access.log_at_start()
+    config = replace(config, tracing=settings_from_flag(otlp_traces_endpoint, "corral-router"))
     if peer is not None:
         log.info("sharing picks with %d peer routers: %s", len(peer.urls), ", ".join(peer.urls))
     count = workers or cpu_limit()

@@ -26,7 +26,7 @@ from corral.engine.stream_ending import StreamEnding
 from corral.openai_errors import sse_error_event
 from corral.router.datapath.dispatch import Dispatch
 from corral.router.datapath.exchange import Answer, ClientReply, ClientRequest, Headers, error_answer
-from corral.router.datapath.pd import Disaggregation, PrefillLeg
+from corral.router.datapath.pd import Disaggregation, NoPair, PrefillLeg
 from corral.router.datapath.request_ids import RequestIds
 from corral.router.datapath.retry_budget import RetryBudget, RetryBudgetConfig
 from corral.router.datapath.transfer_params import (
@@ -50,6 +50,7 @@ from corral.router.membership.membership import Membership
 from corral.router.routing.policies import LeastRequest
 from corral.router.routing.request import Policy, RouteRequest
 from corral.router.telemetry.metrics import RouterMetrics
+from corral.router.telemetry.request_trace import RequestTrace, RequestTracer
 from corral.router.telemetry.traffic import StreamTimes
 
 log = logging.getLogger("corral.router.proxy")
@@ -105,6 +106,7 @@ class Proxy:
     # Set exactly when the router has tenants.
     drop_client_authorization = False
     engine_authorization: str | None = None  # "Bearer <engine key>"
+    tracer: RequestTracer | None = None  # set by the app when traces are exported (corral.tracing)
 
     def __init__(
         self,
@@ -152,6 +154,17 @@ class Proxy:
 
     async def handle(self, request: ClientRequest, reply: ClientReply) -> int:
         """Answer one request through `reply`; returns the status the client was answered."""
+        if self.tracer is None:
+            return await self._handle(request, reply, None)
+        trace = self.tracer.begin(request.method, request.path, request.headers)
+        status = CLIENT_CLOSED
+        try:
+            status = await self._handle(request, reply, trace)
+        finally:
+            trace.end(status)
+        return status
+
+    async def _handle(self, request: ClientRequest, reply: ClientReply, trace: RequestTrace | None) -> int:
         start = time.perf_counter()
         body = await request.read()
         request_id = request.headers.get("x-request-id", "")
@@ -182,8 +195,12 @@ class Proxy:
             upstream_headers.append(("Authorization", self.engine_authorization))
         route = RouteRequest(model, request.headers, payload)
         self._budget.record_request(time.monotonic())
+        if trace is not None:
+            trace.named(model, request_id)
         try:
-            return await self._forward(request, reply, body, upstream_headers, route, request_id, start)
+            return await self._forward(
+                request, reply, body, upstream_headers, route, request_id, start, trace
+            )
         except asyncio.CancelledError:
             self._metrics.count_request(model, CLIENT_CLOSED)
             raise
@@ -284,6 +301,7 @@ class Proxy:
         route: RouteRequest,
         request_id: str,
         start: float,
+        trace: RequestTrace | None,
     ) -> int:
         metrics = self._metrics
         model = route.model
@@ -296,7 +314,10 @@ class Proxy:
             # P/D: a (fresh) prefill leg first; the decode leg then goes as any request goes.
             leg: PrefillLeg | None = None
             if disaggregated:
-                got = await pd.prefill(request.method, request.raw_path, upstream_headers, route, request_id)
+                leg_headers = upstream_headers if trace is None else trace.prefill_leg(upstream_headers)
+                got = await pd.prefill(request.method, request.raw_path, leg_headers, route, request_id)
+                if trace is not None:
+                    trace.prefill_done(*_prefill_outcome(got))
                 if not isinstance(got, PrefillLeg):
                     answer = (
                         got
@@ -321,11 +342,21 @@ class Proxy:
             dispatched = time.monotonic()  # the endpoint's own latencies count from here, not `start`
             dispatch = Dispatch(endpoint, route.prefill_tokens)  # in its prefill queue until the first byte
             upstream: UpstreamResponse | None = None
+            sent_headers = upstream_headers
+            if trace is not None:
+                sent_headers = trace.attempt(
+                    endpoint,
+                    policy.name,
+                    len(candidates),
+                    route.prefill_tokens,
+                    upstream_headers,
+                    leg.prefill if leg is not None else None,
+                )
             try:
                 # Everything up to the first byte for the client may be retried elsewhere.
                 try:
                     upstream = await self._upstream.request(
-                        endpoint.url, request.method, request.raw_path, upstream_headers, sent
+                        endpoint.url, request.method, request.raw_path, sent_headers, sent
                     )
                     dispatch.answered(upstream)
                     streaming = upstream.content_type == "text/event-stream"
@@ -335,6 +366,8 @@ class Proxy:
                     endpoint.traffic.ended(failed=True)  # against this endpoint, retried or not
                     failure = f"{endpoint.url}: {describe_failure(exc)}"
                     failures.append(failure)
+                    if trace is not None:
+                        trace.attempt_failed(describe_failure(exc))
                     if leg is not None:
                         pd.decode_failed(leg)  # retried with a fresh prefill: this transfer may be gone
                     abandoned = isinstance(exc, EngineAbandoned)
@@ -375,6 +408,8 @@ class Proxy:
                     return await self._reject(reply, answer, model, request_id, start)
                 endpoint.record_success()
                 status = upstream.status
+                if trace is not None:
+                    trace.answered(status, time.monotonic() - dispatched)
                 if leg is not None:
                     pd.decode_answered(leg, status, dispatched)
                     # a whole 5xx answer (a failed KV load) has reached no client yet: fresh prefill
@@ -382,6 +417,8 @@ class Proxy:
                         if self._budget.try_spend(time.monotonic()):
                             endpoint.traffic.ended(failed=True)
                             failures.append(f"decode {endpoint.url} answered {status}")
+                            if trace is not None:
+                                trace.attempt_failed(f"decode leg answered {status}")
                             log.warning("request %s: %s; a fresh prefill", request_id, failures[-1])
                             attempt += 1
                             metrics.retries += 1
@@ -402,6 +439,8 @@ class Proxy:
                     elapsed = time.perf_counter() - start
                     metrics.ttft.observe(elapsed)
                     metrics.duration.observe(elapsed)
+                    if trace is not None:
+                        trace.usage(first)
                     await reply.send(Answer(status, strip_answer(first), headers))
                     return status
                 return await self._relay(
@@ -416,6 +455,7 @@ class Proxy:
                     attempt,
                     start,
                     dispatched,
+                    trace,
                 )
             finally:
                 dispatch.release()
@@ -435,6 +475,7 @@ class Proxy:
         attempt: int,
         start: float,
         dispatched: float,
+        trace: RequestTrace | None = None,
     ) -> int:
         """Relay an SSE answer chunk by chunk; a failure now can only end the client's stream."""
         metrics = self._metrics
@@ -506,6 +547,10 @@ class Proxy:
                 )
             )
         endpoint.traffic.ended(failed=ending.failure is not None or code >= 500)
+        if trace is not None:
+            trace.usage(before + last)
+            if ending.failure is not None:
+                trace.attempt_failed(f"stream ended: {ending.failure}")
         await reply.finish()
         if ending.failure is not None:
             metrics.count_stream_failure(route.model, ending.failure, ending.tokens_emitted)
@@ -562,6 +607,15 @@ def _response_headers(upstream: UpstreamResponse, request_id: str) -> Headers:
     headers = [(k, v) for k, v in upstream.headers if k.lower() not in RESPONSE_SKIP]
     headers.append(("X-Request-Id", request_id))
     return headers
+
+
+def _prefill_outcome(got: PrefillLeg | NoPair | Answer) -> tuple[Endpoint | None, str]:
+    """What a P/D prefill leg's span records: the engine that answered, or how the leg ended."""
+    if isinstance(got, PrefillLeg):
+        return got.prefill, "answered"
+    if isinstance(got, Answer):
+        return None, f"answered {got.status}"
+    return None, "no pair"
 
 
 def _tried(attempts: int) -> str:
