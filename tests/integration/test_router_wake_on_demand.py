@@ -25,7 +25,11 @@ BODY = {"model": "sim-model", "prompt": "wake up", "max_tokens": 6, "stream": Tr
 BURST = 50
 
 
-def start_router(name: str, sup: Supervised, hold: str, *extra: str) -> tuple[CorralProcess, str]:
+def start_router(
+    name: str, sup: Supervised, hold: str, *extra: str, answering: str = "/health"
+) -> tuple[CorralProcess, str]:
+    """A router following `sup`, once `answering` answers 200 (/v1/fleet: whether or not an engine is
+    routable)."""
     port = free_port()
     proc = CorralProcess(
         [
@@ -44,7 +48,7 @@ def start_router(name: str, sup: Supervised, hold: str, *extra: str) -> tuple[Co
         ]
     )
     url = f"http://127.0.0.1:{port}"
-    proc.wait_http(url + "/health")
+    proc.wait_http(url + answering)
     return proc, url
 
 

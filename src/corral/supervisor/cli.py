@@ -18,6 +18,7 @@ from corral.engine.pd_protocol import ROLES
 from corral.supervisor.commands.bad_input import bad_input, read_token
 from corral.supervisor.commands.precheck import precheck_options
 from corral.supervisor.lifecycle.failure_strategy import CHOICES
+from corral.supervisor.lifecycle.idle_settings import MAX_AFTER_SECONDS, peer_urls
 from corral.supervisor.lifecycle.memory_defaults import DEFAULT_SLEEP_RESIDUE_GIB, DEFAULT_WAKE_TOLERANCE
 from corral.supervisor_defaults import DEFAULT_UNANSWERED_SECONDS
 
@@ -29,6 +30,13 @@ class _RunByDefault(click.Group):
         if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
             args = ["run", *args]
         return super().parse_args(ctx, args)
+
+
+def check_sleep_peers(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    try:
+        return peer_urls(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 @click.group(cls=_RunByDefault, context_settings={"help_option_names": ["-h", "--help"]})
@@ -114,6 +122,45 @@ _seconds = click.FloatRange(min=0.0)
     "withdrawn from routing: /readyz 503 and DRAINING/not_answering on the state stream, the engine "
     "kept. It returns READY once it answers and passes the smoke request again; --stall-seconds still "
     "fails and restarts it. 0 turns the withdrawal off.",
+)
+@click.option(
+    "--sleep-after-seconds",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0, max=MAX_AFTER_SECONDS),
+    help="Idle sleep: put a READY engine to sleep through the runbook's sleep (every check) once it has "
+    "served no request for this long; a router's wake on demand brings it back. Never the last awake "
+    "engine of its model (see --sleep-peer, --sleep-last-awake). 0: never.",
+)
+@click.option(
+    "--sleep-level",
+    default=1,
+    show_default=True,
+    type=click.IntRange(0, 2),
+    help="Idle sleep's level: 0 pauses, 1 offloads the weights to host memory, 2 drops them.",
+)
+@click.option(
+    "--sleep-mode",
+    type=click.Choice(["wait", "abort", "keep"]),
+    default="wait",
+    show_default=True,
+    help="Idle sleep's mode for requests still in the engine (an idle engine has none unless one came late).",
+)
+@click.option(
+    "--sleep-peer",
+    "sleep_peers",
+    multiple=True,
+    metavar="URL",
+    callback=check_sleep_peers,
+    help="The supervisor of another engine of the same model (repeatable, at most 64), asked for its "
+    "/v1/state with this supervisor's token: idle sleep goes ahead only while such a peer is READY and "
+    "stays awake.",
+)
+@click.option(
+    "--sleep-last-awake",
+    is_flag=True,
+    help="Idle sleep may put the last awake engine of its model to sleep (the next request then waits "
+    "for a wake).",
 )
 @click.option(
     "--sleep-residue-gib",

@@ -84,9 +84,17 @@ async def serve(config: SupervisorConfig) -> int:
         await supervisor.close()
         return 2
     supervisor.start()
+    idle_task: asyncio.Task[None] | None = None
+    if config.idle_sleep.after_seconds > 0:
+        from corral.supervisor.runbook.idle_sleep import IdleSleep
+
+        supervisor.idle_sleep = IdleSleep(supervisor, config.idle_sleep)
+        idle_task = asyncio.create_task(supervisor.idle_sleep.run(), name="idle-sleep")
     try:
         await supervisor.exit_requested.wait()
     finally:
+        if idle_task is not None:
+            idle_task.cancel()
         if gate_runner is not None:
             await gate_runner.cleanup()
         await runner.cleanup()

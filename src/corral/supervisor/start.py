@@ -31,6 +31,7 @@ from corral.supervisor.lifecycle.failure_strategy import (
     check_rollback_bundle,
     parse_on_startup_failure,
 )
+from corral.supervisor.lifecycle.idle_settings import IdleSleepSettings
 from corral.supervisor.lifecycle.memory_checks import MemoryThresholds
 from corral.supervisor.lifecycle.pd_role import kv_transfer_problem
 from corral.supervisor.serve import serve
@@ -75,6 +76,11 @@ def start_supervisor(
     restart_backoff: float,
     stall_seconds: float,
     unanswered_seconds: float,
+    sleep_after_seconds: float,
+    sleep_level: int,
+    sleep_mode: str,
+    sleep_peers: tuple[str, ...],
+    sleep_last_awake: bool,
     sleep_residue_gib: float,
     wake_tolerance: float,
     drain_policy: str,
@@ -160,6 +166,9 @@ def start_supervisor(
         restart_backoff=restart_backoff,
         stall_seconds=stall_seconds,
         unanswered_seconds=unanswered_seconds,
+        idle_sleep=IdleSleepSettings(
+            sleep_after_seconds, sleep_level, sleep_mode, sleep_peers, sleep_last_awake
+        ),
         memory=MemoryThresholds.from_flags(sleep_residue_gib, wake_tolerance),
         drain=DrainSettings(
             policy=DrainPolicy(drain_policy),

@@ -9,12 +9,27 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from corral.engine_state import EngineState
-from corral.router.membership.endpoint import Endpoint
-from corral.router.routing.load_board import EngineLoad, LoadBoard
+
+if TYPE_CHECKING:
+    from corral.router.membership.endpoint import Endpoint
+
+
+class EngineReading(Protocol):
+    """An engine's last word on its load (`routing.load_board.EngineLoad`)."""
+
+    waiting: float
+    kv_usage: float
+
+
+class LoadReadings(Protocol):
+    """The router's scraped engine loads (`routing.load_board.LoadBoard`): a fresh reading or None."""
+
+    def fresh(self, url: str, now: float | None = None) -> EngineReading | None: ...
 
 
 @dataclass(frozen=True)
@@ -54,7 +69,7 @@ def desired_replicas(load: ModelLoad, targets: ScalingTargets) -> int:
 def model_loads(
     endpoints: Iterable[Endpoint],
     routable: Callable[[str], int],
-    board: LoadBoard,
+    board: LoadReadings,
     held: dict[str, int],
 ) -> dict[str, ModelLoad]:
     by_model: dict[str, list[Endpoint]] = {}
@@ -66,7 +81,7 @@ def model_loads(
     loads: dict[str, ModelLoad] = {}
     for model, serving in sorted(by_model.items()):
         ready = routable(model)
-        readings: list[EngineLoad] = [
+        readings: list[EngineReading] = [
             r for e in serving if e.in_routing and (r := board.fresh(e.url)) is not None
         ]
         loads[model] = ModelLoad(
@@ -87,7 +102,7 @@ class ScalingCollector:
         self,
         endpoints: Callable[[], Iterable[Endpoint]],
         routable: Callable[[str], int],
-        board: LoadBoard,
+        board: LoadReadings,
         held: Callable[[], dict[str, int]],
         oldest_held: Callable[[], dict[str, float]],
         targets: ScalingTargets,

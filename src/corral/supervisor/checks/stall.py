@@ -74,6 +74,7 @@ class StallWatch:
         self._poll = min(poll_seconds, stall_seconds / 4)
         self.detector = StallDetector(stall_seconds)
         self.last_sample: LoadSample | None = None
+        self.smokes = 0  # idle smoke requests answered: the engine counts them as requests it finished
 
     async def watch(self) -> Stall:
         answered_at = time.monotonic()
@@ -105,6 +106,7 @@ class StallWatch:
         started = time.monotonic()
         try:
             await self._readiness.smoke(self._session, self._model, within=self.stall_seconds)
+            self.smokes += 1
         except NotReady as exc:
             return Stall(
                 f"idle smoke request failed: {exc}",

@@ -10,6 +10,7 @@ from corral.bundle_spec import BundleSpec
 from corral.supervisor.checks.dependencies import DependencyGate
 from corral.supervisor.lifecycle.drain import DrainSettings
 from corral.supervisor.lifecycle.failure_strategy import OnStartupFailure
+from corral.supervisor.lifecycle.idle_settings import IdleSleepSettings
 from corral.supervisor.lifecycle.memory_checks import MemoryThresholds
 from corral.supervisor.precheck.gate import PrecheckSettings
 from corral.supervisor_defaults import DEFAULT_UNANSWERED_SECONDS, RESTART_BACKOFF_CAP_SECONDS
@@ -64,3 +65,5 @@ class SupervisorConfig:
     role: str | None = None
     # where the GPU driver's Xids are read (lifecycle/xid_watch.py): a path, "off"; None: /dev/kmsg
     kernel_log: str | None = None
+    # --sleep-after-seconds and friends (runbook/idle_sleep.py); after_seconds 0: no idle sleep
+    idle_sleep: IdleSleepSettings = field(default_factory=IdleSleepSettings)

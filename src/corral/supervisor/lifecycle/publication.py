@@ -86,6 +86,8 @@ class PublishedSupervisor(Protocol):
     @property
     def gate(self) -> _Shown | None: ...  # the admission gate (supervisor/http, above the lifecycle)
     @property
+    def idle_sleep(self) -> _Shown | None: ...  # --sleep-after-seconds (runbook/idle_sleep.py)
+    @property
     def busy(self) -> str | None: ...
     @property
     def operation_lock(self) -> OperationLock: ...
@@ -194,6 +196,7 @@ class Publication:
             "drain": sup.drain_report.to_json() if sup.drain_report else None,
             "routers": sup.routers.to_json(),
             "sleep": sup.sleep_status.to_json() if sup.sleep_status is not None else None,
+            "idle_sleep": sup.idle_sleep.to_json() if sup.idle_sleep is not None else None,
             "prefix_cache": sup.prefix_cache.to_json(engine),
             "adapters": sup.adapters.to_json(),
             "gate": sup.gate.to_json() if sup.gate is not None else None,

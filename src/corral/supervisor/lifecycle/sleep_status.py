@@ -19,6 +19,7 @@ class SleepStatus:
     woken_tags: tuple[str, ...] | None = None  # after a partial wake
     asleep_tags: tuple[str, ...] | None = None
     device_before: dict[str, Any] | None = None  # NVML's reading before the sleep (no engine figures)
+    reason: str | None = None  # why it sleeps when the supervisor chose it ("idle 300 s"); None: asked
 
     def partially_awake(self, woken: list[str], asleep: list[str]) -> SleepStatus:
         return dataclasses.replace(self, woken_tags=tuple(woken), asleep_tags=tuple(asleep))
@@ -35,4 +36,6 @@ class SleepStatus:
             body["asleep_tags"] = list(self.asleep_tags)
         if self.device_before is not None:
             body["device_before"] = self.device_before
+        if self.reason is not None:
+            body["reason"] = self.reason
         return body

@@ -35,6 +35,7 @@ from corral.supervisor.lifecycle.engine_process import EngineProcess, RestartPol
 from corral.supervisor.lifecycle.failure_strategy import RollbackStarter, StartupFailure, Verdict, decide
 from corral.supervisor.lifecycle.fault_naming import NOT_RESTARTED, hardware_fault, with_gpu_fault
 from corral.supervisor.lifecycle.forced_exits import RequestWatch
+from corral.supervisor.lifecycle.idle_settings import IdleSleepView
 from corral.supervisor.lifecycle.leftover_scene import EngineSnapshot, stopped_leftovers
 from corral.supervisor.lifecycle.memory_checks import MemoryRecord, MemoryVerdict
 from corral.supervisor.lifecycle.metrics import SupervisorMetrics
@@ -112,6 +113,8 @@ class EngineSupervisor:
         self.preload: PreloadDaemon | None = None  # set when --preload-command runs the daemon
         self._preload: PreloadKeeper | None = None
         self.gate: AdmissionGate | None = None  # set when --gate-port serves the data path
+        # set by the composition root when --sleep-after-seconds asks for idle sleep (runbook/idle_sleep.py)
+        self.idle_sleep: IdleSleepView | None = None
         self.stall_watch: StallWatch | None = None
         self.answer_watch: NotAnswering | None = None  # READY ⇄ DRAINING/not_answering (--unanswered-seconds)
         self.exit_requested = asyncio.Event()

@@ -52,7 +52,9 @@ EXPECTED_SLEEP_STATE = {0: None, 1: "weights_offloaded", 2: "discard_all"}
 class SleepPlan:
     kind = "sleep"
 
-    def __init__(self, sup: EngineAccess, level: int, mode: str, release_kv: bool = False) -> None:
+    def __init__(
+        self, sup: EngineAccess, level: int, mode: str, release_kv: bool = False, reason: str | None = None
+    ) -> None:
         if level not in (0, 1, 2):
             raise Refused(f"sleep level {level!r}: use 0, 1 or 2")
         if mode not in SLEEP_MODES:
@@ -65,6 +67,7 @@ class SleepPlan:
         self.level = level
         self.mode = mode
         self.release_kv = release_kv
+        self.reason = reason  # why the supervisor chose this sleep (idle_sleep.py); None: asked for
         self.admin = admin_for(sup)
         self.before: EngineFigures | None = None
         self.device_before: DeviceReading | None = None  # NVML, where the engine reports no figures
@@ -166,12 +169,14 @@ class SleepPlan:
                 kv_released=self.release_kv,
                 before=before.to_json() if before is not None else None,
                 device_before=self.device_before.to_json() if self.device_before is not None else None,
+                reason=self.reason,
             )
         )
         self.sup.transition(
             S.SLEEPING,
             f"asleep at level {self.level} (mode {self.mode})"
-            + (", KV cache released" if self.release_kv else ""),
+            + (", KV cache released" if self.release_kv else "")
+            + (f": {self.reason}" if self.reason else ""),
             f"level_{self.level}",
             sleep_state=after.sleep_state,
             figures=after.to_json(),
