@@ -139,6 +139,8 @@ class ChangeRecord(OpenWireModel):
     # both; None: a fleet that names none. A record without the field is from before issue 32.
     fleet_id: str | None = None
     fleet_run: str | None = None
+    # the record's trace (32 hex digits) when traces were exported (corral.tracing.records); None: not traced
+    trace_id: str | None = None
     from_bundles: dict[str, dict[str, Any] | None] = Field(default_factory=dict)
     to_bundle: dict[str, Any] | None = None
     steps: list[StepRecord] = Field(default_factory=list)

@@ -21,6 +21,7 @@ from corral.supervisor.lifecycle.failure_strategy import CHOICES
 from corral.supervisor.lifecycle.idle_settings import MAX_AFTER_SECONDS, peer_urls
 from corral.supervisor.lifecycle.memory_defaults import DEFAULT_SLEEP_RESIDUE_GIB, DEFAULT_WAKE_TOLERANCE
 from corral.supervisor_defaults import DEFAULT_UNANSWERED_SECONDS
+from corral.tracing.flag import otlp_traces_option
 
 
 class _RunByDefault(click.Group):
@@ -322,6 +323,7 @@ _seconds = click.FloatRange(min=0.0)
     "engine command's --kv-transfer-config kv_role says: kv_producer prefill, kv_consumer decode, "
     "else both).",
 )
+@otlp_traces_option  # --otlp-traces-endpoint (corral.tracing.flag)
 @precheck_options
 @click.argument("engine_command", nargs=-1, type=click.UNPROCESSED)
 def run_command(**flags: Any) -> None:

@@ -36,9 +36,13 @@ async def serve(config: SupervisorConfig) -> int:
     from corral.supervisor.http.api import SupervisorAPI
     from corral.supervisor.lifecycle.supervisor import EngineSupervisor
     from corral.supervisor.runbook.switch_bundle import roll_back
+    from corral.tracing.provider import start_tracing
+    from corral.tracing.records import RecordTraces
 
     supervisor = EngineSupervisor(config, supervisor_log, printer("[engine]"))
     supervisor.start_rollback = lambda failure: roll_back(supervisor, failure)
+    if config.tracing is not None:  # flushed at exit by the provider's own atexit hook
+        supervisor.record_traces = RecordTraces(start_tracing(config.tracing).tracer("corral.supervisor"))
     try:
         await supervisor.open()
     except StateDirLocked as exc:

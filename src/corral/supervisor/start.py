@@ -8,6 +8,7 @@ import os
 import shlex
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -35,6 +36,7 @@ from corral.supervisor.lifecycle.idle_settings import IdleSleepSettings
 from corral.supervisor.lifecycle.memory_checks import MemoryThresholds
 from corral.supervisor.lifecycle.pd_role import kv_transfer_problem
 from corral.supervisor.serve import serve
+from corral.tracing.flag import settings_from_flag
 
 
 def _default_state_dir(port: int) -> Path:
@@ -105,6 +107,7 @@ def start_supervisor(
     role: str | None,
     kernel_log: str | None,
     engine_command: tuple[str, ...],
+    otlp_traces_endpoint: str | None = None,
     **precheck_flags: Any,
 ) -> None:
     """The supervisor the flags describe, checked, then served until it stops."""
@@ -195,6 +198,7 @@ def start_supervisor(
         gate_port=gate_port,
         gate_host=gate_host,
     )
+    config = replace(config, tracing=settings_from_flag(otlp_traces_endpoint, "corral-supervisor"))
     sys.exit(run_on_uvloop(serve(config)))
 
 

@@ -14,6 +14,7 @@ from corral.supervisor.lifecycle.idle_settings import IdleSleepSettings
 from corral.supervisor.lifecycle.memory_checks import MemoryThresholds
 from corral.supervisor.precheck.gate import PrecheckSettings
 from corral.supervisor_defaults import DEFAULT_UNANSWERED_SECONDS, RESTART_BACKOFF_CAP_SECONDS
+from corral.tracing.settings import TracingSettings
 
 
 def is_loopback(host: str) -> bool:
@@ -47,6 +48,7 @@ class SupervisorConfig:
     oplog_max_bytes: int = 64 * 1024 * 1024  # rotated past this size
     oplog_keep: int = 3  # rotated files kept (oplog.jsonl.1 … .N)
     token: str | None = None
+    tracing: TracingSettings | None = None  # --otlp-traces-endpoint, OTEL_*: a trace per operation
     gate_host: str = "0.0.0.0"
     gate_port: int | None = None  # the admission gate's data port (corral.supervisor.http.admission)
     preload_argv: tuple[str, ...] = ()  # the weight-cache daemon, started before the engine

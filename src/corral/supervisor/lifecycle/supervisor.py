@@ -59,6 +59,7 @@ from corral.supervisor.lifecycle.states import (
 from corral.supervisor.state.oplog import EngineLeftover, OperationLog, last_epoch
 from corral.supervisor.state.runtime_adapters import RuntimeAdapterFile, restore_runtime_adapters
 from corral.supervisor.state.state_writes import StateWriteFailures
+from corral.tracing.records import RecordTraces
 
 if TYPE_CHECKING:
     from corral.supervisor.http.admission import AdmissionGate  # set by the CLI; lifecycle never builds one
@@ -79,6 +80,8 @@ class EngineSupervisor:
         self.oplog = OperationLog(
             config.state_dir, self.state_writes, config.oplog_max_bytes, config.oplog_keep
         )
+        # set by serve() when traces are exported: each change record is also a trace
+        self.record_traces: RecordTraces | None = None
         self.machine = StateMachine()  # replaced in open(), once the log gives the next epoch
         self.gates = GateWaiter(config.gates, config.dependency_timeout, self.gate_log)
         # READY needs every rank too (after a start or a wake): what the running engine's ranks lack

@@ -368,6 +368,7 @@ class ChangeWitness:
             "evidence": {"error": reason},
         }
         record = assemble(self._operation(op_id, REFUSED, reason), [step], self.before, self.before, None)
+        record = self._traced(record)
         self._sup.oplog.append("change_record", **record.to_file())
         return record
 
@@ -383,5 +384,11 @@ class ChangeWitness:
             forced = [exit.to_json() for exit in gate.requests.forced_since(mark)]
         outcome = FAILED if failure is not None else SUCCEEDED
         record = assemble(self._operation(op_id, outcome, failure or ""), steps, self.before, after, forced)
+        record = self._traced(record)
         sup.oplog.append("change_record", **record.to_file())
         return record
+
+    def _traced(self, record: ChangeRecord) -> ChangeRecord:
+        """The record with its trace's id, when traces are exported (the trace is written now)."""
+        traces = self._sup.record_traces
+        return record if traces is None else traces.traced(record)

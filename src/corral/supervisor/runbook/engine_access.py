@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from corral.supervisor.lifecycle.states import EngineState, StateEvent, StateMachine
     from corral.supervisor.precheck.gate import PrecheckReport
     from corral.supervisor.state.oplog import OperationLog
+    from corral.tracing.records import RecordTraces
 
 
 class EngineAccess(Protocol):
@@ -80,6 +81,8 @@ class EngineAccess(Protocol):
     def operations(self) -> OperationLedger: ...
     @property
     def oplog(self) -> OperationLog: ...
+    @property
+    def record_traces(self) -> RecordTraces | None: ...  # each change record also a trace, when set
 
     # -- leaving routing and coming back (lifecycle/drain.py) -----------------------------------
     @property
