@@ -4,6 +4,7 @@ loopback client of a loopback router, where the feed carries the same endpoints 
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import aiohttp
@@ -19,7 +20,7 @@ from tests.integration.test_router_admin_access import (  # noqa: F401 - beyond_
     serve,
 )
 
-DASHBOARD_ROUTES = ("/dashboard", "/dashboard/events")
+DASHBOARD_ROUTES = ("/dashboard", "/dashboard/events", "/dashboard/series")
 
 
 async def first_event(url: str) -> dict[str, Any]:
@@ -38,6 +39,14 @@ async def test_on_a_loopback_router_the_page_and_its_feed_show_the_fleet() -> No
         status, headers, body = await get(url + "/dashboard")
         assert status == 200 and headers["Content-Type"].startswith("text/html")
         assert b"EventSource" in body and b"/*JS*/" not in body  # CSS and JS inlined from package data
+        # the charting library too, from the package: the page names no other origin to load from
+        assert b"uPlot" in body and b"/*UPLOT_JS*/" not in body and b"/*CHARTS_JS*/" not in body
+        assert not re.findall(rb"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", body)
+        status, _, series = await get(url + "/dashboard/series")
+        assert status == 200
+        points = orjson.loads(series)  # the router ticks from its start: a point is there at once
+        assert points["step_s"] == 5 and len(points["times"]) >= 1
+        assert list(points["engines"]) == [NO_ENGINE] and "rate" in points["engines"][NO_ENGINE]
         event = await first_event(url)
         assert [e["url"] for e in event["endpoints"]] == [NO_ENGINE]
         assert event["endpoints"][0]["routable"] is False

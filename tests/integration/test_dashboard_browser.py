@@ -2,8 +2,10 @@
 simulators: every engine READY; an adapter loaded with `corral lora load` shown on its engine; a
 `corral sleep` whose drain waits on a stream held open shown at its runbook step (DRAIN), then
 engine-0 SLEEPING, READY after `corral wake`; requests through the router counted in the models'
-one-minute window; and during `corral rollout` a new serving group appearing and the old one leaving.
-Screenshots of each stage are kept."""
+one-minute window; and during `corral rollout` under `corral load` the rollout banner naming both
+bundles, the charts drawn with points, the model's request count never going backwards as the old
+engines are retired, and their exit told in words. The page asks nothing of any origin but the
+router's and logs no console error. Screenshots of each stage are kept."""
 
 from __future__ import annotations
 
@@ -12,10 +14,12 @@ import json
 import os
 import re
 import shutil
+import signal
 import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -70,8 +74,9 @@ def fleet(tmp_path: Path) -> Iterator[tuple[CorralProcess, str, Path]]:
     state = tmp_path / "state"
     port = free_port()
     sim = [f"--sim-arg={arg}" for arg in ENGINE_ARGS]
+    # --policy load: the router scrapes the engines' /metrics, so the charts have KV usage and queue
     proc = CorralProcess(
-        ["up", "--port", str(port), "--engines", "2", "--group-size", "2", *sim],
+        ["up", "--port", str(port), "--engines", "2", "--group-size", "2", "--policy", "load", *sim],
         env={"XDG_STATE_HOME": str(state), **ENV},
     )
     wait_until(lambda: "router: " in proc.output() or proc.proc.poll() is not None, 90, "the router URL")
@@ -114,6 +119,42 @@ def complete(router: str) -> None:
         assert resp.status == 200
 
 
+# every named chart has a canvas and at least two points drawn (uPlot draws on a canvas)
+CHARTS_DRAWN = """ids => ids.every(id => {
+  const c = document.querySelector(`[data-chart="${id}"]`);
+  return c && c.querySelector("canvas") && Number(c.dataset.points) >= 2;
+})"""
+# the model's request count since the router started, as the page shows it, read every 100 ms
+RECORD_TOTALS = """() => {
+  window.corralTotals = [];
+  setInterval(() => {
+    const tr = document.querySelector('#models tr[data-model="sim-model"]');
+    if (tr) window.corralTotals.push(Number(tr.dataset.total));
+  }, 100);
+}"""
+
+
+def watch_page(page: Any, router: str) -> list[str]:
+    """Console errors, uncaught exceptions and any request to another origin than the router's (the
+    page must work offline): each refused and listed."""
+    problems: list[str] = []
+    origin = router.rstrip("/")
+    page.on(
+        "console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None
+    )
+    page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+
+    def route(r: Any) -> None:
+        if r.request.url.startswith(origin + "/"):
+            r.continue_()
+        else:
+            problems.append(f"asked another origin: {r.request.url}")
+            r.abort()
+
+    page.route("**/*", route)
+    return problems
+
+
 def test_the_dashboard_follows_an_adapter_a_sleep_step_by_step_a_wake_and_a_rollout(
     fleet: tuple[CorralProcess, str, Path], artifacts: Path, tmp_path: Path
 ) -> None:
@@ -130,6 +171,7 @@ def test_the_dashboard_follows_an_adapter_a_sleep_step_by_step_a_wake_and_a_roll
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
             page = browser.new_page(viewport={"width": 1366, "height": 800})
+            problems = watch_page(page, url)
             page.goto(url + "/dashboard")
             page.wait_for_selector('#conn[data-state="live"]', timeout=WAIT_MS)
             for engine in ("engine-0", "engine-1"):
@@ -192,28 +234,67 @@ def test_the_dashboard_follows_an_adapter_a_sleep_step_by_step_a_wake_and_a_roll
             assert ADAPTER in page.inner_text('#models tr[data-model="sim-model"]')  # counted with its base
             page.screenshot(path=str(artifacts / "5-awake.png"), full_page=True)
 
-            bundle = tmp_path / "v2.yaml"
-            bundle.write_text(
-                f"name: v2\nengine_args: {json.dumps(['--version-string', '0.33.1', *ENGINE_ARGS])}\n"
+            # a rollout under load: the charts have points, the banner names both bundles, the model's
+            # request count never goes backwards as the old engines are retired
+            load = CorralProcess(
+                ["load", "--port", port, "--rate", "16", "--seconds", "240"],
+                env={"XDG_STATE_HOME": str(state)},
             )
-            rollout = CorralProcess(
-                ["rollout", "--port", port, "--to", str(bundle)], env={"XDG_STATE_HOME": str(state)}
-            )
-            seen_new = page.wait_for_function(
-                "old => [...document.querySelectorAll('li[data-group]')]"
-                ".some(e => !old.includes(e.dataset.group))",
-                arg=sorted(old_groups),
-                timeout=90_000,
-            )
-            assert seen_new
-            page.screenshot(path=str(artifacts / "6-rollout.png"), full_page=True)
-            assert rollout.wait_exit(120) == 0, rollout.output()[-3000:]
-            page.wait_for_function(
-                "old => ![...document.querySelectorAll('li[data-group]')]"
-                ".some(e => old.includes(e.dataset.group))",
-                arg=sorted(old_groups),
-                timeout=WAIT_MS,
-            )
-            page.screenshot(path=str(artifacts / "7-rolled-out.png"), full_page=True)
+            try:
+                page.wait_for_function(
+                    CHARTS_DRAWN, arg=["model-rate", "engine-rate", "engine-kv_usage"], timeout=WAIT_MS
+                )
+                page.evaluate(RECORD_TOTALS)
+                initial = page.get_attribute(row["engine-0"] + " [data-bundle]", "data-bundle")
+                assert initial, page.inner_text(row["engine-0"])  # the bundle's name, not its fingerprint
+                bundle = tmp_path / "v2.yaml"
+                bundle.write_text(
+                    f"name: v2\nengine_args: {json.dumps(['--version-string', '0.33.1', *ENGINE_ARGS])}\n"
+                )
+                rollout = CorralProcess(
+                    ["rollout", "--port", port, "--to", str(bundle)], env={"XDG_STATE_HOME": str(state)}
+                )
+                banner = page.wait_for_selector('#rollout[data-state="active"]', timeout=90_000)
+                assert banner is not None
+                assert (banner.get_attribute("data-from"), banner.get_attribute("data-to")) == (initial, "v2")
+                page.wait_for_function(
+                    "old => [...document.querySelectorAll('li[data-group]')]"
+                    ".some(e => !old.includes(e.dataset.group))",
+                    arg=sorted(old_groups),
+                    timeout=90_000,
+                )
+                page.screenshot(path=str(artifacts / "6-rollout.png"), full_page=True)
+                assert rollout.wait_exit(120) == 0, rollout.output()[-3000:]
+                page.wait_for_function(
+                    "old => ![...document.querySelectorAll('li[data-group]')]"
+                    ".some(e => old.includes(e.dataset.group))",
+                    arg=sorted(old_groups),
+                    timeout=WAIT_MS,
+                )
+                ended = page.wait_for_selector('#rollout[data-state="ended"]', timeout=WAIT_MS)
+                assert ended is not None and ended.get_attribute("data-failed") == "0", ended.inner_text()
+                totals = page.evaluate("() => window.corralTotals")
+                assert len(totals) > 10 and totals == sorted(totals) and totals[-1] > totals[0], totals
+                # the old engines' exit, in words, with the router's own record kept on hover
+                told = page.wait_for_selector('#events li[data-cause="supervisor_draining"]', timeout=WAIT_MS)
+                assert told is not None
+                text, raw = told.inner_text(), told.get_attribute("title") or ""
+                assert re.search(
+                    r" engine-\d \(127\.0\.0\.1:\d+\) stopped taking new requests: its supervisor is draining it "
+                    r"for a rollout$",
+                    text,
+                ), (text, raw)
+                assert "supervisor_draining" in raw and "supervisor_draining" not in text
+                page.wait_for_function(CHARTS_DRAWN, arg=["model-ttft", "engine-waiting"], timeout=WAIT_MS)
+                # the new engines drawn beside the old ones, which stay on the charts as they leave
+                page.wait_for_function(
+                    "() => Number(document.querySelector('[data-chart=\"engine-rate\"]').dataset.lines) >= 4",
+                    timeout=WAIT_MS,
+                )
+                page.screenshot(path=str(artifacts / "7-rolled-out.png"), full_page=True)
+            finally:
+                load.signal(signal.SIGINT)
+                load.wait_exit(60)
+            assert not problems, problems
         finally:
             browser.close()

@@ -119,3 +119,44 @@ def test_a_window_counts_as_traffic_figures_minus_does(seed: int) -> None:
     if want.ttft.count:
         assert got["ttft_mean_ms"] == pytest.approx(1000 * want.ttft.sum / want.ttft.count, abs=0.1)
         assert got["ttft_p95_ms"] == pytest.approx(1000 * (want.ttft.quantile(0.95) or 0), abs=0.1)
+
+
+class Router:
+    """What the router itself counted per model name (`/v1/fleet`'s `model_requests`): kept across
+    every engine's departure, as a request is counted once the router has answered it."""
+
+    def __init__(self) -> None:
+        self.counted: dict[str, dict[str, int]] = {}
+
+    def answered(self, model: str, n: int, errors: int = 0) -> None:
+        counts = self.counted.setdefault(model, {"requests": 0, "errors": 0})
+        counts["requests"] += n
+        counts["errors"] += errors
+
+    def view(self, *endpoints: Endpoint) -> dict[str, Any]:
+        return {**fleet(*endpoints), "model_requests": {m: dict(c) for m, c in self.counted.items()}}
+
+
+def test_a_models_figures_never_go_backwards_when_an_engine_leaves() -> None:
+    """Issue 32: the model's request count dropped 121 → 105 as an engine was retired, and its req/s
+    read 12-17 while 32 were sent: the figures were summed over the engines listed now, so a retired
+    engine took its requests with it. They come from the router's own counting per model."""
+    windows = ModelWindows(window=60, sample_every=5)
+    router = Router()
+    engines = [Endpoint(f"http://g{i}", ["m", "m-lora"], ["m-lora"]) for i in range(5)]
+    windows.update(router.view(*engines[:2]), now=0.0)
+    shown: list[int] = []
+    totals: list[int] = []
+    # a rollout under 32 req/s: every 15 s an old engine is retired and a new one takes its share
+    for second in range(1, 76):
+        live = engines[(second - 1) // 15 : (second - 1) // 15 + 2]
+        for engine in live:
+            engine.serve(16, ttft=0.05)
+        router.answered("m", 30)
+        router.answered("m-lora", 2)  # its adapter's requests count toward the base model
+        figures = windows.update(router.view(*live), now=float(second))["models"]["m"]
+        shown.append(figures["requests"])
+        totals.append(figures["total"])
+    assert totals == sorted(totals) and totals[-1] == 75 * 32  # never backwards, every request counted
+    assert shown[:60] == sorted(shown[:60])  # the window fills without a dip as engines leave
+    assert figures["rate"] == pytest.approx(32.0, rel=0.1)  # what was sent, not what the living engines saw

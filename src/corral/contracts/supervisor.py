@@ -14,6 +14,8 @@ from corral.contracts.wire import OpenWireModel, WireModel
 from corral.engine_state import EngineState
 
 ROUTER_ID_MAX = 200
+# a bundle name on a state line longer than this is dropped (read as absent): issue 32
+BUNDLE_NAME_MAX = 128
 
 
 def _state_or_none(value: Any) -> EngineState | None:
@@ -63,6 +65,9 @@ class StateLine(WireModel):
     time: float | None = None
     since: float | None = None
     fingerprint: str | None = None  # the running bundle's; absent from supervisors before issue 14
+    # the running bundle's name (`corral status` prints it); absent before issue 32, None when not a
+    # string or longer than BUNDLE_NAME_MAX
+    bundle_name: str | None = None
     # changes whenever the engine's prefix cache may have been emptied (reset, new engine process);
     # compared for equality only; absent from supervisors before issue 14
     prefix_epoch: str | None = None
@@ -92,6 +97,11 @@ class StateLine(WireModel):
     @classmethod
     def _sub_state(cls, value: Any) -> str | None:
         return value if isinstance(value, str) else None
+
+    @field_validator("bundle_name", mode="before")
+    @classmethod
+    def _bundle_name(cls, value: Any) -> str | None:
+        return value if isinstance(value, str) and len(value) <= BUNDLE_NAME_MAX else None
 
     @field_validator("reason", mode="before")
     @classmethod

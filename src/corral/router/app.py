@@ -20,6 +20,7 @@ from corral.openai_errors import error_response
 from corral.router.core import PodApiFactory, RouterCore, connect_pod_api, source_name
 from corral.router.dashboard.feed import DashboardFeed
 from corral.router.dashboard.page import DASHBOARD_PATH, page_handler, to_dashboard, wants_page
+from corral.router.dashboard.sampler import HistoryLoop
 from corral.router.datapath.aiohttp_exchange import AiohttpReply, AiohttpRequest
 from corral.router.datapath.proxy import Proxy, ProxyConfig
 from corral.router.datapath.retry_budget import RetryBudgetConfig
@@ -263,6 +264,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
         if tenants is not None:
             await tenants.start()
         await followers.start()
+        await dashboard_history.start()
         try:
             yield
         finally:
@@ -270,6 +272,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             if tenants is not None:
                 await tenants.stop()
             await dashboard_feed.stop()
+            await dashboard_history.stop()
             if pages is not None:
                 await pages.stop()
             await core.stop()
@@ -352,6 +355,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
                 "slow_start": slow_start.to_json(e),
                 "group": str(e.group) if e.group is not None else None,
                 "traffic": e.traffic.to_json(),
+                "load": routing.board.to_json(e.url, now),  # the engine's /metrics, when scraped
                 "role": e.role,
                 "pairing": e.pairing,
             }
@@ -369,6 +373,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             "left_routing": exits,
             "operation_steps": membership.operation_steps.to_json(),  # the last 20, for the dashboard
             "totals": metrics.totals().to_wire(),
+            "model_requests": metrics.model_counts(),  # per model name, kept when engines leave
             "pairs": model_pairs(membership, now),
             "peers": peers_json(),
             "adapter_carry": carry.to_json() if carry is not None else None,
@@ -408,7 +413,9 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     async def fleet_view() -> dict[str, Any]:
         return await pages.fleet() if pages is not None else own_fleet()
 
-    dashboard_feed = DashboardFeed(fleet_view)  # one read per 0.5 s shared by every open dashboard
+    dashboard_history = HistoryLoop(fleet_view)  # a point every 5 s for the charts, rollouts followed
+    # one read per 0.5 s shared by every open dashboard
+    dashboard_feed = DashboardFeed(fleet_view, rollout=dashboard_history.rollout)
 
     async def prometheus(request: web.Request) -> web.Response:
         body = await pages.page() if pages is not None else own_page()
@@ -443,6 +450,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     app.router.add_get("/", root)
     app.router.add_get(DASHBOARD_PATH, page_handler())
     app.router.add_get("/dashboard/events", dashboard_feed.serve)
+    app.router.add_get("/dashboard/series", dashboard_history.serve)
     if pick_log is not None:
         app.router.add_get(PEER_PICKS_PATH, peer_picks)
     for path in ENGINE_ONLY_PATHS:

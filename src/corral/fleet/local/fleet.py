@@ -251,6 +251,7 @@ class LocalFleet:
             args += ["--gate-port", str(gate_port), "--gate-host", host]
             engine_url = f"http://{host}:{gate_port}"
         args += ["--model", spec.model, "--state-dir", str(self.log_dir / f"engine-{i}.state")]
+        args += ["--bundle-name", bundle.name]  # what its state stream names it (the router's dashboard)
         args += ["--propagation-timeout", str(spec.propagation_timeout)]
         args += ["--quiet-period", str(spec.quiet_period), "--drain-timeout", str(spec.drain_timeout)]
         args += ["--shutdown-timeout", str(spec.engine_shutdown_timeout)]

@@ -7,7 +7,8 @@ small bounded queue; a client whose queue is full (it reads slower than the flee
 dropped, and its browser's EventSource reconnects and starts from a fresh snapshot.
 
 Each snapshot carries, beside the fleet view, `model_windows`: per-model figures over the last
-minute (`windows.py`), from readings this loop takes; they start afresh when nobody watches.
+minute (`windows.py`), from readings this loop takes; they start afresh when nobody watches; and
+`rollout`, the rollout in flight or the last one (`rollout.py`), for the page's banner.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from corral.router.dashboard.rollout import RolloutWatch
 from corral.router.dashboard.windows import ModelWindows
 
 Snapshot = Callable[[], Awaitable[dict[str, Any]]]
@@ -41,7 +43,9 @@ class DashboardFeed:
         heartbeat: float = 15.0,
         queue_size: int = 8,
         windows: ModelWindows | None = None,
+        rollout: RolloutWatch | None = None,
     ) -> None:
+        self._rollout = rollout
         self._snapshot = snapshot
         self._windows = windows if windows is not None else ModelWindows()
         self._interval = interval
@@ -67,6 +71,8 @@ class DashboardFeed:
                 view = await self._snapshot()
                 view["left_routing"] = list(view.get("left_routing") or [])[-EVENTS_SHOWN:]
                 view["model_windows"] = self._windows.update(view, time.monotonic())
+                if self._rollout is not None:  # the banner: a rollout in flight, or the last one
+                    view["rollout"] = self._rollout.update(view, time.time())
                 body = orjson.dumps(view)
             except Exception as exc:  # a failed read is shown on the page; the loop goes on
                 body = orjson.dumps({"error": f"the router could not read its fleet view: {exc}"})

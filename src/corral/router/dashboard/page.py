@@ -12,7 +12,7 @@ _TYPES = {"html": "text/html", "css": "text/css", "js": "text/javascript"}
 
 
 def _read(name: str) -> bytes:
-    return files("corral.router.dashboard").joinpath("static", name).read_bytes()
+    return files("corral.router.dashboard").joinpath("static", *name.split("/")).read_bytes()
 
 
 DASHBOARD_PATH = "/dashboard"
@@ -32,10 +32,15 @@ def to_dashboard() -> web.Response:
 
 
 def page_handler() -> Callable[[web.Request], Awaitable[web.Response]]:
-    """One handler serving the page with its CSS and JS inlined (one admin route, one request)."""
+    """One handler serving the page with its CSS and JS inlined (one admin route, one request), the
+    charting library too (`static/vendor/uplot`, see its PROVENANCE.md): nothing from another origin."""
     html = _read("dashboard.html").decode("utf-8")
     html = html.replace("/*CSS*/", _read("dashboard.css").decode("utf-8"))
     html = html.replace("/*JS*/", _read("dashboard.js").decode("utf-8"))
+    html = html.replace("/*CHARTS_JS*/", _read("charts.js").decode("utf-8"))
+    # last: nothing in the library's own text is taken for a marker
+    html = html.replace("/*UPLOT_CSS*/", _read("vendor/uplot/uPlot.min.css").decode("utf-8"))
+    html = html.replace("/*UPLOT_JS*/", _read("vendor/uplot/uPlot.iife.min.js").decode("utf-8"))
     body = html.encode("utf-8")
 
     async def dashboard(request: web.Request) -> web.Response:

@@ -8,9 +8,13 @@ only for as long as the window needs, so the memory is a few readings per endpoi
 the feed's loop only (it runs while a dashboard is open): until a dashboard has been open for the
 whole window, the window is the time it has been open (`covered_s`, whole seconds, at most `window_s`).
 
-The router counts traffic per engine, not per model, so the figures are per base model: those of
-the engines serving it, and the requests for its LoRA adapters on those engines count toward it (each
-model's `adapters` names them). In a fleet where each engine serves one base model, that is exact.
+A model's requests, errors and rate come from the router's own count per model name (`/v1/fleet`'s
+`model_requests`: every request the router answered, whichever engine served it, kept when an engine
+leaves), so they never go backwards when an engine is retired; `total` is that count since the router
+started. Its TTFT is from the per-engine histograms of the engines serving it (a retired engine's
+first tokens leave the window with it). A model's LoRA adapters count toward it (each model's
+`adapters` names them). A router without `model_requests` (older workers) has its figures summed over
+the engines listed now, as before.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ WINDOW_SECONDS = 60.0
 SAMPLE_EVERY = 5.0
 
 Reading = dict[str, dict[str, Any]]  # endpoint URL -> its cumulative `traffic` body
+Counted = dict[str, tuple[int, int]]  # model name -> (requests, errors) the router answered, cumulative
 
 
 class ModelWindows:
@@ -35,7 +40,7 @@ class ModelWindows:
             raise ValueError(f"window {window} s and sample_every {sample_every} s: need 0 < sample ≤ window")
         self.window = window
         self.sample_every = sample_every
-        self._readings: deque[tuple[float, Reading]] = deque()
+        self._readings: deque[tuple[float, Reading, Counted | None]] = deque()
 
     def clear(self) -> None:
         """Forget every reading (nobody watches: the next view starts a fresh window)."""
@@ -46,13 +51,14 @@ class ModelWindows:
         window that ends now: `{"window_s", "covered_s", "models": {model: figures}}`."""
         endpoints = [e for e in fleet.get("endpoints") or () if isinstance(e, dict) and e.get("url")]
         current: Reading = {e["url"]: e["traffic"] for e in endpoints if isinstance(e.get("traffic"), dict)}
+        counted = model_counts(fleet)
         readings = self._readings
         if not readings or now - readings[-1][0] >= self.sample_every:
-            readings.append((now, current))
+            readings.append((now, current, counted))
         # the baseline: the newest reading at least a window old (or the oldest there is)
         while len(readings) > 1 and readings[1][0] <= now - self.window:
             readings.popleft()
-        since, baseline = readings[0]
+        since, baseline, counted_then = readings[0]
         covered = now - since
         # what the page says: changes with each sample, not each read (an idle view pushes nothing)
         shown = min(self.window, round(readings[-1][0] - since))
@@ -68,6 +74,13 @@ class ModelWindows:
                 total.adapters |= adapters
                 if window is not None:
                     total.add(window)
+        if counted is not None:
+            for model, total in models.items():
+                names = (model, *total.adapters)
+                total.counted(
+                    [counted.get(n, (0, 0)) for n in names],
+                    [(counted_then or {}).get(n, (0, 0)) for n in names],
+                )
         return {
             "window_s": self.window,
             "covered_s": shown,
@@ -112,6 +125,15 @@ def _reading(traffic: dict[str, Any]) -> Window:
     )
 
 
+def model_counts(fleet: dict[str, Any]) -> Counted | None:
+    """`model_requests` of a `/v1/fleet` body as (requests, errors) per model name; None when absent."""
+    body = fleet.get("model_requests")
+    if not isinstance(body, dict):
+        return None
+    counts = ((str(m), c) for m, c in body.items() if isinstance(c, dict))
+    return {m: (_count(c.get("requests")), _count(c.get("errors"))) for m, c in counts}
+
+
 def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
@@ -125,6 +147,14 @@ class _Total:
         self.parts: list[list[int]] = []
         self.ttft_sum = 0.0
         self.adapters: set[str] = set()
+        self.total: int | None = None  # the router's count since it started; None from an older router
+
+    def counted(self, now: list[tuple[int, int]], then: list[tuple[int, int]]) -> None:
+        """The router's own counts for the model and its adapters, now and at the window's start,
+        in place of the sums over the engines listed now."""
+        self.total = sum(r for r, _ in now)
+        self.requests = self.total - sum(r for r, _ in then)
+        self.errors = sum(e for _, e in now) - sum(e for _, e in then)
 
     def add(self, window: Window) -> None:
         requests, errors, counts, total = window
@@ -145,6 +175,7 @@ class _Total:
         return {
             "adapters": sorted(self.adapters),
             "requests": self.requests,
+            "total": self.total,
             "rate": round(self.requests / covered, 3) if covered > 0 else None,
             "errors": self.errors,
             "error_share": round(self.errors / self.requests, 4) if self.requests else None,

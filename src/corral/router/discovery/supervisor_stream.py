@@ -262,6 +262,7 @@ class SupervisorStreams:
         view.epoch = epoch
         view.event_time = line.time
         view.fingerprint = line.fingerprint
+        view.bundle_name = line.bundle_name
         view.prefix_epoch = line.prefix_epoch  # a change makes routing forget the engine's prefixes
         self._learn_role(endpoint, view, line)
         self._metrics.count_event(SOURCE, "STATE")

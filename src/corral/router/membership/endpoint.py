@@ -42,6 +42,7 @@ class SupervisorView:
     acked_epoch: int | None = None
     acks_sent: int = 0
     fingerprint: str | None = None  # the running bundle's, as the last state line said
+    bundle_name: str | None = None  # and its name (supervisors since issue 32)
     prefix_epoch: str | None = None  # changes when the engine's prefix cache was emptied
     # prefill | decode | both, and the P/D pairing identity, as the last state line said (absent
     # from supervisors before issue 16: None, and the endpoint's declared role and probed identity hold)
@@ -78,6 +79,7 @@ class SupervisorView:
             "acked_epoch": self.acked_epoch,
             "acks_sent": self.acks_sent,
             "fingerprint": self.fingerprint,
+            "bundle_name": self.bundle_name,
             "prefix_epoch": self.prefix_epoch,
             "role": self.role,
             "pairing": self.pairing,

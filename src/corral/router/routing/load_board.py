@@ -25,6 +25,13 @@ class LoadBoard:
     stale_after: float = 1.0
     loads: dict[str, EngineLoad] = field(default_factory=dict)
 
+    def to_json(self, url: str, now: float) -> dict[str, float] | None:
+        """`/v1/fleet`'s `load` of an endpoint: its last fresh figures (None: none, or stale)."""
+        load = self.fresh(url, now)
+        if load is None:
+            return None
+        return {"running": load.running, "waiting": load.waiting, "kv_usage": round(load.kv_usage, 4)}
+
     def fresh(self, url: str, now: float | None = None) -> EngineLoad | None:
         """The engine's last load if it is recent enough, else None (saturated)."""
         load = self.loads.get(url)

@@ -114,6 +114,19 @@ class RouterMetrics:
         key = (model, outcome)
         self.hold_outcomes[key] = self.hold_outcomes.get(key, 0) + 1
 
+    def model_counts(self) -> dict[str, dict[str, int]]:
+        """`/v1/fleet`'s `model_requests`: per model name, the requests the router answered and those
+        it answered with a 5xx, since it started (whichever engine served them, so they outlive any)."""
+        counts: dict[str, dict[str, int]] = {}
+        for (model, code), n in self.requests.items():
+            if not model:  # a model no engine serves: refused before any engine was asked
+                continue
+            each = counts.setdefault(model, {"requests": 0, "errors": 0})
+            each["requests"] += n
+            if code >= 500:
+                each["errors"] += n
+        return counts
+
     def totals(self) -> RequestCounts:
         """`/v1/fleet`'s `totals`: every request answered (any code, as `corral_router_requests_total`
         counts them), `errors`, every stream that did not end normally, and every request abandoned on

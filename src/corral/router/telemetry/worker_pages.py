@@ -75,7 +75,8 @@ def merge_pages(pages: Sequence[bytes]) -> bytes:
 
 def merge_fleets(own: dict[str, Any], others: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """`own` (a worker's /v1/fleet body) with each endpoint's `in_flight`, `requests_sent` and `traffic`,
-    and the `totals`, summed with the same endpoint's in `others` (sibling workers' bodies)."""
+    and the `totals` and `model_requests`, summed with the same endpoint's in `others` (sibling workers'
+    bodies)."""
     by_url = [{e["url"]: e for e in other.get("endpoints", ())} for other in others]
     for endpoint in own.get("endpoints", ()):
         theirs = [index[endpoint["url"]] for index in by_url if endpoint["url"] in index]
@@ -90,6 +91,14 @@ def merge_fleets(own: dict[str, Any], others: Sequence[dict[str, Any]]) -> dict[
     totals = [body["totals"] for body in (own, *others) if body.get("totals") is not None]
     if totals:
         own["totals"] = {k: sum(t.get(k, 0) for t in totals) for k in totals[0]}
+    counted: dict[str, dict[str, int]] = {}
+    for body in (own, *others):
+        for model, counts in (body.get("model_requests") or {}).items():
+            each = counted.setdefault(model, {"requests": 0, "errors": 0})
+            for key in each:
+                each[key] += counts.get(key, 0)
+    if counted:
+        own["model_requests"] = counted
     return own
 
 

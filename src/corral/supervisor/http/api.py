@@ -191,6 +191,7 @@ class SupervisorAPI:
                 fingerprint = bundle.fingerprint if bundle is not None else None
                 prefix_epoch = self.supervisor.prefix_cache.token(self.supervisor.engine)
                 line = {**event.to_json(), "since": machine.since, "fingerprint": fingerprint}
+                line["bundle_name"] = self.supervisor.running_bundle.name  # issue 32: the dashboard's names
                 pd = self.supervisor.publication.pd_identity()  # role and pairing identity (issue 16)
                 kv_events = self.supervisor.publication.kv_events()  # issue 17
                 operation = lock.in_flight()  # the runbook step in flight (issue 18)

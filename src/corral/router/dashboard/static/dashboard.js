@@ -58,6 +58,7 @@
 
   function kv(e) {
     const k = e.kv_events;
+    if (e.load && typeof e.load.kv_usage === "number") return Math.round(e.load.kv_usage * 100) + "%";
     if (!k) return "–";
     if (typeof k.usage === "number") return Math.round(k.usage * 100) + "%";
     return k.blocks !== undefined ? k.blocks + " blocks" : "known";
@@ -87,11 +88,14 @@
       const errs = f.error_share === null ? "–" : (100 * f.error_share).toFixed(1) + "% (" + f.errors + ")";
       const name = el("span", m, "mono");
       if ((f.adapters || []).length) name.append(el("span", " + " + f.adapters.join(", "), "sub"));
-      const tr = row([name, f.rate === null ? "–" : f.rate.toFixed(2), errs,
+      const total = f.total === null || f.total === undefined ? String(f.requests) : String(f.total);
+      const tr = row([name, f.rate === null ? "–" : f.rate.toFixed(2), total, errs,
         ms(f.ttft_mean_ms), ms(f.ttft_p95_ms)]);
       tr.lastChild.className = "";
+      tr.children[2].title = "requests the router answered for this model since it started (kept when engines leave)";
       tr.dataset.model = m;
       tr.dataset.requests = String(f.requests);
+      tr.dataset.total = total;
       return tr;
     });
   }
@@ -102,11 +106,15 @@
     $("summary").textContent = `${endpoints.length} engine(s), ${ready} READY · policy ${fleet.policy || "?"}`;
     fill($("engines").tBodies[0], endpoints.map((e) => {
       const sv = e.supervisor || {};
-      const fp = sv.fingerprint ? sv.fingerprint.slice(0, 12) : "–";
+      // the bundle's name as `corral status` prints it; its fingerprint on hover (and where no name is said)
+      const bundle = el("span", sv.bundle_name || (sv.fingerprint ? sv.fingerprint.slice(0, 12) : "–"),
+        sv.bundle_name ? "" : "mono");
+      if (sv.fingerprint) bundle.title = "bundle fingerprint " + sv.fingerprint;
+      bundle.dataset.bundle = sv.bundle_name || "";
       const ramp = e.slow_start ? Math.round(e.slow_start.weight * 100) + "%" : "–";
       const routable = el("span", e.routable ? "yes" : "no — " + String(e.why || e.reason || "?").replace(/^not routable: /, ""), e.routable ? "yes" : "no");
       const tr = row([el("b", engineName(e)), badge(e), e.role || sv.role || "–", e.group || "–",
-        el("span", fp, "mono"), String(e.in_flight ?? 0), kv(e), adapters(e), ramp, routable]);
+        bundle, String(e.in_flight ?? 0), kv(e), adapters(e), ramp, routable]);
       tr.dataset.engine = engineName(e);
       tr.dataset.url = e.url;
       tr.dataset.state = stateOf(e);
@@ -144,13 +152,89 @@
     fill($("ops"), ops.length ? ops : [el("li", "none in flight", "sub")]);
     fill($("models").tBodies[0], modelRows(fleet));
     fill($("events"), recentEvents(fleet));
+    rolloutBanner(fleet.rollout);
+    flowQueue(fleet.flow);
+  }
+
+  // a rollout in flight (or the last one, for a while): bundles by name, groups moved, requests failed
+  function rolloutBanner(rollout) {
+    const box = $("rollout");
+    const r = rollout && (rollout.active || rollout.last);
+    box.hidden = !r;
+    if (!r) return;
+    const ended = !rollout.active;
+    box.className = "banner" + (ended ? " ended" : "");
+    box.dataset.state = ended ? "ended" : "active";
+    box.dataset.from = r.from.join(", ");
+    box.dataset.to = r.to;
+    box.dataset.failed = String(r.failed);
+    const failed = `${r.failed} request${r.failed === 1 ? "" : "s"} failed`;
+    box.replaceChildren(ended ? "Last rollout: bundle " : "Rollout in progress: bundle ",
+      el("b", r.from.join(", ")), " → ", el("b", r.to),
+      ended ? ` · ended ${clock(r.ended)} · ${r.groups_moved} group(s) on ${r.to} · ${failed}`
+        : ` · ${r.groups_moved} group(s) on ${r.to} of ${r.groups} to move · ${failed} so far · since ${clock(r.since)}`);
+  }
+
+  // the router's queue, when flow control is on (`flow` in /v1/fleet)
+  function flowQueue(flow) {
+    const section = $("flow");
+    section.hidden = !flow || typeof flow !== "object";
+    if (section.hidden) return;
+    const parts = (o) => Object.entries(o || {}).map(([k, n]) => `${k}: ${n}`).join(", ") || "none";
+    const age = flow.oldest_age_seconds == null ? "" : `, the oldest for ${flow.oldest_age_seconds.toFixed(1)} s`;
+    const body = $("flow-body");
+    body.dataset.depth = String(flow.depth ?? 0);
+    body.replaceChildren(
+      el("div", `${flow.depth ?? 0} request(s) waiting in the router${age}`),
+      el("div", `by band: ${parts(flow.depth_by_band)} · by tenant: ${parts(flow.depth_by_tenant)}`, "sub"),
+      el("div", `turned away: ${parts(flow.shed)} · sent on: ${flow.dispatched ?? 0}`, "sub"));
   }
 
   // routing exits and runbook steps, both on the router's clock: the last 20 of them together, newest first
   const EVENTS_SHOWN = 20;
   const clock = (at) => (at ? new Date(at * 1000).toLocaleTimeString() : "");
-  function exitItem(x) {
-    return el("li", `${clock(x.at)} ${x.name || x.url} ${x.kind} (${x.cause})` + (x.reason ? ` — ${x.reason}` : ""));
+  // an exit from routing in a person's words; the router's own record on hover and in data-raw
+  const host = (url) => String(url).replace(/^https?:\/\//, "").replace(/\/.*$/, "");
+  const EXIT_WORDS = {
+    supervisor_draining: "stopped taking new requests: its supervisor is draining it",
+    supervisor_sleeping: "stopped taking requests: it was put to sleep",
+    supervisor_starting: "is not taking requests: its engine is starting",
+    supervisor_waking: "is not taking requests: it is waking up",
+    supervisor_failed: "stopped taking requests: its engine failed",
+    supervisor_stopped: "stopped taking requests: its engine stopped",
+    supervisor_unhealthy: "stopped taking requests: its engine is unhealthy",
+    supervisor_stream_lost: "stopped taking requests: the router lost touch with its supervisor",
+    supervisor_stream_stale: "stopped taking requests: its supervisor went silent",
+    group_out: "stopped taking requests: its serving group is not whole",
+    held: "is held back: it is not taking requests yet",
+    probe_failed: "stopped taking requests: it did not answer the router's health check",
+    replaced: "was replaced by a new engine at the same address",
+  };
+  // where a removed engine was listed, as its discovery source's removal cause names it
+  const SOURCES = { file: "the router's backends file", static: "the router's --backend list", k8s: "Kubernetes" };
+  function exitWords(x, rollout) {
+    let words = EXIT_WORDS[x.cause];
+    const source = /^(.*)_removed$/.exec(x.cause || "");
+    if (!words && x.kind === "removed") {
+      words = source ? `left the fleet: ${SOURCES[source[1]] || source[1]} no longer lists it` : "left the fleet";
+    }
+    if (!words) words = x.kind === "removed" ? "left the fleet" : "stopped taking requests";
+    const during = rollout && (rollout.leaving || []).includes(x.url); // an engine the rollout moved off
+    // a sleep says so in its reason; a rollout's drain does not, so an engine the rollout moved off is asked
+    if (x.cause === "supervisor_draining" && /sleep/i.test(x.reason || "")) words += " before it sleeps";
+    else if (x.cause === "supervisor_draining" && (during || /rollout|bundle/i.test(x.reason || ""))) words += " for a rollout";
+    // "engine g2 (127.0.0.1:8012)"; a name that says it is an engine already is not said twice
+    const name = x.name ? (/^engine/i.test(x.name) ? x.name : "engine " + x.name) : "engine";
+    return `${name} (${host(x.url)}) ${words}`;
+  }
+  function exitItem(x, fleet) {
+    const rollout = fleet.rollout && (fleet.rollout.active || fleet.rollout.last);
+    const li = el("li", `${clock(x.at)} ${exitWords(x, rollout)}`);
+    const raw = `${x.kind} (${x.cause})` + (x.reason ? ` — ${x.reason}` : "");
+    li.title = raw; // the router's own words, for whoever needs them
+    li.dataset.raw = raw;
+    li.dataset.cause = x.cause;
+    return li;
   }
   function stepItem(x) {
     const li = el("li", null, "step");
@@ -165,7 +249,7 @@
     const exits = (fleet.left_routing || []).slice(-EVENTS_SHOWN).map((x) => [x.at || 0, exitItem, x]);
     const steps = (fleet.operation_steps || []).slice(-EVENTS_SHOWN).map((x) => [x.at || 0, stepItem, x]);
     const last = [...exits, ...steps].sort((a, b) => a[0] - b[0]).slice(-EVENTS_SHOWN).reverse();
-    return last.length ? last.map(([, item, x]) => item(x))
+    return last.length ? last.map(([, item, x]) => item(x, fleet))
       : [el("li", "no engine has left routing or run an operation yet", "sub")];
   }
 
