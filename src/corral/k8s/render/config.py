@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from corral.gate_spec import GateSpecError, parse_gate_spec
+from corral.k8s.render.autoscaling_config import AutoscalingSpec
 from corral.k8s.render.images_config import ImagesSpec, fill_default_images
 from corral.k8s.render.kv_events_config import KvEventsSpec
 from corral.k8s.render.monitoring_config import MonitoringSpec
@@ -535,6 +536,40 @@ class NetworkPolicySpec(_Section):
         return peers
 
 
+class GatewaySpec(_Section):
+    """Corral as the endpoint picker of a Gateway API inference gateway (docs/gateway-epp.md): the
+    InferencePool over the engine pods, `corral epp` (Deployment, Service, RBAC), an HTTPRoute."""
+
+    gateway_name: str = Field(
+        pattern=_DNS_LABEL, max_length=63, description="the Gateway the rendered HTTPRoute attaches to"
+    )
+    gateway_namespace: str | None = Field(
+        default=None, pattern=_DNS_LABEL, max_length=63, description="its namespace; null: the fleet's"
+    )
+    failure_mode: Literal["FailClose", "FailOpen"] = Field(
+        default="FailClose",
+        description="what the gateway does when the picker does not answer: FailClose (the request fails; "
+        "nothing reaches an engine the picker has not vouched for, such as a draining one) or FailOpen "
+        "(the gateway picks an endpoint of the pool itself, blind to drains and sleep)",
+    )
+    replicas: int = Field(default=2, ge=1, le=16, description="picker pods; each follows every supervisor")
+    grpc_port: Port = Field(default=9002, description="the picker's ext_proc port (endpointPickerRef)")
+    http_port: Port = Field(default=9003, description="the picker's probes and /metrics port")
+    fallbacks: int = Field(default=2, ge=0, le=16, description="endpoints after the pick, for retries")
+    cpu: str | None = Field(default=None, description="CPU request and limit")
+    memory: str | None = Field(default=None, description="memory request and limit")
+    proxy_from: list[PeerSpec] = Field(
+        default_factory=list,
+        description="the gateway's proxy pods, let into the engine pods' gate port by the engine "
+        "NetworkPolicy (network_policy.enabled): the gateway sends each request there itself",
+    )
+
+    @field_validator("proxy_from")
+    @classmethod
+    def _peer_named(cls, peers: list[PeerSpec]) -> list[PeerSpec]:
+        return NetworkPolicySpec._peer_named(peers)
+
+
 class CorralDeployment(_Section):
     name: str = Field(
         pattern=_NAME,
@@ -567,6 +602,16 @@ class CorralDeployment(_Section):
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
     monitoring: MonitoringSpec = Field(
         default_factory=MonitoringSpec, description="Grafana dashboard, alerts and ServiceMonitors (all off)"
+    )
+    autoscaling: AutoscalingSpec = Field(
+        default_factory=AutoscalingSpec,
+        description="an HPA or a KEDA ScaledObject on the router's desired replica count (off; "
+        "docs/scaling.md)",
+    )
+    gateway: GatewaySpec | None = Field(
+        default=None,
+        description="Corral as a Gateway API inference gateway's endpoint picker: {gateway_name, "
+        "failure_mode, replicas, grpc_port, ...} (docs/gateway-epp.md); null: none",
     )
     kv_events: KvEventsSpec = Field(
         default_factory=KvEventsSpec,
@@ -601,6 +646,19 @@ class CorralDeployment(_Section):
             found.append("preload is not rendered for a prefill/decode fleet; turn preload off or drop pd")
         if found:
             raise ValueError("preload: " + "; ".join(found))
+        return self
+
+    @model_validator(mode="after")
+    def _autoscaling_fits(self) -> CorralDeployment:
+        if not self.autoscaling.enabled:
+            return self
+        if self.pd is not None:
+            raise ValueError("autoscaling: not rendered for a prefill/decode fleet; turn it off or drop pd")
+        if not self.monitoring.service_monitors:
+            raise ValueError(
+                "autoscaling: the router's desired replica count reaches Prometheus through its "
+                "ServiceMonitor; set monitoring.service_monitors: true"
+            )
         return self
 
     @property

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from corral.k8s.render import commands
+from corral.k8s.render.autoscaling_objects import autoscaling_objects
 from corral.k8s.render.budgets import Budgets
 from corral.k8s.render.config import CorralDeployment
 from corral.k8s.render.engine_objects import (
@@ -65,11 +66,11 @@ def _engines(config: CorralDeployment, budgets: Budgets) -> list[Manifest]:
     """The engine Deployment and its PDB, or in a P/D fleet one of each per role."""
     if config.pd is not None:
         return [Manifest(name, obj) for name, obj in pd_engine_objects(config)]
+    deployment = engine_deployment(config, budgets, kv_events=decide(config, AGGREGATED))
+    if config.autoscaling.enabled:  # the autoscaler owns the count; an apply must not reset it
+        del deployment["spec"]["replicas"]
     return [
-        Manifest(
-            "engine-deployment.yaml",
-            engine_deployment(config, budgets, kv_events=decide(config, AGGREGATED)),
-        ),
+        Manifest("engine-deployment.yaml", deployment),
         Manifest("engine-pdb.yaml", engine_pdb(config, budgets)),
     ]
 
@@ -107,4 +108,5 @@ def render(config: CorralDeployment, budgets: Budgets) -> list[Manifest]:
             )
         )
     manifests.extend(Manifest(name, obj) for name, obj in monitoring_objects(config, budgets))
+    manifests.extend(Manifest(name, obj) for name, obj in autoscaling_objects(config, budgets))
     return manifests
