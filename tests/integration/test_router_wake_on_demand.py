@@ -78,6 +78,20 @@ def sleep(sup: Supervised) -> None:
     sup.wait_state("SLEEPING", 30)
 
 
+async def asleep_answers_503(sup: Supervised, router_url: str) -> None:
+    """Once the engine is routable through `router_url`, put it to sleep; a request then gets 503 with
+    Retry-After."""
+    await wait_until(lambda: routable(router_url), 10, f"endpoint routable again via {router_url}")
+    await asyncio.to_thread(sleep, sup)
+    await wait_until(lambda: not routable(router_url), 10, f"endpoint out of routing via {router_url}")
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(router_url + "/v1/completions", json={**BODY, "stream": False}) as resp,
+    ):
+        assert resp.status == 503, await resp.text()
+        assert int(resp.headers["Retry-After"]) >= 1
+
+
 async def test_requests_for_a_sleeping_model_wake_it_once_and_are_held() -> None:
     sup = start_supervised(sim_args=SIM_ARGS, sup_args=("--quiet-period", "0.3"), env=DEV)
     routers: list[CorralProcess] = []
@@ -109,36 +123,14 @@ async def test_requests_for_a_sleeping_model_wake_it_once_and_are_held() -> None
         assert wake_counts(holding_url) == {"wakes": 1, "held": BURST, "served": BURST, "timed_out": None}
         assert sample(scrape(holding_url + "/metrics"), "corral_router_errors_total") == 0
 
-        await wait_until(
-            lambda: routable(impatient_url), 10, "endpoint routable again via the impatient router"
-        )
-        await asyncio.to_thread(sleep, sup)
-        await wait_until(lambda: not routable(impatient_url), 10, "endpoint out of routing again")
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(impatient_url + "/v1/completions", json={**BODY, "stream": False}) as resp,
-        ):
-            assert resp.status == 503, await resp.text()
-            assert int(resp.headers["Retry-After"]) >= 1
+        await asleep_answers_503(sup, impatient_url)
         # the short hold still asked for the wake: the engine comes back for the next request
         await asyncio.to_thread(sup.wait_state, "READY", 30)
         assert len(wakes(sup)) == 2
         assert wake_counts(impatient_url) == {"wakes": 1, "held": 1, "served": None, "timed_out": 1}
 
         # --wake-mode reject: 503 with Retry-After at once, the wake still asked for
-        await wait_until(
-            lambda: routable(rejecting_url), 10, "endpoint routable again via the rejecting router"
-        )
-        await asyncio.to_thread(sleep, sup)
-        await wait_until(
-            lambda: not routable(rejecting_url), 10, "endpoint out of routing for the rejecting router"
-        )
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(rejecting_url + "/v1/completions", json={**BODY, "stream": False}) as resp,
-        ):
-            assert resp.status == 503, await resp.text()
-            assert int(resp.headers["Retry-After"]) >= 1
+        await asleep_answers_503(sup, rejecting_url)
         await asyncio.to_thread(sup.wait_state, "READY", 30)
         assert len(wakes(sup)) == 3
         rejected = scrape(rejecting_url + "/metrics")
