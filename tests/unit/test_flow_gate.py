@@ -16,7 +16,7 @@ from corral.router.datapath.exchange import Answer
 from corral.router.edge.tenants import Tenant
 from corral.router.edge.tenants_file import TenantSpec
 from corral.router.flow.config import FlowConfig
-from corral.router.flow.gate import AT_ONCE, LET_OUT, Admission, FlowGate
+from corral.router.flow.gate import Admission, FlowGate
 from corral.router.flow.saturation import Saturation
 from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.load_board import EngineLoad, LoadBoard
@@ -38,6 +38,7 @@ class Fleet:
         self.config = FlowConfig(engine_max_in_flight=slots, **config)  # type: ignore[arg-type]
         self.gate = FlowGate(self.config, Saturation(self.config, board), lambda model: self.endpoints)
         self.order: list[str] = []
+        self.running: list[Admission] = []
 
     async def request(
         self, who: Tenant | None, headers: dict[str, str] | None = None, label: str = ""
@@ -47,18 +48,27 @@ class Fleet:
         if isinstance(got, Admission):
             engine = min(self.endpoints, key=lambda e: e.in_flight)
             engine.in_flight += 1
+            self.running.append(got)
             self.order.append(label or (who.name if who else "-"))
         return got
 
     def end(self) -> None:
         engine = max(self.endpoints, key=lambda e: e.in_flight)
         engine.in_flight -= 1
-        self.gate.finished("m")
+        self.gate.finished("m", self.running.pop(0))
 
 
 async def settle() -> None:
     for _ in range(5):
         await asyncio.sleep(0)
+
+
+def at_once(got: object) -> bool:
+    return isinstance(got, Admission) and not got.waited
+
+
+def let_out(got: object) -> bool:
+    return isinstance(got, Admission) and got.waited
 
 
 def status(answer: object) -> int:
@@ -68,8 +78,8 @@ def status(answer: object) -> int:
 
 async def test_goes_on_at_once_while_an_engine_has_room() -> None:
     fleet = Fleet(engines=2, slots=1)
-    assert await fleet.request(None) is AT_ONCE
-    assert await fleet.request(None) is AT_ONCE
+    assert at_once(await fleet.request(None))
+    assert at_once(await fleet.request(None))
     assert fleet.gate.stats.passed == 2 and fleet.gate.to_json()["depth"] == 0
 
 
@@ -80,7 +90,7 @@ async def test_waits_while_saturated_and_goes_when_a_request_ends() -> None:
     await settle()
     assert not waiting.done() and fleet.gate.to_json()["depth"] == 1
     fleet.end()
-    assert await waiting is LET_OUT
+    assert let_out(await waiting)
     assert fleet.gate.stats.dispatched == {(0, ""): 1}
 
 
@@ -117,9 +127,9 @@ async def test_higher_priority_overtakes_and_sheddable_is_refused_first() -> Non
     assert isinstance(shed, Answer) and ("Retry-After", "2") in shed.headers
     assert orjson.loads(shed.body)["error"]["type"] == "rate_limit_error"
     fleet.end()
-    assert await queued_high is LET_OUT and not queued_low.done()
+    assert let_out(await queued_high) and not queued_low.done()
     fleet.end()
-    assert await queued_low is LET_OUT
+    assert let_out(await queued_low)
     assert fleet.gate.stats.shed == {(-1, "batch", "saturated"): 1}
 
 
@@ -127,8 +137,8 @@ async def test_priority_header_only_up_to_the_tenants_max() -> None:
     fleet = Fleet(slots=100)
     plain, trusted = tenant("plain"), tenant("trusted", max_priority=5)
     assert status(await fleet.request(plain, {"x-corral-priority": "1"})) == 400
-    assert await fleet.request(trusted, {"x-corral-priority": "5"}) is AT_ONCE
-    assert await fleet.request(trusted, {"x-corral-priority": "-3"}) is AT_ONCE
+    assert at_once(await fleet.request(trusted, {"x-corral-priority": "5"}))
+    assert at_once(await fleet.request(trusted, {"x-corral-priority": "-3"}))
     too_high = await fleet.request(trusted, {"x-corral-priority": "6"})
     assert status(too_high) == 400 and b"max_priority 5" in too_high.body  # type: ignore[union-attr]
     assert status(await fleet.request(None, {"x-corral-priority": "1"})) == 400  # an open router
@@ -198,7 +208,7 @@ async def test_a_client_that_hangs_up_leaves_the_queue_at_once() -> None:
     await settle()
     assert fleet.gate.to_json()["depth"] == 1 and fleet.gate.stats.gone == {(0, ""): 1}
     fleet.end()
-    assert await behind is LET_OUT  # the room went to the one still there
+    assert let_out(await behind)  # the room went to the one still there
 
 
 async def test_let_out_then_gone_passes_its_room_on() -> None:
@@ -209,7 +219,7 @@ async def test_let_out_then_gone_passes_its_room_on() -> None:
     await settle()
     fleet.end()  # lets `first` out; it hangs up before it resumes
     first.cancel()
-    assert await second is LET_OUT
+    assert let_out(await second)
 
 
 async def test_bounds_total_per_tenant_and_displacement() -> None:
@@ -231,7 +241,7 @@ async def test_bounds_total_per_tenant_and_displacement() -> None:
     reasons = Counter(r for (_, _, r) in fleet.gate.stats.shed)
     assert reasons == {"flow_full": 1, "queue_full": 1, "displaced": 1}
     fleet.end()
-    assert await vip_task is LET_OUT
+    assert let_out(await vip_task)
     for t in waiting:
         t.cancel()
 
@@ -247,14 +257,14 @@ async def test_engine_figures_saturate_until_a_request_ends_or_fresher_figures()
     await settle()
     assert not waiting.done()
     engine.in_flight -= 1  # one of the three it had when scraped ended: one goes on
-    fleet.gate.finished("m")
-    assert await waiting is LET_OUT
+    fleet.gate.finished("m", None)
+    assert let_out(await waiting)
     held = asyncio.create_task(fleet.request(None))
     await settle()
     assert not held.done()
     board.loads[engine.url] = EngineLoad(running=3, waiting=0, at=loop.time() + 1)  # fresher: room
     fleet.gate.tick(loop.time())
-    assert await held is LET_OUT
+    assert let_out(await held)
 
 
 async def test_no_eligible_engine_is_not_held() -> None:
@@ -264,5 +274,39 @@ async def test_no_eligible_engine_is_not_held() -> None:
     await settle()
     fleet.endpoints.clear()  # the engine left: what waited goes on to the proxy's 503 (or a wake)
     fleet.gate.tick(asyncio.get_running_loop().time())
-    assert await waiting is LET_OUT
-    assert await fleet.gate.admit("m", {}, None) is AT_ONCE
+    assert let_out(await waiting)
+    assert at_once(await fleet.gate.admit("m", {}, None))
+
+
+async def test_slot_shares_keep_a_flood_to_its_share_while_another_tenant_is_active() -> None:
+    fleet = Fleet(engines=2, slots=4, share_window_seconds=60.0)
+    heavy, light = tenant("heavy"), tenant("light")
+    await fleet.request(light)  # light is active: one in flight
+    flood = [asyncio.create_task(fleet.request(heavy)) for _ in range(8)]
+    await settle()
+    # 8 slots, two tenants of weight 1: heavy holds 4 and waits with slots free for light
+    assert fleet.order.count("heavy") == 4 and sum(e.in_flight for e in fleet.endpoints) == 5
+    for _ in range(2):  # behind the waiting flood in the queue, and let out at once past it
+        got = asyncio.create_task(fleet.request(light))
+        await settle()
+        assert got.done() and let_out(got.result())
+    assert fleet.order.count("heavy") == 4
+    for t in flood:
+        t.cancel()
+
+
+async def test_slot_shares_let_a_lone_tenant_use_every_slot_and_can_be_turned_off() -> None:
+    alone = Fleet(engines=2, slots=4)
+    for _ in range(8):
+        assert at_once(await alone.request(tenant("heavy")))
+    off = Fleet(engines=2, slots=4, slot_shares=False)
+    await off.request(tenant("light"))
+    for _ in range(7):
+        assert at_once(await off.request(tenant("heavy")))  # work-conserving: every free slot
+
+
+async def test_slot_shares_do_not_hold_back_a_higher_band() -> None:
+    fleet = Fleet(engines=2, slots=4, share_window_seconds=60.0)
+    await fleet.request(tenant("low"))
+    for _ in range(7):
+        assert at_once(await fleet.request(tenant("high", priority=10)))

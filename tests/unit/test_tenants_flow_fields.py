@@ -50,7 +50,7 @@ def test_bad_values_name_the_entry_and_field(field: str, value: str) -> None:
 
 
 def test_an_unknown_field_lists_the_flow_fields() -> None:
-    with pytest.raises(TenantsFileError, match="unknown field `priorty`.*max_priority.*priority.*weight"):
+    with pytest.raises(TenantsFileError, match=r"unknown field `priorty`.*max_priority.*priority.*weight"):
         parse_tenants(entry(priorty=1), "keys.yaml")
 
 

@@ -45,6 +45,7 @@ from corral.router.datapath.upstream import (
     describe_failure,
 )
 from corral.router.datapath.wake_on_demand import WakeOnDemand
+from corral.router.flow.gate import Admission, FlowGate
 from corral.router.membership.endpoint import Endpoint
 from corral.router.membership.membership import Membership
 from corral.router.routing.policies import LeastRequest
@@ -106,6 +107,7 @@ class Proxy:
     # Set exactly when the router has tenants.
     drop_client_authorization = False
     engine_authorization: str | None = None  # "Bearer <engine key>"
+    flow: FlowGate | None = None  # set by the app with --flow-control
     tracer: RequestTracer | None = None  # set by the app when traces are exported (corral.tracing)
 
     def __init__(
@@ -197,13 +199,27 @@ class Proxy:
         self._budget.record_request(time.monotonic())
         if trace is not None:
             trace.named(model, request_id)
+        flow = self.flow
+        admission: Admission | None = None
         try:
+            let_out = False
+            if flow is not None:  # held while every engine of the model is saturated (corral.router.flow)
+                admitted = await flow.admit(
+                    model, request.headers, request.tenant if self.drop_client_authorization else None
+                )
+                if isinstance(admitted, Answer):
+                    return await self._reject(reply, admitted, model, request_id, start)
+                admission = admitted
+                let_out = admitted.waited  # no await from here to the engine's in-flight count
             return await self._forward(
-                request, reply, body, upstream_headers, route, request_id, start, trace
+                request, reply, body, upstream_headers, route, request_id, start, trace, let_out=let_out
             )
         except asyncio.CancelledError:
             self._metrics.count_request(model, CLIENT_CLOSED)
             raise
+        finally:
+            if flow is not None:
+                flow.finished(model, admission)
 
     # -- request checks ---------------------------------------------------------------------
 
@@ -302,6 +318,8 @@ class Proxy:
         request_id: str,
         start: float,
         trace: RequestTrace | None,
+        *,
+        let_out: bool = False,
     ) -> int:
         metrics = self._metrics
         model = route.model
@@ -328,6 +346,8 @@ class Proxy:
                 leg, candidates, policy, sent = got, got.decoders, pd.decode_policy, got.body
             else:
                 candidates, policy, sent = self._membership.eligible(model), self._policy, body
+                if let_out and not attempt and self.flow is not None:  # out of the flow queue: to room
+                    candidates = self.flow.with_room(candidates)
             if not candidates:
                 answer = (
                     self._gave_up(model, _tried(attempt), "; ".join(failures), request_id)

@@ -34,6 +34,8 @@ class FlowConfig:
     max_queue_per_flow: int = 1_000
     order: Order = "fcfs"
     retry_after_seconds: int = 2
+    slot_shares: bool = True  # corral.router.flow.shares; needs engine_max_in_flight
+    share_window_seconds: float = 2.0
     tick_seconds: float = 0.05  # how often a non-empty queue looks at fresher figures and expiries
 
     def ttl(self, priority: int) -> float:

@@ -48,6 +48,8 @@ def flow_options(command: Callable[..., None]) -> Callable[..., None]:
         flow_max_queue: int,
         flow_max_queue_per_tenant: int,
         flow_order: str,
+        flow_slot_shares: bool,
+        flow_share_window: float,
         **kwargs: Any,
     ) -> None:
         try:
@@ -64,6 +66,8 @@ def flow_options(command: Callable[..., None]) -> Callable[..., None]:
                 max_queue=flow_max_queue,
                 max_queue_per_flow=flow_max_queue_per_tenant,
                 order="edf" if flow_order == "edf" else "fcfs",
+                slot_shares=flow_slot_shares,
+                share_window_seconds=flow_share_window,
             )
             if flow_control
             else None
@@ -141,6 +145,23 @@ def flow_options(command: Callable[..., None]) -> Callable[..., None]:
             show_default=True,
             help="Flow control: the order of one tenant's waiting requests: first come first served, or "
             "earliest deadline first (x-corral-deadline-ms, else the tenant's deadline_ms; none: last).",
+        ),
+        click.option(
+            "--flow-slot-shares/--no-flow-slot-shares",
+            default=defaults.slot_shares,
+            show_default=True,
+            help="Flow control with --flow-engine-max-in-flight: while several tenants of a band are "
+            "active, each holds at most its weighted share of the model's slots, so a slot is free when "
+            "a light tenant's request comes (a flood waits beside free slots; alone, a tenant uses them "
+            "all). Off: any tenant fills every free slot, and the others wait for the next to end.",
+        ),
+        click.option(
+            "--flow-share-window",
+            default=defaults.share_window_seconds,
+            show_default=True,
+            type=click.FloatRange(0.0, 3600.0),
+            help="Flow control: seconds a tenant still counts as active for --flow-slot-shares after its "
+            "last request ended.",
         ),
     ]
     decorated: Callable[..., None] = with_flow

@@ -22,6 +22,7 @@ from corral.router.flow.config import FlowConfig
 from corral.router.flow.queue import FlowQueue, Queued
 from corral.router.flow.request_class import RequestClass, classify
 from corral.router.flow.saturation import UNBOUNDED, Saturation
+from corral.router.flow.shares import SlotShares
 from corral.router.flow.telemetry import FlowStats
 from corral.router.membership.endpoint import Endpoint
 
@@ -34,24 +35,23 @@ Eligible = Callable[[str], Sequence[Endpoint]]
 
 
 class Admission:
-    """How a request goes on: at once (`waited` False), or let out of the queue (to an engine with room)."""
+    """A request let on to an engine: at once (`waited` False), or out of the queue (to an engine with
+    room); handed back to `FlowGate.finished` when it ends."""
 
-    __slots__ = ("waited",)
+    __slots__ = ("klass", "waited")
 
-    def __init__(self, waited: bool) -> None:
+    def __init__(self, waited: bool, klass: RequestClass) -> None:
         self.waited = waited
-
-
-AT_ONCE = Admission(False)
-LET_OUT = Admission(True)
+        self.klass = klass
 
 
 class _Ticket:
-    __slots__ = ("future", "model")
+    __slots__ = ("future", "klass", "model")
 
-    def __init__(self, future: asyncio.Future[Admission | Answer], model: str) -> None:
+    def __init__(self, future: asyncio.Future[Admission | Answer], model: str, klass: RequestClass) -> None:
         self.future = future
         self.model = model
+        self.klass = klass
 
 
 class FlowGate:
@@ -65,13 +65,18 @@ class FlowGate:
         self._per_flow: dict[str, int] = {}
         self._total = 0
         self._ticker: asyncio.Task[None] | None = None
+        self._shares = (
+            SlotShares(config.share_window_seconds)
+            if config.slot_shares and config.engine_max_in_flight
+            else None
+        )
 
     # -- the data path -----------------------------------------------------------------------
 
     async def admit(
         self, model: str, headers: Mapping[str, str], tenant: Tenant | None
     ) -> Admission | Answer:
-        """AT_ONCE or LET_OUT when the request may go to an engine; else the 400 (a bad flow header)
+        """An Admission when the request may go to an engine; else the 400 (a bad flow header)
         or 429 that answers it. A client that hangs up while waiting raises CancelledError here."""
         klass = classify(headers, tenant)
         if isinstance(klass, Answer):
@@ -79,21 +84,37 @@ class FlowGate:
         queue = self._queues.get(model)
         pending = self._pending.get(model, 0)
         endpoints = self._eligible(model)
-        if (queue is None or not queue.depth) and (
-            self.saturation.any_room(endpoints)
-            if not pending
-            else self.saturation.total_room(endpoints) > pending
+        if (
+            (queue is None or not queue.depth)
+            and (
+                self.saturation.any_room(endpoints)
+                if not pending
+                else self.saturation.total_room(endpoints) > pending
+            )
+            and self._within_share(model, klass, len(endpoints), time.monotonic())
         ):
             self.stats.passed += 1
-            return AT_ONCE
+            if self._shares is not None:
+                self._shares.started(model, klass.flow, klass.priority, klass.weight)
+            return Admission(False, klass)
         return await self._wait(model, klass)
+
+    def _within_share(self, model: str, klass: RequestClass, engines: int, now: float) -> bool:
+        shares = self._shares
+        if shares is None or not engines:
+            return True
+        capacity = self.config.engine_max_in_flight * engines
+        return shares.allows(model, klass.flow, klass.priority, klass.weight, capacity, now)
 
     def with_room(self, endpoints: list[Endpoint]) -> list[Endpoint]:
         """Where a request let out of the queue goes: the engines with room (all when none has)."""
         return self.saturation.with_room(endpoints) or endpoints
 
-    def finished(self, model: str) -> None:
-        """A request of `model` has ended here: its room may go to one that waits."""
+    def finished(self, model: str, admission: Admission | None) -> None:
+        """A request of `model` has ended here (`admission`: how it was let on, None if it was not):
+        its room may go to one that waits."""
+        if admission is not None and self._shares is not None:
+            self._shares.ended(model, admission.klass.flow, time.monotonic())
         queue = self._queues.get(model)
         if queue is not None and queue.depth:
             self._let_out(model, queue)
@@ -127,7 +148,7 @@ class FlowGate:
             expires=now + config.ttl(klass.priority),
             deadline=deadline,
             tenant=klass.tenant,
-            waiter=_Ticket(future, model),
+            waiter=_Ticket(future, model, klass),
         )
         queue.push(item)
         self._entered(item)
@@ -140,28 +161,39 @@ class FlowGate:
             if queue.remove(item):  # the client hung up while it waited
                 self._left(item)
                 self.stats.count_gone(key)
-            elif future.done() and future.result() is LET_OUT:  # let out, then gone: its room goes on
-                self._pending[model] -= 1
-                self.finished(model)
+            elif future.done() and isinstance(let_out := future.result(), Admission):
+                self._pending[model] -= 1  # let out, then gone: its room goes on
+                self.finished(model, let_out)
             raise
-        if outcome is LET_OUT:
+        if isinstance(outcome, Admission):
             # the caller reaches an engine without another await: from here its in-flight count says it
             self._pending[model] -= 1
         return outcome
 
     def _let_out(self, model: str, queue: FlowQueue) -> None:
         pending = self._pending.get(model, 0)
-        room = self.saturation.total_room(self._eligible(model)) - pending
+        endpoints = self._eligible(model)
+        room = self.saturation.total_room(endpoints) - pending
         now = time.monotonic()
+        shares, engines = self._shares, len(endpoints)
+        allowed = None
+        if shares is not None and engines:
+            capacity = self.config.engine_max_in_flight * engines
+
+            def allowed(item: Queued) -> bool:
+                return shares.allows(model, item.flow, item.priority, item.weight, capacity, now)
+
         while room > 0 and queue.depth:
-            item = queue.pop()
+            item = queue.pop(allowed)
             if item is None:
                 break
             self._left(item)
             self.stats.let_out((item.priority, item.tenant), now - item.enqueued)
             pending += 1
             room -= 1
-            item.waiter.future.set_result(LET_OUT)
+            if shares is not None:
+                shares.started(model, item.flow, item.priority, item.weight)
+            item.waiter.future.set_result(Admission(True, item.waiter.klass))
         self._pending[model] = pending
 
     def _displace(self, priority: int) -> bool:
@@ -200,11 +232,15 @@ class FlowGate:
         )
 
     def _entered(self, item: Queued) -> None:
+        if self._shares is not None:
+            self._shares.waiting(item.waiter.model, item.flow, item.priority, item.weight, 1)
         self._total += 1
         self._per_flow[item.flow] = self._per_flow.get(item.flow, 0) + 1
         self.stats.entered((item.priority, item.tenant))
 
     def _left(self, item: Queued) -> None:
+        if self._shares is not None:
+            self._shares.waiting(item.waiter.model, item.flow, item.priority, item.weight, -1)
         self._total -= 1
         left = self._per_flow[item.flow] - 1
         if left:
@@ -272,4 +308,4 @@ class FlowGate:
         }
 
 
-__all__ = ["AT_ONCE", "LET_OUT", "UNBOUNDED", "Admission", "FlowGate"]
+__all__ = ["UNBOUNDED", "Admission", "FlowGate"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -57,16 +57,25 @@ class _Flow:
             self.fcfs.append(item)
         self.live += 1
 
+    def peek(self) -> Queued | None:
+        """Its next request (those that left are dropped on the way)."""
+        fcfs, heap = self.fcfs, self.heap
+        while fcfs and fcfs[0].left:
+            fcfs.popleft()
+        if fcfs:
+            return fcfs[0]
+        while heap and heap[0][2].left:
+            heapq.heappop(heap)
+        return heap[0][2] if heap else None
+
     def pop(self) -> Queued | None:
-        while self.fcfs:
-            item = self.fcfs.popleft()
-            if not item.left:
-                return item
-        while self.heap:
-            item = heapq.heappop(self.heap)[2]
-            if not item.left:
-                return item
-        return None
+        item = self.peek()
+        if item is not None:
+            if self.fcfs:
+                self.fcfs.popleft()
+            else:
+                heapq.heappop(self.heap)
+        return item
 
 
 class _Band:
@@ -111,26 +120,37 @@ class FlowQueue:
         band.live += 1
         self.depth += 1
 
-    def pop(self) -> Queued | None:
-        """The next request to dispatch, out of the queue; None when it is empty."""
+    def pop(self, allowed: Callable[[Queued], bool] | None = None) -> Queued | None:
+        """The next request to dispatch, out of the queue; None when it is empty or no flow with a
+        request waiting is `allowed` (judged by its next request; the others keep their turn)."""
         for priority in self._priorities:
             band = self._bands[priority]
             if band.live == 0:
                 continue
-            while band.ready:
-                start, _, flow = heapq.heappop(band.ready)
-                item = flow.pop()
-                if item is None:  # its requests all left while it waited its turn
-                    flow.active = False
-                    continue
-                band.vtime = start
-                flow.start = start + 1.0 / flow.weight
-                if flow.live > 1:
-                    heapq.heappush(band.ready, (flow.start, item.seq, flow))
-                else:
-                    flow.active = False
-                self._took(band, flow, item)
-                return item
+            skipped: list[tuple[float, int, _Flow]] = []
+            try:
+                while band.ready:
+                    entry = heapq.heappop(band.ready)
+                    start, _, flow = entry
+                    item = flow.peek()
+                    if item is None:  # its requests all left while it waited its turn
+                        flow.active = False
+                        continue
+                    if allowed is not None and not allowed(item):
+                        skipped.append(entry)
+                        continue
+                    flow.pop()
+                    band.vtime = start
+                    flow.start = start + 1.0 / flow.weight
+                    if flow.live > 1:
+                        heapq.heappush(band.ready, (flow.start, item.seq, flow))
+                    else:
+                        flow.active = False
+                    self._took(band, flow, item)
+                    return item
+            finally:
+                for entry in skipped:
+                    heapq.heappush(band.ready, entry)
         return None
 
     def remove(self, item: Queued) -> bool:
