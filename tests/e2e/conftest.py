@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -143,17 +144,61 @@ def kv_events_args(events: VllmKvEvents) -> list[str]:
 
 
 @pytest.fixture(scope="session")
+def otlp_receiver(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OtlpReceiver]:
+    """A real OTLP/HTTP receiver (tests/support/otlp_receiver.py, under the vLLM Python, which has the
+    OTLP protobufs) that the shared engine exports its spans to, and a test's router its own."""
+    out = tmp_path_factory.mktemp("otlp") / "spans.jsonl"
+    script = ROOT / "tests" / "support" / "otlp_receiver.py"
+    proc = subprocess.Popen(
+        [vllm_python, str(script), str(out)], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # `port N` once listening
+        if not line.startswith("port "):
+            pytest.fail(f"the OTLP receiver did not start (exit {proc.wait(10)}): {line!r}")
+        yield OtlpReceiver(f"http://127.0.0.1:{int(line.split()[1])}", out)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@dataclass(frozen=True)
+class OtlpReceiver:
+    url: str  # POST {url}/v1/traces
+    out: Path  # one JSON line per span received (or per body refused)
+
+    def lines(self) -> list[dict[str, Any]]:
+        if not self.out.exists():
+            return []
+        return [json.loads(line) for line in self.out.read_text().splitlines() if line.strip()]
+
+
+def tracing_args(receiver: OtlpReceiver) -> list[str]:
+    """vLLM exports its own spans (a request's `llm_request`) to the receiver, as OTLP/HTTP protobuf."""
+    return ["--otlp-traces-endpoint", f"{receiver.url}/v1/traces"]
+
+
+# vLLM's exporter speaks gRPC unless told otherwise; its service is otherwise `unknown_service:python`
+TRACING_ENV = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_SERVICE_NAME": "vllm"}
+
+
+@pytest.fixture(scope="session")
 def vllm_engine(
     vllm_python: str,
     tiny_model: Path,
     tmp_path_factory: pytest.TempPathFactory,
     vllm_kv_events: VllmKvEvents,
+    otlp_receiver: OtlpReceiver,
 ) -> Iterator[str]:
-    """A plain real vLLM engine (no supervisor) in dev mode with KV events on, for conformance checks."""
+    """A plain real vLLM engine (no supervisor) in dev mode with KV events on, for conformance checks,
+    exporting its traces to the session's OTLP receiver."""
     port = free_port()
     log_path = tmp_path_factory.mktemp("vllm") / "engine.log"
-    command = vllm_command(vllm_python, tiny_model, port, *kv_events_args(vllm_kv_events))
-    proc = start_engine(command, log_path, {**vllm_env(), **DEV_ENV})
+    command = vllm_command(
+        vllm_python, tiny_model, port, *kv_events_args(vllm_kv_events), *tracing_args(otlp_receiver)
+    )
+    proc = start_engine(command, log_path, {**vllm_env(), **DEV_ENV, **TRACING_ENV})
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http_200(url + "/health", timeout=300, alive=lambda: proc.poll() is None)

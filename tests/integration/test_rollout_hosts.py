@@ -19,6 +19,7 @@ import pytest
 from tests.integration.test_rollout import Load, corral, routable
 from tests.integration.test_supervisor_confirmed_drain import start_router
 from tests.integration.test_supervisor_support import Supervised, kill_leftovers, start_supervised
+from tests.support.span_sink import attribute, span_sink
 from tests.support.waits import eventually, wait_until
 
 SIM = ("--itl-ms", "5")
@@ -73,13 +74,14 @@ def record(state: Path, kind: str, url: str) -> dict:  # type: ignore[type-arg]
 
 async def test_hosts_are_switched_in_place_and_back_under_load(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    with hosts(tmp_path) as (sups, url, fleet):
+    with hosts(tmp_path) as (sups, url, fleet), span_sink() as sink:
         before = {s.url: s.state()["bundle"]["fingerprint"] for s in sups}
         engine_pids = {s.url: s.state()["engine"]["pid"] for s in sups}
         load = Load(url)
         load_task = asyncio.create_task(load.run())
         await eventually(lambda: load.outcomes["completed"] >= 20, "load flowing", within=60)
-        forward = await corral(state, "rollout", "--fleet", str(fleet), "--to", str(tmp_path / "v2.yaml"))
+        to_v2 = ("--to", str(tmp_path / "v2.yaml"), "--otlp-traces-endpoint", sink.url)
+        forward = await corral(state, "rollout", "--fleet", str(fleet), *to_v2)
         middle = {s.url: s.state() for s in sups}
         back = await corral(state, "rollback", "--fleet", str(fleet))
         after = load.outcomes["completed"]
@@ -123,6 +125,20 @@ async def test_hosts_are_switched_in_place_and_back_under_load(tmp_path: Path) -
             "host-1": {"name": "v1", "engine_args": [], "env": {}},
         }
         assert await routable(url) == {s.engine_url for s in sups}
+        # the rollout (traced) is one trace, a span per step of each group, named in its record
+        spans = [span for span in sink.spans if span["traceId"] == forward_record["trace_id"]]
+        (root,) = [span for span in spans if "parentSpanId" not in span]
+        assert root["name"].startswith("rollout") and attribute(root, "corral.bundle.to") == "v2"
+        steps = [
+            (attribute(span, "corral.step"), attribute(span, "corral.group"))
+            for span in spans
+            if span is not root
+        ]
+        assert sorted(steps, key=str) == sorted(
+            ((s["step"], s["group"]) for s in forward_record["steps"]), key=str
+        )
+        assert all(span["parentSpanId"] == root["spanId"] for span in spans if span is not root)
+        assert back_record.get("trace_id") is None  # the rollback was not traced
 
 
 async def test_an_undeclared_bundle_is_refused_before_anything_moves(tmp_path: Path) -> None:

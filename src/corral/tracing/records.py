@@ -7,11 +7,13 @@ anything else as bounded JSON; at most MAX_EVIDENCE_ATTRIBUTES a step)."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, set_span_in_context
 
 from corral.contracts.records import ChangeRecord, StepRecord
+
+R = TypeVar("R", bound=ChangeRecord)
 
 MAX_EVIDENCE_ATTRIBUTES = 48
 MAX_VALUE_CHARS = 1024
@@ -23,7 +25,7 @@ class RecordTraces:
     def __init__(self, tracer: Tracer) -> None:
         self._tracer = tracer
 
-    def traced(self, record: ChangeRecord) -> ChangeRecord:
+    def traced(self, record: R) -> R:
         """The record with the trace id of the trace just written for it."""
         return record.model_copy(update={"trace_id": self.trace(record)})
 

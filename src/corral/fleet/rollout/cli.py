@@ -26,6 +26,7 @@ from corral.contracts.window_defaults import (
     MIN_REQUESTS,
     TTFT_SLACK_MS,
 )
+from corral.tracing.flag import otlp_traces_option
 
 
 def _settings_options(f: Any) -> Any:
@@ -173,6 +174,7 @@ def canary_options(command: Callable[..., Any]) -> Callable[..., Any]:
     "--to", "to", required=True, type=click.Path(dir_okay=False, path_type=Path), help="The bundle file."
 )
 @_settings_options
+@otlp_traces_option  # --otlp-traces-endpoint (corral.tracing.flag): the record's trace
 def rollout(**flags: Any) -> None:
     """Move a Corral-run fleet to another bundle, one serving group at a time, losing no request."""
     from corral.fleet.rollout.cli_run import ChangeFlags, run_rollout
@@ -189,6 +191,7 @@ def rollout(**flags: Any) -> None:
     "[default: $XDG_STATE_HOME/corral/rollout-PORT.json].",
 )
 @_settings_options
+@otlp_traces_option
 def rollback(**flags: Any) -> None:
     """Move the fleet back to the bundle the last rollout started from, the same way."""
     from corral.fleet.rollout.cli_run import ChangeFlags, run_rollback

@@ -36,6 +36,10 @@ from corral.fleet.rollout.progress import StepPrinter, requests_line, summary_li
 from corral.fleet.rollout.steps import RolloutJob, RolloutSettings
 from corral.fleet_identity import FleetIdentity, FleetIdError, ForeignRecord, check_owner
 from corral.state_home import local_fleet_file, read_supervisor_token
+from corral.tracing.flag import settings_from_flag
+from corral.tracing.provider import start_tracing
+from corral.tracing.records import RecordTraces
+from corral.tracing.settings import TracingSettings
 
 
 class FleetRef:
@@ -139,6 +143,7 @@ def _execute(
     access: FleetAccess,
     fleet_options: str,
     undoes: Path | None = None,
+    tracing: TracingSettings | None = None,
 ) -> None:
     console = Console(highlight=False, soft_wrap=True)
     token = _read_token(supervisor_token_file) if supervisor_token_file else ref.supervisor_token
@@ -164,12 +169,24 @@ def _execute(
             return await rollout.run()
 
     record = run(go()).model_copy(update=ref.identity.stamp())  # this fleet's record, and no other's
+    if tracing is not None:
+        record = _traced(record, tracing)
     _keep_anothers(path, ref.identity, console)
     write_record(path, record)
     console.print(summary_line(record), markup=True)
     console.print(requests_line(record), markup=True)
     console.print(f"change record: {path}")
     raise SystemExit(0 if record.outcome == "succeeded" else 1)
+
+
+def _traced(record: RolloutRecord, settings: TracingSettings) -> RolloutRecord:
+    """The record as a trace (a span per group step), exported before the command exits (a bounded
+    flush: a collector that is down costs the rollout nothing but this trace)."""
+    tracing = start_tracing(settings)
+    try:
+        return RecordTraces(tracing.tracer("corral.rollout")).traced(record)
+    finally:
+        tracing.close()
 
 
 def _keep_anothers(path: Path, fleet: FleetIdentity, console: Console) -> None:
@@ -210,6 +227,7 @@ class ChangeFlags:
     supervisor_token_file: Path | None
     access: FleetAccess
     canary: CanarySettings
+    otlp_traces_endpoint: str | None = None
 
     def settings(self) -> RolloutSettings:
         if self.max_surge == 0 and self.max_unavailable == 0:
@@ -233,8 +251,18 @@ class ChangeFlags:
         undoes: Path | None = None,
     ) -> None:
         options = _fleet_options(self.fleet, self.port)
+        tracing = settings_from_flag(self.otlp_traces_endpoint, "corral-rollout")  # refused before it runs
         _execute(
-            kind, target, ref, settings, self.record, self.supervisor_token_file, self.access, options, undoes
+            kind,
+            target,
+            ref,
+            settings,
+            self.record,
+            self.supervisor_token_file,
+            self.access,
+            options,
+            undoes,
+            tracing,
         )
 
 
