@@ -67,6 +67,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "corral.supervisor.cli:supervise", "Supervise one engine (the engine container's entrypoint)."
     ),
     "router": Subcommand("corral.router.cli:router", "Run the OpenAI-compatible router in front of a fleet."),
+    "epp": Subcommand(
+        "corral.epp.cli:epp", "Pick endpoints for a Gateway API inference gateway (an InferencePool's EPP)."
+    ),
     "sim": Subcommand("corral.sim.cli:sim", "Run a vLLM-compatible engine simulator."),
     "k8s": Subcommand("corral.k8s.render.cli:k8s", "Render Kubernetes manifests for a Corral fleet."),
 }

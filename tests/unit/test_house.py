@@ -30,6 +30,7 @@ FLOORS: dict[str, int] = {
     "corral.router": 3,
     "corral.supervisor": 3,
     "corral.fleet": 4,
+    "corral.epp": 4,  # the endpoint picker: the router's core behind ext_proc (a second front door)
     "corral.cli": 5,  # the top composition root: dispatches every subcommand
     "corral.__main__": 5,
 }

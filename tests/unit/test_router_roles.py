@@ -14,6 +14,7 @@ from corral.contracts.supervisor import StateLine
 from corral.engine_state import EngineState
 from corral.k8s.watch.client import WatchEvent
 from corral.pod_labels import ROLE_LABEL
+from corral.router.core_config import parse_roles
 from corral.router.discovery.backends_file import BackendsFileError, parse_backends
 from corral.router.discovery.engine_identity import static_pairing
 from corral.router.discovery.k8s_pods import PodSource, PodSourceConfig, pod_view
@@ -23,7 +24,6 @@ from corral.router.membership.endpoint import Endpoint, SupervisorView
 from corral.router.membership.events import EndpointAdded, EndpointRemoved, MembershipEvent
 from corral.router.membership.membership import Membership
 from corral.router.membership.pairs import model_pairs
-from corral.router.start import parse_roles
 from corral.router.telemetry.metrics import RouterMetrics
 from corral.supervisor.lifecycle.pd_role import engine_role, kv_transfer_problem
 from tests.unit.test_router_endpoint_identity import NS, URL, NoApi, pod

@@ -6,17 +6,20 @@ stopped together. The router's HTTP proxy (corral.router.app) and the Gateway AP
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 from corral.k8s.watch.client import PodApi
-from corral.router.discovery.adapter_carry import AdapterCarry
+from corral.router.discovery.adapter_carry import AdapterCarry, CarrySettings
 from corral.router.discovery.backends_file import FileSource
 from corral.router.discovery.kv_events_feed import KvEventFeeds
 from corral.router.discovery.static import StaticSource
-from corral.router.discovery.supervisor_stream import SupervisorStreams
+from corral.router.discovery.supervisor_stream import StreamSettings, SupervisorStreams
 from corral.router.membership.consumer import MembershipConsumer
 from corral.router.membership.membership import Membership, RoutingExit
+from corral.router.routing.config import RoutingConfig
 from corral.router.routing.kv_holders import KvPrefixHolders
 from corral.router.routing.kv_index import KvIndex
 from corral.router.routing.prefix_memory import PrefixMemory
@@ -24,8 +27,52 @@ from corral.router.routing.prompt_tokens import prompt_tokens
 from corral.router.routing.selector import Routing
 from corral.router.telemetry.metrics import RouterMetrics
 
-if TYPE_CHECKING:
-    from corral.router.app import KubernetesDiscovery, RouterConfig
+
+@dataclass(frozen=True, slots=True)
+class KubernetesDiscovery:
+    namespace: str
+    selector: str
+    kubeconfig: str | None = None  # None: the in-cluster service account
+    engine_port: int = 8000
+    resync_seconds: float = 60.0
+    watch_timeout_seconds: int = 300
+    probe_workers: int = 16
+    supervisor_port: int | None = None  # pods without the corral.dev/supervisor-port annotation
+
+
+class CoreConfig(Protocol):
+    """What the core reads of the configuration (corral.router.app.CoreConfig has it all)."""
+
+    @property
+    def backends(self) -> Sequence[str]: ...
+    @property
+    def supervisors(self) -> Mapping[str, str]: ...
+    @property
+    def roles(self) -> Mapping[str, str]: ...
+    @property
+    def backends_file(self) -> Path | None: ...
+    @property
+    def kubernetes(self) -> KubernetesDiscovery | None: ...
+    @property
+    def policy(self) -> str: ...
+    @property
+    def session_header(self) -> str: ...
+    @property
+    def routing(self) -> RoutingConfig: ...
+    @property
+    def slow_start_seconds(self) -> float: ...
+    @property
+    def models_refresh_seconds(self) -> float: ...
+    @property
+    def probe_timeout(self) -> float: ...
+    @property
+    def streams(self) -> StreamSettings: ...
+    @property
+    def carry_adapters(self) -> CarrySettings | None: ...
+    @property
+    def tokenizer(self) -> str | None: ...
+
+    def engine_headers(self) -> dict[str, str]: ...
 
 
 class MembershipSource(Protocol):
@@ -34,7 +81,7 @@ class MembershipSource(Protocol):
     async def stop(self) -> None: ...
 
 
-PodApiFactory = Callable[["KubernetesDiscovery"], Awaitable[PodApi]]
+PodApiFactory = Callable[[KubernetesDiscovery], Awaitable[PodApi]]
 
 
 async def connect_pod_api(discovery: KubernetesDiscovery) -> PodApi:
@@ -43,14 +90,14 @@ async def connect_pod_api(discovery: KubernetesDiscovery) -> PodApi:
     return await KubePodApi.connect(discovery.namespace, discovery.selector, discovery.kubeconfig)
 
 
-def source_name(config: RouterConfig) -> str:
+def source_name(config: CoreConfig) -> str:
     if config.kubernetes is not None:
         return "k8s"
     return "file" if config.backends_file is not None else "static"
 
 
 async def build_source(
-    config: RouterConfig, membership: Membership, metrics: RouterMetrics, pod_api: PodApiFactory
+    config: CoreConfig, membership: Membership, metrics: RouterMetrics, pod_api: PodApiFactory
 ) -> MembershipSource:
     # every source's events go through this one writer of membership
     consumer = MembershipConsumer(membership, metrics.removal_latency.observe)
@@ -100,7 +147,7 @@ class RouterCore:
     """What decides where a request goes, built from the router's configuration; `start` and `stop`
     run its background parts (source, streams, carry, scraper, KV feeds) in the router's order."""
 
-    def __init__(self, config: RouterConfig, metrics: RouterMetrics | None = None) -> None:
+    def __init__(self, config: CoreConfig, metrics: RouterMetrics | None = None) -> None:
         self.config = config
         self.metrics = metrics if metrics is not None else RouterMetrics()
         self.prefix_memory = PrefixMemory(

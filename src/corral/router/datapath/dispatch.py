@@ -1,7 +1,8 @@
 """One attempt of a request on the endpoint it was sent to, as the endpoint counts it: sent (its
 requests, in flight, its prefill queue), dispatching until the engine answers (a removal's
 acknowledgement waits for that), out of the prefill queue at the first byte, and all of it released
-when the attempt ends, however it ends. The proxy's attempts and the P/D prefill leg share it."""
+when the attempt ends, however it ends. The proxy's attempts, the P/D prefill leg and the endpoint
+picker's picks (corral.epp.flight) share it."""
 
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ class Dispatch:
         self._dispatching = True
         self._upstream: UpstreamResponse | None = None
 
-    def answered(self, upstream: UpstreamResponse) -> None:
-        """The engine answered (its status and headers): no longer dispatching; the answer is closed
-        at `release`."""
+    def answered(self, upstream: UpstreamResponse | None = None) -> None:
+        """The engine answered (its status and headers): no longer dispatching; the answer, when the
+        router holds it, is closed at `release` (the endpoint picker holds none: the gateway relays)."""
         self._upstream = upstream
         self.endpoint.dispatching -= 1
         self._dispatching = False
