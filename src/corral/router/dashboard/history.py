@@ -24,7 +24,7 @@ from array import array
 from collections.abc import Iterable
 from typing import Any
 
-from corral.contracts.traffic import LatencyHistogram, trimmed
+from corral.contracts.traffic import LatencyHistogram
 from corral.router.dashboard.windows import Counted, model_counts
 
 STEP_SECONDS = 5.0
@@ -50,13 +50,15 @@ class _Reading:
     def minus(self, earlier: _Reading | None) -> _Reading:
         """The figures since `earlier`; whole when there is none or a counter went backwards (the
         engine was listed anew: its counters began again)."""
-        if earlier is None or self.requests < earlier.requests or not _covers(self, earlier):
+        if earlier is None or self.requests < earlier.requests:
+            return self
+        ttft, itl = _diff(self.ttft, earlier.ttft), _diff(self.itl, earlier.itl)
+        if ttft is None or itl is None:
             return self
         step = _Reading({})
         step.requests = self.requests - earlier.requests
         step.errors = max(0, self.errors - earlier.errors)
-        step.ttft = _diff(self.ttft, earlier.ttft)
-        step.itl = _diff(self.itl, earlier.itl)
+        step.ttft, step.itl = ttft, itl
         return step
 
 
@@ -98,7 +100,7 @@ class _Model:
     def add(self, adapters: set[str], step: _Reading | None, kv: float | None, waiting: float | None) -> None:
         """One engine serving the model: its step (None on the first point), KV usage and queue."""
         self.adapters |= adapters
-        if step is not None:
+        if step is not None and step is not _IDLE:
             self.requests += step.requests
             self.errors += step.errors
             self.ttft.append(step.ttft)
@@ -130,7 +132,8 @@ class FleetHistory:
         self._ticks = 0
         self._engines: dict[str, _Ring] = {}
         self._models: dict[str, _Ring] = {}
-        self._last: dict[str, _Reading] = {}
+        # each listed engine's last `traffic` body, and its reading once one was needed
+        self._last: dict[str, tuple[dict[str, Any], _Reading | None]] = {}
         self._counted: Counted | None = None
         self._last_at: float | None = None  # monotonic time of the last sample
         self.engines_uncharted = 0
@@ -149,7 +152,7 @@ class FleetHistory:
 
     def _sample_engines(self, fleet: dict[str, Any], slot: int, seconds: float | None) -> dict[str, _Model]:
         """Each listed engine's point (those with a ring), gathered per model on the way."""
-        readings: dict[str, _Reading] = {}
+        readings: dict[str, tuple[dict[str, Any], _Reading | None]] = {}
         models: dict[str, _Model] = {}
         uncharted = 0
         listed = [
@@ -161,9 +164,10 @@ class FleetHistory:
         for e in listed:
             url = e["url"]
             traffic = e.get("traffic")
-            reading = _Reading(traffic if isinstance(traffic, dict) else {})
-            readings[url] = reading
-            step = reading.minus(self._last.get(url)) if seconds else None
+            traffic = traffic if isinstance(traffic, dict) else {}
+            since, reading = _step(traffic, self._last.get(url))
+            readings[url] = (traffic, reading)
+            step = since if seconds else None  # the first point has no step: nothing to difference
             kv, waiting = _load(e)
             charted = self._ring_for(url, str(e.get("name") or url))
             if charted is None:
@@ -245,6 +249,18 @@ class FleetHistory:
         }
 
 
+def _step(
+    traffic: dict[str, Any], earlier: tuple[dict[str, Any], _Reading | None] | None
+) -> tuple[_Reading, _Reading | None]:
+    """An engine's figures since its last reading, and its reading now (None while it is idle: an idle
+    engine costs one comparison of its body with the last)."""
+    if earlier is not None and earlier[0] == traffic:
+        return _IDLE, earlier[1]
+    reading = _Reading(traffic)
+    before = None if earlier is None else earlier[1] or _Reading(earlier[0])
+    return reading.minus(before), reading
+
+
 def _point(
     step: _Reading | None, seconds: float | None, kv: float | None, waiting: float | None
 ) -> list[float]:
@@ -266,8 +282,9 @@ def _rates(
     """Requests/s, errors/s, TTFT p50 and p95 and ITL p50 in ms of one step; None without a length."""
     if not seconds:
         return None
-    first = LatencyHistogram(counts=trimmed(ttft), sum=0.0)
-    gaps = LatencyHistogram(counts=trimmed(itl), sum=0.0)
+    # built unvalidated: the counts are this module's own non-negative ints (a tick holds up to 96 of them)
+    first = LatencyHistogram.model_construct(counts=ttft, sum=0.0)
+    gaps = LatencyHistogram.model_construct(counts=itl, sum=0.0)
     return [requests / seconds, errors / seconds, _ms(first, 0.5), _ms(first, 0.95), _ms(gaps, 0.5)]
 
 
@@ -316,21 +333,23 @@ def _count(value: Any) -> int:
 
 
 def _counts(latency: Any) -> list[int]:
+    # the router's own view (its endpoints' histograms, its sibling workers'): lists of ints, taken as is
     counts = latency.get("counts") if isinstance(latency, dict) else None
-    return [_count(n) for n in counts] if isinstance(counts, list) else []
+    return counts if isinstance(counts, list) else []
 
 
-def _covers(now: _Reading, earlier: _Reading) -> bool:
-    """Whether every bucket of `now` holds at least what `earlier` did (histograms only grow)."""
-    for mine, theirs in ((now.ttft, earlier.ttft), (now.itl, earlier.itl)):
-        if len(mine) < len(theirs) or any(a < b for a, b in zip(mine, theirs, strict=False)):
-            return False
-    return True
-
-
-def _diff(now: list[int], earlier: list[int]) -> list[int]:
-    return [a - b for a, b in zip(now, earlier, strict=False)] + now[len(earlier) :]
+def _diff(now: list[int], earlier: list[int]) -> list[int] | None:
+    """Bucket counts since `earlier`; None when a bucket went backwards (histograms only grow)."""
+    if len(now) < len(earlier):  # counts travel without trailing zeros: a later one is never shorter
+        return None
+    diff = [a - b for a, b in zip(now, earlier, strict=False)]
+    if diff and min(diff) < 0:
+        return None
+    return diff + now[len(earlier) :]
 
 
 def _shown(value: float) -> float | None:
     return None if math.isnan(value) else round(value, 4)
+
+
+_IDLE = _Reading({})  # the step of an engine whose figures did not change
