@@ -42,6 +42,8 @@ from corral.router.edge.expect_continue import expect_handler
 from corral.router.edge.peer_access import PeerAccess, PeerSettings
 from corral.router.edge.refused_framing import refuse_framing
 from corral.router.edge.tenants import TenantCollector, TenantGate, Tenants, tenant_of
+from corral.router.flow.config import FlowConfig
+from corral.router.flow.control import FlowControl
 from corral.router.membership.membership import Membership
 from corral.router.membership.pairs import model_pairs
 from corral.router.routing.config import RoutingConfig
@@ -106,6 +108,7 @@ class RouterConfig:
     carry_adapters: CarrySettings | None = None
     client_limits: ClientLimits = field(default_factory=ClientLimits)  # --header-timeout, --max-in-flight...
     api_keys_file: Path | None = None  # --api-keys-file: tenants; None leaves the router open
+    flow: FlowConfig | None = None  # --flow-control: hold requests while the engines are saturated
     admin: AdminAccessConfig = field(default_factory=AdminAccessConfig)  # who reads /metrics, /v1/fleet
     engine_api_key: str | None = field(default=None, repr=False)  # --engine-api-key-file
     worker: WorkerSlot | None = None  # one of `--workers N` (N > 1): its name, its siblings' sockets
@@ -176,6 +179,20 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     if gate is not None:
         registry.register(TenantCollector(gate))
     holder: dict[str, Proxy] = {}
+    flow = (
+        FlowControl(
+            config.flow,
+            membership,
+            routing.board,
+            routing.scraper is not None,
+            config.routing,
+            metrics.engine_input,
+        )
+        if config.flow is not None
+        else None
+    )
+    if flow is not None:
+        registry.register(flow.collector)
     sync: WorkerSync | None = None
     journals = config.worker.journals if config.worker is not None else None
     if journals is None and config.peers is not None:  # one process: its own journal is the peers' log
@@ -245,6 +262,8 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
         if wake is not None:
             holder["proxy"].wake_on_demand = wake
         holder["proxy"].drop_client_authorization = tenants is not None
+        if flow is not None:
+            holder["proxy"].flow = flow.gate
         if config.engine_api_key:
             holder["proxy"].engine_authorization = f"Bearer {config.engine_api_key}"
         try:
@@ -259,9 +278,13 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             await tenants.start()
         await followers.start()
         await dashboard_history.start()
+        if flow is not None:
+            await flow.start()
         try:
             yield
         finally:
+            if flow is not None:
+                await flow.stop()
             await followers.stop()
             if tenants is not None:
                 await tenants.stop()
@@ -371,6 +394,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             "pairs": model_pairs(membership, now),
             "peers": peers_json(),
             "adapter_carry": carry.to_json() if carry is not None else None,
+            "flow": flow.gate.to_json() if flow is not None else None,  # --flow-control's queue
         }
 
     def peers_json() -> dict[str, Any] | None:

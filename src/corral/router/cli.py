@@ -13,6 +13,7 @@ import click
 from corral.router.core_options import membership_options, policy_options
 from corral.router.edge.access_options import access_options
 from corral.router.edge.client_limit_flags import client_limit_options
+from corral.router.flow.flags import flow_options
 from corral.tracing.flag import otlp_traces_option
 
 DEFAULT_HTTP_SERVER = "lean"  # --http-server: corral.router.serving, or aiohttp for every request
@@ -134,6 +135,7 @@ DEFAULT_HTTP_SERVER = "lean"  # --http-server: corral.router.serving, or aiohttp
 )
 @otlp_traces_option  # --otlp-traces-endpoint (corral.tracing.flag)
 @client_limit_options  # --header-timeout, --body-timeout, --idle-timeout, --max-connections, ...
+@flow_options  # --flow-control, --flow-* (corral.router.flow.flags)
 @access_options  # --api-keys-file, --admin-key-file, --admin-port, --admin-host, --engine-api-key-file
 def router(**flags: Any) -> None:
     """Run the OpenAI-compatible router in front of a fleet of engines."""

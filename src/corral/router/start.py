@@ -32,6 +32,7 @@ from corral.router.edge.access_options import EdgeAccess
 from corral.router.edge.client_limit_flags import ClientLimits
 from corral.router.edge.parse_errors import ParseErrorLog
 from corral.router.edge.peer_access import peer_settings
+from corral.router.flow.config import FlowConfig
 from corral.router.membership.membership import Membership
 from corral.router.routing.worker_journal import WorkerJournals
 from corral.router.serving.server import LeanServer
@@ -88,6 +89,7 @@ def start_router(
     otlp_traces_endpoint: str | None,
     client_limits: ClientLimits,
     access: EdgeAccess,
+    flow: FlowConfig | None,
 ) -> None:
     """The router, as the flags describe it: checked, configured and run until stopped."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -138,6 +140,7 @@ def start_router(
     )
     access.log_at_start()
     config = replace(config, tracing=settings_from_flag(otlp_traces_endpoint, "corral-router"))
+    config = replace(config, flow=flow)  # --flow-control (corral.router.flow)
     if peer is not None:
         log.info("sharing picks with %d peer routers: %s", len(peer.urls), ", ".join(peer.urls))
     count = workers or cpu_limit()
