@@ -280,8 +280,8 @@ def test_the_dashboard_follows_an_adapter_a_sleep_step_by_step_a_wake_and_a_roll
                 assert told is not None
                 text, raw = told.inner_text(), told.get_attribute("title") or ""
                 assert re.search(
-                    r" engine-\d \(127\.0\.0\.1:\d+\) stopped taking new requests: its supervisor is draining it "
-                    r"for a rollout$",
+                    r" engine-\d \(127\.0\.0\.1:\d+\) stopped taking new requests: "
+                    r"its supervisor is draining it for a rollout$",
                     text,
                 ), (text, raw)
                 assert "supervisor_draining" in raw and "supervisor_draining" not in text

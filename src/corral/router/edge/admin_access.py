@@ -31,7 +31,9 @@ from corral.openai_errors import error_response
 
 # "/" sends a browser to /dashboard, so it is guarded as the dashboard is: a visitor refused the page
 # is refused its address too, and with --admin-port both are on that port only
-ADMIN_PATHS = frozenset({"/", "/metrics", "/v1/fleet", "/dashboard", "/dashboard/events", "/dashboard/series"})
+ADMIN_PATHS = frozenset(
+    {"/", "/metrics", "/v1/fleet", "/dashboard", "/dashboard/events", "/dashboard/series"}
+)
 OPEN_PATHS = frozenset({"/health", "/livez"})  # probes: counts only, never a URL
 _SHOWN = 100  # characters of a refused header value shown back
 
