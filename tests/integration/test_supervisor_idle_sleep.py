@@ -73,6 +73,9 @@ async def test_an_idle_engine_sleeps_through_the_runbook_but_never_the_last_awak
         # a request for the sleeper's model through a router that follows it: woken, then served
         router, router_url = start_router("idle", sleeper, "30", answering="/v1/fleet")
         await wait_until(lambda: asleep_via(router_url), 10, "the router sees the engine asleep")
+        # who sleeps and why reaches the router's /v1/fleet (what the dashboard reads)
+        (seen,) = http_json(router_url + "/v1/fleet")[1]["endpoints"]
+        assert seen["supervisor"]["reason"].endswith(": idle 1 s"), seen["supervisor"]
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
             outcome = await stream_once(session, router_url + "/v1/completions", BODY)
         assert outcome.kind == "completed", outcome.detail
