@@ -3,11 +3,13 @@
 by engine URL) goes to sleep through the runbook's sleep (PRECHECK, drain, VERIFY, POSTCHECK), its
 change recorded with the reason; the other stays awake as the model's last awake engine, and says so.
 A request through a router that follows the sleeper wakes it (wake on demand) and is served. A third,
-alone with `--sleep-last-awake`, sleeps as well. Real processes on loopback."""
+alone with `--sleep-last-awake`, sleeps as well; a fourth without sleep mode is refused by PRECHECK
+once, stays READY and says when it tries again. Real processes on loopback."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import aiohttp
@@ -43,8 +45,12 @@ async def test_an_idle_engine_sleeps_through_the_runbook_but_never_the_last_awak
             peer = ("--sleep-peer", urls[1 - i])
             sups.append(start_supervised(sim_args=SIM_ARGS, sup_args=(*IDLE, *peer), port=ports[i], env=DEV))
         sups.append(start_supervised(sim_args=SIM_ARGS, sup_args=(*IDLE, "--sleep-last-awake"), env=DEV))
+        # an engine without sleep mode: PRECHECK refuses, once, and the next try backs off
+        sups.append(
+            start_supervised(sim_args=("--itl-ms", "5"), sup_args=(*IDLE, "--sleep-last-awake"), env=DEV)
+        )
         keeper, sleeper = sorted(sups[:2], key=lambda s: s.engine_url)
-        alone = sups[2]
+        alone, refusing = sups[2], sups[3]
 
         for sup in (sleeper, alone):
             await asyncio.to_thread(sup.wait_state, "SLEEPING", 60)
@@ -69,6 +75,19 @@ async def test_an_idle_engine_sleeps_through_the_runbook_but_never_the_last_awak
         kept = keeper.state()
         assert kept["state"] == "READY" and kept["sleep"] is None and not idle_sleeps(keeper)
         assert "last awake engine of sim-model" in kept["idle_sleep"]["held_awake"], kept["idle_sleep"]
+
+        await wait_until(
+            lambda: "refused" in ((refusing.state()["idle_sleep"] or {}).get("held_awake") or ""),
+            15,
+            "the refused idle sleep said so",
+        )
+        # one refusal, then 2 s before the next try (4 s after a second: a slow machine may see two)
+        records = [r["record"] for r in refusing.oplog() if r["record"].startswith("idle_sleep")]
+        held = refusing.state()
+        assert held["state"] == "READY" and held["sleep"] is None, held
+        assert records in (["idle_sleep", "idle_sleep_refused"], ["idle_sleep", "idle_sleep_refused"] * 2)
+        assert "--enable-sleep-mode" in held["idle_sleep"]["held_awake"], held["idle_sleep"]
+        assert re.search(r"next try in (2|4|8) s$", held["idle_sleep"]["held_awake"]), held["idle_sleep"]
 
         # a request for the sleeper's model through a router that follows it: woken, then served
         router, router_url = start_router("idle", sleeper, "30", answering="/v1/fleet")

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 PEER_STATE_BYTES = 4 * 1024 * 1024  # a peer's /v1/state answer read at most
 PEER_SECONDS = 2.0  # each peer read's time limit
 PEER_EVERY = 5.0  # the peers asked at most this often while held awake
+REFUSED_BACKOFF_MAX = 3600.0  # a refused idle sleep is tried again after N s, doubling up to this
 
 
 class IdleClock:
@@ -67,6 +68,8 @@ class IdleSleep:
         self.held_awake: str | None = None  # why an idle engine stays awake (the last-awake rule)
         self.last: dict[str, Any] | None = None  # the last idle sleep asked: op id, when, outcome
         self._asked_peers = 0.0
+        self._refusals = 0  # refused idle sleeps in a row: each waits twice as long for the next try
+        self._not_before = 0.0
 
     def to_json(self) -> dict[str, Any]:
         s = self.settings
@@ -105,6 +108,8 @@ class IdleSleep:
             if now - self.clock.idle_since < self.settings.after_seconds:
                 self.held_awake = None
                 continue
+            if now < self._not_before:  # the last idle sleep was refused: its back-off
+                continue
             if now - self._asked_peers < PEER_EVERY and self.held_awake is not None:
                 continue
             self._asked_peers = now
@@ -126,7 +131,6 @@ class IdleSleep:
         sup.oplog.append(
             "idle_sleep", operation_id=op_id, reason=s.reason, idle_for_s=idle_for, level=s.level
         )
-        self.clock.restart(now)
         try:
             await start_operation(
                 sup,
@@ -138,8 +142,13 @@ class IdleSleep:
         except Refused as exc:
             sup.log(f"idle sleep refused: {exc}")
             sup.oplog.append("idle_sleep_refused", operation_id=op_id, reason=s.reason, refused=str(exc))
+            self._refusals += 1
+            wait = min(REFUSED_BACKOFF_MAX, s.after_seconds * 2**self._refusals)
+            self._not_before = now + wait
+            self.held_awake = f"idle sleep refused ({exc}); next try in {wait:g} s"
             self.last = {"operation_id": op_id, "at": time.time(), "refused": str(exc)}
             return
+        self._refusals = 0
         self.last = {"operation_id": op_id, "at": time.time(), "reason": s.reason}
 
     async def _why_stay_awake(self) -> str | None:
