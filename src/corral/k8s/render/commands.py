@@ -247,23 +247,15 @@ def router_tokenizer(config: CorralDeployment) -> str | None:
 CARRY_ADAPTERS_SECONDS = 120
 
 
-def router_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
-    """`corral router --discovery k8s` over exactly the pods `engine_selector` matches, sending the data
-    path to each pod's admission gate and following its supervisor state stream (acknowledging
-    removals to it) with that pod's token, derived from the fleet key. It listens on the pod network,
-    so its admin routes (/metrics, /v1/fleet) answer only a request bearing the admin key, and its
-    OpenAI paths, with router.tenant_keys, only a tenant's key; when the engines enforce vLLM's API key,
-    the router's probes and requests carry it (config_reading refuses that without tenant keys)."""
+def _core_args(config: CorralDeployment) -> list[str]:
+    """What the router and the endpoint picker both follow, and how: exactly the pods `engine_selector`
+    matches, each pod's admission gate for the data path and its supervisor state stream (acknowledging
+    removals to it) with that pod's token, derived from the fleet key; the admin key for /metrics and
+    /v1/fleet; the tenants' and the engines' keys; the policy (corral.router.core_options)."""
     engine_key = engine_api_key_file(config)
     tenants = tenant_keys_file(config)
     tokenizer = router_tokenizer(config)
     return [
-        "corral",
-        "router",
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(config.router.port),
         "--discovery",
         "k8s",
         "--namespace",
@@ -290,6 +282,22 @@ def router_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
             else []
         ),
         *(["--tokenizer", tokenizer] if tokenizer is not None else []),
+    ]
+
+
+def router_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
+    """`corral router --discovery k8s` (`_core_args`). It listens on the pod network, so its admin routes
+    (/metrics, /v1/fleet) answer only a request bearing the admin key, and its OpenAI paths, with
+    router.tenant_keys, only a tenant's key; when the engines enforce vLLM's API key, the router's probes
+    and requests carry it (config_reading refuses that without tenant keys)."""
+    return [
+        "corral",
+        "router",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(config.router.port),
+        *_core_args(config),
         "--request-timeout",
         _num(budgets.router_request_timeout),
         "--shutdown-timeout",
@@ -297,4 +305,32 @@ def router_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
         # with router.cpu the pod's CPU limit sets the workers (the router's default reads the cgroup);
         # without a limit the node's CPU count would, so one process
         *(["--workers", "1"] if config.router.cpu is None else []),
+    ]
+
+
+def epp_selector(config: CorralDeployment) -> dict[str, str]:
+    return {DEPLOYMENT_LABEL: config.name, ROLE_LABEL: "epp"}
+
+
+def epp_argv(config: CorralDeployment, budgets: Budgets) -> list[str]:
+    """`corral epp` over the same pods, following the same supervisors as the router does
+    (`_core_args`): the gateway's ext_proc on the pod network, probes and /metrics on its HTTP port."""
+    gateway = config.gateway
+    assert gateway is not None
+    return [
+        "corral",
+        "epp",
+        "--grpc-host",
+        "0.0.0.0",
+        "--grpc-port",
+        str(gateway.grpc_port),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(gateway.http_port),
+        "--fallbacks",
+        str(gateway.fallbacks),
+        *_core_args(config),
+        "--shutdown-timeout",
+        _num(budgets.router_shutdown_timeout),
     ]

@@ -536,6 +536,40 @@ class NetworkPolicySpec(_Section):
         return peers
 
 
+class GatewaySpec(_Section):
+    """Corral as the endpoint picker of a Gateway API inference gateway (docs/gateway-epp.md): the
+    InferencePool over the engine pods, `corral epp` (Deployment, Service, RBAC), an HTTPRoute."""
+
+    gateway_name: str = Field(
+        pattern=_DNS_LABEL, max_length=63, description="the Gateway the rendered HTTPRoute attaches to"
+    )
+    gateway_namespace: str | None = Field(
+        default=None, pattern=_DNS_LABEL, max_length=63, description="its namespace; null: the fleet's"
+    )
+    failure_mode: Literal["FailClose", "FailOpen"] = Field(
+        default="FailClose",
+        description="what the gateway does when the picker does not answer: FailClose (the request fails; "
+        "nothing reaches an engine the picker has not vouched for, such as a draining one) or FailOpen "
+        "(the gateway picks an endpoint of the pool itself, blind to drains and sleep)",
+    )
+    replicas: int = Field(default=2, ge=1, le=16, description="picker pods; each follows every supervisor")
+    grpc_port: Port = Field(default=9002, description="the picker's ext_proc port (endpointPickerRef)")
+    http_port: Port = Field(default=9003, description="the picker's probes and /metrics port")
+    fallbacks: int = Field(default=2, ge=0, le=16, description="endpoints after the pick, for retries")
+    cpu: str | None = Field(default=None, description="CPU request and limit")
+    memory: str | None = Field(default=None, description="memory request and limit")
+    proxy_from: list[PeerSpec] = Field(
+        default_factory=list,
+        description="the gateway's proxy pods, let into the engine pods' gate port by the engine "
+        "NetworkPolicy (network_policy.enabled): the gateway sends each request there itself",
+    )
+
+    @field_validator("proxy_from")
+    @classmethod
+    def _peer_named(cls, peers: list[PeerSpec]) -> list[PeerSpec]:
+        return NetworkPolicySpec._peer_named(peers)
+
+
 class CorralDeployment(_Section):
     name: str = Field(
         pattern=_NAME,
@@ -573,6 +607,11 @@ class CorralDeployment(_Section):
         default_factory=AutoscalingSpec,
         description="an HPA or a KEDA ScaledObject on the router's desired replica count (off; "
         "docs/scaling.md)",
+    )
+    gateway: GatewaySpec | None = Field(
+        default=None,
+        description="Corral as a Gateway API inference gateway's endpoint picker: {gateway_name, "
+        "failure_mode, replicas, grpc_port, ...} (docs/gateway-epp.md); null: none",
     )
     kv_events: KvEventsSpec = Field(
         default_factory=KvEventsSpec,

@@ -288,7 +288,8 @@ def _peer(peer: PeerSpec) -> Obj:
 
 
 def engine_network_policy(config: CorralDeployment) -> Obj:
-    """Only this deployment's routers reach the engine pods' gate and supervisor ports; nothing else
+    """Only this deployment's routers (and endpoint pickers, with `gateway:`; and the gateway's proxies,
+    `gateway.proxy_from`, to the gate) reach the engine pods' gate and supervisor ports; nothing else
     reaches them at all (configured scrapers: the supervisor port, plus the gate port when
     monitoring.service_monitors scrapes vLLM's /metrics through it). The kubelet's probes come from
     the node, which NetworkPolicies do not block."""
@@ -299,9 +300,17 @@ def engine_network_policy(config: CorralDeployment) -> Obj:
     ]
     if kv_events_plan.any_on(config):  # the events carry prompt tokens: the routers alone read them
         tcp += kv_events_plan.policy_ports(config)
-    ingress: list[Obj] = [
-        {"from": [{"podSelector": {"matchLabels": commands.router_selector(config)}}], "ports": tcp}
-    ]
+    readers = [{"podSelector": {"matchLabels": commands.router_selector(config)}}]
+    if config.gateway is not None:  # the endpoint picker reads what the routers read
+        readers.append({"podSelector": {"matchLabels": commands.epp_selector(config)}})
+    ingress: list[Obj] = [{"from": readers, "ports": tcp}]
+    if config.gateway is not None and config.gateway.proxy_from:  # the gateway sends requests to the gate
+        ingress.append(
+            {
+                "from": [_peer(p) for p in config.gateway.proxy_from],
+                "ports": [{"port": config.supervisor.gate_port, "protocol": "TCP"}],
+            }
+        )
     peers = config.network_policy.supervisor_from
     scrapes_gate = config.monitoring.service_monitors
     if peers:

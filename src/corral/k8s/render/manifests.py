@@ -37,16 +37,15 @@ from corral.k8s.render.engine_objects import (
     engine_pdb,
     engine_service,
 )
+from corral.k8s.render.gateway_objects import gateway_objects
 from corral.k8s.render.kv_events_plan import AGGREGATED, decide
 from corral.k8s.render.monitoring_objects import monitoring_objects
 from corral.k8s.render.parts import Obj, disruption_budget, router_name
 from corral.k8s.render.pd_objects import pd_engine_objects, pd_network_policy
 from corral.k8s.render.router_objects import (
     router_deployment,
-    router_role,
-    router_role_binding,
+    router_rbac,
     router_service,
-    router_service_account,
 )
 
 
@@ -94,9 +93,10 @@ def render(config: CorralDeployment, budgets: Budgets) -> list[Manifest]:
             if config.network_policy.enabled
             else []
         ),
-        Manifest("router-serviceaccount.yaml", router_service_account(config)),
-        Manifest("router-role.yaml", router_role(config)),
-        Manifest("router-rolebinding.yaml", router_role_binding(config)),
+        *(
+            Manifest(f"router-{kind}.yaml", obj)
+            for kind, obj in zip(("serviceaccount", "role", "rolebinding"), router_rbac(config), strict=True)
+        ),
         Manifest("router-deployment.yaml", router_deployment(config, budgets)),
         Manifest("router-service.yaml", router_service(config)),
     ]
@@ -107,6 +107,7 @@ def render(config: CorralDeployment, budgets: Budgets) -> list[Manifest]:
                 disruption_budget(config, router_name(config), commands.router_selector(config), "router", 1),
             )
         )
+    manifests.extend(Manifest(name, obj) for name, obj in gateway_objects(config, budgets))
     manifests.extend(Manifest(name, obj) for name, obj in monitoring_objects(config, budgets))
     manifests.extend(Manifest(name, obj) for name, obj in autoscaling_objects(config, budgets))
     return manifests

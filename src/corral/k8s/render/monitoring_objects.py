@@ -1,4 +1,5 @@
-"""The PrometheusRule of Corral's alerts and the ServiceMonitors for the router and the engine pods.
+"""The PrometheusRule of Corral's alerts and the ServiceMonitors for the router, the endpoint picker
+(with `gateway:`) and the engine pods.
 
 Each alert's `runbook_url` points at its section of docs/alerts.md. Durations come from the render's own
 budgets: an engine is "not READY too long" only past its startup window, a drain only past its drain
@@ -127,12 +128,21 @@ def engine_service_monitor(config: CorralDeployment) -> Obj:
 
 def router_service_monitor(config: CorralDeployment) -> Obj:
     """The router's /metrics answers only the admin key: Prometheus sends it from the same Secret."""
+    return _admin_service_monitor(config, router_name(config), commands.router_selector(config))
+
+
+def epp_service_monitor(config: CorralDeployment) -> Obj:
+    """The endpoint picker's /metrics (its HTTP port), behind the same admin key as the router's."""
+    return _admin_service_monitor(config, f"{config.name}-epp", commands.epp_selector(config))
+
+
+def _admin_service_monitor(config: CorralDeployment, name: str, selector: dict[str, str]) -> Obj:
     return {
         "apiVersion": MONITORING_API,
         "kind": "ServiceMonitor",
-        "metadata": object_meta(config, router_name(config), _labels(config)),
+        "metadata": object_meta(config, name, _labels(config)),
         "spec": {
-            "selector": {"matchLabels": commands.router_selector(config)},
+            "selector": {"matchLabels": selector},
             "namespaceSelector": {"matchNames": [config.namespace]},
             "endpoints": [
                 {
@@ -163,4 +173,6 @@ def monitoring_objects(config: CorralDeployment, budgets: Budgets) -> list[tuple
     if m.service_monitors:
         objects.append(("engine-servicemonitor.yaml", engine_service_monitor(config)))
         objects.append(("router-servicemonitor.yaml", router_service_monitor(config)))
+        if config.gateway is not None:
+            objects.append(("epp-servicemonitor.yaml", epp_service_monitor(config)))
     return objects

@@ -30,10 +30,10 @@ from corral.k8s.render.parts import (
 ROUTER_HF_HOME = "/tmp/huggingface"  # in the router's /tmp emptyDir
 
 
-def _router_secret_volumes(config: CorralDeployment) -> tuple[list[Obj], list[Obj]]:
-    """The router's keys: the fleet key, its admin key, its tenants' API keys file (router.tenant_keys),
-    and the engines' API key when they enforce one (the same Secret key the engine container reads as
-    VLLM_API_KEY)."""
+def router_secret_volumes(config: CorralDeployment) -> tuple[list[Obj], list[Obj]]:
+    """The router's keys (and the endpoint picker's): the fleet key, the admin key, the tenants' API keys
+    file (router.tenant_keys), and the engines' API key when they enforce one (the same Secret key the
+    engine container reads as VLLM_API_KEY)."""
     volumes = [
         key_volume(config),
         secret_file_volume(ADMIN_KEY_VOLUME, config.router_admin_secret, config.router.admin_key.key),
@@ -55,43 +55,33 @@ def _router_secret_volumes(config: CorralDeployment) -> tuple[list[Obj], list[Ob
     return volumes, mounts
 
 
-def router_service_account(config: CorralDeployment) -> Obj:
-    selector = commands.router_selector(config)
-    return {
-        "apiVersion": "v1",
-        "kind": "ServiceAccount",
-        "metadata": object_meta(config, router_name(config), object_labels(config, selector, "router")),
-    }
-
-
-def router_role(config: CorralDeployment) -> Obj:
-    """The router lists and watches pods in its namespace, nothing more."""
-    selector = commands.router_selector(config)
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": object_meta(
-            config, f"{router_name(config)}-pods", object_labels(config, selector, "router")
-        ),
-        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
-    }
-
-
-def router_role_binding(config: CorralDeployment) -> Obj:
-    selector = commands.router_selector(config)
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": object_meta(
-            config, f"{router_name(config)}-pods", object_labels(config, selector, "router")
-        ),
-        "subjects": [{"kind": "ServiceAccount", "name": router_name(config), "namespace": config.namespace}],
-        "roleRef": {
-            "apiGroup": "rbac.authorization.k8s.io",
+def pod_reader_rbac(
+    config: CorralDeployment, name: str, selector: dict[str, str], component: str
+) -> list[Obj]:
+    """A ServiceAccount `name` that lists and watches pods in its namespace, nothing more: its Role and
+    RoleBinding (the router's, and the endpoint picker's)."""
+    labels = object_labels(config, selector, component)
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": object_meta(config, name, labels)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
-            "name": f"{router_name(config)}-pods",
+            "metadata": object_meta(config, f"{name}-pods", labels),
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
         },
-    }
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": object_meta(config, f"{name}-pods", labels),
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": config.namespace}],
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{name}-pods"},
+        },
+    ]
+
+
+def router_rbac(config: CorralDeployment) -> list[Obj]:
+    """The router's ServiceAccount, Role and RoleBinding."""
+    return pod_reader_rbac(config, router_name(config), commands.router_selector(config), "router")
 
 
 def router_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
@@ -102,7 +92,7 @@ def router_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
     # the pod network); /health would follow the engines, and a router taken out of its Service (or
     # restarted) because the engines are down helps no one.
     alive = http_probe("/livez", "http", 10, 3, config.probes.timeout_seconds)
-    secret_volumes, secret_mounts = _router_secret_volumes(config)
+    secret_volumes, secret_mounts = router_secret_volumes(config)
     container: Obj = {
         "name": "router",
         "image": r.image or config.image,
