@@ -42,6 +42,7 @@ STATE_LINE = {
     "time": 1764760000.123456,
     "since": 1764760000.123456,
     "fingerprint": "3f2a9c1d0e4b5a67",
+    "bundle_name": "v2",
     "prefix_epoch": None,
     "role": "prefill",
     "pairing": "9c1d0e4b5a673f2a",
