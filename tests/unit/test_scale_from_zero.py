@@ -7,14 +7,17 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from corral.engine_state import EngineState
 from corral.router.datapath.wake_on_demand import REJECT, WakeOnDemand, WakeSettings
 from corral.router.membership.endpoint import Endpoint, SupervisorView
 from corral.router.membership.membership import Membership
+from corral.router.routing.load_board import LoadBoard
 from corral.router.telemetry.metrics import RouterMetrics
-from corral.router.telemetry.scaling import ModelLoad, ScalingTargets, desired_replicas
+from corral.router.telemetry.scaling import ModelLoad, ScalingCollector, ScalingTargets, desired_replicas
 from tests.support.procs import free_port
+from tests.support.prom import sample
 from tests.unit.test_router_supervisor_stream import until
 
 DOWN = "http://127.0.0.1:{}"  # a supervisor that does not listen: the wake call fails, logged
@@ -90,3 +93,46 @@ T = ScalingTargets(in_flight=8, waiting=2, kv_usage=0.8)
 )
 def test_the_desired_replica_rule(load: ModelLoad, want: int) -> None:
     assert desired_replicas(load, T) == want
+
+
+async def test_the_routers_per_model_series_while_requests_wait_and_after() -> None:
+    membership, metrics = table(EngineState.SLEEPING), RouterMetrics()
+    wake = WakeOnDemand(membership, lambda e: None, WakeSettings(30), metrics)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(
+        ScalingCollector(
+            membership.endpoints,
+            lambda model: len(membership.eligible(model)),
+            LoadBoard(),
+            wake.held_now,
+            wake.oldest_held_seconds,
+            T,
+        )
+    )
+
+    def series() -> dict[str, float | None]:
+        text = generate_latest(registry).decode()
+        names = ("ready_engines", "asleep_engines", "held_requests", "desired_replicas", "in_flight")
+        return {n: sample(text, f"corral_router_model_{n}", model="m") for n in names}
+
+    held = [asyncio.create_task(wake.hold("m")) for _ in range(3)]
+    await until(lambda: wake.held_now() == {"m": 3}, 5.0)
+    assert series() == {
+        "ready_engines": 0,
+        "asleep_engines": 1,
+        "held_requests": 3,
+        "desired_replicas": 1,  # from zero: one engine asked for
+        "in_flight": 0,
+    }
+    assert sample(generate_latest(registry).decode(), "corral_router_model_oldest_held_seconds", model="m")
+    ready = Endpoint("http://10.0.0.2:8000", frozenset({"m"}), EngineState.READY, "ok")
+    membership.add(ready, "t")
+    await asyncio.wait_for(asyncio.gather(*held), 5.0)
+    ready.in_flight = 17  # over 8 per engine: one engine wants two
+    assert series() == {
+        "ready_engines": 1,
+        "asleep_engines": 1,
+        "held_requests": 0,
+        "desired_replicas": 2,
+        "in_flight": 17,
+    }

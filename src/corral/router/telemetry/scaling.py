@@ -44,7 +44,7 @@ class ScalingTargets:
 @dataclass(frozen=True)
 class ModelLoad:
     ready: int  # routable engines
-    in_flight: float  # the router's requests open to them
+    in_flight: float  # the router's requests open to them (all its --workers workers')
     waiting: float | None  # their own queues, summed (None: no fresh reading)
     kv_usage: float | None  # mean over those read (None: no fresh reading)
     held: int  # requests held for want of a routable engine
@@ -86,7 +86,7 @@ def model_loads(
         ]
         loads[model] = ModelLoad(
             ready=ready,
-            in_flight=float(sum(e.in_flight for e in serving)),
+            in_flight=float(sum(e.host_in_flight for e in serving)),  # every --workers worker's
             waiting=sum(r.waiting for r in readings) if readings else None,
             kv_usage=sum(r.kv_usage for r in readings) / len(readings) if readings else None,
             held=held.get(model, 0),
@@ -136,7 +136,7 @@ class ScalingCollector:
         )
         yield family(
             "corral_router_model_in_flight",
-            "Requests this router has open to the model's engines.",
+            "Requests this router (all its --workers workers) has open to the model's engines.",
             {m: load.in_flight for m, load in loads.items()},
         )
         yield family(
