@@ -129,6 +129,30 @@ def wait_ready(proc: Proc, path: str, timeout: float = 60.0) -> None:
     raise SystemExit(f"{proc.name} not ready at {proc.url}{path} after {timeout}s")
 
 
+OWN_TARGETS = ("corral", "corral-lean", "corral-traced")  # the targets --corral-args applies to
+
+# `--traced`: an OTLP/HTTP JSON receiver that answers 200 and counts the spans it was sent (GET /count)
+SPAN_SINK = """
+import sys, threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+count, lock = [0], threading.Lock()
+class Sink(BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        with lock:
+            count[0] += body.count(b'"spanId"')
+        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers()
+        self.wfile.write(b"{}")
+    def do_GET(self):
+        payload = str(count[0]).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(payload))); self.end_headers()
+        self.wfile.write(payload)
+    def log_message(self, *args):
+        pass
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Sink).serve_forever()
+"""
+
+
 def router_has_workers_flag() -> bool:
     """Whether this checkout's `corral router` takes --workers (older ones serve one process only)."""
     help_text = subprocess.run(
@@ -278,6 +302,12 @@ def main() -> None:
         help="`corral router --http-server` of the `corral` target (default: the router's own default); "
         "both: `corral` on aiohttp and `corral-lean` on the lean server, as two targets in the same run",
     )
+    parser.add_argument(
+        "--traced",
+        action="store_true",
+        help="also run `corral-traced`: the `corral` target exporting a span per request "
+        "(--otlp-traces-endpoint) to a receiver process on the load's CPU that answers 200 and counts spans",
+    )
     parser.add_argument("--markdown", action="store_true", help="also print a Markdown table")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/out"))
     args = parser.parse_args()
@@ -322,6 +352,14 @@ def main() -> None:
             chosen.append(("corral-lean", variants["on"][-1][1]))
         if args.baseline_src:
             chosen.append(("corral-baseline", variants["on"][-1][1]))
+        sink: Proc | None = None
+        if args.traced:
+            sink_port = free_port()
+            sink_argv = [sys.executable, "-c", SPAN_SINK, str(sink_port)]
+            sink = spawn("span-sink", sink_argv, f"http://127.0.0.1:{sink_port}", other_cpus, out)
+            procs.append(sink)
+            wait_ready(sink, "/count")
+            chosen.append(("corral-traced", [*variants["on"][-1][1], "--otlp-traces-endpoint", sink.url]))
         for name, limit_flags in chosen:
             port = free_port()
             argv = [
@@ -336,9 +374,10 @@ def main() -> None:
                 "--policy",
                 args.corral_policy,
                 *limit_flags,
-                *(shlex.split(args.corral_args) if name in ("corral", "corral-lean") else []),
+                *(shlex.split(args.corral_args) if name in OWN_TARGETS else ()),
                 *server_flags.get(name, []),
                 *(worker_flags if name != "corral-baseline" else []),
+                *(server_flags.get("corral", []) if name == "corral-traced" else []),
             ]
             for s in sims:
                 argv += ["--backend", s.url]
@@ -349,7 +388,9 @@ def main() -> None:
             procs.append(corral)
             wait_ready(corral, "/health")
             headers = (
-                tenant_headers if name in ("corral", "corral-lean", "corral-baseline") else dict(JSON_HEADERS)
+                tenant_headers
+                if name in ("corral", "corral-lean", "corral-baseline", "corral-traced")
+                else dict(JSON_HEADERS)
             )
             targets.append(Target(name, [corral.url], corral, headers))
 
@@ -491,6 +532,14 @@ def main() -> None:
                     ratio = cpu_new / cpu_old
                     print(f"{label}: corral / corral-baseline, router CPU per request = {ratio:.3f}")
                     rows["corral"]["cpu_vs_baseline"] = round(ratio, 3)
+            if "corral" in rows and "corral-traced" in rows and rows["corral"]["rps"]:
+                traced, untraced = rows["corral-traced"], rows["corral"]
+                traced["rps_vs_untraced"] = round(traced["rps"] / untraced["rps"], 3)
+                print(f"{label}: corral-traced / corral, requests/s = {traced['rps_vs_untraced']:.3f}")
+                if traced["router_cpu_s_per_1000"] and untraced["router_cpu_s_per_1000"]:
+                    ratio = traced["router_cpu_s_per_1000"] / untraced["router_cpu_s_per_1000"]
+                    print(f"{label}: corral-traced / corral, router CPU per request = {ratio:.3f}")
+                    traced["cpu_vs_untraced"] = round(ratio, 3)
             if "lean-prototype" in rows and "vllm-router" in rows and rows["vllm-router"]["rps"]:
                 proto, rust_row = rows["lean-prototype"], rows["vllm-router"]
                 proto["rps_vs_vllm_router"] = round(proto["rps"] / rust_row["rps"], 3)
@@ -512,6 +561,9 @@ def main() -> None:
         (out / "bench_router.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
         if args.markdown:
             print(markdown(results))
+        if sink is not None:
+            with urllib.request.urlopen(sink.url + "/count", timeout=5) as answer:
+                print(f"corral-traced exported {answer.read().decode()} spans to the receiver")
     finally:
         for p in reversed(procs):
             p.stop()

@@ -50,6 +50,11 @@ SECRET_NAMES: frozenset[str] = frozenset(
         "AZURE_STORAGE_KEY",
         "AZURE_CLIENT_SECRET",
         "GOOGLE_APPLICATION_CREDENTIALS_JSON",
+        # OpenTelemetry exporters' headers: often a collector's credentials (docs/tracing.md)
+        "OTEL_EXPORTER_OTLP_HEADERS",
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+        "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+        "OTEL_EXPORTER_OTLP_LOGS_HEADERS",
     }
 )
 _SECRET_WORDS = re.compile(

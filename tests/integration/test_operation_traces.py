@@ -12,7 +12,7 @@ from typing import Any
 
 from tests.integration.test_runbook_change_record import STEPS, corral, records_of
 from tests.integration.test_supervisor_support import supervised
-from tests.support.span_sink import SpanSink, attribute, span_sink
+from tests.support.span_sink import SpanSink, attribute, span_sink, span_tree
 from tests.support.waits import wait_until
 
 SIM_ARGS = ("--enable-sleep-mode", "--weights-gib", "2", "--kv-cache-gib", "4")
@@ -43,6 +43,8 @@ async def test_a_runbook_operation_is_one_trace_named_in_its_change_record(tmp_p
 
             spans = trace_of(sink, trace_id, 1 + len(STEPS))
             (root,) = [span for span in spans if "parentSpanId" not in span]
+            keys = ("corral.step.ok", "corral.evidence.state", "corral.evidence.policy")
+            print(span_tree(spans, keys))  # docs/tracing.md shows it
             assert root["name"] == f"sleep {record['id']}"
             assert attribute(root, "corral.operation.kind") == "sleep"
             assert attribute(root, "corral.operation.outcome") == "succeeded"

@@ -75,3 +75,26 @@ def span_sink() -> Iterator[SpanSink]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def span_tree(spans: list[dict[str, Any]], keys: tuple[str, ...] = ()) -> str:
+    """The spans as an indented tree, children in start order, each with its duration and `keys`'
+    attributes: what docs/tracing.md shows."""
+    ids = {span["spanId"] for span in spans}
+    children: dict[str | None, list[dict[str, Any]]] = {}
+    for span in sorted(spans, key=lambda s: int(s["startTimeUnixNano"])):
+        parent = span.get("parentSpanId")
+        children.setdefault(parent if parent in ids else None, []).append(span)
+    lines: list[str] = []
+
+    def walk(parent: str | None, depth: int) -> None:
+        for span in children.get(parent, []):
+            ms = (int(span["endTimeUnixNano"]) - int(span["startTimeUnixNano"])) / 1e6
+            shown = {key: attribute(span, key) for key in keys if attribute(span, key) is not None}
+            error = " ERROR" if span.get("status", {}).get("code") == 2 else ""
+            extra = " ".join(f"{k}={v}" for k, v in shown.items())
+            lines.append(f"{'  ' * depth}{span['name']} ({ms:.1f} ms){error} {extra}".rstrip())
+            walk(span["spanId"], depth + 1)
+
+    walk(None, 0)
+    return "\n".join(lines)

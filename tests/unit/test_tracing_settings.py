@@ -117,3 +117,10 @@ def test_malformed_or_oversized_headers_are_refused_never_echoing_a_value(text: 
     message = str(caught.value)
     assert says in message and "OTEL_EXPORTER_OTLP_HEADERS" in message
     assert "top-secret-value" not in message
+
+
+def test_the_exporters_headers_are_secrets_wherever_an_environment_is_shown() -> None:
+    from corral.redaction import MASK, redact_env
+
+    shown = redact_env({"OTEL_EXPORTER_OTLP_HEADERS": "Authorization=Bearer%20x", "OTEL_SERVICE_NAME": "r"})
+    assert shown == {"OTEL_EXPORTER_OTLP_HEADERS": MASK, "OTEL_SERVICE_NAME": "r"}
