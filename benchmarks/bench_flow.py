@@ -20,6 +20,7 @@ import asyncio
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -148,6 +149,31 @@ def show(phase: str, mode: str, results: dict[str, Report]) -> dict[str, dict[st
     return rows
 
 
+async def fast_path_cost(calls: int) -> float:
+    """Microseconds of CPU one request spends in the flow gate when an engine has room (admit, then
+    finished), in this process: real endpoints, a tenant, slot shares on."""
+    from corral.engine_state import EngineState
+    from corral.router.edge.tenants import Tenant
+    from corral.router.edge.tenants_file import TenantSpec
+    from corral.router.flow.config import FlowConfig
+    from corral.router.flow.gate import Admission, FlowGate
+    from corral.router.flow.saturation import Saturation
+    from corral.router.membership.endpoint import Endpoint
+    from corral.router.routing.load_board import LoadBoard
+
+    engines = [Endpoint(f"http://10.0.0.{i}:8000", frozenset({MODEL}), EngineState.READY) for i in range(2)]
+    config = FlowConfig(engine_max_in_flight=64)
+    gate = FlowGate(config, Saturation(config, LoadBoard()), lambda model: engines)
+    tenant = Tenant(TenantSpec(name="light"))
+    headers = {"Content-Type": "application/json", "Authorization": "Bearer x"}
+    start = time.process_time()
+    for _ in range(calls):
+        got = await gate.admit(MODEL, headers, tenant)
+        assert isinstance(got, Admission)
+        gate.finished(MODEL, got)
+    return (time.process_time() - start) / calls * 1e6
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -156,7 +182,19 @@ async def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="corral router --workers")
     parser.add_argument("--modes", default="on,no-shares,off", help="of " + ", ".join(MODES))
     parser.add_argument("--out", default=str(OUT))
+    parser.add_argument(
+        "--fast-path",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only measure the gate's cost per request when an engine has room, over N requests, in "
+        "this process (no engines, no router)",
+    )
     args = parser.parse_args()
+    if args.fast_path:
+        cost = await fast_path_cost(args.fast_path)
+        print(f"flow gate, an engine with room: {cost:.2f} us of CPU per request ({args.fast_path} requests)")
+        return
     exit_on_sigterm()
     log_dir = Path(args.out) / "bench_flow"
     log_dir.mkdir(parents=True, exist_ok=True)

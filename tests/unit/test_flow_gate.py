@@ -310,3 +310,14 @@ async def test_slot_shares_do_not_hold_back_a_higher_band() -> None:
     await fleet.request(tenant("low"))
     for _ in range(7):
         assert at_once(await fleet.request(tenant("high", priority=10)))
+
+
+async def test_with_workers_each_shares_out_its_part_of_the_host_slots() -> None:
+    fleet = Fleet(engines=2, slots=4, share_window_seconds=60.0)
+    fleet.gate.workers = 2  # this worker shares out 4 of the host's 8 slots
+    await fleet.request(tenant("light"))
+    flood = [asyncio.create_task(fleet.request(tenant("heavy"))) for _ in range(6)]
+    await settle()
+    assert fleet.order.count("heavy") == 2
+    for t in flood:
+        t.cancel()

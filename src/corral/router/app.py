@@ -187,6 +187,7 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             routing.scraper is not None,
             config.routing,
             metrics.engine_input,
+            config.worker.count if config.worker is not None else 1,
         )
         if config.flow is not None
         else None

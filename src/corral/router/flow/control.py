@@ -27,9 +27,11 @@ class FlowControl:
         routing_scrapes: bool,
         routing: RoutingConfig,
         refusals: EngineInputRefusals | None = None,
+        workers: int = 1,
     ) -> None:
         eligible: Callable[[str], list[Endpoint]] = membership.eligible
         self.gate = FlowGate(config, Saturation(config, board), eligible)
+        self.gate.workers = workers  # `--workers N`: this worker's part of the host's slots
         self.collector = FlowCollector(self.gate.stats)
         self._scraper = (
             None

@@ -65,6 +65,8 @@ class FlowGate:
         self._per_flow: dict[str, int] = {}
         self._total = 0
         self._ticker: asyncio.Task[None] | None = None
+        # with `--workers N` each worker shares out its part of the host's slots (flow/shares.py)
+        self.workers = 1
         self._shares = (
             SlotShares(config.share_window_seconds)
             if config.slot_shares and config.engine_max_in_flight
@@ -103,7 +105,7 @@ class FlowGate:
         shares = self._shares
         if shares is None or not engines:
             return True
-        capacity = self.config.engine_max_in_flight * engines
+        capacity = self.config.engine_max_in_flight * engines // self.workers
         return shares.allows(model, klass.flow, klass.priority, klass.weight, capacity, now)
 
     def with_room(self, endpoints: list[Endpoint]) -> list[Endpoint]:
@@ -178,7 +180,7 @@ class FlowGate:
         shares, engines = self._shares, len(endpoints)
         allowed = None
         if shares is not None and engines:
-            capacity = self.config.engine_max_in_flight * engines
+            capacity = self.config.engine_max_in_flight * engines // self.workers
 
             def allowed(item: Queued) -> bool:
                 return shares.allows(model, item.flow, item.priority, item.weight, capacity, now)

@@ -5,8 +5,9 @@ going to whoever floods. A tenant is active while it has a request in flight or 
 `window` seconds after its last one ended. Not work-conserving across tenants: a flood waits while the
 slots it may not take stay free for the others' next requests; alone, a tenant may use every slot.
 
-Counts are this router process's (with `--workers N`, each worker's own requests; the capacity is the
-host's)."""
+Counts are this router process's: with `--workers N` each worker counts its own requests and shares out
+1/N of the host's slots among the tenants it sees together; a tenant alone in a worker is not held by
+shares there (the engines' in-flight bound, host-wide, still holds)."""
 
 from __future__ import annotations
 
