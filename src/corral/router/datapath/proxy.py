@@ -46,6 +46,7 @@ from corral.router.datapath.upstream import (
 )
 from corral.router.datapath.wake_on_demand import WakeOnDemand
 from corral.router.flow.gate import Admission, FlowGate
+from corral.router.flow.refusal import Refusal
 from corral.router.membership.endpoint import Endpoint
 from corral.router.membership.membership import Membership
 from corral.router.routing.policies import LeastRequest
@@ -207,8 +208,15 @@ class Proxy:
                 admitted = await flow.admit(
                     model, request.headers, request.tenant if self.drop_client_authorization else None
                 )
-                if isinstance(admitted, Answer):
-                    return await self._reject(reply, admitted, model, request_id, start)
+                if isinstance(admitted, Refusal):
+                    answer = error_answer(
+                        admitted.status,
+                        admitted.message,
+                        admitted.err_type,
+                        admitted.param,
+                        admitted.headers(),
+                    )
+                    return await self._reject(reply, answer, model, request_id, start)
                 admission = admitted
                 let_out = admitted.waited  # no await from here to the engine's in-flight count
             return await self._forward(

@@ -15,19 +15,15 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
-from corral.router.datapath.exchange import Answer, error_answer
 from corral.router.flow.config import FlowConfig
 from corral.router.flow.queue import FlowQueue, Queued
-from corral.router.flow.request_class import RequestClass, classify
+from corral.router.flow.refusal import Refusal
+from corral.router.flow.request_class import RequestClass, TenantFlow, classify
 from corral.router.flow.saturation import UNBOUNDED, Saturation
 from corral.router.flow.shares import SlotShares
 from corral.router.flow.telemetry import FlowStats
 from corral.router.membership.endpoint import Endpoint
-
-if TYPE_CHECKING:
-    from corral.router.edge.tenants import Tenant
 
 log = logging.getLogger("corral.router.flow")
 
@@ -48,7 +44,7 @@ class Admission:
 class _Ticket:
     __slots__ = ("future", "klass", "model")
 
-    def __init__(self, future: asyncio.Future[Admission | Answer], model: str, klass: RequestClass) -> None:
+    def __init__(self, future: asyncio.Future[Admission | Refusal], model: str, klass: RequestClass) -> None:
         self.future = future
         self.model = model
         self.klass = klass
@@ -76,12 +72,12 @@ class FlowGate:
     # -- the data path -----------------------------------------------------------------------
 
     async def admit(
-        self, model: str, headers: Mapping[str, str], tenant: Tenant | None
-    ) -> Admission | Answer:
+        self, model: str, headers: Mapping[str, str], tenant: TenantFlow | None
+    ) -> Admission | Refusal:
         """An Admission when the request may go to an engine; else the 400 (a bad flow header)
         or 429 that answers it. A client that hangs up while waiting raises CancelledError here."""
         klass = classify(headers, tenant)
-        if isinstance(klass, Answer):
+        if isinstance(klass, Refusal):
             return klass
         queue = self._queues.get(model)
         pending = self._pending.get(model, 0)
@@ -123,7 +119,7 @@ class FlowGate:
 
     # -- waiting -----------------------------------------------------------------------------
 
-    async def _wait(self, model: str, klass: RequestClass) -> Admission | Answer:
+    async def _wait(self, model: str, klass: RequestClass) -> Admission | Refusal:
         key = (klass.priority, klass.tenant)
         config = self.config
         if klass.sheddable:
@@ -141,7 +137,7 @@ class FlowGate:
             queue = self._queues[model] = FlowQueue(config.order)
         now = time.monotonic()
         deadline = now + klass.deadline_ms / 1000 if klass.deadline_ms is not None else float("inf")
-        future: asyncio.Future[Admission | Answer] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Admission | Refusal] = asyncio.get_running_loop().create_future()
         item = Queued(
             priority=klass.priority,
             flow=klass.flow,
@@ -223,14 +219,14 @@ class FlowGate:
         )
         return True
 
-    def _shed(self, key: tuple[int, str], reason: str, why: str) -> Answer:
+    def _shed(self, key: tuple[int, str], reason: str, why: str) -> Refusal:
         self.stats.count_shed(key, reason)
         seconds = self.config.retry_after_seconds
-        return error_answer(
+        return Refusal(
             429,
             f"The router is holding requests back: {why}; retry after {seconds} s.",
             "rate_limit_error",
-            headers={"Retry-After": str(seconds)},
+            retry_after=seconds,
         )
 
     def _entered(self, item: Queued) -> None:

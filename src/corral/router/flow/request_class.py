@@ -10,9 +10,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from corral.router.datapath.exchange import Answer, error_answer
 from corral.router.flow.config import (
     DEADLINE_HEADER,
     FAIRNESS_HEADER,
@@ -21,14 +20,22 @@ from corral.router.flow.config import (
     MIN_PRIORITY,
     PRIORITY_HEADER,
 )
-
-if TYPE_CHECKING:
-    from corral.router.edge.tenants import Tenant
+from corral.router.flow.refusal import Refusal
 
 _PRIORITY = re.compile(r"[+-]?[0-9]{1,4}")
 _DEADLINE = re.compile(r"[0-9]{1,8}")
 _FAIRNESS_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 OPEN_FLOW = "-"  # an open router's requests without a fairness id
+
+
+class TenantFlow(Protocol):
+    """What flow control reads of a tenant (corral.router.edge.tenants.Tenant)."""
+
+    name: str
+    priority: int
+    max_priority: int | None
+    weight: int
+    deadline_ms: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +51,7 @@ class RequestClass:
         return self.priority < 0
 
 
-def classify(headers: Mapping[str, str], tenant: Tenant | None) -> RequestClass | Answer:
+def classify(headers: Mapping[str, str], tenant: TenantFlow | None) -> RequestClass | Refusal:
     """The request's class, or the 400 for a header it may not send or sent malformed."""
     deadline_ms: int | None = tenant.deadline_ms if tenant is not None else None
     raw = headers.get(DEADLINE_HEADER)
@@ -88,5 +95,5 @@ def classify(headers: Mapping[str, str], tenant: Tenant | None) -> RequestClass 
     return RequestClass(priority, tenant.name, tenant.weight, deadline_ms, tenant.name)
 
 
-def _bad(header: str, fault: str) -> Answer:
-    return error_answer(400, f"The header `{header}` {fault}.", "invalid_request_error", header)
+def _bad(header: str, fault: str) -> Refusal:
+    return Refusal(400, f"The header `{header}` {fault}.", "invalid_request_error", header)
