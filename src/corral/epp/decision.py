@@ -6,6 +6,7 @@ them. A request that cannot be picked for gets the answer the gateway returns to
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -144,9 +145,8 @@ class Picker:
         """The others, least in flight first (membership's order among equals), at most `fallbacks`."""
         if self.fallbacks == 0:
             return []
-        rest = [e for e in candidates if e is not chosen]
-        rest.sort(key=lambda e: e.host_in_flight)
-        return rest[: self.fallbacks]
+        rest = (e for e in candidates if e is not chosen)
+        return heapq.nsmallest(self.fallbacks, rest, key=lambda e: e.host_in_flight)  # stable, as sorted
 
     def _model(
         self, payload: dict[str, Any] | None, tenant: Tenant | None
