@@ -14,6 +14,7 @@ import asyncio
 import re
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,13 +33,14 @@ pytestmark = pytest.mark.e2e
 CREATED = re.compile(rb'"created":\d+')
 
 
-@pytest.fixture(scope="module")
-def router(vllm_engine: str) -> Iterator[str]:
-    """`corral router --backend <engine>` as a real process, routable once it has read the engine's models."""
+@contextmanager
+def router_in_front(engine: str, *extra: str) -> Iterator[str]:
+    """`corral router --backend <engine> [extra...]` as a real process, routable once it has read the
+    engine's models."""
     port = free_port()
     proc = CorralProcess(
-        ["router", "--host", "127.0.0.1", "--port", str(port), "--backend", vllm_engine,
-         "--models-refresh-seconds", "0.5"]
+        ["router", "--host", "127.0.0.1", "--port", str(port), "--backend", engine,
+         "--models-refresh-seconds", "0.5", *extra]
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
@@ -47,6 +49,12 @@ def router(vllm_engine: str) -> Iterator[str]:
         yield url
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="module")
+def router(vllm_engine: str) -> Iterator[str]:
+    with router_in_front(vllm_engine) as url:
+        yield url
 
 
 def models(url: str) -> list[str]:

@@ -15,8 +15,7 @@ import orjson
 import pytest
 
 from tests.e2e.conftest import SERVED_NAME, OtlpReceiver
-from tests.e2e.test_router_vllm import models
-from tests.support.procs import CorralProcess, free_port
+from tests.e2e.test_router_vllm import router_in_front
 from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -27,18 +26,9 @@ CLIENT_SPAN = "7d793037a0760186"
 
 @pytest.fixture(scope="module")
 def traced_router(vllm_engine: str, otlp_receiver: OtlpReceiver) -> Iterator[str]:
-    port = free_port()
-    proc = CorralProcess(
-        ["router", "--port", str(port), "--backend", vllm_engine, "--workers", "1",
-         "--models-refresh-seconds", "0.5", "--otlp-traces-endpoint", otlp_receiver.url]
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        proc.wait_http(url + "/health", timeout=30)
-        wait_until(lambda: SERVED_NAME in models(url), 30, f"the router to list `{SERVED_NAME}`")
+    extra = ("--workers", "1", "--otlp-traces-endpoint", otlp_receiver.url)
+    with router_in_front(vllm_engine, *extra) as url:
         yield url
-    finally:
-        proc.stop()
 
 
 def _post(url: str, body: dict[str, Any], headers: dict[str, str]) -> bytes:
