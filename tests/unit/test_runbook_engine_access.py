@@ -79,6 +79,7 @@ class _Engine:
         self.running_bundle = BundleSpec(name="initial")
         self.sleep_status = None
         self.adapters = AdapterSet()
+        self.record_traces = None  # no traces exported
 
     def log(self, message: str) -> None:
         pass
