@@ -67,8 +67,9 @@ class Traced:
         return span
 
 
-@pytest.fixture(scope="module")
-def traced() -> Iterator[Traced]:
+@pytest.fixture(scope="module", params=["lean", "aiohttp"])
+def traced(request: pytest.FixtureRequest) -> Iterator[Traced]:
+    """A traced router on each of the router's two HTTP front ends (corral.router.serving, aiohttp)."""
     engine, engine_url = recording_engine.start(ROOT)
     port = free_port()
     try:
@@ -84,6 +85,8 @@ def traced() -> Iterator[Traced]:
                     "1",
                     "--otlp-traces-endpoint",
                     sink.url,
+                    "--http-server",
+                    request.param,
                 ],
                 env={"OTEL_EXPORTER_OTLP_HEADERS": "Authorization=Bearer%20sink-secret-7f3a"},
             )
