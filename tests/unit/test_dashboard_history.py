@@ -81,19 +81,36 @@ def test_hostile_numbers_in_a_view_are_no_points() -> None:
     assert x["rate"] == [None, 0.0] and x["kv_usage"] == [None, None] and x["waiting"] == [None, None]
 
 
-def fleet(bundles: dict[str, tuple[str, str]], errors: int) -> dict[str, Any]:
-    """Engines by name -> (bundle fingerprint, group), on supervisors that name their bundles."""
+def fleet(bundles: dict[str, tuple[str, str]], errors: int, **engine: Any) -> dict[str, Any]:
+    """Engines by name -> (bundle fingerprint, group), on supervisors that name their bundles; every
+    engine serves model m unless `engine` says otherwise (models, role: a function of the name)."""
     names = {"f1": "v1", "f2": "v2"}
     endpoints = [
         {
             "url": f"http://{n}",
             "name": n,
             "group": g,
+            "models": ["m"],
             "supervisor": {"fingerprint": f, "bundle_name": names[f]},
+            **{key: value(n) for key, value in engine.items()},
         }
         for n, (f, g) in bundles.items()
     ]
     return {"endpoints": endpoints, "totals": {"errors": errors}}
+
+
+def test_engines_that_serve_different_things_on_different_bundles_are_no_rollout() -> None:
+    """Two models, or prefill and decode engines, run different bundles for good."""
+    watch = RolloutWatch()
+    two = {"e0": ("f1", "g0"), "e1": ("f2", "g1")}
+    models = watch.update(fleet(two, 0, models=lambda n: ["a"] if n == "e0" else ["b"]), wall=0.0)
+    roles = watch.update(fleet(two, 0, role=lambda n: "prefill" if n == "e0" else "decode"), wall=1.0)
+    assert models["active"] is None and roles["active"] is None
+    rolling = watch.update(fleet({**two, "e2": ("f2", "g2")}, 0), wall=2.0)  # all three serve m
+    assert rolling["active"] is not None and (rolling["active"]["from"], rolling["active"]["to"]) == (
+        ["v1"],
+        "v2",
+    )
 
 
 def test_a_rollout_is_the_second_bundle_appearing_and_ends_when_one_is_left() -> None:
