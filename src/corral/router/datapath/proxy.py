@@ -376,7 +376,7 @@ class Proxy:
                     endpoint,
                     policy.name,
                     len(candidates),
-                    route.prefill_tokens,
+                    route,
                     upstream_headers,
                     leg.prefill if leg is not None else None,
                 )

@@ -21,6 +21,7 @@ from corral.tracing.w3c import parent_of, propagation_headers, remote_context
 
 if TYPE_CHECKING:
     from corral.router.membership.endpoint import Endpoint
+    from corral.router.routing.request import RouteRequest
 
 # gen_ai.operation.name by the OpenAI path the request names
 OPERATIONS = {
@@ -103,24 +104,29 @@ class RequestTrace:
         endpoint: Endpoint,
         policy: str,
         candidates: int,
-        prefill_tokens: int,
+        route: RouteRequest,
         headers: Sequence[tuple[str, str]],
         decode_of: Endpoint | None = None,
     ) -> list[tuple[str, str]]:
-        """An attempt goes to `endpoint` as `policy` picked it among `candidates`: its span, and the
-        headers to send (the client's trace headers replaced by this attempt's)."""
+        """An attempt goes to `endpoint` as `policy` picked it among `candidates` for `route`: its span,
+        and the headers to send (the client's trace headers replaced by this attempt's). Why that
+        engine, as far as the pick says: the uncached prompt tokens it priced there, and the share of the
+        prompt it expected that engine's prefix cache to hold."""
         self._close_attempt(None)
         attempt = self.attempts
         self.attempts += 1
         if attempt == 0:
             self.span.set_attribute("corral.wait_seconds", round(time.monotonic() - self._started, 6))
-        attributes: dict[str, str | int] = {
+        attributes: dict[str, str | int | float] = {
             "corral.attempt": attempt,
             "corral.route.policy": policy,
             "corral.route.candidates": candidates,
         }
-        if prefill_tokens:
-            attributes["corral.route.prefill_tokens"] = prefill_tokens
+        if route.prefill_tokens:
+            attributes["corral.route.prefill_tokens"] = route.prefill_tokens
+        share = getattr(route.expected_hit, "share", None)  # cache_feedback.ExpectedHit
+        if isinstance(share, float):
+            attributes["corral.route.expected_cached_share"] = round(share, 3)
         if decode_of is not None:
             attributes["corral.pd.leg"] = "decode"
             attributes["corral.pd.prefill_endpoint"] = decode_of.url
@@ -171,7 +177,7 @@ class RequestTrace:
             span.set_status(Status(StatusCode.ERROR, failure or f"answered {status}"))
         span.end()
 
-    def _child(self, name: str, attributes: Mapping[str, str | int]) -> Span:
+    def _child(self, name: str, attributes: Mapping[str, str | int | float]) -> Span:
         return self._tracer.start_span(
             name, context=set_span_in_context(self.span), kind=SpanKind.CLIENT, attributes=attributes
         )
