@@ -230,7 +230,7 @@ def test_the_dashboard_follows_an_adapter_a_sleep_step_by_step_a_wake_and_a_roll
                 timeout=WAIT_MS,
             )
             window = page.inner_text("#window")
-            assert re.fullmatch(r"· (last 60 s|since the dashboard opened \(\d+ s\))", window), window
+            assert re.fullmatch(r"· (last 60 s|since the router started \(\d+ s\))", window), window
             assert ADAPTER in page.inner_text('#models tr[data-model="sim-model"]')  # counted with its base
             page.screenshot(path=str(artifacts / "5-awake.png"), full_page=True)
 

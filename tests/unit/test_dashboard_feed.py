@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from corral.router.dashboard.feed import DashboardFeed
+from corral.router.dashboard.sampler import HistoryLoop
 from tests.support.waits import eventually
 
 
@@ -76,4 +77,21 @@ async def test_a_viewer_gets_the_last_20_exits_from_routing_not_the_routers_whol
     assert message is not None
     view = orjson.loads(message.split(b"data: ", 1)[1])
     assert [x["at"] for x in view["left_routing"]] == list(range(1004, 1024))
+    await feed.stop()
+
+
+async def test_the_models_window_is_warm_before_a_dashboard_opens_and_stays_so_after() -> None:
+    """The router's history tick takes the window's readings from its start: a dashboard opened late
+    gets a minute, not "since it opened"; the feed leaves those readings alone when it stops."""
+    fleet = Fleet()
+    history = HistoryLoop(fleet)
+    await history.tick()  # a tick with no dashboard open
+    assert len(history.windows._readings) == 1
+    feed = DashboardFeed(fleet, interval=0.005, windows=history.windows)
+    queue = feed.subscribe()
+    message = await asyncio.wait_for(queue.get(), 5)
+    assert message is not None and b'"model_windows"' in message
+    feed.unsubscribe(queue)
+    await eventually(lambda: feed._task is not None and feed._task.done(), "the feed's loop ended")
+    assert len(history.windows._readings) == 1  # kept for the next dashboard
     await feed.stop()

@@ -434,7 +434,9 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
 
     dashboard_history = HistoryLoop(fleet_view)  # a point every 5 s for the charts, rollouts followed
     # one read per 0.5 s shared by every open dashboard
-    dashboard_feed = DashboardFeed(fleet_view, rollout=dashboard_history.rollout)
+    dashboard_feed = DashboardFeed(
+        fleet_view, windows=dashboard_history.windows, rollout=dashboard_history.rollout
+    )
 
     async def prometheus(request: web.Request) -> web.Response:
         body = await pages.page() if pages is not None else own_page()

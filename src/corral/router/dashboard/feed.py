@@ -7,7 +7,8 @@ small bounded queue; a client whose queue is full (it reads slower than the flee
 dropped, and its browser's EventSource reconnects and starts from a fresh snapshot.
 
 Each snapshot carries, beside the fleet view, `model_windows`: per-model figures over the last
-minute (`windows.py`), from readings this loop takes; they start afresh when nobody watches; and
+minute (`windows.py`), from readings the router's history loop takes every 5 s from its start
+(`sampler.py`; a feed built without one takes its own, which start afresh when nobody watches); and
 `rollout`, the rollout in flight or the last one (`rollout.py`), for the page's banner.
 """
 
@@ -47,6 +48,8 @@ class DashboardFeed:
     ) -> None:
         self._rollout = rollout
         self._snapshot = snapshot
+        # windows kept by another (the history loop, which reads from the router's start) are not cleared
+        self._own_windows = windows is None
         self._windows = windows if windows is not None else ModelWindows()
         self._interval = interval
         self._heartbeat = heartbeat
@@ -82,7 +85,8 @@ class DashboardFeed:
                 self._publish(b"event: fleet\ndata: " + body + b"\n\n")
             await asyncio.sleep(self._interval)
         self._last = None  # nobody listens: the next client starts from a fresh read
-        self._windows.clear()
+        if self._own_windows:
+            self._windows.clear()
 
     def _publish(self, message: bytes) -> None:
         for queue in list(self._clients):

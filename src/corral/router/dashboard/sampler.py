@@ -1,6 +1,7 @@
-"""The router's background tick that keeps the dashboard's history (`history.py`) and follows
-rollouts (`rollout.py`): one read of the fleet view every `step` seconds from start to stop, whether
-or not a dashboard is open, and `GET /dashboard/series`, the charts' points."""
+"""The router's background tick that keeps the dashboard's history (`history.py`) and the models'
+last minute (`windows.py`) and follows rollouts (`rollout.py`): one read of the fleet view every
+`step` seconds from start to stop, whether or not a dashboard is open; and `GET /dashboard/series`,
+the charts' points."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from aiohttp import web
 
 from corral.router.dashboard.history import FleetHistory
 from corral.router.dashboard.rollout import RolloutWatch
+from corral.router.dashboard.windows import ModelWindows
 
 log = logging.getLogger("corral.router.dashboard")
 
@@ -27,6 +29,7 @@ class HistoryLoop:
         self._snapshot = snapshot
         self.history = history if history is not None else FleetHistory()
         self.rollout = RolloutWatch()
+        self.windows = ModelWindows()  # the models' last minute, warm before any dashboard opens
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -41,7 +44,9 @@ class HistoryLoop:
     async def tick(self) -> None:
         view = await self._snapshot()
         wall = time.time()
-        self.history.sample(view, wall, time.monotonic())
+        now = time.monotonic()
+        self.history.sample(view, wall, now)
+        self.windows.update(view, now)
         self.rollout.update(view, wall)
 
     async def _run(self) -> None:

@@ -79,9 +79,9 @@
 
   function modelRows(fleet) {
     const windows = fleet.model_windows || { models: {} };
-    // a window younger than its span (no dashboard was open a minute ago) says how old it is
+    // a window younger than its span (the router started less than a minute ago) says how old it is
     $("window").textContent = !windows.window_s ? "" : windows.covered_s < windows.window_s
-      ? `· since the dashboard opened (${Math.round(windows.covered_s)} s)` : `· last ${Math.round(windows.window_s)} s`;
+      ? `· since the router started (${Math.round(windows.covered_s)} s)` : `· last ${Math.round(windows.window_s)} s`;
     const ms = (v) => (v === null || v === undefined ? "–" : Math.round(v) + " ms");
     return Object.keys(windows.models).sort().map((m) => {
       const f = windows.models[m];
