@@ -82,6 +82,8 @@ class Flight:
         """A chunk of the response body."""
         if not chunk:
             return
+        if not self._tail[1]:  # the first byte: the router's TTFT histogram counts from the request
+            self._metrics.ttft.observe(time.perf_counter() - self._start)
         self._dispatch.first_byte()
         self._tail = (self._tail[1], chunk)
         if self._ending is not None and self._times is not None:

@@ -11,36 +11,8 @@ from typing import Any
 import click
 
 from corral.epp.server import EppConfig, serve
-from corral.router.core_config import core_config
+from corral.router.core_config import core_config_of
 from corral.router.edge.access_options import EdgeAccess
-
-CORE_FLAGS = (
-    "backends",
-    "prefill",
-    "decode",
-    "supervised",
-    "supervisor_port",
-    "supervisor_token_file",
-    "supervisor_token_key_file",
-    "router_id",
-    "supervisor_heartbeat",
-    "carry_adapters_seconds",
-    "backends_file",
-    "discovery",
-    "namespace",
-    "selector",
-    "kubeconfig",
-    "engine_port",
-    "k8s_resync_seconds",
-    "k8s_watch_timeout",
-    "probe_timeout",
-    "models_refresh_seconds",
-    "policy",
-    "session_header",
-    "policy_config",
-    "tokenizer",
-    "slow_start_seconds",
-)
 
 
 def start_epp(
@@ -59,7 +31,7 @@ def start_epp(
     if grpc_port and grpc_port == port:
         raise click.UsageError(f"--grpc-port {grpc_port} is the HTTP --port; give each its own.")
     core = replace(
-        core_config(**{name: flags[name] for name in CORE_FLAGS}),
+        core_config_of(flags),
         api_keys_file=access.api_keys_file,
         admin=access.admin,
         engine_api_key=access.engine_api_key,

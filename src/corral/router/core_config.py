@@ -4,7 +4,9 @@ RouterConfig, for `corral router` and `corral epp` alike: a usage error names th
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -21,6 +23,41 @@ from corral.router.discovery.supervisor_stream import (
 from corral.router.routing.config import PolicyConfigError, RoutingConfig, load_routing_config
 from corral.router.routing.prompt_tokens import prompt_tokens
 from corral.supervisor_tokens import FleetKeyError, TokenFileError, read_fleet_key, read_management_token
+
+# The flags of corral.router.core_options, by their parameter names: what `core_config` takes.
+CORE_FLAGS = (
+    "backends",
+    "prefill",
+    "decode",
+    "supervised",
+    "supervisor_port",
+    "supervisor_token_file",
+    "supervisor_token_key_file",
+    "router_id",
+    "supervisor_heartbeat",
+    "carry_adapters_seconds",
+    "backends_file",
+    "discovery",
+    "namespace",
+    "selector",
+    "kubeconfig",
+    "engine_port",
+    "k8s_resync_seconds",
+    "k8s_watch_timeout",
+    "probe_timeout",
+    "models_refresh_seconds",
+    "policy",
+    "session_header",
+    "policy_config",
+    "tokenizer",
+    "slow_start_seconds",
+)
+
+
+def core_config_of(flags: Mapping[str, Any]) -> RouterConfig:
+    """`core_config` of the core's flags among a command's (the others are the front door's own)."""
+    return core_config(**{name: flags[name] for name in CORE_FLAGS})
+
 
 _SUPERVISED = re.compile(r"^(https?://[^=\s]+)=(https?://\S+)$")
 _ENGINE_URL = re.compile(r"^https?://[^=\s]+$")

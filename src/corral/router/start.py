@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import click
 from aiohttp import web
@@ -26,7 +27,7 @@ from corral.router.app import (
     RouterConfig,
     build_app,
 )
-from corral.router.core_config import core_config
+from corral.router.core_config import core_config_of
 from corral.router.datapath.retry_budget import RetryBudgetConfig
 from corral.router.edge.access_options import EdgeAccess
 from corral.router.edge.client_limit_flags import ClientLimits
@@ -48,40 +49,15 @@ def start_router(
     host: str,
     port: int,
     workers: int | None,
-    backends: tuple[str, ...],
-    prefill: tuple[str, ...],
-    decode: tuple[str, ...],
-    supervised: tuple[str, ...],
-    supervisor_port: int | None,
-    supervisor_token_file: Path | None,
-    supervisor_token_key_file: Path | None,
-    router_id: str | None,
     peers: tuple[str, ...],
     peer_token_file: Path | None,
-    supervisor_heartbeat: float,
     wake_hold_seconds: float,
     wake_mode: str,
     wake_hold_max: int,
-    carry_adapters_seconds: float,
-    backends_file: Path | None,
-    discovery: str | None,
-    namespace: str | None,
-    selector: str | None,
-    kubeconfig: str | None,
-    engine_port: int,
-    k8s_resync_seconds: float,
-    k8s_watch_timeout: int,
-    probe_timeout: float,
     retry_budget_ratio: float,
     retry_budget_min: int,
-    policy: str,
-    session_header: str,
-    policy_config: Path | None,
-    tokenizer: str | None,
-    slow_start_seconds: float,
     max_retries: int,
     eject_seconds: float,
-    models_refresh_seconds: float,
     request_timeout: float,
     http_server: str,
     shutdown_timeout: float,
@@ -90,36 +66,11 @@ def start_router(
     client_limits: ClientLimits,
     access: EdgeAccess,
     flow: FlowConfig | None,
+    **core_flags: Any,
 ) -> None:
     """The router, as the flags describe it: checked, configured and run until stopped."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    core = core_config(
-        backends=backends,
-        prefill=prefill,
-        decode=decode,
-        supervised=supervised,
-        supervisor_port=supervisor_port,
-        supervisor_token_file=supervisor_token_file,
-        supervisor_token_key_file=supervisor_token_key_file,
-        router_id=router_id,
-        supervisor_heartbeat=supervisor_heartbeat,
-        carry_adapters_seconds=carry_adapters_seconds,
-        backends_file=backends_file,
-        discovery=discovery,
-        namespace=namespace,
-        selector=selector,
-        kubeconfig=kubeconfig,
-        engine_port=engine_port,
-        k8s_resync_seconds=k8s_resync_seconds,
-        k8s_watch_timeout=k8s_watch_timeout,
-        probe_timeout=probe_timeout,
-        models_refresh_seconds=models_refresh_seconds,
-        policy=policy,
-        session_header=session_header,
-        policy_config=policy_config,
-        tokenizer=tokenizer,
-        slow_start_seconds=slow_start_seconds,
-    )
+    core = core_config_of(core_flags)  # the flags every front door shares (corral.router.core_options)
     # one life of this router, shared by its workers: a peer that sees another starts reading it anew
     peer = peer_settings(peers, peer_token_file, secrets.token_hex(8))
     config = replace(

@@ -16,9 +16,8 @@ from corral.k8s.render.parts import (
     container_security,
     object_labels,
     object_meta,
-    pod_security,
 )
-from corral.k8s.render.router_objects import pod_reader_rbac, router_secret_volumes
+from corral.k8s.render.router_objects import front_door_deployment, pod_reader_rbac, router_secret_volumes
 
 INFERENCE_API = "inference.networking.k8s.io"
 GATEWAY_API = "gateway.networking.k8s.io/v1"
@@ -47,7 +46,6 @@ def epp_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
     gateway = config.gateway
     assert gateway is not None
     selector = commands.epp_selector(config)
-    labels = object_labels(config, selector, "epp")
     timeout = config.probes.timeout_seconds
     volumes, mounts = router_secret_volumes(config)
     container: Obj = {
@@ -75,26 +73,9 @@ def epp_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
     resources = container_resources({}, gateway.cpu, gateway.memory)
     if resources:
         container["resources"] = resources
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": object_meta(config, epp_name(config), labels),
-        "spec": {
-            "replicas": gateway.replicas,
-            "selector": {"matchLabels": selector},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "serviceAccountName": epp_name(config),
-                    "terminationGracePeriodSeconds": budgets.router_grace,
-                    "securityContext": pod_security(config),
-                    "containers": [container],
-                    "volumes": [*volumes, {"name": TMP_VOLUME, "emptyDir": {}}],
-                },
-            },
-        },
-    }
+    return front_door_deployment(
+        config, epp_name(config), selector, gateway.replicas, container, volumes, budgets
+    )
 
 
 def epp_service(config: CorralDeployment) -> Obj:

@@ -26,6 +26,7 @@ from corral.k8s.render.parts import (
     router_name,
     secret_file_volume,
 )
+from corral.pod_labels import ROLE_LABEL
 
 ROUTER_HF_HOME = "/tmp/huggingface"  # in the router's /tmp emptyDir
 
@@ -86,7 +87,6 @@ def router_rbac(config: CorralDeployment) -> list[Obj]:
 
 def router_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
     selector = commands.router_selector(config)
-    labels = object_labels(config, selector, "router")
     r = config.router
     # /livez answers whenever the router's event loop does, to anyone (/metrics wants the admin key on
     # the pod network); /health would follow the engines, and a router taken out of its Service (or
@@ -117,22 +117,39 @@ def router_deployment(config: CorralDeployment, budgets: Budgets) -> Obj:
     resources = container_resources({}, r.cpu, r.memory)
     if resources:
         container["resources"] = resources
+    return front_door_deployment(
+        config, router_name(config), selector, r.replicas, container, secret_volumes, budgets
+    )
+
+
+def front_door_deployment(
+    config: CorralDeployment,
+    name: str,
+    selector: dict[str, str],
+    replicas: int,
+    container: Obj,
+    volumes: list[Obj],
+    budgets: Budgets,
+) -> Obj:
+    """A router's or an endpoint picker's Deployment: one container, its ServiceAccount `name`, a /tmp
+    emptyDir, the pod hardened, replaced one pod at a time and never fewer than `replicas` ready."""
+    labels = object_labels(config, selector, selector[ROLE_LABEL])  # the component is the role
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": object_meta(config, router_name(config), labels),
+        "metadata": object_meta(config, name, labels),
         "spec": {
-            "replicas": r.replicas,
+            "replicas": replicas,
             "selector": {"matchLabels": selector},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
-                    "serviceAccountName": router_name(config),
+                    "serviceAccountName": name,
                     "terminationGracePeriodSeconds": budgets.router_grace,
                     "securityContext": pod_security(config),
                     "containers": [container],
-                    "volumes": [*secret_volumes, {"name": TMP_VOLUME, "emptyDir": {}}],
+                    "volumes": [*volumes, {"name": TMP_VOLUME, "emptyDir": {}}],
                 },
             },
         },
