@@ -42,15 +42,17 @@ FLOOD = 12
 CHAT = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 
 
-@pytest.fixture(scope="module")
-def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@pytest.fixture(scope="module", params=["lean", "aiohttp"])
+def router(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The router on each server: both cancel a request whose client hangs up (the lean server's
+    connection_lost, aiohttp's handler_cancellation), which is how a waiting request leaves the queue."""
     keys = tmp_path_factory.mktemp("flow") / "keys.yaml"
     keys.write_text(KEYS_FILE)
     os.chmod(keys, 0o600)
     sim, sim_url = start_sim(None, "--max-num-seqs", "1", "--itl-ms", "15", "--ttft-base-ms", "2")
     port = free_port()
     args = ["--host", "127.0.0.1", "--port", str(port), "--workers", "1", "--backend", sim_url]
-    args += ["--api-keys-file", str(keys), "--models-refresh-seconds", "0.5"]
+    args += ["--api-keys-file", str(keys), "--models-refresh-seconds", "0.5", "--http-server", request.param]
     proc = CorralProcess(["router", *args, "--flow-control", "--flow-engine-max-in-flight", "1"])
     url = f"http://127.0.0.1:{port}"
     try:
