@@ -320,3 +320,15 @@ async def test_with_workers_each_shares_out_its_part_of_the_host_slots() -> None
     assert fleet.order.count("heavy") == 2
     for t in flood:
         t.cancel()
+
+
+async def test_a_hang_up_not_yet_handled_is_skipped_when_room_comes() -> None:
+    fleet = Fleet()
+    await fleet.request(None)
+    gone = asyncio.create_task(fleet.request(None))
+    behind = asyncio.create_task(fleet.request(None, label="behind"))
+    await settle()
+    gone.cancel()  # its future is cancelled now; its handler runs in a later turn
+    fleet.end()  # room comes first: it must go to `behind`, not to the request that left
+    assert let_out(await behind)
+    assert fleet.gate.stats.gone == {(0, ""): 1} and fleet.gate.stats.dispatched == {(0, ""): 1}

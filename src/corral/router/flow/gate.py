@@ -159,7 +159,7 @@ class FlowGate:
             if queue.remove(item):  # the client hung up while it waited
                 self._left(item)
                 self.stats.count_gone(key)
-            elif future.done() and isinstance(let_out := future.result(), Admission):
+            elif not future.cancelled() and isinstance(let_out := future.result(), Admission):
                 self._pending[model] -= 1  # let out, then gone: its room goes on
                 self.finished(model, let_out)
             raise
@@ -186,6 +186,8 @@ class FlowGate:
             if item is None:
                 break
             self._left(item)
+            if self._client_gone(item):
+                continue
             self.stats.let_out((item.priority, item.tenant), now - item.enqueued)
             pending += 1
             room -= 1
@@ -210,6 +212,8 @@ class FlowGate:
             return False
         self._queues[victim.waiter.model].remove(victim)
         self._left(victim)
+        if self._client_gone(victim):
+            return True
         victim.waiter.future.set_result(
             self._shed(
                 (victim.priority, victim.tenant),
@@ -217,6 +221,14 @@ class FlowGate:
                 "the router's flow queue was full and a request of a higher priority took this one's place",
             )
         )
+        return True
+
+    def _client_gone(self, item: Queued) -> bool:
+        """Whether the request's client hung up: its task is cancelled (and so its future, at once),
+        but its handler has not run yet to take it out; counted here, answered by no one."""
+        if not item.waiter.future.cancelled():
+            return False
+        self.stats.count_gone((item.priority, item.tenant))
         return True
 
     def _shed(self, key: tuple[int, str], reason: str, why: str) -> Refusal:
@@ -263,6 +275,8 @@ class FlowGate:
             for item in list(queue.expired(now)):
                 queue.remove(item)
                 self._left(item)
+                if self._client_gone(item):
+                    continue
                 ttl = self.config.ttl(item.priority)
                 item.waiter.future.set_result(
                     self._shed(
