@@ -40,6 +40,9 @@ class Saturation:
             if load is not None and (load.waiting >= self._waiting or load.kv_usage >= self._kv):
                 seen = self._seen.get(endpoint.url)
                 if seen is None or seen[0] != load.at:
+                    if seen is None and len(self._seen) >= 2 * len(board.loads) + 64:
+                        # engines that left: keep only those the board still has figures of
+                        self._seen = {u: v for u, v in self._seen.items() if u in board.loads}
                     seen = self._seen[endpoint.url] = (load.at, open_now)
                 room = min(room, seen[1] - open_now)
         return room if room > 0 else 0
@@ -67,5 +70,3 @@ class Saturation:
         now = time.monotonic()
         return [e for e in endpoints if self.room(e, now)]
 
-    def forget(self, url: str) -> None:
-        self._seen.pop(url, None)
