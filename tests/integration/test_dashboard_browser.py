@@ -74,9 +74,11 @@ def fleet(tmp_path: Path) -> Iterator[tuple[CorralProcess, str, Path]]:
     state = tmp_path / "state"
     port = free_port()
     sim = [f"--sim-arg={arg}" for arg in ENGINE_ARGS]
-    # --policy load: the router scrapes the engines' /metrics, so the charts have KV usage and queue
+    # --policy load: the router scrapes the engines' /metrics, so the charts have KV usage and queue;
+    # --flow-control: /v1/fleet has the router's own queue, which the page shows
+    up = ["up", "--port", str(port), "--engines", "2", "--group-size", "2", "--policy", "load"]
     proc = CorralProcess(
-        ["up", "--port", str(port), "--engines", "2", "--group-size", "2", "--policy", "load", *sim],
+        [*up, "--router-arg=--flow-control", *sim],
         env={"XDG_STATE_HOME": str(state), **ENV},
     )
     wait_until(lambda: "router: " in proc.output() or proc.proc.poll() is not None, 90, "the router URL")
@@ -124,6 +126,8 @@ CHARTS_DRAWN = """ids => ids.every(id => {
   const c = document.querySelector(`[data-chart="${id}"]`);
   return c && c.querySelector("canvas") && Number(c.dataset.points) >= 2;
 })"""
+BADGES_COLORED = """() => [...document.querySelectorAll('.badge')]
+  .every(b => getComputedStyle(b).backgroundColor !== 'rgba(0, 0, 0, 0)')"""
 # the model's request count since the router started, as the page shows it, read every 100 ms
 RECORD_TOTALS = """() => {
   window.corralTotals = [];
@@ -245,6 +249,8 @@ def test_the_dashboard_follows_an_adapter_a_sleep_step_by_step_a_wake_and_a_roll
                     CHARTS_DRAWN, arg=["model-rate", "engine-rate", "engine-kv_usage"], timeout=WAIT_MS
                 )
                 page.evaluate(RECORD_TOTALS)
+                queue = page.wait_for_selector("#flow:not([hidden]) #flow-body[data-depth]", timeout=WAIT_MS)
+                assert queue is not None and "waiting in the router" in queue.inner_text(), queue
                 initial = page.get_attribute(row["engine-0"] + " [data-bundle]", "data-bundle")
                 assert initial, page.inner_text(row["engine-0"])  # the bundle's name, not its fingerprint
                 bundle = tmp_path / "v2.yaml"
@@ -264,6 +270,8 @@ def test_the_dashboard_follows_an_adapter_a_sleep_step_by_step_a_wake_and_a_roll
                     timeout=90_000,
                 )
                 page.screenshot(path=str(artifacts / "6-rollout.png"), full_page=True)
+                # every state badge is readable, STOPPING (the old engines now) included
+                assert page.evaluate(BADGES_COLORED), page.inner_text("#engines")
                 assert rollout.wait_exit(120) == 0, rollout.output()[-3000:]
                 page.wait_for_function(
                     "old => ![...document.querySelectorAll('li[data-group]')]"
