@@ -69,4 +69,3 @@ class Saturation:
         """The engines that can take a request now (a request let out of the queue goes to one)."""
         now = time.monotonic()
         return [e for e in endpoints if self.room(e, now)]
-
