@@ -159,7 +159,7 @@ class Exchange:
         flight = self.flight
         if flight is not None:
             served = wire.served_endpoint(message)
-            if served is not None:
+            if served is not None and served != self._picker.address(flight.endpoint):  # a fallback served
                 endpoint = self._picker.by_address(served)
                 if endpoint is not None:
                     flight.served_by(endpoint)
