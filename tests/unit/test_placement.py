@@ -84,6 +84,29 @@ def test_a_new_prefix_goes_where_the_router_placed_fewest_prefixes() -> None:
     assert placements(without) - {endpoints[2].url, endpoints[3].url}
 
 
+def test_two_workers_placing_new_prefixes_at_once_split_them_by_the_prompt() -> None:
+    """Two `--workers` siblings with the same view (neither has read the other's pick yet) each place a
+    different new group at the same instant: near-equal totals are split by the prompt's ring order, so
+    the two groups do not both land on the one engine whose total is a hair ahead (sweep draw 4: 7
+    groups on one engine of 4, 26x the oracle's p90)."""
+    endpoints = fleet(4)
+    # idle engines whose KV usage differs by noise: e1 a hair ahead of e2 and e3
+    board = board_of(
+        endpoints, e1=EngineLoad(kv_usage=0.0), e2=EngineLoad(kv_usage=0.01), e3=EngineLoad(kv_usage=0.02)
+    )
+    same = 0
+    for pair in range(12):
+        chosen = []
+        for group in (2 * pair, 2 * pair + 1):
+            memory = PrefixMemory()
+            memory.sent(request(900), endpoints[0])  # the same history on both siblings
+            scored = ScoredPolicy("prefix", PREFIX_WEIGHTS, board, eps=1.0, seed=7, holders=memory)
+            chosen.append(scored.pick(endpoints, request(group)).url)
+        same += chosen[0] == chosen[1]
+        assert endpoints[0].url not in chosen  # the engine with a prefix more is not near-equal
+    assert same <= 6, f"{same} of 12 concurrent pairs went to one engine"
+
+
 def test_a_prefix_with_holders_is_not_placed_by_footprint() -> None:
     """A held prompt goes to its holder, however many prefixes that engine was placed."""
     endpoints = fleet(2)

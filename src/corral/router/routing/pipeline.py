@@ -62,6 +62,16 @@ PREFIX_WEIGHTS: Mapping[str, float] = {
 RING_PREFIX_WEIGHTS: Mapping[str, float] = {"prefix": 1.0, "queue": 0.2, "in_flight": 0.15, "kv_usage": 0.1}
 LOAD_WEIGHTS: Mapping[str, float] = {"queue": 0.5, "in_flight": 0.35, "kv_usage": 0.15}
 TIE = 1e-9
+# A new prefix's placement: totals this close are alike, and the prompt's ring order chooses among them.
+# Every `--workers` sibling (and every replica) sees the same loads and footprints and nearly the same
+# recent picks; with the strict best, two of them placing two new prefixes at the same instant (before
+# either reads the other's pick) chose the same engine for both whenever noise (an idle engine's KV
+# usage, a recent pick's decay) put it a hair ahead, and an engine given two more groups than its peers
+# fell off its cache's cliff (sweep draw 4: 7 groups on one engine of 4, 26x the oracle's TTFT p90, not
+# one spill). Ring order splits near-equals by the prompt, so concurrent placements spread; a
+# difference that matters still decides: a request running or waiting more (0.15 / (the busiest + 1)
+# from the queue scorer, 0.0125 up to 11), a request in flight, a recent pick, a prefix placed.
+NEW_TIE = 0.005
 # Cost estimates (prefill tokens) this close are alike.
 TIE_TOKENS = 0.5
 # A new placement prices each of an endpoint's recent picks (decaying, `RecentScorer`) at this share of a
@@ -260,7 +270,8 @@ class ScoredPolicy:
         else:
             pool, totals, ctx = self._scored(candidates, request)
             best = max(totals)
-            ties = [pool[i] for i, t in enumerate(totals) if t >= best - TIE]
+            alike = NEW_TIE if self._prefix is not None and not ctx.held else TIE
+            ties = [pool[i] for i, t in enumerate(totals) if t >= best - alike]
             if len(ties) == 1:
                 chosen = ties[0]
             else:
