@@ -90,3 +90,26 @@ def test_the_memory_is_corrected_exactly_when_the_engine_served_under_half_of_wh
         assert memory.held(prompt(2), [e]) == [1.0]
     else:  # nothing deeper than what was served (in whole tokens, as the answer says) is left
         assert memory.held(prompt(2), [e])[0] * 2048 <= round(served * 1000) / 1000 * 2100.0 + 1e-6
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        b'"usage":{"prompt_tokens":' + b"9" * 5000 + b',"prompt_tokens_details":{"cached_tokens":1}}',
+        b'"usage":{"prompt_tokens":530,"prompt_tokens_details":{"cached_tokens":' + b"7" * 5000 + b"}}",
+        b'"usage":{"prompt_tokens":' + b" " * 100_000 + b"530}",
+    ],
+    ids=["prompt-tokens-5000-digits", "cached-tokens-5000-digits", "100k-spaces"],
+)
+def test_an_engines_usage_out_of_bounds_teaches_nothing_and_never_raises(usage: bytes) -> None:
+    """What an engine answers comes from the network: a count past 12 digits (int() of a 5,000-digit run
+    raised in the proxy's answer path) or a run of blanks is no usage, so the memory keeps what it had."""
+    memory = PrefixMemory()
+    e = endpoint(0)
+    feedback = CacheFeedback(memory)
+    memory.sent(prompt(0), e)
+    request = prompt(1)
+    feedback.expect(request, e, held=2000.0, prompt_chars=2100.0)
+    assert request.expected_hit is not None
+    request.expected_hit.answered(usage)
+    assert memory.held(prompt(2), [e]) == [1.0] and feedback.corrections == 0

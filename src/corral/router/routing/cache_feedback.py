@@ -21,8 +21,10 @@ from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.prefix_memory import PrefixMemory
 from corral.router.routing.request import RouteRequest
 
-_PROMPT = re.compile(rb'"prompt_tokens":\s*(\d+)')
-_CACHED = re.compile(rb'"cached_tokens":\s*(\d+)')
+# A count of at most 12 digits (what an engine answers comes from the network: int() of a 5,000-digit run
+# raises); a longer run does not match, and the answer teaches nothing.
+_PROMPT = re.compile(rb'"prompt_tokens":\s{0,16}([0-9]{1,12})(?![0-9])')
+_CACHED = re.compile(rb'"cached_tokens":\s{0,16}([0-9]{1,12})(?![0-9])')
 # A hit counts as missed when the engine served less than this share of the prompt the memory expected
 # it to hold: the memory's characters and the engine's tokens and blocks differ by far less.
 MISSED = 0.5
