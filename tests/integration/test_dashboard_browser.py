@@ -131,9 +131,13 @@ BADGES_COLORED = """() => [...document.querySelectorAll('.badge')]
 # the model's request count since the router started, as the page shows it, read every 100 ms
 RECORD_TOTALS = """() => {
   window.corralTotals = [];
+  window.corralNotRoutable = [];  // each engine's "not routable" cell seen: [its words, the raw reason]
   setInterval(() => {
     const tr = document.querySelector('#models tr[data-model="sim-model"]');
     if (tr) window.corralTotals.push(Number(tr.dataset.total));
+    for (const c of document.querySelectorAll("#engines td span.no")) {
+      window.corralNotRoutable.push([c.textContent, c.title]);
+    }
   }, 100);
 }"""
 
@@ -283,6 +287,11 @@ def test_the_dashboard_follows_an_adapter_a_sleep_step_by_step_a_wake_and_a_roll
                 assert ended is not None and ended.get_attribute("data-failed") == "0", ended.inner_text()
                 totals = page.evaluate("() => window.corralTotals")
                 assert len(totals) > 10 and totals == sorted(totals) and totals[-1] > totals[0], totals
+                # an engine leaving is "no — draining…" in the table, the router's reason on hover
+                cells = page.evaluate("() => window.corralNotRoutable")
+                assert cells and all("supervisor:" not in text and raw for text, raw in cells), cells[:5]
+                seen = sorted(set(map(tuple, cells)))
+                assert any(text.startswith("no — draining") for text, _ in seen), seen
                 # the old engines' exit, in words, with the router's own record kept on hover
                 told = page.wait_for_selector('#events li[data-cause="supervisor_draining"]', timeout=WAIT_MS)
                 assert told is not None

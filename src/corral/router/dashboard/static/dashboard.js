@@ -100,6 +100,19 @@
     });
   }
 
+  // why an engine takes no requests, in a person's words; the router's own reason on hover
+  const NOT_ROUTABLE = {
+    DRAINING: "draining: it takes no new requests", SLEEPING: "asleep", STARTING: "its engine is starting",
+    WAKING: "waking up", STOPPING: "stopping", FAILED: "its engine failed", PAUSED: "paused",
+  };
+  function routableCell(e) {
+    if (e.routable) return el("span", "yes", "yes");
+    const raw = String(e.why || e.reason || "?").replace(/^not routable: /, "");
+    const cell = el("span", "no — " + (NOT_ROUTABLE[stateOf(e)] || raw), "no");
+    cell.title = raw;
+    return cell;
+  }
+
   function render(fleet) {
     const endpoints = fleet.endpoints || [];
     const ready = endpoints.filter((e) => stateOf(e) === "READY").length;
@@ -112,7 +125,7 @@
       if (sv.fingerprint) bundle.title = "bundle fingerprint " + sv.fingerprint;
       bundle.dataset.bundle = sv.bundle_name || "";
       const ramp = e.slow_start ? Math.round(e.slow_start.weight * 100) + "%" : "–";
-      const routable = el("span", e.routable ? "yes" : "no — " + String(e.why || e.reason || "?").replace(/^not routable: /, ""), e.routable ? "yes" : "no");
+      const routable = routableCell(e);
       const tr = row([el("b", engineName(e)), badge(e), e.role || sv.role || "–", e.group || "–",
         bundle, String(e.in_flight ?? 0), kv(e), adapters(e), ramp, routable]);
       tr.dataset.engine = engineName(e);
