@@ -149,9 +149,10 @@ def show(phase: str, mode: str, results: dict[str, Report]) -> dict[str, dict[st
     return rows
 
 
-async def fast_path_cost(calls: int) -> float:
+async def fast_path_cost(calls: int, workers: int) -> float:
     """Microseconds of CPU one request spends in the flow gate when an engine has room (admit, then
-    finished), in this process: real endpoints, a tenant, slot shares on."""
+    finished), in this process: real endpoints, a tenant, slot shares on; with `workers` > 1, as worker 1
+    of that many (publishing its counts to the host's tables, reading its siblings')."""
     from corral.engine_state import EngineState
     from corral.router.edge.tenants import Tenant
     from corral.router.edge.tenants_file import TenantSpec
@@ -163,7 +164,13 @@ async def fast_path_cost(calls: int) -> float:
 
     engines = [Endpoint(f"http://10.0.0.{i}:8000", frozenset({MODEL}), EngineState.READY) for i in range(2)]
     config = FlowConfig(engine_max_in_flight=64)
-    gate = FlowGate(config, Saturation(config, LoadBoard()), lambda model: engines)
+    host = None
+    if workers > 1:
+        from corral.router.flow.host_flows import HostFlows, HostFlowTables
+        from corral.router.routing.worker_journal import WorkerJournals
+
+        host = HostFlows(HostFlowTables(WorkerJournals(workers)), 1, config.share_window_seconds)
+    gate = FlowGate(config, Saturation(config, LoadBoard()), lambda model: engines, host)
     tenant = Tenant(TenantSpec(name="light"))
     headers = {"Content-Type": "application/json", "Authorization": "Bearer x"}
     start = time.process_time()
@@ -179,7 +186,9 @@ async def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seconds", type=float, default=15.0, help="duration bound of each phase")
-    parser.add_argument("--workers", type=int, default=1, help="corral router --workers")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="corral router --workers (with --fast-path: as one of N)"
+    )
     parser.add_argument("--modes", default="on,no-shares,off", help="of " + ", ".join(MODES))
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument(
@@ -192,8 +201,11 @@ async def main() -> None:
     )
     args = parser.parse_args()
     if args.fast_path:
-        cost = await fast_path_cost(args.fast_path)
-        print(f"flow gate, an engine with room: {cost:.2f} us of CPU per request ({args.fast_path} requests)")
+        cost = await fast_path_cost(args.fast_path, args.workers)
+        print(
+            f"flow gate, an engine with room: {cost:.2f} us of CPU per request ({args.fast_path} requests, "
+            f"as one of {args.workers} workers)"
+        )
         return
     exit_on_sigterm()
     log_dir = Path(args.out) / "bench_flow"

@@ -18,6 +18,7 @@ import aiohttp
 import orjson
 import pytest
 
+from corral.engine.metrics_text import samples
 from tests.support.procs import CorralProcess, free_port, start_sim
 
 KEYS = {
@@ -124,3 +125,60 @@ async def test_priority_fairness_shedding_and_every_request_accounted(router: st
     assert 'corral_router_flow_client_gone_total{band="0",tenant="heavy"} 1.0' in metrics
     assert 'corral_router_flow_wait_seconds_count{band="0",tenant="light"} 1.0' in metrics
     assert not any(key in metrics for key in KEYS.values())
+
+
+async def test_with_two_workers_a_flood_is_held_to_its_share_of_the_host_slots(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """`--workers 2`: the light tenant holds one of 8 slots, the heavy one floods over connections the
+    kernel spreads over both workers. Slot shares count the host's requests of each tenant, so the
+    flood holds 4 of the 8 slots whichever worker its requests and the light one's reached (counted by
+    each worker alone it took 2, or up to the 7 free ones where the light tenant was not seen)."""
+    keys = tmp_path_factory.mktemp("flow-workers") / "keys.yaml"
+    keys.write_text(KEYS_FILE)
+    os.chmod(keys, 0o600)
+    sim, sim_url = start_sim(None, "--max-num-seqs", "8", "--itl-ms", "200", "--ttft-base-ms", "2")
+    port = free_port()
+    router = f"http://127.0.0.1:{port}"
+    args = ["--host", "127.0.0.1", "--port", str(port), "--workers", "2", "--backend", sim_url]
+    args += ["--api-keys-file", str(keys), "--flow-control", "--flow-engine-max-in-flight", "8"]
+    proc = CorralProcess(["router", *args, "--flow-share-window", "60"])
+    started: list[str] = []
+    body = {**CHAT, "stream": True, "max_tokens": 200}  # each request holds its slot for ~40 s
+
+    async def hold(session: aiohttp.ClientSession, tenant: str) -> None:
+        headers = {"Authorization": f"Bearer {KEYS[tenant]}"}
+        async with session.post(router + "/v1/chat/completions", json=body, headers=headers) as resp:
+            assert resp.status == 200
+            started.append(tenant)
+            await resp.content.read()
+
+    async def heavy_waiting(session: aiohttp.ClientSession) -> float:
+        async with session.get(router + "/metrics") as resp:  # any worker answers for both
+            page = await resp.text()
+        return sum(
+            s.value
+            for s in samples(page, ("corral_router_flow_queue_depth",))
+            if s.labels.get("tenant") == "heavy"
+        )
+
+    try:
+        proc.wait_http(router + "/health")
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            light = asyncio.create_task(hold(session, "light"))
+            deadline = time.monotonic() + 30
+            while "light" not in started:
+                assert time.monotonic() < deadline, "the light tenant's request never reached the engine"
+                await asyncio.sleep(0.02)
+            flood = [asyncio.create_task(hold(session, "heavy")) for _ in range(FLOOD)]
+            # every heavy request is at the engine or waiting in one of the workers' queues
+            while started.count("heavy") + await heavy_waiting(session) != FLOOD:
+                assert time.monotonic() < deadline, f"the flood not yet placed: {started}"
+                await asyncio.sleep(0.02)
+            assert started.count("heavy") == 4, (started, proc.output())
+            for task in (light, *flood):
+                task.cancel()
+            await asyncio.gather(light, *flood, return_exceptions=True)
+    finally:
+        proc.stop()
+        sim.stop()

@@ -15,10 +15,12 @@ from corral.router.edge.tenants import Tenant
 from corral.router.edge.tenants_file import TenantSpec
 from corral.router.flow.config import FlowConfig
 from corral.router.flow.gate import Admission, FlowGate
+from corral.router.flow.host_flows import HostFlows, HostFlowTables
 from corral.router.flow.refusal import Refusal
 from corral.router.flow.saturation import Saturation
 from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.load_board import EngineLoad, LoadBoard
+from corral.router.routing.worker_journal import WorkerJournals
 
 
 def tenant(name: str, **fields: object) -> Tenant:
@@ -29,13 +31,19 @@ class Fleet:
     """Engines of one model, each taking `slots` requests before it is saturated."""
 
     def __init__(
-        self, engines: int = 1, slots: int = 1, board: LoadBoard | None = None, **config: object
+        self,
+        engines: int = 1,
+        slots: int = 1,
+        board: LoadBoard | None = None,
+        host: HostFlows | None = None,
+        **config: object,
     ) -> None:
         self.endpoints = [
             Endpoint(f"http://10.0.0.{i}:8000", frozenset({"m"}), EngineState.READY) for i in range(engines)
         ]
         self.config = FlowConfig(engine_max_in_flight=slots, **config)  # type: ignore[arg-type]
-        self.gate = FlowGate(self.config, Saturation(self.config, board), lambda model: self.endpoints)
+        self.host = host  # this worker's side of the host's counts (`--workers N`)
+        self.gate = FlowGate(self.config, Saturation(self.config, board), lambda model: self.endpoints, host)
         self.order: list[str] = []
         self.running: list[Admission] = []
 
@@ -311,13 +319,54 @@ async def test_slot_shares_do_not_hold_back_a_higher_band() -> None:
         assert at_once(await fleet.request(tenant("high", priority=10)))
 
 
-async def test_with_workers_each_shares_out_its_part_of_the_host_slots() -> None:
-    fleet = Fleet(engines=2, slots=4, share_window_seconds=60.0)
-    fleet.gate.workers = 2  # this worker shares out 4 of the host's 8 slots
-    await fleet.request(tenant("light"))
-    flood = [asyncio.create_task(fleet.request(tenant("heavy"))) for _ in range(6)]
+def two_workers(one_host: bool = True) -> tuple[Fleet, Fleet]:
+    """The gates of `--workers 2`, each over its side of one shared region (as after the fork), in front
+    of the host's engines (`one_host`: each worker reads the host's in-flight counts) or each of its own."""
+    tables = HostFlowTables(WorkerJournals(2))
+    one, two = (
+        Fleet(engines=2, slots=4, share_window_seconds=60.0, host=HostFlows(tables, i, 60.0, refresh=0.0))
+        for i in (1, 2)
+    )
+    if one_host:
+        two.endpoints = one.endpoints
+    return one, two
+
+
+async def test_with_workers_a_flood_alone_in_its_worker_is_held_to_its_share_of_the_host() -> None:
+    w1, w2 = two_workers()
+    await w2.request(tenant("light"))  # the light tenant's only request reached the other worker
+    flood = [asyncio.create_task(w1.request(tenant("heavy"))) for _ in range(7)]
     await settle()
-    assert fleet.order.count("heavy") == 2
+    assert w1.order.count("heavy") == 4  # half the host's 8 slots, not all 7 free ones
+    w2.end()  # the light tenant's request ends: it stays active for the window, its share kept free
+    assert w1.order.count("heavy") == 4
+    for t in flood:
+        t.cancel()
+
+
+async def test_with_workers_a_flood_over_every_worker_is_counted_as_one_flow() -> None:
+    w1, w2 = two_workers()
+    await w2.request(tenant("light"))
+    for _ in range(3):
+        assert at_once(await w1.request(tenant("heavy")))
+    flood = [asyncio.create_task(w2.request(tenant("heavy"))) for _ in range(3)]
+    await settle()
+    assert w2.order.count("heavy") == 1  # 3 in worker 1 + 1 here: its 4 of the host's 8
+    for t in flood:
+        t.cancel()
+
+
+async def test_a_dead_workers_flows_hold_no_one_back() -> None:
+    w1, w2 = two_workers(one_host=False)
+    await w1.request(tenant("light"))  # worker 1's light tenant is active ...
+    flood = [asyncio.create_task(w2.request(tenant("heavy"))) for _ in range(8)]
+    await settle()
+    assert w2.order.count("heavy") == 4
+    assert w2.host is not None
+    w2.host.tables.journals.new_incarnation(1)  # ... until worker 1 dies: the parent bumps its incarnation
+    w2.end()  # room here: the heavy tenant is alone on the host now and may take every slot
+    await settle()
+    assert w2.order.count("heavy") == 8
     for t in flood:
         t.cancel()
 

@@ -44,6 +44,7 @@ from corral.router.edge.refused_framing import refuse_framing
 from corral.router.edge.tenants import TenantCollector, TenantGate, Tenants, tenant_of
 from corral.router.flow.config import FlowConfig
 from corral.router.flow.control import FlowControl
+from corral.router.flow.host_flows import HostFlows
 from corral.router.membership.membership import Membership
 from corral.router.membership.pairs import model_pairs
 from corral.router.routing.config import RoutingConfig
@@ -187,7 +188,9 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
             routing.scraper is not None,
             config.routing,
             metrics.engine_input,
-            config.worker.count if config.worker is not None else 1,
+            HostFlows(config.worker.flow_tables, config.worker.index, config.flow.share_window_seconds)
+            if config.worker is not None and config.worker.flow_tables is not None
+            else None,
         )
         if config.flow is not None
         else None

@@ -34,6 +34,7 @@ from corral.router.edge.client_limit_flags import ClientLimits
 from corral.router.edge.parse_errors import ParseErrorLog
 from corral.router.edge.peer_access import peer_settings
 from corral.router.flow.config import FlowConfig
+from corral.router.flow.host_flows import HostFlowTables
 from corral.router.membership.membership import Membership
 from corral.router.routing.worker_journal import WorkerJournals
 from corral.router.serving.server import LeanServer
@@ -120,7 +121,8 @@ def serve_workers(config: RouterConfig, host: str, port: int, shutdown_timeout: 
                 logging.Formatter(f"%(asctime)s %(levelname)s {slot.name} %(name)s: %(message)s")
             )
         streams = replace(config.streams, router_id=slot.router_id(base_id))
-        aio.run(serve(replace(config, streams=streams, worker=slot), host, port, shutdown_timeout, ready))
+        worker = replace(slot, flow_tables=flow_tables)
+        aio.run(serve(replace(config, streams=streams, worker=worker), host, port, shutdown_timeout, ready))
         return 0
 
     with held, tempfile.TemporaryDirectory(prefix="corral-router-") as run_dir:
@@ -133,6 +135,7 @@ def serve_workers(config: RouterConfig, host: str, port: int, shutdown_timeout: 
             count,
         )
         journals = WorkerJournals(count)  # shared by the forked workers: they route as one
+        flow_tables = HostFlowTables(journals) if config.flow is not None else None  # and share slots as one
         return WorkerPool(count, worker_main, Path(run_dir), shutdown_timeout, journals).run()
 
 

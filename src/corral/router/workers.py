@@ -22,6 +22,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # `--help` imports no routing
+    from corral.router.flow.host_flows import HostFlowTables
     from corral.router.routing.worker_journal import WorkerJournals
 
 log = logging.getLogger("corral.router.workers")
@@ -66,6 +67,8 @@ class WorkerSlot:
     restarted: bool = False  # a restart: a failure before it listens does not stop its siblings
     # the workers' shared routing state (picks, in-flight counts), made by the parent before forking
     journals: WorkerJournals | None = None
+    # the workers' counts per flow, for flow control's slot shares (made with the journals when it is on)
+    flow_tables: HostFlowTables | None = None
 
     @property
     def name(self) -> str:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from corral.router.flow.config import FlowConfig
 from corral.router.flow.gate import FlowGate
+from corral.router.flow.host_flows import HostFlows
 from corral.router.flow.saturation import Saturation
 from corral.router.flow.telemetry import FlowCollector
 from corral.router.membership.endpoint import Endpoint
@@ -27,11 +28,11 @@ class FlowControl:
         routing_scrapes: bool,
         routing: RoutingConfig,
         refusals: EngineInputRefusals | None = None,
-        workers: int = 1,
+        host: HostFlows | None = None,
     ) -> None:
         eligible: Callable[[str], list[Endpoint]] = membership.eligible
-        self.gate = FlowGate(config, Saturation(config, board), eligible)
-        self.gate.workers = workers  # `--workers N`: this worker's part of the host's slots
+        # `--workers N`: the host's counts per flow (`host`), so each worker shares out all the host's slots
+        self.gate = FlowGate(config, Saturation(config, board), eligible, host)
         self.collector = FlowCollector(self.gate.stats)
         self._scraper = (
             None

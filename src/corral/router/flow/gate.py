@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from corral.router.flow.config import FlowConfig
+from corral.router.flow.host_flows import HostFlows
 from corral.router.flow.queue import FlowQueue, Queued
 from corral.router.flow.refusal import Refusal
 from corral.router.flow.request_class import RequestClass, TenantFlow, classify
@@ -51,7 +52,9 @@ class _Ticket:
 
 
 class FlowGate:
-    def __init__(self, config: FlowConfig, saturation: Saturation, eligible: Eligible) -> None:
+    def __init__(
+        self, config: FlowConfig, saturation: Saturation, eligible: Eligible, host: HostFlows | None = None
+    ) -> None:
         self.config = config
         self.saturation = saturation
         self._eligible = eligible
@@ -61,10 +64,8 @@ class FlowGate:
         self._per_flow: dict[str, int] = {}
         self._total = 0
         self._ticker: asyncio.Task[None] | None = None
-        # with `--workers N` each worker shares out its part of the host's slots (flow/shares.py)
-        self.workers = 1
         self._shares = (
-            SlotShares(config.share_window_seconds)
+            SlotShares(config.share_window_seconds, host)
             if config.slot_shares and config.engine_max_in_flight
             else None
         )
@@ -89,20 +90,22 @@ class FlowGate:
                 if not pending
                 else self.saturation.total_room(endpoints) > pending
             )
-            and self._within_share(model, klass, len(endpoints), time.monotonic())
+            and self._claim(model, klass, len(endpoints), time.monotonic())
         ):
             self.stats.passed += 1
-            if self._shares is not None:
-                self._shares.started(model, klass.flow, klass.priority, klass.weight)
             return Admission(False, klass)
         return await self._wait(model, klass)
 
-    def _within_share(self, model: str, klass: RequestClass, engines: int, now: float) -> bool:
+    def _claim(self, model: str, klass: RequestClass, engines: int, now: float) -> bool:
+        """Count the request as started if its flow is within its slot share (flow/shares.py)."""
         shares = self._shares
-        if shares is None or not engines:
+        if shares is None:
             return True
-        capacity = self.config.engine_max_in_flight * engines // self.workers
-        return shares.allows(model, klass.flow, klass.priority, klass.weight, capacity, now)
+        if not engines:
+            shares.started(model, klass.flow, klass.priority, klass.weight)
+            return True
+        capacity = self.config.engine_max_in_flight * engines
+        return shares.claim(model, klass.flow, klass.priority, klass.weight, capacity, now)
 
     def with_room(self, endpoints: list[Endpoint]) -> list[Endpoint]:
         """Where a request let out of the queue goes: the engines with room (all when none has)."""
@@ -174,25 +177,27 @@ class FlowGate:
         room = self.saturation.total_room(endpoints) - pending
         now = time.monotonic()
         shares, engines = self._shares, len(endpoints)
-        allowed = None
+        claim = None
         if shares is not None and engines:
-            capacity = self.config.engine_max_in_flight * engines // self.workers
+            capacity = self.config.engine_max_in_flight * engines
 
-            def allowed(item: Queued) -> bool:
-                return shares.allows(model, item.flow, item.priority, item.weight, capacity, now)
+            def claim(item: Queued) -> bool:  # the item `pop` returns is the one claimed
+                return shares.claim(model, item.flow, item.priority, item.weight, capacity, now)
 
         while room > 0 and queue.depth:
-            item = queue.pop(allowed)
+            item = queue.pop(claim)
             if item is None:
                 break
             self._left(item)
+            if shares is not None and claim is None:
+                shares.started(model, item.flow, item.priority, item.weight)
             if self._client_gone(item):
+                if shares is not None:
+                    shares.release(model, item.flow)
                 continue
             self.stats.let_out((item.priority, item.tenant), now - item.enqueued)
             pending += 1
             room -= 1
-            if shares is not None:
-                shares.started(model, item.flow, item.priority, item.weight)
             item.waiter.future.set_result(Admission(True, item.waiter.klass))
         self._pending[model] = pending
 

@@ -120,6 +120,10 @@ class WorkerJournals:
     def headers(self) -> tuple[int, ...]:
         return self._headers.unpack_from(self.map, 0)
 
+    def incarnations(self) -> tuple[int, ...]:
+        """Each worker's incarnation now (worker 1's first): a record of an earlier one is stale."""
+        return self.headers()[::_HEADER_WORDS]
+
     def picks_written(self, index: int) -> int:
         """How many picks worker `index` has written (the last one's sequence number)."""
         (written,) = _WORD.unpack_from(self.map, self.header(index) + 8)
