@@ -82,13 +82,12 @@ class SiblingFlow(NamedTuple):
 class _Row:
     """One of this worker's rows: where it is, whose it is, what it last said."""
 
-    __slots__ = ("flow", "idle_since", "in_flight", "model", "number", "offset", "waiting")
+    __slots__ = ("head", "idle_since", "in_flight", "number", "offset", "waiting")
 
-    def __init__(self, number: int, offset: int, model: int, flow: int) -> None:
+    def __init__(self, number: int, offset: int, head: tuple[int, int, int]) -> None:
         self.number = number
         self.offset = offset
-        self.model = model
-        self.flow = flow
+        self.head = head  # its writer's incarnation, the model's and the flow's keys
         self.in_flight = 0
         self.waiting = 0
         self.idle_since = 0.0
@@ -157,15 +156,13 @@ class HostFlows:
         in_flight, waiting, since = use.in_flight, use.waiting, use.idle_since
         row.in_flight, row.waiting, row.idle_since = in_flight, waiting, since
         body = (
-            self.incarnation,
-            row.model,
-            row.flow,
+            *row.head,
             in_flight if in_flight > 0 else 0,
             waiting if waiting > 0 else 0,
             (use.priority + _PRIORITY_BIAS) << 32 | use.weight,
             int(since * 1e6) if since > 0 else 0,
         )
-        self._commit(row.offset, body)
+        _ROW.pack_into(self._map, row.offset, hash(body) & _MASK, *body)  # the check word: `_check`
 
     def forget(self, model: str, flow: str) -> None:
         """`flow` of `model` is idle here and forgotten: its row is free."""
@@ -192,9 +189,8 @@ class HostFlows:
                     ROWS,
                 )
             return None
-        row = self._rows[(model, flow)] = _Row(
-            number, self.tables.row(self.index, number), flow_key(model), flow_key(flow)
-        )
+        head = (self.incarnation, flow_key(model), flow_key(flow))
+        row = self._rows[(model, flow)] = _Row(number, self.tables.row(self.index, number), head)
         return row
 
     def _reclaim(self, now: float) -> None:
