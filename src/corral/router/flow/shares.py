@@ -63,7 +63,7 @@ class SlotShares:
     def claim(self, model: str, flow: str, priority: int, weight: int, capacity: int, now: float) -> bool:
         """Start one more request of `flow` if it is within its share (`allows`); False, and nothing
         counted, when it is not. Counted (and published to the siblings) before it is judged, so two
-        workers deciding at once each see the other's request: at worst both wait, never both start."""
+        workers deciding at once each see the other's request: both may wait, rather than both start."""
         use = self._use(model, flow, priority, weight)
         use.in_flight += 1
         if self.host is not None:
