@@ -49,11 +49,15 @@ async def test_an_idle_engine_sleeps_through_the_runbook_but_never_the_last_awak
         sups.append(
             start_supervised(sim_args=("--itl-ms", "5"), sup_args=(*IDLE, "--sleep-last-awake"), env=DEV)
         )
-        keeper, sleeper = sorted(sups[:2], key=lambda s: s.engine_url)
         alone, refusing = sups[2], sups[3]
-
-        for sup in (sleeper, alone):
-            await asyncio.to_thread(sup.wait_state, "SLEEPING", 60)
+        # exactly one of the pair sleeps: the rule keeps one awake (which one depends on which of them finds
+        # the other idle first, the first by engine URL when both are idle at once)
+        pair = sups[:2]
+        await wait_until(
+            lambda: sum(s.state()["state"] == "SLEEPING" for s in pair) == 1, 60, "one of the pair asleep"
+        )
+        sleeper, keeper = sorted(pair, key=lambda s: s.state()["state"] != "SLEEPING")
+        await asyncio.to_thread(alone.wait_state, "SLEEPING", 60)
         (op,) = idle_sleeps(sleeper)
         await wait_until(
             lambda: idle_sleeps(sleeper)[0]["status"] == "succeeded", 15, "the idle sleep's POSTCHECK"
