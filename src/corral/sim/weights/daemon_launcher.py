@@ -134,7 +134,8 @@ class DaemonLauncher:
                         proc.terminate()
                 await relays
             stop.cancel()
-            return max(p.returncode or 0 for p in self._procs)  # as vLLM's launcher: a signal's -N counts 0
+            # as vLLM's launcher: a rank ended by a signal (-N, ours on a stop) counts 0 (max(-15): exit 241)
+            return max((max(p.returncode or 0, 0) for p in self._procs), default=0)
         finally:
             for proc in self._procs:
                 if proc.returncode is None:
