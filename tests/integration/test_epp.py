@@ -19,7 +19,7 @@ from tests.integration.test_supervisor_support import Supervised, http_json, kil
 from tests.support.envoy_side import EnvoySide
 from tests.support.procs import CorralProcess, free_port
 from tests.support.sleep_load import DEV, run_op
-from tests.support.waits import eventually
+from tests.support.waits import eventually, eventually_awaited, wait_until
 
 ROUTER_ID = "epp-test"
 MAIN_KEY = "sk-epp-main-0123456789"
@@ -81,12 +81,14 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         http = f"http://127.0.0.1:{http_port}"
         epp.wait_http(http + "/health", timeout=60)
         fleet = Fleet(sups, epp, f"127.0.0.1:{grpc_port}", http)
-        deadline = time.monotonic() + 30
-        while not all(e["routable"] for e in fleet.fleet()["endpoints"]) or any(
-            ROUTER_ID not in sup.state()["routers"]["subscribed"] for sup in sups
-        ):
-            assert time.monotonic() < deadline, fleet.fleet()
-            time.sleep(0.1)
+        wait_until(
+            lambda: (
+                all(e["routable"] for e in fleet.fleet()["endpoints"])
+                and all(ROUTER_ID in sup.state()["routers"]["subscribed"] for sup in sups)
+            ),
+            30,
+            "every engine routable and every supervisor followed by the picker",
+        )
         yield fleet
     finally:
         if epp is not None:
@@ -104,9 +106,11 @@ def auth(key: str = MAIN_KEY) -> dict[str, str]:
 async def test_health_services_answer(fleet: Fleet) -> None:
     side = EnvoySide(fleet.grpc)
     try:
-        deadline = time.monotonic() + 10  # readiness follows membership, refreshed every 0.5 s
-        while await side.status("readiness") != "SERVING":
-            assert time.monotonic() < deadline, "readiness never SERVING with three READY engines"
+
+        async def serving() -> bool:  # readiness follows membership, refreshed every 0.5 s
+            return await side.status("readiness") == "SERVING"
+
+        await eventually_awaited(serving, "readiness SERVING with three READY engines")
         for service in ("liveness", "envoy.service.ext_proc.v3.ExternalProcessor", ""):
             assert await side.status(service) == "SERVING", service
     finally:
@@ -195,9 +199,11 @@ async def test_a_tenant_over_its_cap_is_shed_with_429(fleet: Fleet) -> None:
     finally:
         await first.close()
     try:  # the stream's close gives the tenant's slot back
-        deadline = time.monotonic() + 10
-        while (await side.pick(COMPLETION, headers=auth(SHED_KEY))).immediate_status == 429:
-            assert time.monotonic() < deadline, "the shed tenant's slot never came back"
+
+        async def slot_back() -> bool:
+            return (await side.pick(COMPLETION, headers=auth(SHED_KEY))).immediate_status != 429
+
+        await eventually_awaited(slot_back, "the shed tenant's slot back")
     finally:
         await side.close()
 

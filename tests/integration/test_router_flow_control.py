@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 
 from corral.engine.metrics_text import samples
 from tests.support.procs import CorralProcess, free_port, start_sim
+from tests.support.waits import eventually, eventually_awaited
 
 KEYS = {
     "heavy": "heavy-tenant-key-0123456789",
@@ -73,11 +73,12 @@ async def flow(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
 async def until(
     session: aiohttp.ClientSession, url: str, holds: Callable[[dict[str, Any]], bool], what: str
 ) -> None:
-    """Poll /v1/fleet's flow section until `holds` (a condition, not a pause), at most 30 s."""
-    deadline = time.monotonic() + 30
-    while not holds(await flow(session, url)):
-        assert time.monotonic() < deadline, f"not yet after 30 s: {what}"
-        await asyncio.sleep(0.02)
+    """Poll /v1/fleet's flow section until `holds`, at most 30 s."""
+
+    async def held() -> bool:
+        return holds(await flow(session, url))
+
+    await eventually_awaited(held, what, within=30)
 
 
 async def test_priority_fairness_shedding_and_every_request_accounted(router: str) -> None:
@@ -166,15 +167,13 @@ async def test_with_two_workers_a_flood_is_held_to_its_share_of_the_host_slots(
         proc.wait_http(router + "/health")
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
             light = asyncio.create_task(hold(session, "light"))
-            deadline = time.monotonic() + 30
-            while "light" not in started:
-                assert time.monotonic() < deadline, "the light tenant's request never reached the engine"
-                await asyncio.sleep(0.02)
+            await eventually(lambda: "light" in started, "the light request at the engine", within=30)
             flood = [asyncio.create_task(hold(session, "heavy")) for _ in range(FLOOD)]
-            # every heavy request is at the engine or waiting in one of the workers' queues
-            while started.count("heavy") + await heavy_waiting(session) != FLOOD:
-                assert time.monotonic() < deadline, f"the flood not yet placed: {started}"
-                await asyncio.sleep(0.02)
+
+            async def placed() -> bool:  # every heavy request at the engine or in a worker's queue
+                return started.count("heavy") + await heavy_waiting(session) == FLOOD
+
+            await eventually_awaited(placed, f"the flood placed: {started}", within=30)
             assert started.count("heavy") == 4, (started, proc.output())
             for task in (light, *flood):
                 task.cancel()

@@ -1,6 +1,7 @@
 """Bounded waits for tests: poll until a condition holds or a deadline passes, then fail saying what.
 `wait_until` blocks (a test outside an event loop); `eventually` awaits (a test on the loop, where a
-blocking wait would stop what it waits for)."""
+blocking wait would stop what it waits for); `eventually_awaited` awaits a condition that is itself a
+coroutine (one that asks a server)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.1) -> None:
@@ -26,6 +27,16 @@ async def eventually(condition: Callable[[], object], what: str, within: float =
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {within}s waiting for {what}")
         await asyncio.sleep(0.01)
+
+
+async def eventually_awaited(
+    condition: Callable[[], Awaitable[bool]], what: str, within: float = 10.0, interval: float = 0.02
+) -> None:
+    deadline = time.monotonic() + within
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(interval)
 
 
 def http_status(url: str, timeout: float = 2.0) -> int | None:
