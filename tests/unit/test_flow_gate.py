@@ -312,6 +312,27 @@ async def test_slot_shares_let_a_lone_tenant_use_every_slot_and_can_be_turned_of
         assert at_once(await off.request(tenant("heavy")))  # work-conserving: every free slot
 
 
+async def test_a_flood_that_took_every_slot_alone_is_held_to_its_share_once_another_tenant_comes() -> None:
+    """Alone, a tenant's requests take the fast path (no share to judge); the first request of another
+    tenant ends that: from then on the flood gets no slot past its share."""
+    fleet = Fleet(engines=2, slots=4, share_window_seconds=60.0)
+    heavy, light = tenant("heavy"), tenant("light")
+    for _ in range(8):
+        assert at_once(await fleet.request(heavy))
+    light_waits = asyncio.create_task(fleet.request(light))
+    heavy_waits = [asyncio.create_task(fleet.request(heavy)) for _ in range(4)]
+    await settle()
+    assert not light_waits.done()
+    for _ in range(4):  # heavy's requests end, one by one: the first slot goes to light, the rest stay free
+        fleet.end()
+        await settle()
+    assert light_waits.done() and let_out(light_waits.result())
+    assert fleet.order.count("heavy") == 8 and not any(t.done() for t in heavy_waits)
+    assert sum(e.in_flight for e in fleet.endpoints) == 5  # heavy at its share of 4, light 1
+    for t in heavy_waits:
+        t.cancel()
+
+
 async def test_slot_shares_do_not_hold_back_a_higher_band() -> None:
     fleet = Fleet(engines=2, slots=4, share_window_seconds=60.0)
     await fleet.request(tenant("low"))

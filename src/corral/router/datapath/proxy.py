@@ -47,6 +47,7 @@ from corral.router.datapath.upstream import (
 from corral.router.datapath.wake_on_demand import WakeOnDemand
 from corral.router.flow.gate import Admission, FlowGate
 from corral.router.flow.refusal import Refusal
+from corral.router.flow.request_class import RequestClass
 from corral.router.membership.endpoint import Endpoint
 from corral.router.membership.membership import Membership
 from corral.router.routing.policies import LeastRequest
@@ -205,9 +206,11 @@ class Proxy:
         try:
             let_out = False
             if flow is not None:  # held while every engine of the model is saturated (corral.router.flow)
-                admitted = await flow.admit(
+                admitted = flow.admit_now(
                     model, request.headers, request.tenant if self.drop_client_authorization else None
                 )
+                if isinstance(admitted, RequestClass):  # every engine saturated, or others wait first
+                    admitted = await flow.wait(model, admitted)
                 if isinstance(admitted, Refusal):
                     answer = error_answer(
                         admitted.status,

@@ -77,24 +77,31 @@ class FlowGate:
     ) -> Admission | Refusal:
         """An Admission when the request may go to an engine; else the 400 (a bad flow header)
         or 429 that answers it. A client that hangs up while waiting raises CancelledError here."""
+        now = self.admit_now(model, headers, tenant)
+        return now if not isinstance(now, RequestClass) else await self.wait(model, now)
+
+    def admit_now(
+        self, model: str, headers: Mapping[str, str], tenant: TenantFlow | None
+    ) -> Admission | Refusal | RequestClass:
+        """`admit` without an await, what the data path calls on every request: the Admission when an
+        engine has room and nothing waits, the Refusal of a bad flow header, or the request's class,
+        which then waits (`wait`)."""
         klass = classify(headers, tenant)
         if isinstance(klass, Refusal):
             return klass
         queue = self._queues.get(model)
+        if queue is not None and queue.depth:
+            return klass
         pending = self._pending.get(model, 0)
         endpoints = self._eligible(model)
         if (
-            (queue is None or not queue.depth)
-            and (
-                self.saturation.any_room(endpoints)
-                if not pending
-                else self.saturation.total_room(endpoints) > pending
-            )
-            and self._claim(model, klass, len(endpoints), time.monotonic())
-        ):
+            self.saturation.any_room(endpoints)
+            if not pending
+            else self.saturation.total_room(endpoints) > pending
+        ) and self._claim(model, klass, len(endpoints), time.monotonic()):
             self.stats.passed += 1
             return Admission(False, klass)
-        return await self._wait(model, klass)
+        return klass
 
     def _claim(self, model: str, klass: RequestClass, engines: int, now: float) -> bool:
         """Count the request as started if its flow is within its slot share (flow/shares.py)."""
@@ -122,7 +129,9 @@ class FlowGate:
 
     # -- waiting -----------------------------------------------------------------------------
 
-    async def _wait(self, model: str, klass: RequestClass) -> Admission | Refusal:
+    async def wait(self, model: str, klass: RequestClass) -> Admission | Refusal:
+        """Hold a request `admit_now` could not let on (its class) until it goes to an engine or is
+        refused; a client that hangs up while waiting raises CancelledError here."""
         key = (klass.priority, klass.tenant)
         config = self.config
         if klass.sheddable:

@@ -73,6 +73,8 @@ def classify(headers: Mapping[str, str], tenant: TenantFlow | None) -> RequestCl
                 "is honoured only for a tenant allowed to set it (max_priority in --api-keys-file); "
                 "this router has no tenants",
             )
+        if flow == OPEN_FLOW and deadline_ms is None:
+            return _OPEN_CLASS  # the common case, one object for all
         return RequestClass(0, flow, 1, deadline_ms, "")
     priority = tenant.priority
     raw = headers.get(PRIORITY_HEADER)
@@ -93,6 +95,9 @@ def classify(headers: Mapping[str, str], tenant: TenantFlow | None) -> RequestCl
             )
         priority = int(value)
     return RequestClass(priority, tenant.name, tenant.weight, deadline_ms, tenant.name)
+
+
+_OPEN_CLASS = RequestClass(0, OPEN_FLOW, 1, None, "")
 
 
 def _bad(header: str, fault: str) -> Refusal:

@@ -64,6 +64,14 @@ class SlotShares:
         """Start one more request of `flow` if it is within its share (`allows`); False, and nothing
         counted, when it is not. Counted (and published to the siblings) before it is judged, so two
         workers deciding at once each see the other's request: both may wait, rather than both start."""
+        if self.host is None:
+            flows = self._models.get(model)
+            if flows is not None and len(flows) == 1:
+                use = flows.get(flow)
+                if use is not None and use.priority == priority:  # alone: nobody's share to keep
+                    use.weight = weight
+                    use.in_flight += 1
+                    return True
         use = self._use(model, flow, priority, weight)
         use.in_flight += 1
         if self.host is not None:
