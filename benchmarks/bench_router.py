@@ -22,6 +22,7 @@ import os
 import shlex
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -243,6 +244,14 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--vllm-router", default=None, help="path to the vllm-router console script")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every workload this many rounds, the routers' order reversed every other round, and "
+        "print each ratio's median and range over the rounds (a single round's CPU ratio carries a few "
+        "percent of noise: measure it with --baseline-src of the same commit)",
+    )
     parser.add_argument("--corral-policy", default="round_robin")
     parser.add_argument(
         "--corral-args",
@@ -492,12 +501,15 @@ def main() -> None:
                 ),
             ),
         ]
-        for label, _stream, make in workloads:
+        for round_no, label, make in rounds_of(workloads, args.rounds):
             base: dict[str, Any] | None = None
-            for t in targets:
+            # the direct path first (the base of `added_*`); the routers in turn, reversed every other
+            # round, so that no router always runs first or last
+            order = targets[:1] + (targets[1:] if round_no % 2 == 0 else targets[:0:-1])
+            for t in order:
                 report, cpu = run_workload(t, label, make(t))
                 row = report.summary()
-                row["workload"], row["target"] = label, t.name
+                row["workload"], row["target"], row["round"] = label, t.name, round_no
                 ok = len(report.ok)
                 row["router_cpu_s_per_1000"] = round(cpu / ok * 1000, 3) if (t.proc and ok) else None
                 if report.errors:
@@ -510,11 +522,12 @@ def main() -> None:
                     row["rps_vs_direct"] = round(row["rps"] / base["rps"], 3) if base["rps"] else None
                 results.append(row)
                 print(orjson.dumps(row).decode(), flush=True)
-        for label, _s, _m in workloads:
-            rows = {r["target"]: r for r in results if r["workload"] == label}
+        for round_no, label, _m in rounds_of(workloads, args.rounds):
+            rows = {r["target"]: r for r in results if r["workload"] == label and r["round"] == round_no}
+            tag = f"round {round_no}, " if args.rounds > 1 else ""
             if "corral" in rows and "corral-nolimits" in rows and rows["corral-nolimits"]["rps"]:
                 ratio = rows["corral"]["rps"] / rows["corral-nolimits"]["rps"]
-                print(f"{label}: corral with limits / without, requests/s = {ratio:.3f}")
+                print(f"{tag}{label}: corral with limits / without, requests/s = {ratio:.3f}")
                 rows["corral"]["rps_vs_nolimits"] = round(ratio, 3)
                 cpu_on, cpu_off = (rows[n]["router_cpu_s_per_1000"] for n in ("corral", "corral-nolimits"))
                 if cpu_on and cpu_off:
@@ -525,39 +538,41 @@ def main() -> None:
                     rows["corral"]["cpu_vs_nolimits"] = round(cpu_on / cpu_off, 3)
             if "corral" in rows and "corral-baseline" in rows and rows["corral-baseline"]["rps"]:
                 ratio = rows["corral"]["rps"] / rows["corral-baseline"]["rps"]
-                print(f"{label}: corral / corral-baseline, requests/s = {ratio:.3f}")
+                print(f"{tag}{label}: corral / corral-baseline, requests/s = {ratio:.3f}")
                 rows["corral"]["rps_vs_baseline"] = round(ratio, 3)
                 cpu_new, cpu_old = (rows[n]["router_cpu_s_per_1000"] for n in ("corral", "corral-baseline"))
                 if cpu_new and cpu_old:
                     ratio = cpu_new / cpu_old
-                    print(f"{label}: corral / corral-baseline, router CPU per request = {ratio:.3f}")
+                    print(f"{tag}{label}: corral / corral-baseline, router CPU per request = {ratio:.3f}")
                     rows["corral"]["cpu_vs_baseline"] = round(ratio, 3)
             if "corral" in rows and "corral-traced" in rows and rows["corral"]["rps"]:
                 traced, untraced = rows["corral-traced"], rows["corral"]
                 traced["rps_vs_untraced"] = round(traced["rps"] / untraced["rps"], 3)
-                print(f"{label}: corral-traced / corral, requests/s = {traced['rps_vs_untraced']:.3f}")
+                print(f"{tag}{label}: corral-traced / corral, requests/s = {traced['rps_vs_untraced']:.3f}")
                 if traced["router_cpu_s_per_1000"] and untraced["router_cpu_s_per_1000"]:
                     ratio = traced["router_cpu_s_per_1000"] / untraced["router_cpu_s_per_1000"]
-                    print(f"{label}: corral-traced / corral, router CPU per request = {ratio:.3f}")
+                    print(f"{tag}{label}: corral-traced / corral, router CPU per request = {ratio:.3f}")
                     traced["cpu_vs_untraced"] = round(ratio, 3)
             if "lean-prototype" in rows and "vllm-router" in rows and rows["vllm-router"]["rps"]:
                 proto, rust_row = rows["lean-prototype"], rows["vllm-router"]
                 proto["rps_vs_vllm_router"] = round(proto["rps"] / rust_row["rps"], 3)
                 if proto["router_cpu_s_per_1000"] and rust_row["router_cpu_s_per_1000"]:
                     ratio = proto["router_cpu_s_per_1000"] / rust_row["router_cpu_s_per_1000"]
-                    print(f"{label}: lean-prototype/vllm-router router CPU per request = {ratio:.2f}")
+                    print(f"{tag}{label}: lean-prototype/vllm-router router CPU per request = {ratio:.2f}")
                     proto["cpu_vs_vllm_router"] = round(ratio, 3)
             for name in ("corral", "corral-lean"):
                 if name not in rows or "vllm-router" not in rows or not rows["vllm-router"]["rps"]:
                     continue
                 ratio = rows[name]["rps"] / rows["vllm-router"]["rps"]
-                print(f"{label}: {name}/vllm-router requests/s = {ratio:.2f}")
+                print(f"{tag}{label}: {name}/vllm-router requests/s = {ratio:.2f}")
                 rows[name]["rps_vs_vllm_router"] = round(ratio, 3)
                 cpu_corral, cpu_rust = (rows[n]["router_cpu_s_per_1000"] for n in (name, "vllm-router"))
                 if cpu_corral and cpu_rust:
                     ratio = cpu_corral / cpu_rust
-                    print(f"{label}: {name}/vllm-router router CPU per request = {ratio:.2f}")
+                    print(f"{tag}{label}: {name}/vllm-router router CPU per request = {ratio:.2f}")
                     rows[name]["cpu_vs_vllm_router"] = round(ratio, 3)
+        if args.rounds > 1:
+            print(rounds_summary(results, [label for label, _s, _m in workloads]))
         (out / "bench_router.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
         if args.markdown:
             print(markdown(results))
@@ -567,6 +582,30 @@ def main() -> None:
     finally:
         for p in reversed(procs):
             p.stop()
+
+
+def rounds_of(
+    workloads: list[tuple[str, bool, Callable[[Target], Callable[[], Any]]]], rounds: int
+) -> list[tuple[int, str, Callable[[Target], Callable[[], Any]]]]:
+    """Every workload, `rounds` times over: (round, label, runner maker), round by round."""
+    return [(r, label, make) for r in range(rounds) for label, _stream, make in workloads]
+
+
+def rounds_summary(results: list[dict[str, Any]], labels: list[str]) -> str:
+    """Per workload, the ratios each round measured against the baseline and vllm-router: their median
+    and their range (the spread over rounds is the noise a single round's ratio carries)."""
+    lines = ["over rounds: median [min, max] of each round's ratio"]
+    for label in labels:
+        rows = [r for r in results if r["workload"] == label and r["target"] == "corral"]
+        for key in ("cpu_vs_baseline", "rps_vs_baseline", "cpu_vs_vllm_router"):
+            values = sorted(r[key] for r in rows if r.get(key) is not None)
+            if values:
+                median = statistics.median(values)
+                lines.append(
+                    f"{label}: corral {key} = {median:.3f} [{values[0]:.3f}, {values[-1]:.3f}] "
+                    f"over {len(values)} rounds"
+                )
+    return "\n".join(lines)
 
 
 def markdown(results: list[dict[str, Any]]) -> str:
