@@ -150,7 +150,7 @@ def show(phase: str, mode: str, results: dict[str, Report]) -> dict[str, dict[st
 
 
 async def fast_path_cost(calls: int, workers: int) -> float:
-    """Microseconds of CPU one request spends in the flow gate when an engine has room (admit, then
+    """Microseconds of CPU one request spends in the flow gate when an engine has room (admit_now, then
     finished), in this process: real endpoints, a tenant, slot shares on; with `workers` > 1, as worker 1
     of that many (publishing its counts to the host's tables, reading its siblings')."""
     from corral.engine_state import EngineState
@@ -175,7 +175,7 @@ async def fast_path_cost(calls: int, workers: int) -> float:
     headers = {"Content-Type": "application/json", "Authorization": "Bearer x"}
     start = time.process_time()
     for _ in range(calls):
-        got = await gate.admit(MODEL, headers, tenant)
+        got = gate.admit_now(MODEL, headers, tenant)  # what the proxy calls; it awaits only a wait
         assert isinstance(got, Admission)
         gate.finished(MODEL, got)
     return (time.process_time() - start) / calls * 1e6

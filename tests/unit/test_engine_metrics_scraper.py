@@ -93,3 +93,27 @@ def test_a_small_fleet_is_scraped_every_interval() -> None:
     scraper = LoadScraper(LoadBoard(), list, interval=1.0, budget=100.0)
     assert scraper.period_for(4) == 1.0 and scraper.period_for(100) == 1.0
     assert scraper.period_for(1000) == 10.0
+
+
+def test_the_loop_sleeps_until_the_next_scrape_is_due() -> None:
+    """Two engines every second: the loop wakes when a scrape is earned (about every half second), not
+    every tick; a thousand engines within a budget of 100 scrapes/s: every tick; no engine READY: every
+    tick, to find the first soon."""
+    board = LoadBoard()
+    two = [Endpoint(f"http://10.0.0.{i}:8000", frozenset({"m"}), EngineState.READY) for i in range(2)]
+    small = LoadScraper(board, lambda: two, interval=1.0)
+    assert small.next_wait() == small.tick  # no round yet
+    small.step(0.0)  # the first round: two engines, nothing earned yet
+    assert abs(small.next_wait() - 0.5) < 1e-9
+    small.step(0.25)  # half a scrape earned
+    assert abs(small.next_wait() - 0.25) < 1e-9
+    fleet = [
+        Endpoint(f"http://10.0.{i // 250}.{i % 250}:8000", frozenset({"m"}), EngineState.READY)
+        for i in range(1000)
+    ]
+    large = LoadScraper(board, lambda: fleet, interval=1.0, budget=100.0)
+    large.step(0.0)
+    assert large.next_wait() == large.tick
+    empty = LoadScraper(board, lambda: [], interval=1.0)
+    empty.step(0.0)
+    assert empty.next_wait() == empty.tick

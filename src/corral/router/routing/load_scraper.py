@@ -154,7 +154,17 @@ class LoadScraper:
             now = time.monotonic()
             self.step(now - last)
             last = now
-            await asyncio.sleep(self.tick)
+            await asyncio.sleep(self.next_wait())
+
+    def next_wait(self) -> float:
+        """Seconds to sleep until the next scrape is earned: at least `tick` (also while no engine is
+        READY, to find the first soon), at most one period. A small fleet wakes the loop only when a
+        scrape is due (2 engines at 1 s: twice a second, not ten times; each wake-up costs the router
+        CPU whether or not it scrapes); a large one wakes every `tick` and starts several."""
+        if not self._round:
+            return self.tick
+        rate = len(self._round) / self.period
+        return min(max(self.tick, self.period), max(self.tick, (1.0 - self._credit) / rate))
 
     def step(self, elapsed: float) -> int:
         """Start the scrapes that `elapsed` seconds earned; a new round (a fresh list of READY engines,
