@@ -104,3 +104,27 @@ def test_prompts_given_as_token_ids_are_taken_as_they_are() -> None:
     assert tokens.tokens({"prompt": [[5, 6]]}) == [5, 6]
     assert tokens.tokens({"prompt": "hi"}) == ToyTokenizer().encode("hi")
     assert prompt_tokens(None) is None
+
+
+def test_an_engine_that_evicted_the_tail_of_a_prompt_sent_to_it_stays_its_holder() -> None:
+    """Partial eviction is not a reason to place a prompt anew: where this router sent all of it and
+    the engine still holds its start, the memory's share stands (the next request there recomputes the
+    tail only). An engine that holds the start only because another prompt shares it, or one that evicted
+    all of it, is answered by the events alone."""
+    home, other, emptied = _endpoint("home"), _endpoint("other"), _endpoint("emptied")
+    holders, index, memory = _holders({home.url, other.url, emptied.url})
+    question = "What is a cache?"
+    tokens = _engine_tokens(question)
+    hashes = block_hashes(tokens, BS, seed="x")
+    for endpoint in (home, other, emptied):
+        index.stored(endpoint.url, hashes, None, tokens[: len(hashes) * BS], BS)
+    memory.sent(_request(question), home)
+    memory.sent(_request(question), emptied)
+    half = len(hashes) // 2
+    index.removed(home.url, hashes[half:])  # the tail evicted on both
+    index.removed(other.url, hashes[half:])
+    index.removed(emptied.url, hashes)  # all of it
+    shares = holders.held(_request(question), [home, other, emptied])
+    assert shares[0] == 1.0
+    assert shares[1] == half / len(hashes)
+    assert shares[2] == 0.0

@@ -74,6 +74,7 @@ class KvPrefixHolders:
     def _held(self, request: RouteRequest, pool: Sequence[Endpoint]) -> list[float]:
         shares = [0.0] * len(pool)
         others: list[int] = []
+        partial: list[int] = []  # endpoints holding some of the prompt's blocks, not all
         longest: dict[int, tuple[int, dict[str, int]]] = {}  # block size -> (blocks, held per url)
         for i, endpoint in enumerate(pool):
             url = endpoint.url
@@ -90,7 +91,17 @@ class KvPrefixHolders:
                 found = longest[block_size] = (len(chain), self.index.longest(chain))
             total, depths = found
             if total:
-                shares[i] = depths.get(url, 0) / total
+                shares[i] = share = depths.get(url, 0) / total
+                if 0.0 < share < 1.0:
+                    partial.append(i)
+        if partial:
+            # the engine evicted the prompt's tail but holds its start: where this router sent all of
+            # it, it stays that prompt's holder (its next request there recomputes only the tail),
+            # rather than a new placement that recomputes all of it elsewhere and evicts others there
+            remembered = self.fallback.held(request, [pool[i] for i in partial])
+            for i, share in zip(partial, remembered, strict=True):
+                if share > shares[i]:
+                    shares[i] = share
         if others:
             for i, share in zip(others, self.fallback.held(request, [pool[i] for i in others]), strict=True):
                 shares[i] = share
