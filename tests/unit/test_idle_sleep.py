@@ -32,6 +32,23 @@ def test_the_idle_clock_counts_requests_but_not_the_supervisors_own_smokes() -> 
     assert clock.idle_since == 5
 
 
+def test_a_smoke_answered_before_the_engine_counts_it_is_no_traffic() -> None:
+    """The stall watch counts its smoke when the answer comes, before its next reading of the engine's
+    `/metrics` (which may count it then or a reading later): the figure dips and comes back, and the clock
+    runs on. A request of someone else's still restarts it."""
+    clock = IdleClock(now=0)
+    clock.observe(load(finished=5), own=0, open_at_gate=0, now=1)
+    clock.observe(load(finished=5), own=1, open_at_gate=0, now=2)  # answered, not yet in /metrics
+    clock.observe(load(finished=5), own=1, open_at_gate=0, now=3)  # a reading later, still not
+    clock.observe(load(finished=6), own=1, open_at_gate=0, now=4)  # now it is
+    assert clock.idle_since == 0
+    clock.observe(load(finished=6), own=2, open_at_gate=0, now=5)  # another smoke's dip ...
+    clock.observe(load(finished=8), own=2, open_at_gate=0, now=6)  # ... and a client's request with it
+    assert clock.idle_since == 6
+    clock.observe(load(finished=8), own=2, open_at_gate=0, now=9)
+    assert clock.idle_since == 6
+
+
 @pytest.mark.parametrize(
     ("urls", "complaint"),
     [

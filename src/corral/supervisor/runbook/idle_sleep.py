@@ -42,8 +42,14 @@ REFUSED_BACKOFF_MAX = 3600.0  # a refused idle sleep is tried again after N s, d
 
 
 class IdleClock:
-    """When the engine last had traffic, fed its load readings: requests running or waiting, or a
-    change in those it finished beyond `own` (the supervisor's own smoke requests)."""
+    """When the engine last had traffic, fed its load readings: requests running or waiting, or more
+    requests finished than ever before beyond `own` (the supervisor's own smoke requests).
+
+    `own` and the engine's counter move at different moments: the stall watch counts a smoke when its
+    answer comes, before its next reading of the engine's `/metrics`, which shows it then or a reading
+    later. So a smoke makes the finished-beyond-own figure dip for a reading or two and come back, never
+    rise past its highest; only a request of someone else's does. (Reading any change as traffic
+    restarted the clock at every idle smoke whose count the engine showed late, as on a loaded machine.)"""
 
     def __init__(self, now: float) -> None:
         self.idle_since = now
@@ -55,9 +61,11 @@ class IdleClock:
 
     def observe(self, sample: LoadSample, own: int, open_at_gate: int, now: float) -> None:
         served = sample.finished - own
-        if sample.in_flight > 0 or open_at_gate > 0 or (self._served is not None and served != self._served):
+        more = self._served is None or served > self._served
+        if sample.in_flight > 0 or open_at_gate > 0 or (more and self._served is not None):
             self.idle_since = now
-        self._served = served
+        if more:
+            self._served = served  # the highest: a dip (a smoke counted on one side first) is no traffic
 
 
 class IdleSleep:
