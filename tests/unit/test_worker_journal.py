@@ -5,7 +5,10 @@ stacks on one shared region here, as they are after the fork."""
 
 from __future__ import annotations
 
+import multiprocessing
 import struct
+from collections import Counter
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -226,3 +229,46 @@ def test_every_worker_reads_the_sum_of_all_workers_counts(steps: list[tuple[int,
         assert w.membership.eligible(MODEL).in_flight == sum(
             x.endpoint(u).in_flight for x in workers for u in urls
         )
+
+
+def _place_in_step(journals: WorkerJournals, index: int, rounds: int, barrier: Any, out: Any) -> None:
+    """A forked worker: in each round, at the same instant as its sibling (the barrier), place one new
+    group; send back where each went."""
+    worker = Worker(journals, index, 4)
+    placed = []
+    for r in range(rounds):
+        barrier.wait(timeout=20)
+        placed.append(worker.pick(2 * r + index - 1))
+    lock = journals.placement_lock
+    out.send((placed, lock.waited_out if lock is not None else None))
+    out.close()
+
+
+def test_two_workers_placing_new_prefixes_at_the_same_instant_spread_them_evenly() -> None:
+    """Two forked workers on one host place a new group each at the same instant, round after round.
+    Each placement takes the host's placement lock and reads the other's picks first, so every one sees
+    all those before it: the engines end with as many groups each (give or take one). Without the lock,
+    both scored with the same view and put their groups on the same engine."""
+    context = multiprocessing.get_context("fork")
+    journals = WorkerJournals(2)
+    barrier = context.Barrier(2)
+    rounds = 12
+    pipes = [context.Pipe(duplex=False) for _ in range(2)]
+    workers = [
+        context.Process(target=_place_in_step, args=(journals, i + 1, rounds, barrier, pipes[i][1]))
+        for i in range(2)
+    ]
+    for process in workers:
+        process.start()
+    try:
+        placed = [pipes[i][0].recv() if pipes[i][0].poll(60) else None for i in range(2)]
+    finally:
+        for process in workers:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+    assert placed[0] is not None and placed[1] is not None, "a worker did not answer"
+    (first, first_waited_out), (second, second_waited_out) = placed
+    counts = Counter(first + second)
+    assert len(counts) == 4 and max(counts.values()) - min(counts.values()) <= 1, counts
+    assert first_waited_out == 0 and second_waited_out == 0  # each placement had the lock

@@ -25,6 +25,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 
 from corral.router.membership.endpoint import Endpoint
 from corral.router.routing.cache_feedback import CacheFeedback
@@ -150,6 +151,9 @@ class ScoredPolicy:
         # Told of each pick (request, endpoint, whether the prefix holders learnt it): the sibling workers
         # of `--workers N` learn it too (`worker_journal`); None with one worker.
         self.on_pick: Callable[[RouteRequest, Endpoint, bool], None] | None = None
+        # With `--workers N`: the host's lock on new placements (`placement_lock`), which also reads what
+        # the siblings placed since this pick began; None with one worker.
+        self.placing: Callable[[], AbstractContextManager[None]] | None = None
 
     @property
     def uses_metrics(self) -> bool:
@@ -269,23 +273,38 @@ class ScoredPolicy:
             chosen, ctx = self._by_cost(candidates, request)
         else:
             pool, totals, ctx = self._scored(candidates, request)
-            best = max(totals)
-            alike = NEW_TIE if self._prefix is not None and not ctx.held else TIE
-            ties = [pool[i] for i, t in enumerate(totals) if t >= best - alike]
-            if len(ties) == 1:
-                chosen = ties[0]
-            else:
-                by_ring = self._prefix.first_on_ring(ties, ctx) if self._prefix is not None else None
-                chosen = by_ring if by_ring is not None else self._random.choice(ties)
-            if self.feedback is not None and ctx.shares is not None:
-                self._expect_hit(pool, ctx, chosen)
+            if not ctx.held and self._prefix is not None and self.placing is not None:
+                # a new placement: one worker of the host at a time, each seeing the last one's pick
+                with self.placing():
+                    pool, totals, ctx = self._scored(candidates, request)
+                    chosen = self._best(pool, totals, ctx)
+                    self._record(request, chosen, ctx)
+                return chosen
+            chosen = self._best(pool, totals, ctx)
+        self._record(request, chosen, ctx)
+        return chosen
+
+    def _best(self, pool: Sequence[Endpoint], totals: Sequence[float], ctx: PickContext) -> Endpoint:
+        best = max(totals)
+        alike = NEW_TIE if self._prefix is not None and not ctx.held else TIE
+        ties = [pool[i] for i, t in enumerate(totals) if t >= best - alike]
+        if len(ties) == 1:
+            chosen = ties[0]
+        else:
+            by_ring = self._prefix.first_on_ring(ties, ctx) if self._prefix is not None else None
+            chosen = by_ring if by_ring is not None else self._random.choice(ties)
+        if self.feedback is not None and ctx.shares is not None:
+            self._expect_hit(pool, ctx, chosen)
+        return chosen
+
+    def _record(self, request: RouteRequest, chosen: Endpoint, ctx: PickContext) -> None:
+        """The pick is made: the prefix holders, the recent picks and the sibling workers learn it."""
         if self._prefix is not None:  # what it caches now it keeps when others join
             self._prefix.learn(chosen, ctx)
         if self._recent is not None:
             self._recent.picked(chosen, ctx.now)
         if self.on_pick is not None:
             self.on_pick(request, chosen, self._prefix is not None and self._prefix.holders is not None)
-        return chosen
 
     def _expect_hit(self, pool: Sequence[Endpoint], ctx: PickContext, chosen: Endpoint) -> None:
         """The pick expects `chosen` to hold its share of the prompt: its answer may say otherwise."""

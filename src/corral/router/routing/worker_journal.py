@@ -30,13 +30,15 @@ import logging
 import mmap
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from hashlib import blake2b
 
 from corral.router.membership.endpoint import Endpoint
 from corral.router.membership.membership import Membership
 from corral.router.routing.pipeline import ScoredPolicy
+from corral.router.routing.placement_lock import PlacementLock
 from corral.router.routing.prefix_memory import PrefixMemory
 from corral.router.routing.prompt import MAX_KEYS
 from corral.router.routing.request import Policy, RouteRequest
@@ -105,6 +107,8 @@ class WorkerJournals:
         self._journal_bytes = 8 * (PICKS_KEPT * _PICK_WORDS + FLIGHTS_KEPT * _FLIGHT_WORDS)
         self._headers_bytes = 8 * _HEADER_WORDS * count
         self.map = mmap.mmap(-1, self._headers_bytes + count * self._journal_bytes)
+        # new prefix placements one worker at a time (placement_lock); one worker needs none
+        self.placement_lock = PlacementLock() if count > 1 else None
         self._headers = struct.Struct(f"={_HEADER_WORDS * count}Q")
 
     def header(self, index: int) -> int:
@@ -271,6 +275,20 @@ class WorkerSync:
 
     # -- reading -------------------------------------------------------------------------------
 
+    @contextmanager
+    def placing(self) -> Iterator[None]:
+        """A new prefix placement: under the host's placement lock (at most `placement_lock.WAIT_SECONDS`
+        of waiting), after reading what the siblings placed; the pick written before the lock goes."""
+        lock = self.journals.placement_lock
+        held = lock.acquire() if lock is not None else False
+        try:
+            self.drain()
+            yield
+        finally:
+            if held:
+                assert lock is not None
+                lock.release()
+
     def policy(self, inner: Policy) -> Policy:
         """`inner`, reading the siblings' journals before each pick."""
         return _DrainFirst(inner, self)
@@ -425,5 +443,7 @@ def route_as_one(
     for policy in policies:
         if isinstance(policy, ScoredPolicy):
             policy.on_pick = functools.partial(sync.picked, policy)
+            if journals.placement_lock is not None:
+                policy.placing = sync.placing
     routing.policy = sync.policy(routing.policy)
     return sync
