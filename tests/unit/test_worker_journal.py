@@ -12,6 +12,7 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
 
 from corral.engine_state import EngineState
 from corral.router.membership.endpoint import Endpoint, SupervisorView
@@ -22,6 +23,7 @@ from corral.router.routing.prefix_memory import PrefixMemory
 from corral.router.routing.request import RouteRequest
 from corral.router.routing.selector import Routing
 from corral.router.routing.worker_journal import WorkerJournals, WorkerSync, route_as_one
+from corral.router.telemetry.metrics import RouterCollector, RouterMetrics
 
 MODEL = "m"
 SYSTEM = "You are the harbour master's assistant; answer from the tide tables. " * 12
@@ -272,3 +274,40 @@ def test_two_workers_placing_new_prefixes_at_the_same_instant_spread_them_evenly
     counts = Counter(first + second)
     assert len(counts) == 4 and max(counts.values()) - min(counts.values()) <= 1, counts
     assert first_waited_out == 0 and second_waited_out == 0  # each placement had the lock
+
+
+def test_placements_made_without_the_lock_are_on_the_metrics_page() -> None:
+    """A worker that waited out a sibling's hold on the placement lock says so on /metrics; a sibling that
+    holds the lock (another process: POSIX record locks are per process) makes this one wait it out."""
+    context = multiprocessing.get_context("fork")
+    journals = WorkerJournals(2)
+    lock = journals.placement_lock
+    assert lock is not None
+    holding, release = context.Event(), context.Event()
+
+    def hold() -> None:
+        assert lock.acquire()
+        holding.set()
+        release.wait(20)
+        lock.release()
+
+    sibling = context.Process(target=hold)
+    sibling.start()
+    try:
+        assert holding.wait(20)
+        assert not lock.acquire()  # waited 2 ms, then gave up: counted
+        release.set()
+        sibling.join(10)
+        assert lock.acquire()  # free again
+        lock.release()
+    finally:
+        release.set()
+        sibling.join(10)
+        if sibling.is_alive():
+            sibling.kill()
+    metrics = RouterMetrics()
+    metrics.placement_lock = lock
+    registry = CollectorRegistry()
+    registry.register(RouterCollector(metrics, list))
+    page = generate_latest(registry).decode()
+    assert "corral_router_placement_lock_waited_out_total 1.0" in page

@@ -16,6 +16,7 @@ from prometheus_client.core import (
 
 from corral.contracts.traffic import RequestCounts
 from corral.metric_families import labelled_counter
+from corral.router.routing.placement_lock import PlacementLock
 from corral.router.telemetry.engine_input import EngineInputRefusals
 from corral.router.telemetry.histogram import Histogram
 from corral.router.telemetry.pd_metrics import PdMetrics
@@ -70,6 +71,8 @@ class RouterMetrics:
         self.pd = PdMetrics()
         # What engines and supervisors sent that the router refused (issue 27).
         self.engine_input = EngineInputRefusals()
+        # With --workers N: the host's placement lock (routing.placement_lock), for its waited-out count.
+        self.placement_lock: PlacementLock | None = None
 
     def count_request(self, model: str, code: int) -> None:
         key = (model, code)
@@ -327,6 +330,13 @@ class RouterCollector:
         )
         yield from m.pd.families()
         yield from m.engine_input.families()
+        if m.placement_lock is not None:
+            yield CounterMetricFamily(
+                "corral_router_placement_lock_waited_out",
+                "New prefix placements this worker made without the host's placement lock, because a "
+                "sibling worker held it past 2 ms (--workers N; routing.placement_lock).",
+                value=m.placement_lock.waited_out,
+            )
 
 
 def _histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
