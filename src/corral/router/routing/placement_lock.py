@@ -11,8 +11,9 @@ engine and not one spill before it (RESULTS.md, issue 28). Requests to an engine
 
 A POSIX record lock (`fcntl.lockf`) on an unlinked file made before the fork: owned per process, so the
 kernel drops it when a worker dies, however it dies. A worker waits at most `WAIT_SECONDS` for it (a
-sibling holds it for one pick, tens of microseconds; a stopped sibling would hold it for as long as it
-is stopped) and then places without it, counted: a placement a hair less even, never a stalled router.
+sibling holds it for one pick, tens of microseconds, unless it is descheduled on a loaded host; a
+stopped sibling would hold it for as long as it is stopped) and then places without it, counted: a
+placement a hair less even, never a stalled router.
 """
 
 from __future__ import annotations
@@ -24,17 +25,18 @@ import time
 
 log = logging.getLogger("corral.router.placement_lock")
 
-WAIT_SECONDS = 0.002  # the longest a worker waits for a sibling's placement before placing without the lock
+WAIT_SECONDS = 0.005  # the longest a worker waits for a sibling's placement before placing without the lock
 _POLL_SECONDS = 0.00005
 
 
 class PlacementLock:
-    def __init__(self) -> None:
+    def __init__(self, wait_seconds: float = WAIT_SECONDS) -> None:
         self._file = tempfile.TemporaryFile()  # unlinked at once; the workers inherit the descriptor
+        self.wait_seconds = wait_seconds
         self.waited_out = 0  # placements made without the lock: a sibling held it past WAIT_SECONDS
 
     def acquire(self) -> bool:
-        """Take the lock, waiting at most `WAIT_SECONDS`; False (and counted) when it could not."""
+        """Take the lock, waiting at most `wait_seconds`; False (and counted) when it could not."""
         fd = self._file.fileno()
         deadline = 0.0
         while True:
@@ -44,14 +46,14 @@ class PlacementLock:
             except OSError:  # EAGAIN or EACCES: a sibling holds it
                 now = time.monotonic()
                 if not deadline:
-                    deadline = now + WAIT_SECONDS
+                    deadline = now + self.wait_seconds
                 elif now >= deadline:
                     self.waited_out += 1
                     if self.waited_out == 1:
                         log.warning(
                             "a sibling worker held the placement lock past %.0f ms: placing without it "
                             "(counted as placement_lock_waited_out)",
-                            WAIT_SECONDS * 1000,
+                            self.wait_seconds * 1000,
                         )
                     return False
                 time.sleep(_POLL_SECONDS)

@@ -334,7 +334,7 @@ class RouterCollector:
             yield CounterMetricFamily(
                 "corral_router_placement_lock_waited_out",
                 "New prefix placements this worker made without the host's placement lock, because a "
-                "sibling worker held it past 2 ms (--workers N; routing.placement_lock).",
+                "sibling worker held it past 5 ms (--workers N; routing.placement_lock).",
                 value=m.placement_lock.waited_out,
             )
 
