@@ -50,13 +50,17 @@ from corral.router.routing.scorers import (
 # in-flight, KV usage) sum to less than 1/2, so a holder within the bound always wins (and, by ring, the
 # home wins over the next endpoint clockwise, whose prefix score is 1/2), and they choose among holders.
 # A new prefix (no holder) is placed by all but the prefix scorer: the live loads, the recent picks and
-# the prefixes already placed on each endpoint (footprint).
+# the prefixes already placed on each endpoint (footprint). Footprint weighs most of those: the scraped
+# queue and KV usage are up to a scrape old and the in-flight counts last one request, while the
+# prefixes placed are what each cache must hold; at 0.1 (scored against the most-placed), a stale queue
+# figure still put two of four concurrent new groups on one engine (sweep draw 14: 5/3/4/4 groups in 2 of
+# 10 runs); at 0.2 against the least-placed, 4/4/4/4 in 7 of 7 (RESULTS.md, issue 28).
 PREFIX_WEIGHTS: Mapping[str, float] = {
     "prefix": 1.0,
     "queue": 0.15,
     "recent": 0.15,
     "in_flight": 0.1,
-    "footprint": 0.1,
+    "footprint": 0.2,
     "kv_usage": 0.05,
 }
 # The placement before issue 17 (ring homes, the strict in-flight bound), for comparisons.
