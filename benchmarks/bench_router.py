@@ -320,6 +320,8 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true", help="also print a Markdown table")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/out"))
     args = parser.parse_args()
+    if not 1 <= args.rounds <= 100:
+        parser.error(f"--rounds {args.rounds}: give 1 to 100")
 
     def request_body(stream: bool, i: int) -> bytes:
         if args.system_chars <= 0:
