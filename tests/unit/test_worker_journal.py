@@ -309,7 +309,7 @@ def test_placements_made_without_the_lock_are_on_the_metrics_page() -> None:
         if sibling.is_alive():
             sibling.kill()
     metrics = RouterMetrics()
-    metrics.placement_lock = lock
+    metrics.placement_waited_out = lambda: lock.waited_out
     registry = CollectorRegistry()
     registry.register(RouterCollector(metrics, list))
     page = generate_latest(registry).decode()

@@ -204,7 +204,9 @@ def build_app(config: RouterConfig, pod_api: PodApiFactory = connect_pod_api) ->
     if journals is not None:  # the host's workers route as one
         index = config.worker.index if config.worker is not None else 1
         sync = route_as_one(journals, index, membership, routing, prefix_memory)
-        metrics.placement_lock = journals.placement_lock
+        placement_lock = journals.placement_lock
+        if placement_lock is not None:
+            metrics.placement_waited_out = lambda: placement_lock.waited_out
     peers = config.peers
     following: list[PeerFollower] = []
     pick_log: PickLog | None = None

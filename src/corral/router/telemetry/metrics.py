@@ -16,7 +16,6 @@ from prometheus_client.core import (
 
 from corral.contracts.traffic import RequestCounts
 from corral.metric_families import labelled_counter
-from corral.router.routing.placement_lock import PlacementLock
 from corral.router.telemetry.engine_input import EngineInputRefusals
 from corral.router.telemetry.histogram import Histogram
 from corral.router.telemetry.pd_metrics import PdMetrics
@@ -71,8 +70,9 @@ class RouterMetrics:
         self.pd = PdMetrics()
         # What engines and supervisors sent that the router refused (issue 27).
         self.engine_input = EngineInputRefusals()
-        # With --workers N: the host's placement lock (routing.placement_lock), for its waited-out count.
-        self.placement_lock: PlacementLock | None = None
+        # With --workers N: how many new placements this worker made without the host's placement lock
+        # (routing.placement_lock; read at scrape time).
+        self.placement_waited_out: Callable[[], int] | None = None
 
     def count_request(self, model: str, code: int) -> None:
         key = (model, code)
@@ -330,12 +330,12 @@ class RouterCollector:
         )
         yield from m.pd.families()
         yield from m.engine_input.families()
-        if m.placement_lock is not None:
+        if m.placement_waited_out is not None:
             yield CounterMetricFamily(
                 "corral_router_placement_lock_waited_out",
                 "New prefix placements this worker made without the host's placement lock, because a "
                 "sibling worker held it past 5 ms (--workers N; routing.placement_lock).",
-                value=m.placement_lock.waited_out,
+                value=m.placement_waited_out(),
             )
 
 
