@@ -6,12 +6,15 @@ operation id: one per adapter and engine life, safe in a URL path whatever the a
 from __future__ import annotations
 
 import re
+import time
+from types import SimpleNamespace
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral.engine_state import EngineState
-from corral.router.discovery.adapter_carry import operation_id
+from corral.router.discovery.adapter_carry import AdapterCarry, CarrySettings, operation_id
 from corral.router.membership.endpoint import Endpoint, SupervisorView
 from corral.router.membership.membership import Membership
 
@@ -66,3 +69,50 @@ def test_the_operation_id_is_path_safe_and_stable(adapter: str, pid: int | None)
     first = operation_id(adapter, pid)
     assert first == operation_id(adapter, pid)
     assert re.fullmatch(r"[A-Za-z0-9._-]{1,120}", first), first
+
+
+class _FakeSupervisor:
+    """What the carry reads of a peer's supervisor: its desired adapters, counted."""
+
+    def __init__(self) -> None:
+        self.desired: dict[str, str] = {}
+        self.reads = 0
+
+    async def state(self) -> SimpleNamespace:
+        self.reads += 1
+        return SimpleNamespace(adapters=SimpleNamespace(desired=dict(self.desired)))
+
+
+def _peer(m: Membership, url: str) -> Endpoint:
+    view = SupervisorView(url + ":9")
+    view.state, view.link = EngineState.READY, "connected"
+    endpoint = m.add(Endpoint(url, frozenset({"m"}), EngineState.READY, "t", supervisor=view), "test")
+    m.release(url, "joined")
+    return endpoint
+
+
+async def test_the_fleets_adapters_are_read_again_for_an_endpoint_ready_after_the_last_read() -> None:
+    """The union of the peers' desired sets is kept a moment for endpoints joining together, but not
+    across a peer released since, nor for an endpoint that became READY after the read: an adapter
+    loaded on a peer in between would not be carried (the race `test_k8s_adapter_carry` lost under CI
+    load: pod A released with nothing, an adapter loaded on A, pod B READY 1.8 s later and told the
+    fleet had nothing)."""
+    m = Membership()
+    fake = _FakeSupervisor()
+
+    class Carry(AdapterCarry):
+        def _client(self, endpoint: Endpoint) -> Any:
+            return fake
+
+    carry = Carry(m, lambda e: None, CarrySettings(retry_seconds=60.0))
+    _peer(m, "http://a")
+    assert await carry._fleet_wanted(not_before=0.0) == {}
+    fake.desired = {"adapter-rt": "/adapters/rt"}  # loaded on A at run time
+    joined_ready = time.monotonic()
+    assert await carry._fleet_wanted(not_before=joined_ready) == {"adapter-rt": "/adapters/rt"}
+    reads = fake.reads
+    assert await carry._fleet_wanted(not_before=joined_ready) == {"adapter-rt": "/adapters/rt"}
+    assert fake.reads == reads  # another endpoint joining with it: the same read serves
+    _peer(m, "http://c")  # a peer released since: read again, over both
+    await carry._fleet_wanted(not_before=joined_ready)
+    assert fake.reads == reads + 2

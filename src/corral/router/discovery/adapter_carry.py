@@ -95,7 +95,8 @@ class AdapterCarry:
         self._session: aiohttp.ClientSession | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self.carried: dict[str, dict[str, str]] = {}  # url -> what was loaded there (this router's word)
-        self._wanted: tuple[float, dict[str, str] | None] = (0.0, None)
+        # the last read of the fleet's desired sets: when it was read, over which peers, and its union
+        self._wanted: tuple[float, tuple[str, ...], dict[str, str] | None] = (0.0, (), None)
         self._wanted_lock = asyncio.Lock()
         membership.admit = self.admit
 
@@ -159,7 +160,7 @@ class AdapterCarry:
     async def _attempt(self, joining: Joining) -> None:
         url = joining.endpoint.url
         try:
-            loaded = await self.carry(joining.endpoint)
+            loaded = await self.carry(joining.endpoint, joining.ready_since or 0.0)
         except Exception as exc:  # CarryFailed, APIError, a connection error; any other is logged too
             joining.failure = str(exc)
             joining.next_try = time.monotonic() + self.settings.retry_seconds
@@ -175,14 +176,15 @@ class AdapterCarry:
         assert self._session is not None and endpoint.supervisor is not None
         return SupervisorClient(self._session, endpoint.supervisor.url, self._token_for(endpoint))
 
-    async def _fleet_wanted(self) -> dict[str, str]:
+    async def _fleet_wanted(self, not_before: float) -> dict[str, str]:
         """The union of the desired sets of the READY supervisors not held (the fleet as it routes
         now), read once for all the endpoints joining together and kept `retry_seconds`: K pods
-        joining an N-pod fleet cost N reads, not K x N."""
+        joining an N-pod fleet cost N reads, not K x N. A read is reused only over the same peers and
+        only if it began at or after `not_before` (when the joining endpoint became READY): a read
+        taken before a peer was released, or before an adapter was loaded on a peer while this endpoint
+        started, would carry the fleet as it was (a pod joining right after another was released with
+        nothing, and an adapter loaded on that one in between, was not carried)."""
         async with self._wanted_lock:
-            read_at, wanted = self._wanted
-            if wanted is not None and time.monotonic() - read_at < self.settings.retry_seconds:
-                return wanted
             peers = [
                 e
                 for e in self._membership.endpoints()
@@ -191,6 +193,16 @@ class AdapterCarry:
                 and e.supervisor.link == "connected"
                 and e.supervisor.state is EngineState.READY
             ]
+            over = tuple(sorted(e.url for e in peers))
+            read_at, read_over, wanted = self._wanted
+            if (
+                wanted is not None
+                and read_over == over
+                and read_at >= not_before
+                and time.monotonic() - read_at < self.settings.retry_seconds
+            ):
+                return wanted
+            started = time.monotonic()
 
             async def one(peer: Endpoint) -> tuple[str, SupervisorState]:
                 try:
@@ -202,12 +214,13 @@ class AdapterCarry:
                 wanted = fleet_adapter_set(await asyncio.gather(*(one(p) for p in peers)))
             except AdapterConflict as exc:
                 raise CarryFailed(str(exc)) from None
-            self._wanted = (time.monotonic(), wanted)
+            self._wanted = (started, over, wanted)
             return wanted
 
-    async def carry(self, endpoint: Endpoint) -> dict[str, str]:
-        """Load on `endpoint` the adapters its peers desire and it does not; what it loaded."""
-        wanted = await self._fleet_wanted()
+    async def carry(self, endpoint: Endpoint, not_before: float = 0.0) -> dict[str, str]:
+        """Load on `endpoint` the adapters its peers desire and it does not; what it loaded. The
+        fleet's sets are read at or after `not_before` (when `endpoint` became READY)."""
+        wanted = await self._fleet_wanted(not_before)
         client = self._client(endpoint)
         own = await client.state()
         missing = {name: path for name, path in wanted.items() if name not in own.adapters.desired}
