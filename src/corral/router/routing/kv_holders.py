@@ -94,17 +94,17 @@ class KvPrefixHolders:
                 shares[i] = share = depths.get(url, 0) / total
                 if 0.0 < share < 1.0:
                     partial.append(i)
-        if partial:
-            # the engine evicted the prompt's tail but holds its start: where this router sent all of
-            # it, it stays that prompt's holder (its next request there recomputes only the tail),
-            # rather than a new placement that recomputes all of it elsewhere and evicts others there
-            remembered = self.fallback.held(request, [pool[i] for i in partial])
-            for i, share in zip(partial, remembered, strict=True):
-                if share > shares[i]:
+        # One read of the memory for the endpoints without events (it answers for them) and those the
+        # events show holding the prompt's start but not its tail: an engine evicts the tail first, and
+        # where this router sent all of the prompt it stays that prompt's holder (its next request there
+        # recomputes the tail only), rather than a new placement that recomputes all of it elsewhere and
+        # evicts the prompts there.
+        asked = others + partial
+        if asked:
+            remembered = self.fallback.held(request, [pool[i] for i in asked])
+            for k, (i, share) in enumerate(zip(asked, remembered, strict=True)):
+                if k < len(others) or share > shares[i]:
                     shares[i] = share
-        if others:
-            for i, share in zip(others, self.fallback.held(request, [pool[i] for i in others]), strict=True):
-                shares[i] = share
         return shares
 
     def holders(self, request: RouteRequest) -> Iterator[str]:
