@@ -278,7 +278,8 @@ class ScoredPolicy:
         else:
             pool, totals, ctx = self._scored(candidates, request)
             if not ctx.held and self._prefix is not None and self.placing is not None:
-                # a new placement: one worker of the host at a time, each seeing the last one's pick
+                # a new placement: one worker of the host at a time, each seeing the last one's pick; scored
+                # again under the lock (the first scoring only found that nobody holds the prompt)
                 with self.placing():
                     pool, totals, ctx = self._scored(candidates, request)
                     chosen = self._best(pool, totals, ctx)
